@@ -1,0 +1,29 @@
+//! Projection of the global model onto one node, and the diff between two node states.
+//!
+//! `project` answers "what must this node enforce?" as a [`LocalState`]: for each service
+//! port and family, the Cluster set and the Local set of endpoints, exactly as upstream
+//! kube-proxy chooses them (topology hints, terminating fallback, traffic policies). `diff`
+//! turns two states into the [`Op`]s that lead from one to the other, and
+//! [`NodeProjector`] keeps one node's state current, recomputing only the services a store
+//! revision touched, so a change that does not alter this node's state yields no ops.
+//!
+//! # Layout
+//! - [`select`]: endpoint selection for one service port and family (the Cluster set, the
+//!   Local set, and whether the port has endpoints at all).
+//! - [`project`]: [`project_node_state`], [`project_service`], [`project_node`]: global
+//!   model → ENLS.
+//! - [`diff`]: [`diff`] and [`diff_services`]: two ENLS → ops, services before their
+//!   endpoints, endpoints deleted before their service.
+//! - [`projector`]: [`NodeProjector`], the incremental driver a sink runs per node.
+//!
+//! [`LocalState`]: kpng_model::LocalState
+//! [`Op`]: kpng_model::Op
+
+pub mod diff;
+pub mod project;
+pub mod projector;
+pub mod select;
+
+pub use diff::{diff, diff_services, full_state_ops};
+pub use project::{project_node, project_node_state, project_service};
+pub use projector::NodeProjector;

@@ -1,0 +1,203 @@
+//! Global model → one node's Expected Node-Local State.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+
+use kpng_model::global::{
+    Endpoint, Service, ServicePort, ServiceType, SessionAffinity, TrafficPolicy,
+};
+use kpng_model::local::{EndpointPort, LocalServicePort, LocalServiceState};
+use kpng_model::{
+    Family, GlobalModel, LocalEndpoint, LocalNode, LocalService, LocalState, ServiceKey,
+};
+
+use crate::select::{NodeView, SetsUsed, select_endpoints};
+
+/// What the node knows about itself, from its Node object (`None` until the model has one).
+pub fn project_node(model: &GlobalModel, name: &str) -> Option<LocalNode> {
+    let node = model.node(name)?;
+    Some(LocalNode {
+        name: node.name.clone(),
+        zone: node.zone().map(str::to_string),
+        primary_ips: Family::ALL.iter().filter_map(|f| node.primary_ip(*f)).collect(),
+        pod_cidrs: node.pod_cidrs.clone(),
+        draining: node.deleting || node.to_be_deleted,
+    })
+}
+
+/// The whole ENLS of node `name`.
+pub fn project_node_state(model: &GlobalModel, name: &str) -> LocalState {
+    let node = project_node(model, name);
+    let view = NodeView { name, zone: node.as_ref().and_then(|n| n.zone.as_deref()) };
+    let services = model
+        .services()
+        .filter_map(|s| project_service(model, &s.key, &view).map(|state| (s.key.clone(), state)))
+        .collect();
+    LocalState { node, services }
+}
+
+/// One service as `node` must enforce it, with the endpoints that are in one of its sets;
+/// `None` if the model does not hold the service.
+pub fn project_service(
+    model: &GlobalModel,
+    key: &ServiceKey,
+    node: &NodeView<'_>,
+) -> Option<LocalServiceState> {
+    let service = model.service(key)?;
+    let mut local = local_service(service);
+    let mut endpoints: BTreeMap<IpAddr, EndpointDraft<'_>> = BTreeMap::new();
+
+    for family in Family::ALL {
+        if service.cluster_ip(family).is_none() {
+            continue;
+        }
+        let external_addresses = service.load_balancer_vips(family).next().is_some()
+            || service.external_ips(family).next().is_some();
+        for (port, local_port) in service.ports.iter().zip(&mut local.ports) {
+            let candidates = port_candidates(model, key, family, port);
+            let accessible = port.node_port.is_some() || external_addresses;
+            let used = sets_used(service, accessible);
+            let refs: Vec<&Endpoint> = candidates.iter().map(|(e, _)| *e).collect();
+            let selection = select_endpoints(&refs, node, used);
+            *local_port.has_endpoints.get_mut(family) = selection.has_endpoints;
+            for (i, (endpoint, number)) in candidates.iter().enumerate() {
+                let (cluster, local) = (selection.cluster[i], selection.local[i]);
+                if !(cluster || local) {
+                    continue;
+                }
+                let draft = endpoints
+                    .entry(endpoint.address)
+                    .or_insert_with(|| EndpointDraft::new(endpoint));
+                draft.prefer(endpoint);
+                draft.ports.push(EndpointPort {
+                    name: port.name.clone(),
+                    protocol: port.protocol,
+                    port: *number,
+                    cluster,
+                    local,
+                });
+            }
+        }
+    }
+
+    let endpoints = endpoints.into_iter().map(|(ip, draft)| (ip, draft.finish(node))).collect();
+    Some(LocalServiceState { service: local, endpoints })
+}
+
+/// The sets a port uses, as kube-proxy's `UsesClusterEndpoints` / `UsesLocalEndpoints`.
+fn sets_used(service: &Service, externally_accessible: bool) -> SetsUsed {
+    let internal_local = service.internal_traffic_policy == TrafficPolicy::Local;
+    let external_local = service.external_traffic_policy == TrafficPolicy::Local;
+    SetsUsed {
+        cluster: !internal_local || externally_accessible,
+        local: internal_local || (external_local && externally_accessible),
+    }
+}
+
+/// The endpoints of `family` that serve `port`, one per IP and port number: a
+/// non-terminating copy wins over a terminating one, otherwise the first copy (in slice
+/// order) is kept.
+fn port_candidates<'m>(
+    model: &'m GlobalModel,
+    key: &ServiceKey,
+    family: Family,
+    port: &ServicePort,
+) -> Vec<(&'m Endpoint, u16)> {
+    let mut candidates: Vec<(&Endpoint, u16)> = Vec::new();
+    let mut index: HashMap<(IpAddr, u16), usize> = HashMap::new();
+    for slice in model.slices_of(key).filter(|s| s.family == family) {
+        let numbers =
+            slice.ports.iter().filter(|p| p.name == port.name && p.protocol == port.protocol);
+        for number in numbers.map(|p| p.port) {
+            for endpoint in slice.endpoints.iter().filter(|e| Family::of(&e.address) == family) {
+                match index.get(&(endpoint.address, number)) {
+                    None => {
+                        index.insert((endpoint.address, number), candidates.len());
+                        candidates.push((endpoint, number));
+                    }
+                    Some(&i) if !endpoint.terminating => candidates[i] = (endpoint, number),
+                    Some(_) => {}
+                }
+            }
+        }
+    }
+    candidates
+}
+
+/// The service-level part of the ENLS.
+fn local_service(service: &Service) -> LocalService {
+    let mut load_balancer_ips: Vec<IpAddr> =
+        Family::ALL.iter().flat_map(|f| service.load_balancer_vips(*f)).collect();
+    load_balancer_ips.sort();
+    load_balancer_ips.dedup();
+    let externally_accessible = service.ports.iter().any(|p| p.node_port.is_some())
+        || !load_balancer_ips.is_empty()
+        || !service.external_ips.is_empty();
+    let external_local =
+        service.external_traffic_policy == TrafficPolicy::Local && externally_accessible;
+    LocalService {
+        key: service.key.clone(),
+        service_type: service.service_type,
+        cluster_ips: service.cluster_ips.clone(),
+        external_ips: service.external_ips.clone(),
+        load_balancer_ips,
+        load_balancer_source_ranges: service.load_balancer_source_ranges.clone(),
+        ports: service
+            .ports
+            .iter()
+            .map(|p| LocalServicePort {
+                name: p.name.clone(),
+                protocol: p.protocol,
+                port: p.port,
+                node_port: p.node_port,
+                has_endpoints: Default::default(),
+            })
+            .collect(),
+        affinity_timeout_seconds: match service.session_affinity {
+            SessionAffinity::None => None,
+            SessionAffinity::ClientIP { timeout_seconds } => Some(timeout_seconds),
+        },
+        internal_local: service.internal_traffic_policy == TrafficPolicy::Local,
+        external_local,
+        health_check_node_port: service
+            .health_check_node_port
+            .filter(|_| service.service_type == ServiceType::LoadBalancer && external_local),
+    }
+}
+
+/// An endpoint being assembled from its copies across ports and slices.
+struct EndpointDraft<'m> {
+    preferred: &'m Endpoint,
+    ports: Vec<EndpointPort>,
+}
+
+impl<'m> EndpointDraft<'m> {
+    fn new(endpoint: &'m Endpoint) -> Self {
+        EndpointDraft { preferred: endpoint, ports: Vec::new() }
+    }
+
+    /// Endpoint-level conditions come from a non-terminating copy when there is one.
+    fn prefer(&mut self, endpoint: &'m Endpoint) {
+        if self.preferred.terminating && !endpoint.terminating {
+            self.preferred = endpoint;
+        }
+    }
+
+    fn finish(mut self, node: &NodeView<'_>) -> LocalEndpoint {
+        self.ports.sort();
+        self.ports.dedup();
+        let e = self.preferred;
+        LocalEndpoint {
+            ip: e.address,
+            local: node.is_local(e),
+            ready: e.ready,
+            serving: e.serving,
+            terminating: e.terminating,
+            pod_name: e.pod_name.clone(),
+            ports: self.ports,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,221 @@
+use kpng_model::global::{IpMode, LoadBalancerIngress, ServiceType, TrafficPolicy};
+use kpng_model::local::EndpointPort;
+use kpng_model::{Family, GlobalModel, Object, PerFamily, Protocol, ServiceKey};
+use kpng_testkit::builders::{endpoint, node, service, slice};
+
+use super::*;
+
+const HTTP: (&str, Protocol, u16) = ("http", Protocol::Tcp, 80);
+const DNS: (&str, Protocol, u16) = ("dns", Protocol::Udp, 53);
+
+fn model(objects: Vec<Object>) -> GlobalModel {
+    let mut model = GlobalModel::new();
+    for o in objects {
+        model.apply(o);
+    }
+    model
+}
+
+fn key() -> ServiceKey {
+    ServiceKey::new("ns", "web")
+}
+
+fn view() -> NodeView<'static> {
+    NodeView { name: "a", zone: None }
+}
+
+fn port(name: &str, protocol: Protocol, port: u16, cluster: bool, local: bool) -> EndpointPort {
+    EndpointPort { name: name.into(), protocol, port, cluster, local }
+}
+
+#[test]
+fn endpoint_ports_match_service_ports_by_name_and_protocol() {
+    let svc = service("ns", "web", &["10.96.0.1"], &[HTTP, DNS]);
+    let s1 = slice(
+        "ns",
+        "web-1",
+        "web",
+        &[("http", Protocol::Tcp, 8080), ("dns", Protocol::Tcp, 5353)],
+        vec![endpoint("10.0.0.1", "b")],
+    );
+    let state = project_service(
+        &model(vec![Object::Service(svc), Object::EndpointSlice(s1)]),
+        &key(),
+        &view(),
+    )
+    .unwrap();
+    let ep = &state.endpoints[&"10.0.0.1".parse().unwrap()];
+    // dns/TCP does not serve dns/UDP; the endpoint port number comes from the slice.
+    assert_eq!(ep.ports, vec![port("http", Protocol::Tcp, 8080, true, false)]);
+    assert!(!ep.local);
+    assert_eq!(state.service.ports[0].has_endpoints, PerFamily { v4: true, v6: false });
+    assert_eq!(state.service.ports[1].has_endpoints, PerFamily { v4: false, v6: false });
+}
+
+#[test]
+fn duplicate_endpoints_count_once_and_non_terminating_wins() {
+    let svc = service("ns", "web", &["10.96.0.1"], &[HTTP]);
+    let mut dying = endpoint("10.0.0.1", "a");
+    dying.ready = false;
+    dying.terminating = true;
+    let s1 = slice("ns", "web-1", "web", &[("http", Protocol::Tcp, 8080)], vec![dying]);
+    let s2 = slice(
+        "ns",
+        "web-2",
+        "web",
+        &[("http", Protocol::Tcp, 8080)],
+        vec![endpoint("10.0.0.1", "a")],
+    );
+    let state = project_service(
+        &model(vec![Object::Service(svc), Object::EndpointSlice(s1), Object::EndpointSlice(s2)]),
+        &key(),
+        &view(),
+    )
+    .unwrap();
+    assert_eq!(state.endpoints.len(), 1);
+    let ep = state.endpoints.values().next().unwrap();
+    assert!(ep.ready && !ep.terminating && ep.local);
+    assert_eq!(ep.ports, vec![port("http", Protocol::Tcp, 8080, true, false)]);
+}
+
+#[test]
+fn each_family_stands_alone() {
+    let svc = service("ns", "web", &["10.96.0.1", "fd00::1"], &[HTTP]);
+    let s4 = slice(
+        "ns",
+        "web-4",
+        "web",
+        &[("http", Protocol::Tcp, 8080)],
+        vec![endpoint("10.0.0.1", "b")],
+    );
+    let state = project_service(
+        &model(vec![Object::Service(svc.clone()), Object::EndpointSlice(s4.clone())]),
+        &key(),
+        &view(),
+    )
+    .unwrap();
+    assert_eq!(state.service.ports[0].has_endpoints, PerFamily { v4: true, v6: false });
+
+    // A v6 slice of a service without a v6 cluster IP does not exist for this node.
+    let v4_only = service("ns", "web", &["10.96.0.1"], &[HTTP]);
+    let s6 = slice(
+        "ns",
+        "web-6",
+        "web",
+        &[("http", Protocol::Tcp, 8080)],
+        vec![endpoint("fd00::10", "a")],
+    );
+    let state = project_service(
+        &model(vec![
+            Object::Service(v4_only),
+            Object::EndpointSlice(s6),
+            Object::EndpointSlice(s4),
+        ]),
+        &key(),
+        &view(),
+    )
+    .unwrap();
+    assert_eq!(state.endpoints.keys().map(Family::of).collect::<Vec<_>>(), vec![Family::V4]);
+}
+
+#[test]
+fn internal_policy_local_keeps_only_local_endpoints_but_knows_about_others() {
+    let mut svc = service("ns", "web", &["10.96.0.1"], &[HTTP]);
+    svc.internal_traffic_policy = TrafficPolicy::Local;
+    let s1 = slice(
+        "ns",
+        "web-1",
+        "web",
+        &[("http", Protocol::Tcp, 8080)],
+        vec![endpoint("10.0.0.1", "b")],
+    );
+    let state = project_service(
+        &model(vec![Object::Service(svc), Object::EndpointSlice(s1)]),
+        &key(),
+        &view(),
+    )
+    .unwrap();
+    assert!(state.endpoints.is_empty(), "a remote endpoint is in no set this node uses");
+    assert!(state.service.internal_local);
+    assert!(state.service.ports[0].has_endpoints.v4, "DROP, not REJECT: endpoints exist elsewhere");
+}
+
+#[test]
+fn external_policy_local_uses_both_sets() {
+    let mut svc = service("ns", "web", &["10.96.0.1"], &[HTTP]);
+    svc.service_type = ServiceType::LoadBalancer;
+    svc.ports[0].node_port = Some(30080);
+    svc.external_traffic_policy = TrafficPolicy::Local;
+    svc.health_check_node_port = Some(32000);
+    svc.load_balancer_ingress = vec![
+        LoadBalancerIngress { ip: "198.51.100.1".parse().unwrap(), ip_mode: IpMode::VIP },
+        LoadBalancerIngress { ip: "198.51.100.2".parse().unwrap(), ip_mode: IpMode::Proxy },
+    ];
+    let s1 = slice(
+        "ns",
+        "web-1",
+        "web",
+        &[("http", Protocol::Tcp, 8080)],
+        vec![endpoint("10.0.0.1", "a"), endpoint("10.0.0.2", "b")],
+    );
+    let state = project_service(
+        &model(vec![Object::Service(svc), Object::EndpointSlice(s1)]),
+        &key(),
+        &view(),
+    )
+    .unwrap();
+    assert!(state.service.external_local);
+    assert_eq!(state.service.health_check_node_port, Some(32000));
+    assert_eq!(
+        state.service.load_balancer_ips,
+        vec!["198.51.100.1".parse::<std::net::IpAddr>().unwrap()]
+    );
+    let local = &state.endpoints[&"10.0.0.1".parse().unwrap()];
+    let remote = &state.endpoints[&"10.0.0.2".parse().unwrap()];
+    assert_eq!(local.ports, vec![port("http", Protocol::Tcp, 8080, true, true)]);
+    assert_eq!(remote.ports, vec![port("http", Protocol::Tcp, 8080, true, false)]);
+}
+
+#[test]
+fn external_policy_local_needs_an_external_address() {
+    let mut svc = service("ns", "web", &["10.96.0.1"], &[HTTP]);
+    svc.external_traffic_policy = TrafficPolicy::Local;
+    let state = project_service(&model(vec![Object::Service(svc)]), &key(), &view()).unwrap();
+    assert!(!state.service.external_local);
+    assert_eq!(state.service.health_check_node_port, None);
+}
+
+#[test]
+fn node_projection_carries_zone_primary_ips_and_drain_state() {
+    let mut n = node("a", Some("z1"), &["192.168.0.1", "fd00::a"]);
+    n.to_be_deleted = true;
+    let m = model(vec![Object::Node(n)]);
+    let local = project_node(&m, "a").unwrap();
+    assert_eq!(local.zone.as_deref(), Some("z1"));
+    assert_eq!(local.primary_ip(Family::V6), Some("fd00::a".parse().unwrap()));
+    assert!(local.draining);
+    assert!(project_node(&m, "b").is_none());
+}
+
+#[test]
+fn zone_of_the_node_drives_topology() {
+    let svc = service("ns", "web", &["10.96.0.1"], &[HTTP]);
+    let mut e1 = endpoint("10.0.0.1", "b");
+    e1.zone_hints = vec!["z1".into()];
+    let mut e2 = endpoint("10.0.0.2", "c");
+    e2.zone_hints = vec!["z2".into()];
+    let m = model(vec![
+        Object::Service(svc),
+        Object::EndpointSlice(slice(
+            "ns",
+            "web-1",
+            "web",
+            &[("http", Protocol::Tcp, 8080)],
+            vec![e1, e2],
+        )),
+        Object::Node(node("a", Some("z2"), &["192.168.0.1"])),
+    ]);
+    let state = project_node_state(&m, "a");
+    let eps: Vec<_> = state.services[&key()].endpoints.keys().map(|ip| ip.to_string()).collect();
+    assert_eq!(eps, vec!["10.0.0.2"]);
+}

@@ -1,0 +1,89 @@
+//! [`NodeProjector`]: keeps one node's ENLS current, one store revision at a time.
+
+use kpng_model::{Changes, GlobalModel, LocalState, Op, ServiceKey, Touched};
+
+use crate::diff::{diff, diff_services};
+use crate::project::{project_node, project_node_state, project_service};
+use crate::select::NodeView;
+
+/// One node's ENLS, updated incrementally. Only the services a revision touched are
+/// projected again; everything else is left as it is.
+#[derive(Debug, Clone)]
+pub struct NodeProjector {
+    name: String,
+    state: LocalState,
+}
+
+impl NodeProjector {
+    /// A projector for node `name`, starting from an empty state.
+    pub fn new(name: impl Into<String>) -> Self {
+        NodeProjector { name: name.into(), state: LocalState::default() }
+    }
+
+    /// The node's name.
+    pub fn node_name(&self) -> &str {
+        &self.name
+    }
+
+    /// The node's current ENLS.
+    pub fn state(&self) -> &LocalState {
+        &self.state
+    }
+
+    /// Brings the ENLS up to `model`, where `changes` says what changed since the previous
+    /// update. Returns the ops (without `Sync`) that were applied; empty when this node's
+    /// ENLS did not change.
+    pub fn update(&mut self, model: &GlobalModel, changes: &Changes) -> Vec<Op> {
+        let touched = match changes {
+            Changes::All => return self.recompute(model),
+            Changes::Touched(touched) => touched,
+        };
+        let old_node = self.state.node.clone();
+        let node_touched = touched.contains(&Touched::Node(self.name.clone()));
+        let new_node =
+            if node_touched { project_node(model, &self.name) } else { old_node.clone() };
+        let zone = |n: &Option<kpng_model::LocalNode>| n.as_ref().and_then(|n| n.zone.clone());
+        if zone(&old_node) != zone(&new_node) {
+            // Topology depends on the node's zone: every service may change.
+            return self.recompute(model);
+        }
+
+        let keys: Vec<&ServiceKey> = touched
+            .iter()
+            .filter_map(|t| match t {
+                Touched::Service(key) => Some(key),
+                Touched::Node(_) => None,
+            })
+            .collect();
+        let zone = zone(&new_node);
+        let view = NodeView { name: &self.name, zone: zone.as_deref() };
+        let mut old_part = LocalState { node: old_node, services: Default::default() };
+        let mut new_part = LocalState { node: new_node, services: Default::default() };
+        for key in &keys {
+            if let Some(old) = self.state.services.get(*key) {
+                old_part.services.insert((*key).clone(), old.clone());
+            }
+            if let Some(new) = project_service(model, key, &view) {
+                new_part.services.insert((*key).clone(), new);
+            }
+        }
+        let ops = diff_services(&old_part, &new_part, keys.iter().copied());
+        if !ops.is_empty() {
+            self.state.node = new_part.node;
+            for key in keys {
+                match new_part.services.remove(key) {
+                    Some(new) => self.state.services.insert(key.clone(), new),
+                    None => self.state.services.remove(key),
+                };
+            }
+        }
+        ops
+    }
+
+    fn recompute(&mut self, model: &GlobalModel) -> Vec<Op> {
+        let new = project_node_state(model, &self.name);
+        let ops = diff(&self.state, &new);
+        self.state = new;
+        ops
+    }
+}

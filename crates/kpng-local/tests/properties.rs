@@ -1,0 +1,92 @@
+//! Properties of projection and diff over random models.
+
+use kpng_local::{NodeProjector, diff, full_state_ops, project_node_state};
+use kpng_model::{Changes, GlobalModel, LocalState, Op, Touched};
+use kpng_testkit::strategies::{Mutation, NODES, arb_mutation};
+use proptest::prelude::*;
+
+fn build(mutations: &[Mutation]) -> GlobalModel {
+    let mut model = GlobalModel::new();
+    for m in mutations {
+        apply(&mut model, m);
+    }
+    model
+}
+
+fn apply(model: &mut GlobalModel, m: &Mutation) -> Vec<Touched> {
+    match m {
+        Mutation::Apply(o) => model.apply(o.clone()),
+        Mutation::Delete(k) => model.delete(k),
+    }
+    .unwrap_or_default()
+}
+
+fn replay(mut state: LocalState, ops: &[Op]) -> LocalState {
+    for op in ops {
+        state.apply(op).expect("ops from diff fit the state");
+    }
+    state
+}
+
+/// Checks the order contract: a service is set before its endpoints and deleted after them.
+fn check_order(ops: &[Op]) {
+    use kpng_model::{Item, ItemRef};
+    let position = |pred: &dyn Fn(&Op) -> bool| ops.iter().position(pred);
+    for (i, op) in ops.iter().enumerate() {
+        match op {
+            Op::Set(Item::Endpoint { service, .. }) => {
+                if let Some(j) =
+                    position(&|o| matches!(o, Op::Set(Item::Service(s)) if &s.key == service))
+                {
+                    assert!(j < i, "service set after its endpoint");
+                }
+            }
+            Op::Delete(ItemRef::Service(key)) => {
+                let later = ops[i..].iter().any(|o| matches!(o, Op::Delete(ItemRef::Endpoint { service, .. }) if service == key));
+                assert!(!later, "endpoint deleted after its service");
+            }
+            _ => {}
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    #[test]
+    fn diff_leads_from_a_to_b(a in proptest::collection::vec(arb_mutation(), 0..25),
+                              b in proptest::collection::vec(arb_mutation(), 0..25),
+                              node in proptest::sample::select(&NODES[..])) {
+        let sa = project_node_state(&build(&a), node);
+        let sb = project_node_state(&build(&b), node);
+        let ops = diff(&sa, &sb);
+        check_order(&ops);
+        prop_assert_eq!(replay(sa.clone(), &ops), sb.clone());
+        prop_assert!(diff(&sa, &sa).is_empty());
+        prop_assert_eq!(replay(LocalState::default(), &full_state_ops(&sb)), sb);
+    }
+
+    #[test]
+    fn incremental_projection_equals_full_projection(
+        batches in proptest::collection::vec(proptest::collection::vec(arb_mutation(), 1..6), 1..12),
+        node in proptest::sample::select(&NODES[..]),
+    ) {
+        let mut model = GlobalModel::new();
+        let mut projector = NodeProjector::new(node);
+        let mut seen = LocalState::default();
+        for batch in &batches {
+            let mut touched = std::collections::BTreeSet::new();
+            for m in batch {
+                touched.extend(apply(&mut model, m));
+            }
+            let ops = projector.update(&model, &Changes::Touched(touched));
+            check_order(&ops);
+            seen = replay(seen, &ops);
+            let full = project_node_state(&model, node);
+            prop_assert_eq!(projector.state(), &full);
+            prop_assert_eq!(&seen, &full);
+            // A second update with nothing touched yields nothing.
+            prop_assert!(projector.update(&model, &Changes::Touched(Default::default())).is_empty());
+        }
+    }
+}

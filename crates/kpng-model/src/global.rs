@@ -1,0 +1,18 @@
+//! The reduced global model: what every node's proxy may need to know about the cluster.
+//!
+//! Sources keep only the fields listed here; everything else in a Kubernetes object (managed
+//! fields, status a proxy does not use, labels nobody selects on) is dropped at ingest, so a
+//! change to it costs nothing downstream.
+
+mod endpoints;
+mod model;
+mod node;
+mod service;
+
+pub use endpoints::{Endpoint, EndpointSlice, SliceKey, SlicePort};
+pub use model::{Changes, GlobalModel, Kind, ModelDocument, Object, ObjectRef, Touched};
+pub use node::{Node, NodeAddress, NodeAddressKind, TO_BE_DELETED_TAINT, ZONE_LABEL};
+pub use service::{
+    DEFAULT_AFFINITY_TIMEOUT_SECONDS, IpMode, LoadBalancerIngress, Service, ServiceKey,
+    ServicePort, ServiceType, SessionAffinity, TargetPort, TrafficPolicy,
+};

@@ -1,0 +1,290 @@
+//! [`GlobalModel`]: every proxied object of the cluster, compared by value.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::global::{EndpointSlice, Node, Service, ServiceKey, SliceKey};
+
+/// The kinds of object the model holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Kind {
+    /// v1 Service.
+    Service,
+    /// discovery.k8s.io/v1 EndpointSlice.
+    EndpointSlice,
+    /// v1 Node.
+    Node,
+}
+
+impl Kind {
+    /// Every kind, in the order a consumer should apply them.
+    pub const ALL: [Kind; 3] = [Kind::Node, Kind::Service, Kind::EndpointSlice];
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Kind::Service => "Service",
+            Kind::EndpointSlice => "EndpointSlice",
+            Kind::Node => "Node",
+        })
+    }
+}
+
+/// One object of the model.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Object {
+    /// A service.
+    Service(Service),
+    /// An endpoint slice.
+    EndpointSlice(EndpointSlice),
+    /// A node.
+    Node(Node),
+}
+
+impl Object {
+    /// The object's key.
+    pub fn object_ref(&self) -> ObjectRef {
+        match self {
+            Object::Service(s) => ObjectRef::Service(s.key.clone()),
+            Object::EndpointSlice(s) => ObjectRef::EndpointSlice(s.key.clone()),
+            Object::Node(n) => ObjectRef::Node(n.name.clone()),
+        }
+    }
+}
+
+/// The key of one object of the model.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum ObjectRef {
+    /// A service's `namespace/name`.
+    Service(ServiceKey),
+    /// A slice's `namespace/name`.
+    EndpointSlice(SliceKey),
+    /// A node's name.
+    Node(String),
+}
+
+impl ObjectRef {
+    /// The kind of object this key names.
+    pub fn kind(&self) -> Kind {
+        match self {
+            ObjectRef::Service(_) => Kind::Service,
+            ObjectRef::EndpointSlice(_) => Kind::EndpointSlice,
+            ObjectRef::Node(_) => Kind::Node,
+        }
+    }
+}
+
+impl fmt::Display for ObjectRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ObjectRef::Service(k) => write!(f, "Service {k}"),
+            ObjectRef::EndpointSlice(k) => write!(f, "EndpointSlice {k}"),
+            ObjectRef::Node(n) => write!(f, "Node {n}"),
+        }
+    }
+}
+
+/// What a change to the model can affect downstream: one service (its own object or one of
+/// its slices changed) or one node.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Touched {
+    /// The service or one of its slices changed.
+    Service(ServiceKey),
+    /// The node changed.
+    Node(String),
+}
+
+/// Every proxied object of the cluster. Changing an object to a value equal to the one held
+/// is not a change.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GlobalModel {
+    services: BTreeMap<ServiceKey, Service>,
+    slices: BTreeMap<SliceKey, EndpointSlice>,
+    slices_by_service: BTreeMap<ServiceKey, BTreeSet<SliceKey>>,
+    nodes: BTreeMap<String, Node>,
+}
+
+impl GlobalModel {
+    /// An empty model.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Stores `object`, replacing the object with the same key. Returns what the change
+    /// touched, or `None` when the model already held an equal object.
+    pub fn apply(&mut self, object: Object) -> Option<Vec<Touched>> {
+        match object {
+            Object::Service(service) => {
+                if self.services.get(&service.key) == Some(&service) {
+                    return None;
+                }
+                let key = service.key.clone();
+                self.services.insert(key.clone(), service);
+                Some(vec![Touched::Service(key)])
+            }
+            Object::EndpointSlice(slice) => {
+                if self.slices.get(&slice.key) == Some(&slice) {
+                    return None;
+                }
+                let mut touched = self.remove_slice(&slice.key);
+                let service = slice.service_key();
+                self.slices_by_service
+                    .entry(service.clone())
+                    .or_default()
+                    .insert(slice.key.clone());
+                self.slices.insert(slice.key.clone(), slice);
+                touched.retain(|t| t != &Touched::Service(service.clone()));
+                touched.push(Touched::Service(service));
+                Some(touched)
+            }
+            Object::Node(node) => {
+                if self.nodes.get(&node.name) == Some(&node) {
+                    return None;
+                }
+                let name = node.name.clone();
+                self.nodes.insert(name.clone(), node);
+                Some(vec![Touched::Node(name)])
+            }
+        }
+    }
+
+    /// Removes the object named by `key`. Returns what the removal touched, or `None` when
+    /// there was no such object.
+    pub fn delete(&mut self, key: &ObjectRef) -> Option<Vec<Touched>> {
+        let touched = match key {
+            ObjectRef::Service(k) => {
+                self.services.remove(k)?;
+                vec![Touched::Service(k.clone())]
+            }
+            ObjectRef::EndpointSlice(k) => self.remove_slice(k),
+            ObjectRef::Node(name) => {
+                self.nodes.remove(name)?;
+                vec![Touched::Node(name.clone())]
+            }
+        };
+        (!touched.is_empty()).then_some(touched)
+    }
+
+    fn remove_slice(&mut self, key: &SliceKey) -> Vec<Touched> {
+        let Some(old) = self.slices.remove(key) else { return Vec::new() };
+        let service = old.service_key();
+        if let Some(keys) = self.slices_by_service.get_mut(&service) {
+            keys.remove(key);
+            if keys.is_empty() {
+                self.slices_by_service.remove(&service);
+            }
+        }
+        vec![Touched::Service(service)]
+    }
+
+    /// The service named `key`.
+    pub fn service(&self, key: &ServiceKey) -> Option<&Service> {
+        self.services.get(key)
+    }
+
+    /// The slices that name service `key`, in slice-key order.
+    pub fn slices_of<'a>(
+        &'a self,
+        key: &ServiceKey,
+    ) -> impl Iterator<Item = &'a EndpointSlice> + 'a {
+        self.slices_by_service
+            .get(key)
+            .into_iter()
+            .flatten()
+            .filter_map(|slice_key| self.slices.get(slice_key))
+    }
+
+    /// The node named `name`.
+    pub fn node(&self, name: &str) -> Option<&Node> {
+        self.nodes.get(name)
+    }
+
+    /// Every service, in key order.
+    pub fn services(&self) -> impl Iterator<Item = &Service> {
+        self.services.values()
+    }
+
+    /// Every slice, in key order.
+    pub fn slices(&self) -> impl Iterator<Item = &EndpointSlice> {
+        self.slices.values()
+    }
+
+    /// Every node, in name order.
+    pub fn nodes(&self) -> impl Iterator<Item = &Node> {
+        self.nodes.values()
+    }
+
+    /// The keys of every object of `kind`.
+    pub fn keys(&self, kind: Kind) -> Vec<ObjectRef> {
+        match kind {
+            Kind::Service => self.services.keys().cloned().map(ObjectRef::Service).collect(),
+            Kind::EndpointSlice => {
+                self.slices.keys().cloned().map(ObjectRef::EndpointSlice).collect()
+            }
+            Kind::Node => self.nodes.keys().cloned().map(ObjectRef::Node).collect(),
+        }
+    }
+
+    /// The number of objects of `kind`.
+    pub fn len(&self, kind: Kind) -> usize {
+        match kind {
+            Kind::Service => self.services.len(),
+            Kind::EndpointSlice => self.slices.len(),
+            Kind::Node => self.nodes.len(),
+        }
+    }
+
+    /// Whether the model holds no object at all.
+    pub fn is_empty(&self) -> bool {
+        self.services.is_empty() && self.slices.is_empty() && self.nodes.is_empty()
+    }
+
+    /// Every object, nodes first, then services, then slices.
+    pub fn objects(&self) -> impl Iterator<Item = Object> + '_ {
+        let nodes = self.nodes.values().cloned().map(Object::Node);
+        let services = self.services.values().cloned().map(Object::Service);
+        let slices = self.slices.values().cloned().map(Object::EndpointSlice);
+        nodes.chain(services).chain(slices)
+    }
+}
+
+/// The model as a document: what `to-file` writes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelDocument {
+    /// Every node.
+    pub nodes: Vec<Node>,
+    /// Every service.
+    pub services: Vec<Service>,
+    /// Every slice.
+    pub endpoint_slices: Vec<EndpointSlice>,
+}
+
+impl From<&GlobalModel> for ModelDocument {
+    fn from(model: &GlobalModel) -> Self {
+        ModelDocument {
+            nodes: model.nodes.values().cloned().collect(),
+            services: model.services.values().cloned().collect(),
+            endpoint_slices: model.slices.values().cloned().collect(),
+        }
+    }
+}
+
+/// What changed in the model between two revisions, as a reader sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Changes {
+    /// Anything may have changed: recompute everything.
+    All,
+    /// Only these services and nodes changed.
+    Touched(BTreeSet<Touched>),
+}
+
+impl Changes {
+    /// No change at all.
+    pub fn is_empty(&self) -> bool {
+        matches!(self, Changes::Touched(t) if t.is_empty())
+    }
+}

@@ -1,0 +1,213 @@
+//! Services, reduced to what a proxy enforces.
+
+use std::fmt;
+use std::net::IpAddr;
+use std::str::FromStr;
+
+use ipnet::IpNet;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use crate::net::{Family, Protocol};
+
+/// Identifies a Service: `namespace/name`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ServiceKey {
+    /// The namespace.
+    pub namespace: String,
+    /// The name.
+    pub name: String,
+}
+
+impl ServiceKey {
+    /// A key from its parts.
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        ServiceKey { namespace: namespace.into(), name: name.into() }
+    }
+}
+
+impl fmt::Display for ServiceKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// Text that is not `namespace/name`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid key {0:?}: expected namespace/name")]
+pub struct InvalidKey(pub String);
+
+impl FromStr for ServiceKey {
+    type Err = InvalidKey;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.split_once('/') {
+            Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
+                Ok(ServiceKey::new(ns, name))
+            }
+            _ => Err(InvalidKey(s.to_string())),
+        }
+    }
+}
+
+impl Serialize for ServiceKey {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for ServiceKey {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// The Service types a proxy implements (ExternalName services are not proxied).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum ServiceType {
+    /// Reachable on its cluster IPs.
+    ClusterIP,
+    /// Also reachable on every node's NodePort addresses.
+    NodePort,
+    /// Also reachable on load-balancer ingress IPs.
+    LoadBalancer,
+}
+
+impl ServiceType {
+    /// The Kubernetes spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ServiceType::ClusterIP => "ClusterIP",
+            ServiceType::NodePort => "NodePort",
+            ServiceType::LoadBalancer => "LoadBalancer",
+        }
+    }
+}
+
+/// `internalTrafficPolicy` or `externalTrafficPolicy`.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+pub enum TrafficPolicy {
+    /// Any ready endpoint in the cluster.
+    #[default]
+    Cluster,
+    /// Only endpoints on the node that received the traffic.
+    Local,
+}
+
+/// Session affinity of a service.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+pub enum SessionAffinity {
+    /// Each new connection picks an endpoint at random.
+    #[default]
+    None,
+    /// Connections from one client IP stick to one endpoint until `timeout_seconds` pass
+    /// without a new connection.
+    ClientIP {
+        /// Idle time after which the affinity is forgotten (Kubernetes' default is 10800).
+        timeout_seconds: u32,
+    },
+}
+
+/// The affinity timeout Kubernetes applies when `timeoutSeconds` is absent.
+pub const DEFAULT_AFFINITY_TIMEOUT_SECONDS: u32 = 10_800;
+
+/// The port a service port forwards to on its endpoints, as written in the Service.
+///
+/// Proxies take the endpoint port number from the EndpointSlice; this is kept for the wire
+/// API, whose clients may resolve ports themselves.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum TargetPort {
+    /// A port number.
+    Number(u16),
+    /// A named container port.
+    Name(String),
+}
+
+/// One port of a Service. Identified within the service by `(name, protocol)`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ServicePort {
+    /// The port's name (empty when the service has a single unnamed port).
+    pub name: String,
+    /// The transport protocol.
+    pub protocol: Protocol,
+    /// The port on cluster IPs, external IPs and load-balancer IPs.
+    pub port: u16,
+    /// The port on the nodes' NodePort addresses; `None` when not allocated (or 0).
+    pub node_port: Option<u16>,
+    /// The endpoint port as written in the Service.
+    pub target_port: TargetPort,
+}
+
+/// How a load-balancer ingress IP reaches the nodes (`status.loadBalancer.ingress[].ipMode`).
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+pub enum IpMode {
+    /// Traffic arrives addressed to the IP itself: the proxy must handle the IP.
+    #[default]
+    VIP,
+    /// The load balancer proxies traffic to the nodes: the proxy installs no rule for the IP.
+    Proxy,
+}
+
+/// One load-balancer ingress entry with an IP (hostname-only entries are dropped at ingest).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct LoadBalancerIngress {
+    /// The ingress IP.
+    pub ip: IpAddr,
+    /// Whether the proxy handles it.
+    pub ip_mode: IpMode,
+}
+
+/// A Service, reduced to what any proxy needs. Services that no proxy handles (ExternalName,
+/// headless, claimed by another proxy) never enter the model.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Service {
+    /// `namespace/name`.
+    pub key: ServiceKey,
+    /// The service type.
+    pub service_type: ServiceType,
+    /// Cluster IPs from `spec.clusterIPs`, at most one per family, in spec order.
+    pub cluster_ips: Vec<IpAddr>,
+    /// The service ports.
+    pub ports: Vec<ServicePort>,
+    /// `spec.externalIPs`, sorted, without duplicates.
+    pub external_ips: Vec<IpAddr>,
+    /// `status.loadBalancer.ingress` entries that carry an IP, sorted, without duplicates.
+    pub load_balancer_ingress: Vec<LoadBalancerIngress>,
+    /// `spec.loadBalancerSourceRanges`, trimmed, truncated to their network, sorted.
+    pub load_balancer_source_ranges: Vec<IpNet>,
+    /// Session affinity.
+    pub session_affinity: SessionAffinity,
+    /// `spec.internalTrafficPolicy`.
+    pub internal_traffic_policy: TrafficPolicy,
+    /// `spec.externalTrafficPolicy`.
+    pub external_traffic_policy: TrafficPolicy,
+    /// `spec.healthCheckNodePort`, kept only where it matters: type LoadBalancer with
+    /// externalTrafficPolicy Local.
+    pub health_check_node_port: Option<u16>,
+}
+
+impl Service {
+    /// The cluster IP of `family`; a service without one does not exist in that family.
+    pub fn cluster_ip(&self, family: Family) -> Option<IpAddr> {
+        self.cluster_ips.iter().copied().find(|ip| Family::of(ip) == family)
+    }
+
+    /// Load-balancer IPs of `family` that the proxy must handle (ipMode VIP).
+    pub fn load_balancer_vips(&self, family: Family) -> impl Iterator<Item = IpAddr> + '_ {
+        self.load_balancer_ingress
+            .iter()
+            .filter(move |ing| ing.ip_mode == IpMode::VIP && Family::of(&ing.ip) == family)
+            .map(|ing| ing.ip)
+    }
+
+    /// External IPs of `family`.
+    pub fn external_ips(&self, family: Family) -> impl Iterator<Item = IpAddr> + '_ {
+        self.external_ips.iter().copied().filter(move |ip| Family::of(ip) == family)
+    }
+}

@@ -1,0 +1,27 @@
+//! kpng's domain model: plain values compared by value.
+//!
+//! Everything here is pure data with no I/O. Sources convert Kubernetes objects into the
+//! [`global`] types; the projection (crate `kpng-local`) turns the global model into one
+//! node's [`local`] state (the *Expected Node-Local State*, ENLS); sinks and backends consume
+//! the [`ops`] that describe how one ENLS becomes the next.
+//!
+//! # Layout
+//! - [`net`]: IP families, protocols and lenient parsing of IPs and CIDRs as Kubernetes writes them.
+//! - [`global`]: the reduced global model: [`global::Service`], [`global::EndpointSlice`],
+//!   [`global::Node`], and [`global::GlobalModel`] which holds them and reports what a change touched.
+//! - [`local`]: the ENLS of one node: [`local::LocalState`] with its services, endpoints and node.
+//! - [`ops`]: [`ops::Op`], the vocabulary every sink consumes (reset, set, delete, sync), and
+//!   [`local::LocalState::apply`] which replays ops onto a state.
+
+pub mod global;
+pub mod local;
+pub mod net;
+pub mod ops;
+
+pub use global::{
+    Changes, EndpointSlice, GlobalModel, Kind, Node, Object, ObjectRef, Service, ServiceKey,
+    SliceKey, Touched,
+};
+pub use local::{LocalEndpoint, LocalNode, LocalService, LocalState};
+pub use net::{Family, PerFamily, Protocol};
+pub use ops::{Item, ItemRef, Op};

@@ -1,0 +1,42 @@
+//! [`StoreStats`]: counters of what reached the store and what changed it.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Counters shared by the store and whoever reports on it. Source events count every
+/// `Applied` and `Deleted` event; changes count only those that changed a value.
+#[derive(Debug, Default)]
+pub struct StoreStats {
+    events: AtomicU64,
+    changes: AtomicU64,
+    revisions: AtomicU64,
+}
+
+/// The counters at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StatsSnapshot {
+    /// Object events received from sources.
+    pub events: u64,
+    /// Events that changed the model.
+    pub changes: u64,
+    /// Revisions published (one per batch with changes).
+    pub revisions: u64,
+}
+
+impl StoreStats {
+    pub(crate) fn record(&self, events: u64, changes: u64, revision: bool) {
+        self.events.fetch_add(events, Ordering::Relaxed);
+        self.changes.fetch_add(changes, Ordering::Relaxed);
+        if revision {
+            self.revisions.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The counters now.
+    pub fn snapshot(&self) -> StatsSnapshot {
+        StatsSnapshot {
+            events: self.events.load(Ordering::Relaxed),
+            changes: self.changes.load(Ordering::Relaxed),
+            revisions: self.revisions.load(Ordering::Relaxed),
+        }
+    }
+}

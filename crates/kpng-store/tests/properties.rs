@@ -1,0 +1,124 @@
+//! Properties of the store over random event streams.
+
+use kpng_model::{GlobalModel, Kind, Object, ObjectRef};
+use kpng_store::{SourceEvent, store};
+use kpng_testkit::strategies::{Mutation, arb_mutation};
+use proptest::prelude::*;
+
+fn event(m: &Mutation) -> SourceEvent {
+    match m {
+        Mutation::Apply(o) => SourceEvent::Applied(o.clone()),
+        Mutation::Delete(k) => SourceEvent::Deleted(k.clone()),
+    }
+}
+
+fn final_objects(mutations: &[Mutation]) -> Vec<Object> {
+    let mut model = GlobalModel::new();
+    for m in mutations {
+        match m {
+            Mutation::Apply(o) => model.apply(o.clone()),
+            Mutation::Delete(k) => model.delete(k),
+        };
+    }
+    model.objects().collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    #[test]
+    fn any_event_stream_ends_where_loading_the_final_state_does(
+        batches in proptest::collection::vec(proptest::collection::vec(arb_mutation(), 0..6), 0..10),
+    ) {
+        let (mut writer, reader) = store(&[]);
+        for batch in &batches {
+            writer.apply(batch.iter().map(event));
+        }
+        let all: Vec<Mutation> = batches.concat();
+        let (mut fresh, fresh_reader) = store(&[]);
+        fresh.apply(final_objects(&all).into_iter().map(SourceEvent::Applied));
+        { let (a, b) = (reader.snapshot(), fresh_reader.snapshot()); prop_assert_eq!(a.model(), b.model()); }
+    }
+
+    #[test]
+    fn relist_converges_to_the_listed_objects(
+        before in proptest::collection::vec(arb_mutation(), 0..15),
+        after in proptest::collection::vec(arb_mutation(), 0..15),
+    ) {
+        let (mut writer, reader) = store(&Kind::ALL);
+        writer.apply(before.iter().map(event));
+        let wanted = final_objects(&after);
+        let rev_before = reader.snapshot().revision();
+        let changed = writer.apply(SourceEvent::relist(&Kind::ALL, wanted.clone()));
+        let (mut fresh, fresh_reader) = store(&[]);
+        fresh.apply(wanted.into_iter().map(SourceEvent::Applied));
+        { let (a, b) = (reader.snapshot(), fresh_reader.snapshot()); prop_assert_eq!(a.model(), b.model()); }
+        // A relist of the same objects again is no change at all.
+        let again: Vec<Object> = reader.snapshot().model().objects().collect();
+        prop_assert_eq!(writer.apply(SourceEvent::relist(&Kind::ALL, again)), None);
+        prop_assert_eq!(changed.is_some(), reader.snapshot().revision() != rev_before);
+        prop_assert!(reader.is_ready());
+    }
+}
+
+#[test]
+fn equal_values_make_no_revision_and_a_batch_makes_one() {
+    let (mut writer, reader) = store(&[]);
+    let svc = kpng_testkit::builders::service(
+        "ns",
+        "a",
+        &["10.96.0.1"],
+        &[("http", kpng_model::Protocol::Tcp, 80)],
+    );
+    let mut other = svc.clone();
+    other.key.name = "b".into();
+    assert_eq!(
+        writer.apply([
+            SourceEvent::Applied(Object::Service(svc.clone())),
+            SourceEvent::Applied(Object::Service(other))
+        ]),
+        Some(1)
+    );
+    assert_eq!(writer.apply([SourceEvent::Applied(Object::Service(svc.clone()))]), None);
+    assert_eq!(
+        writer.apply([SourceEvent::Deleted(ObjectRef::Service(kpng_model::ServiceKey::new(
+            "ns", "zzz"
+        )))]),
+        None
+    );
+    let stats = reader.stats().snapshot();
+    assert_eq!((stats.events, stats.changes, stats.revisions), (4, 2, 1));
+    let snapshot = reader.snapshot();
+    assert_eq!(snapshot.revision(), 1);
+    match snapshot.changes_since(Some(0)) {
+        kpng_model::Changes::Touched(t) => assert_eq!(t.len(), 2),
+        other => panic!("unexpected {other:?}"),
+    }
+    assert!(snapshot.changes_since(Some(1)).is_empty());
+}
+
+#[tokio::test]
+async fn readers_wait_for_every_initial_list() {
+    let (mut writer, mut reader) = store(&[Kind::Service, Kind::EndpointSlice]);
+    writer.apply([SourceEvent::ListStarted(Kind::Service), SourceEvent::ListDone(Kind::Service)]);
+    assert!(!reader.is_ready());
+    let waiter = tokio::spawn(async move { reader.wait_after(None).await });
+    tokio::task::yield_now().await;
+    assert!(!waiter.is_finished());
+    writer.apply([
+        SourceEvent::ListStarted(Kind::EndpointSlice),
+        SourceEvent::ListDone(Kind::EndpointSlice),
+    ]);
+    assert_eq!(waiter.await.unwrap(), Some(0));
+}
+
+#[tokio::test]
+async fn wait_after_returns_only_newer_revisions() {
+    let (mut writer, mut reader) = store(&[]);
+    assert_eq!(reader.wait_after(None).await, Some(0));
+    let waiter = tokio::spawn(async move { reader.wait_after(Some(0)).await });
+    let svc = kpng_testkit::builders::service("ns", "a", &["10.96.0.1"], &[]);
+    writer.apply([SourceEvent::Applied(Object::Service(svc))]);
+    assert_eq!(waiter.await.unwrap(), Some(1));
+    drop(writer);
+}

@@ -1,0 +1,13 @@
+//! Test support for kpng.
+//!
+//! # Layout
+//! - [`builders`]: short constructors for model values with sensible defaults, for tests
+//!   that care about one field at a time.
+//! - [`strategies`]: proptest strategies over a small universe of keys and addresses, so
+//!   random objects collide, update and delete each other often.
+//! - [`generate`]: synthetic clusters (N services × M endpoints over K nodes) as Kubernetes
+//!   manifests, for end-to-end tests, stats and benchmarks (`kpng-dev generate`).
+
+pub mod builders;
+pub mod generate;
+pub mod strategies;
