@@ -1,0 +1,70 @@
+//! v1 Node → [`Node`].
+
+use k8s_openapi::api::core::v1 as core;
+use kpng_model::global::{Node, NodeAddress, NodeAddressKind, TO_BE_DELETED_TAINT};
+use kpng_model::net::{parse_cidr, parse_ip};
+
+use super::{ConvertError, Converted, FieldError};
+
+/// Whether a node label can matter to a proxy.
+fn label_matters(key: &str) -> bool {
+    key.starts_with("topology.kubernetes.io/") || key == "kubernetes.io/hostname"
+}
+
+/// Converts a Node. Nodes are never ignored.
+pub fn convert_node(node: &core::Node) -> Result<Converted<Node>, ConvertError> {
+    let name = node.metadata.name.clone().unwrap_or_default();
+    let error = |error: FieldError| ConvertError {
+        kind: "Node",
+        namespace: None,
+        name: name.clone(),
+        error,
+    };
+    if name.is_empty() {
+        return Err(error(FieldError::new("metadata.name", "missing")));
+    }
+    let labels = node
+        .metadata
+        .labels
+        .iter()
+        .flatten()
+        .filter(|(k, _)| label_matters(k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let mut addresses = Vec::new();
+    for (i, a) in
+        node.status.as_ref().and_then(|s| s.addresses.as_ref()).into_iter().flatten().enumerate()
+    {
+        let kind = match a.type_.as_str() {
+            "InternalIP" => NodeAddressKind::InternalIP,
+            "ExternalIP" => NodeAddressKind::ExternalIP,
+            _ => continue,
+        };
+        let ip = parse_ip(&a.address)
+            .map_err(|e| error(FieldError::new(format!("status.addresses[{i}].address"), e)))?;
+        addresses.push(NodeAddress { kind, ip });
+    }
+    let spec = node.spec.as_ref();
+    let (field, cidrs): (&str, Vec<&String>) = match spec.and_then(|s| s.pod_cidrs.as_ref()) {
+        Some(cidrs) if !cidrs.is_empty() => ("spec.podCIDRs", cidrs.iter().collect()),
+        _ => ("spec.podCIDR", spec.and_then(|s| s.pod_cidr.as_ref()).into_iter().collect()),
+    };
+    let pod_cidrs = cidrs
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| parse_cidr(c).map_err(|e| error(FieldError::new(format!("{field}[{i}]"), e))))
+        .collect::<Result<Vec<_>, _>>()?;
+    let to_be_deleted = spec
+        .and_then(|s| s.taints.as_ref())
+        .into_iter()
+        .flatten()
+        .any(|t| t.key == TO_BE_DELETED_TAINT);
+    Ok(Converted::Proxied(Node {
+        name,
+        labels,
+        addresses,
+        pod_cidrs,
+        deleting: node.metadata.deletion_timestamp.is_some(),
+        to_be_deleted,
+    }))
+}

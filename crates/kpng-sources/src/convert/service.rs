@@ -1,0 +1,229 @@
+//! v1 Service → [`Service`].
+
+use k8s_openapi::api::core::v1 as core;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kpng_model::global::{
+    DEFAULT_AFFINITY_TIMEOUT_SECONDS, IpMode, LoadBalancerIngress, Service, ServiceKey,
+    ServicePort, ServiceType, SessionAffinity, TargetPort, TrafficPolicy,
+};
+use kpng_model::net::{parse_cidr, parse_ip};
+use kpng_model::{Family, ObjectRef, Protocol};
+
+use super::{ConvertError, ConvertOptions, Converted, FieldError, ignored_by_labels};
+
+/// Converts a Service. Ignored: ExternalName services, headless services (no cluster IP),
+/// and services labelled for another proxy or as headless.
+pub fn convert_service(
+    svc: &core::Service,
+    options: &ConvertOptions,
+) -> Result<Converted<Service>, ConvertError> {
+    let namespace = svc.metadata.namespace.clone().unwrap_or_else(|| "default".to_string());
+    let name = svc.metadata.name.clone().unwrap_or_default();
+    let error = |error: FieldError| ConvertError {
+        kind: "Service",
+        namespace: Some(namespace.clone()),
+        name: name.clone(),
+        error,
+    };
+    if name.is_empty() {
+        return Err(error(FieldError::new("metadata.name", "missing")));
+    }
+    let key = ServiceKey::new(namespace.clone(), name.clone());
+    let ignored =
+        |reason: String| Ok(Converted::Ignored { key: ObjectRef::Service(key.clone()), reason });
+    if let Some(reason) = ignored_by_labels(svc.metadata.labels.as_ref(), options) {
+        return ignored(reason);
+    }
+    let Some(spec) = &svc.spec else { return ignored("no spec".into()) };
+    let service_type = match spec.type_.as_deref().unwrap_or("ClusterIP") {
+        "ClusterIP" => ServiceType::ClusterIP,
+        "NodePort" => ServiceType::NodePort,
+        "LoadBalancer" => ServiceType::LoadBalancer,
+        "ExternalName" => return ignored("type ExternalName".into()),
+        other => {
+            return Err(error(FieldError::new(
+                "spec.type",
+                format!("unknown service type {other:?}"),
+            )));
+        }
+    };
+    let cluster_ips = cluster_ips(spec).map_err(error)?;
+    if cluster_ips.is_empty() {
+        return ignored("headless (no cluster IP)".into());
+    }
+    let external_traffic_policy =
+        policy(spec.external_traffic_policy.as_deref(), "spec.externalTrafficPolicy")
+            .map_err(error)?;
+    let health_check_node_port = spec
+        .health_check_node_port
+        .filter(|_| {
+            service_type == ServiceType::LoadBalancer
+                && external_traffic_policy == TrafficPolicy::Local
+        })
+        .map(|p| port_number(p, "spec.healthCheckNodePort"))
+        .transpose()
+        .map_err(error)?
+        .flatten();
+    Ok(Converted::Proxied(Service {
+        key,
+        service_type,
+        cluster_ips,
+        ports: ports(spec).map_err(error)?,
+        external_ips: ips(spec.external_ips.as_deref(), "spec.externalIPs").map_err(error)?,
+        load_balancer_ingress: ingress(svc.status.as_ref()).map_err(error)?,
+        load_balancer_source_ranges: source_ranges(spec).map_err(error)?,
+        session_affinity: affinity(spec).map_err(error)?,
+        internal_traffic_policy: policy(
+            spec.internal_traffic_policy.as_deref(),
+            "spec.internalTrafficPolicy",
+        )
+        .map_err(error)?,
+        external_traffic_policy,
+        health_check_node_port,
+    }))
+}
+
+/// `spec.clusterIPs` (or `spec.clusterIP`), at most one per family; empty when headless.
+fn cluster_ips(spec: &core::ServiceSpec) -> Result<Vec<std::net::IpAddr>, FieldError> {
+    let (field, texts): (&str, Vec<&String>) = match &spec.cluster_ips {
+        Some(ips) if !ips.is_empty() => ("spec.clusterIPs", ips.iter().collect()),
+        _ => ("spec.clusterIP", spec.cluster_ip.iter().collect()),
+    };
+    let mut out: Vec<std::net::IpAddr> = Vec::new();
+    for (i, text) in texts.into_iter().enumerate() {
+        if text.is_empty() || text == "None" {
+            continue;
+        }
+        let at =
+            if field == "spec.clusterIPs" { format!("{field}[{i}]") } else { field.to_string() };
+        let ip = parse_ip(text).map_err(|e| FieldError::new(at, e))?;
+        if !out.iter().any(|o| Family::of(o) == Family::of(&ip)) {
+            out.push(ip);
+        }
+    }
+    Ok(out)
+}
+
+fn port_number(value: i32, field: &str) -> Result<Option<u16>, FieldError> {
+    match value {
+        0 => Ok(None),
+        1..=65535 => Ok(Some(value as u16)),
+        _ => Err(FieldError::new(field, format!("port {value} out of range 1-65535"))),
+    }
+}
+
+/// Parses a protocol field; absent means TCP.
+pub(crate) fn protocol(value: Option<&str>, field: &str) -> Result<Protocol, FieldError> {
+    value.unwrap_or("TCP").parse().map_err(|e| FieldError::new(field, e))
+}
+
+fn ports(spec: &core::ServiceSpec) -> Result<Vec<ServicePort>, FieldError> {
+    let mut out = Vec::new();
+    for (i, p) in spec.ports.iter().flatten().enumerate() {
+        let at = |f: &str| format!("spec.ports[{i}].{f}");
+        let port = port_number(p.port, &at("port"))?
+            .ok_or_else(|| FieldError::new(at("port"), "must not be 0"))?;
+        let target_port = match &p.target_port {
+            None => TargetPort::Number(port),
+            Some(IntOrString::Int(n)) => {
+                TargetPort::Number(port_number(*n, &at("targetPort"))?.unwrap_or(port))
+            }
+            Some(IntOrString::String(s)) if s.is_empty() => TargetPort::Number(port),
+            Some(IntOrString::String(s)) => TargetPort::Name(s.clone()),
+        };
+        out.push(ServicePort {
+            name: p.name.clone().unwrap_or_default(),
+            protocol: protocol(p.protocol.as_deref(), &at("protocol"))?,
+            port,
+            node_port: p.node_port.map(|n| port_number(n, &at("nodePort"))).transpose()?.flatten(),
+            target_port,
+        });
+    }
+    Ok(out)
+}
+
+fn ips(values: Option<&[String]>, field: &str) -> Result<Vec<std::net::IpAddr>, FieldError> {
+    let mut out = values
+        .unwrap_or_default()
+        .iter()
+        .enumerate()
+        .map(|(i, text)| parse_ip(text).map_err(|e| FieldError::new(format!("{field}[{i}]"), e)))
+        .collect::<Result<Vec<_>, _>>()?;
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
+fn ingress(status: Option<&core::ServiceStatus>) -> Result<Vec<LoadBalancerIngress>, FieldError> {
+    let entries = status.and_then(|s| s.load_balancer.as_ref()).and_then(|lb| lb.ingress.as_ref());
+    let mut out = Vec::new();
+    for (i, entry) in entries.into_iter().flatten().enumerate() {
+        let Some(text) = entry.ip.as_deref().filter(|t| !t.is_empty()) else { continue };
+        let ip = parse_ip(text)
+            .map_err(|e| FieldError::new(format!("status.loadBalancer.ingress[{i}].ip"), e))?;
+        let ip_mode = match entry.ip_mode.as_deref() {
+            None | Some("VIP") => IpMode::VIP,
+            Some("Proxy") => IpMode::Proxy,
+            Some(other) => {
+                let field = format!("status.loadBalancer.ingress[{i}].ipMode");
+                return Err(FieldError::new(
+                    field,
+                    format!("unknown ipMode {other:?} (expected VIP or Proxy)"),
+                ));
+            }
+        };
+        out.push(LoadBalancerIngress { ip, ip_mode });
+    }
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
+fn source_ranges(spec: &core::ServiceSpec) -> Result<Vec<ipnet::IpNet>, FieldError> {
+    let mut out = Vec::new();
+    for (i, text) in spec.load_balancer_source_ranges.iter().flatten().enumerate() {
+        if text.trim().is_empty() {
+            continue;
+        }
+        out.push(
+            parse_cidr(text)
+                .map_err(|e| FieldError::new(format!("spec.loadBalancerSourceRanges[{i}]"), e))?,
+        );
+    }
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
+fn affinity(spec: &core::ServiceSpec) -> Result<SessionAffinity, FieldError> {
+    match spec.session_affinity.as_deref() {
+        None | Some("None") | Some("") => Ok(SessionAffinity::None),
+        Some("ClientIP") => {
+            let timeout = spec
+                .session_affinity_config
+                .as_ref()
+                .and_then(|c| c.client_ip.as_ref())
+                .and_then(|c| c.timeout_seconds);
+            let timeout_seconds = match timeout {
+                None => DEFAULT_AFFINITY_TIMEOUT_SECONDS,
+                Some(t @ 1..=86_400) => t as u32,
+                Some(t) => {
+                    let field = "spec.sessionAffinityConfig.clientIP.timeoutSeconds";
+                    return Err(FieldError::new(field, format!("{t} out of range 1-86400")));
+                }
+            };
+            Ok(SessionAffinity::ClientIP { timeout_seconds })
+        }
+        Some(other) => {
+            Err(FieldError::new("spec.sessionAffinity", format!("unknown affinity {other:?}")))
+        }
+    }
+}
+
+fn policy(value: Option<&str>, field: &str) -> Result<TrafficPolicy, FieldError> {
+    match value {
+        None | Some("") | Some("Cluster") => Ok(TrafficPolicy::Cluster),
+        Some("Local") => Ok(TrafficPolicy::Local),
+        Some(other) => Err(FieldError::new(field, format!("unknown traffic policy {other:?}"))),
+    }
+}
