@@ -12,7 +12,7 @@
 //!   Local set, and whether the port has endpoints at all).
 //! - [`project`]: [`project_node_state`], [`project_service`], [`project_node`]: global
 //!   model → ENLS.
-//! - [`diff`]: [`diff`] and [`diff_services`]: two ENLS → ops, services before their
+//! - [`mod@diff`]: [`diff()`] and [`diff_services`]: two ENLS → ops, services before their
 //!   endpoints, endpoints deleted before their service.
 //! - [`projector`]: [`NodeProjector`], the incremental driver a sink runs per node.
 //!

@@ -9,7 +9,7 @@
 //! - [`convert`]: Kubernetes `Service`, `EndpointSlice` and `Node` → model values, with the
 //!   rules of what is proxied (proxy-name and headless labels, ExternalName, headless
 //!   services, FQDN slices, slices without a service).
-//! - [`file`]: the file source: manifests (multi-document YAML, JSON, `kind: List`) read once
+//! - [`mod@file`]: the file source: manifests (multi-document YAML, JSON, `kind: List`) read once
 //!   or watched, each read applied to the store as one relist, so only differences count.
 //!
 //! [`SourceEvent`]: kpng_store::SourceEvent

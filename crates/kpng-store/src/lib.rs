@@ -11,7 +11,7 @@
 //!
 //! # Layout
 //! - [`events`]: [`SourceEvent`], the vocabulary every source emits.
-//! - [`store`]: [`store()`] builds a [`StoreWriter`] (exactly one, not cloneable) and
+//! - [`mod@store`]: [`store()`] builds a [`StoreWriter`] (exactly one, not cloneable) and
 //!   [`StoreReader`]s; the change log that answers "what changed since R".
 //! - [`stats`]: [`StoreStats`], the counters behind `--stats` and the metrics.
 

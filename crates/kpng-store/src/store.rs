@@ -41,7 +41,6 @@ struct Inner {
 
 struct Shared {
     inner: RwLock<Inner>,
-    published: watch::Sender<Published>,
     stats: Arc<StoreStats>,
 }
 
@@ -60,17 +59,16 @@ pub fn store(expected: &[Kind]) -> (StoreWriter, StoreReader) {
     };
     let ready = inner.expected.is_empty();
     let (published, rx) = watch::channel(Published { revision: 0, ready });
-    let shared = Arc::new(Shared {
-        inner: RwLock::new(inner),
-        published,
-        stats: Arc::new(StoreStats::default()),
-    });
-    (StoreWriter { shared: shared.clone() }, StoreReader { shared, rx })
+    let shared =
+        Arc::new(Shared { inner: RwLock::new(inner), stats: Arc::new(StoreStats::default()) });
+    (StoreWriter { shared: shared.clone(), published }, StoreReader { shared, rx })
 }
 
-/// The store's only writer. It cannot be cloned: sources feed it through one task.
+/// The store's only writer. It cannot be cloned: sources feed it through one task. When
+/// it is dropped, readers waiting for a newer revision learn that none will come.
 pub struct StoreWriter {
     shared: Arc<Shared>,
+    published: watch::Sender<Published>,
 }
 
 impl StoreWriter {
@@ -124,7 +122,7 @@ impl StoreWriter {
         self.shared.stats.record(object_events, changes, revision.is_some());
         let published = Published { revision: inner.revision, ready: inner.is_ready() };
         drop(inner);
-        self.shared.published.send_if_modified(|p| {
+        self.published.send_if_modified(|p| {
             let modified = *p != published;
             *p = published;
             modified
@@ -134,7 +132,7 @@ impl StoreWriter {
 
     /// A reader of this store.
     pub fn reader(&self) -> StoreReader {
-        StoreReader { shared: self.shared.clone(), rx: self.shared.published.subscribe() }
+        StoreReader { shared: self.shared.clone(), rx: self.published.subscribe() }
     }
 }
 
@@ -179,7 +177,9 @@ pub struct StoreReader {
 
 impl Clone for StoreReader {
     fn clone(&self) -> Self {
-        StoreReader { shared: self.shared.clone(), rx: self.shared.published.subscribe() }
+        let mut rx = self.rx.clone();
+        rx.mark_changed();
+        StoreReader { shared: self.shared.clone(), rx }
     }
 }
 

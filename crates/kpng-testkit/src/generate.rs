@@ -36,7 +36,7 @@ fn v4(base: [u8; 1], i: usize) -> String {
 }
 
 fn v6(prefix: &str, i: usize) -> String {
-    format!("{prefix}:{:x}:{:x}", i >> 16, i & 0xffff)
+    format!("{prefix}{:x}:{:x}", i >> 16, i & 0xffff)
 }
 
 /// The cluster IP (IPv4) of service `i`.

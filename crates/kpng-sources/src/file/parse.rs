@@ -223,7 +223,7 @@ fn convert_value(
 }
 
 fn typed<T: DeserializeOwned>(position: &Position, value: &Value) -> Result<T, DocumentError> {
-    serde_path_to_error::deserialize(value.clone()).map_err(|e| {
+    serde_path_to_error::deserialize(value).map_err(|e| {
         let field = e.path().to_string();
         let field = (field != ".").then_some(field);
         position.error(Some(value), field, e.into_inner())

@@ -45,8 +45,16 @@ pub enum FileError {
     },
 }
 
+/// At most this many document errors are shown; the count says how many there are.
+const SHOWN_ERRORS: usize = 10;
+
 fn list(errors: &[DocumentError]) -> String {
-    errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n  ")
+    let mut shown: Vec<String> =
+        errors.iter().take(SHOWN_ERRORS).map(ToString::to_string).collect();
+    if errors.len() > SHOWN_ERRORS {
+        shown.push(format!("... and {} more", errors.len() - SHOWN_ERRORS));
+    }
+    shown.join("\n  ")
 }
 
 /// The file source.

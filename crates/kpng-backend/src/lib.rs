@@ -1,0 +1,21 @@
+//! The backend framework: how one node's ENLS reaches the things that enforce it.
+//!
+//! A [`Backend`] receives change sets: the ops since its previous change set, closed by
+//! `Sync`, with the full state after them for lookups. The [`runner`] projects the store
+//! onto the node, diffs, and hands every backend only real changes; a failed backend is
+//! retried with backoff and then given the full state again.
+//!
+//! # Layout
+//! - [`backend`]: the [`Backend`] trait and [`ChangeSet`].
+//! - [`runner`]: [`run_node`], the loop from store revisions to backend change sets, and
+//!   its counters ([`NodeStats`]).
+//! - [`json`]: [`JsonBackend`], which writes each op as one JSON line: the debugging
+//!   backend, and a readable proof of what the diff emits.
+
+pub mod backend;
+pub mod json;
+pub mod runner;
+
+pub use backend::{Backend, BackendError, ChangeSet};
+pub use json::JsonBackend;
+pub use runner::{NodeStats, RunnerError, RunnerOptions, run_node};

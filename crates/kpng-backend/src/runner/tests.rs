@@ -1,0 +1,145 @@
+use std::sync::Mutex;
+
+use kpng_model::{Object, Protocol};
+use kpng_store::{SourceEvent, store};
+use kpng_testkit::builders::{endpoint, service, slice};
+
+use super::*;
+
+/// Records every change set; fails while `fail` is set.
+#[derive(Clone, Default)]
+struct Recorder {
+    log: Arc<Mutex<Vec<Vec<Op>>>>,
+    fail: Arc<Mutex<bool>>,
+}
+
+impl Backend for Recorder {
+    fn name(&self) -> &'static str {
+        "recorder"
+    }
+
+    fn apply(&mut self, changes: &ChangeSet<'_>) -> Result<(), BackendError> {
+        if *self.fail.lock().unwrap() {
+            return Err(BackendError::new("recorder", "injected failure"));
+        }
+        self.log.lock().unwrap().push(changes.ops.to_vec());
+        Ok(())
+    }
+}
+
+fn objects(endpoints: &[(&str, &str)]) -> Vec<SourceEvent> {
+    let http = ("http", Protocol::Tcp, 80);
+    let eps = endpoints.iter().map(|(ip, node)| endpoint(ip, node)).collect();
+    vec![
+        SourceEvent::Applied(Object::Service(service("ns", "web", &["10.96.0.1"], &[http]))),
+        SourceEvent::Applied(Object::EndpointSlice(slice(
+            "ns",
+            "web-1",
+            "web",
+            &[("http", Protocol::Tcp, 8080)],
+            eps,
+        ))),
+    ]
+}
+
+async fn settle() {
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn backends_get_reset_then_only_real_changes() {
+    let (mut writer, reader) = store(&[]);
+    let recorder = Recorder::default();
+    let stats = Arc::new(NodeStats::default());
+    writer.apply(objects(&[("10.0.0.1", "a")]));
+    let task = tokio::spawn(run_node(
+        reader,
+        vec![Box::new(recorder.clone())],
+        RunnerOptions::new("a"),
+        stats.clone(),
+    ));
+    settle().await;
+    {
+        let log = recorder.log.lock().unwrap();
+        assert_eq!(log.len(), 1);
+        assert_eq!(log[0].first(), Some(&Op::Reset));
+        assert_eq!(log[0].last(), Some(&Op::Sync));
+        assert_eq!(log[0].len(), 4, "reset, service, endpoint, sync: {:?}", log[0]);
+    }
+    // A new revision that changes nothing for this node: a not-ready endpoint elsewhere.
+    let mut events = objects(&[("10.0.0.1", "a")]);
+    let SourceEvent::Applied(Object::EndpointSlice(s)) = &mut events[1] else { unreachable!() };
+    let mut hidden = endpoint("10.0.0.9", "b");
+    hidden.ready = false;
+    hidden.serving = false;
+    s.endpoints.push(hidden);
+    assert!(writer.apply(events).is_some());
+    settle().await;
+    assert_eq!(recorder.log.lock().unwrap().len(), 1, "no change set for a no-op revision");
+    // A real change: one endpoint added.
+    writer.apply(objects(&[("10.0.0.1", "a"), ("10.0.0.2", "b")]));
+    settle().await;
+    {
+        let log = recorder.log.lock().unwrap();
+        assert_eq!(log.len(), 2);
+        assert!(
+            matches!(&log[1][..], [Op::Set(kpng_model::Item::Endpoint { .. }), Op::Sync]),
+            "{:?}",
+            log[1]
+        );
+    }
+    assert_eq!(stats.enls_revisions(), 2);
+    drop(writer);
+    task.await.unwrap().unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_backend_is_retried_with_the_full_state() {
+    let (mut writer, reader) = store(&[]);
+    let recorder = Recorder::default();
+    *recorder.fail.lock().unwrap() = true;
+    let stats = Arc::new(NodeStats::default());
+    writer.apply(objects(&[("10.0.0.1", "a")]));
+    let task = tokio::spawn(run_node(
+        reader,
+        vec![Box::new(recorder.clone())],
+        RunnerOptions::new("a"),
+        stats.clone(),
+    ));
+    settle().await;
+    assert_eq!(stats.failures(), 1);
+    writer.apply(objects(&[("10.0.0.1", "a"), ("10.0.0.2", "b")]));
+    settle().await;
+    assert!(recorder.log.lock().unwrap().is_empty());
+    *recorder.fail.lock().unwrap() = false;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    settle().await;
+    {
+        let log = recorder.log.lock().unwrap();
+        assert_eq!(log.len(), 1);
+        assert_eq!(log[0].first(), Some(&Op::Reset));
+        assert_eq!(log[0].len(), 5, "reset, service, two endpoints, sync");
+    }
+    drop(writer);
+    task.await.unwrap().unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn once_stops_after_the_first_sync_or_fails() {
+    let (mut writer, reader) = store(&[]);
+    writer.apply(objects(&[]));
+    let mut options = RunnerOptions::new("a");
+    options.once = true;
+    let ok = Recorder::default();
+    run_node(reader.clone(), vec![Box::new(ok.clone())], options.clone(), Default::default())
+        .await
+        .unwrap();
+    assert_eq!(ok.log.lock().unwrap().len(), 1);
+    let failing = Recorder::default();
+    *failing.fail.lock().unwrap() = true;
+    let err =
+        run_node(reader, vec![Box::new(failing)], options, Default::default()).await.unwrap_err();
+    assert!(err.to_string().contains("injected failure"), "{err}");
+}

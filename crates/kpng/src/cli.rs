@@ -1,0 +1,275 @@
+//! The command line: a source, then a sink, then (for `to-local`) one or more backends.
+//!
+//! ```text
+//! kpng file --input PATH [--watch] <sink>
+//! <sink>    := to-file --output PATH [--format yaml|json] | to-local <backend> [<backend>...]
+//! <backend> := to-json | ...
+//! ```
+//!
+//! Options that concern the whole process (`--once`, `--node`, `--stats`, `--log`) are
+//! accepted anywhere after `kpng`.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+const AFTER_HELP: &str = "\
+A pipeline reads left to right: a source fills the global model, a sink consumes it.
+Examples:
+  kpng file --input examples/cluster.yaml to-local --node node-a to-json --once
+  kpng file --input cluster.yaml --watch to-file --output model.yaml
+  kpng --stats file --input cluster.yaml --watch to-local to-json";
+
+/// kpng: a Kubernetes service proxy built as a pipeline.
+///
+/// Sources write a reduced global model (services, endpoint slices, nodes); each node's
+/// Expected Node-Local State is projected from it and diffed, and backends receive only real
+/// changes.
+#[derive(Debug, Parser)]
+#[command(name = "kpng", version, after_help = AFTER_HELP, propagate_version = true)]
+pub struct Cli {
+    /// Options for the whole process.
+    #[command(flatten)]
+    pub global: GlobalArgs,
+    /// The source of the global model.
+    #[command(subcommand)]
+    pub source: SourceCommand,
+}
+
+/// Options for the whole process, accepted anywhere on the command line.
+#[derive(Debug, Clone, Default, Args)]
+pub struct GlobalArgs {
+    /// Apply the state once, then exit: 0 after the first successful sync of every backend
+    /// (or the first write of `to-file`), non-zero with the error otherwise.
+    #[arg(long, global = true)]
+    pub once: bool,
+
+    /// Print a tab-separated stats line every second on standard error: time (ms), source
+    /// events, store revisions, node-state revisions, user and system CPU (ms), CPU %, RSS
+    /// (MiB), and revisions per event (%).
+    #[arg(long, global = true)]
+    pub stats: bool,
+
+    /// The node whose state `to-local` computes. Defaults to $NODE_NAME, then the hostname.
+    #[arg(long, global = true, env = "NODE_NAME", value_name = "NAME")]
+    pub node: Option<String>,
+
+    /// Log filter for standard error, in RUST_LOG syntax (`info`, `debug`, `kpng_sources=debug`).
+    #[arg(long, global = true, env = "KPNG_LOG", default_value = "info", value_name = "FILTER")]
+    pub log: String,
+}
+
+impl GlobalArgs {
+    /// Combines options given after a later backend with these.
+    pub fn merge(&mut self, later: GlobalArgs) {
+        self.once |= later.once;
+        self.stats |= later.stats;
+        if later.node.is_some() {
+            self.node = later.node;
+        }
+        if later.log != "info" {
+            self.log = later.log;
+        }
+    }
+}
+
+/// Where the global model comes from.
+#[derive(Debug, Subcommand)]
+pub enum SourceCommand {
+    /// Read Kubernetes manifests (Service, EndpointSlice, Node) from a file.
+    File(FileArgs),
+    /// Watch a Kubernetes API server. Not available in this build.
+    Kube(Unavailable),
+    /// Replicate another kpng's global model over gRPC. Not available in this build.
+    Api(Unavailable),
+    /// Run backends fed by a remote kpng's `to-api`. Not available in this build.
+    Local(Unavailable),
+    /// Remove every kernel object kpng installed. Not available in this build.
+    Cleanup(Unavailable),
+}
+
+/// `kpng file`.
+#[derive(Debug, Args)]
+pub struct FileArgs {
+    /// The manifests: multi-document YAML, JSON, or a `kind: List` (as printed by
+    /// `kubectl get svc,endpointslices,nodes -A -o yaml`). Other kinds are skipped.
+    #[arg(long, short, value_name = "PATH")]
+    pub input: PathBuf,
+
+    /// Re-read the file whenever it changes and apply only the difference. An invalid
+    /// edit is logged and the last good state stays in force.
+    #[arg(long)]
+    pub watch: bool,
+
+    /// This proxy's name: objects labelled `service.kubernetes.io/service-proxy-name` with
+    /// this value are proxied, objects with another value are ignored.
+    #[arg(long, value_name = "NAME")]
+    pub service_proxy_name: Option<String>,
+
+    /// What consumes the model.
+    #[command(subcommand)]
+    pub sink: SinkCommand,
+}
+
+/// What consumes the global model.
+#[derive(Debug, Subcommand)]
+#[allow(clippy::enum_variant_names)] // the variants are the command names: to-file, to-local, to-api
+pub enum SinkCommand {
+    /// Write the global model to a file, rewritten (atomically) on every change.
+    ToFile(ToFileArgs),
+    /// Compute this node's state and feed it to one or more backends.
+    ToLocal(ToLocalArgs),
+    /// Serve the model over gRPC. Not available in this build.
+    ToApi(Unavailable),
+}
+
+/// `to-file`.
+#[derive(Debug, Args)]
+pub struct ToFileArgs {
+    /// The file to write. It is replaced by rename, so readers never see half a file.
+    #[arg(long, short, value_name = "PATH")]
+    pub output: PathBuf,
+    /// The format.
+    #[arg(long, value_enum, default_value_t = FileFormat::Yaml)]
+    pub format: FileFormat,
+}
+
+/// Formats of `to-file`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FileFormat {
+    /// YAML.
+    Yaml,
+    /// JSON (pretty-printed).
+    Json,
+}
+
+/// `to-local`.
+#[derive(Debug, Args)]
+#[command(after_help = "Several backends may follow one another: `to-local to-json to-json`.")]
+pub struct ToLocalArgs {
+    /// The first backend.
+    #[command(subcommand)]
+    pub backend: BackendCommand,
+}
+
+/// A backend of `to-local`.
+#[derive(Debug, Clone, Subcommand)]
+#[allow(clippy::enum_variant_names)] // the variants are the command names: to-json, to-nft, ...
+pub enum BackendCommand {
+    /// Write the node's op stream as JSON lines on standard output (reset, set, delete,
+    /// sync): the debugging backend.
+    ToJson(Chain),
+    /// nftables. Not available in this build.
+    ToNft(Chain),
+    /// iptables. Not available in this build.
+    ToIptables(Chain),
+    /// A userspace proxy. Not available in this build.
+    ToUserspace(Chain),
+}
+
+impl BackendCommand {
+    /// The backend's name on the command line.
+    pub fn name(&self) -> &'static str {
+        match self {
+            BackendCommand::ToJson(_) => "to-json",
+            BackendCommand::ToNft(_) => "to-nft",
+            BackendCommand::ToIptables(_) => "to-iptables",
+            BackendCommand::ToUserspace(_) => "to-userspace",
+        }
+    }
+
+    fn chain(&self) -> &Chain {
+        match self {
+            BackendCommand::ToJson(c)
+            | BackendCommand::ToNft(c)
+            | BackendCommand::ToIptables(c)
+            | BackendCommand::ToUserspace(c) => c,
+        }
+    }
+}
+
+/// What follows a backend: further backends, with their own options.
+#[derive(Debug, Clone, Args)]
+pub struct Chain {
+    /// Further backends, each with its options.
+    #[arg(
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "BACKEND",
+        hide = true
+    )]
+    pub next: Vec<String>,
+}
+
+/// A command or sink that this build does not provide.
+#[derive(Debug, Clone, Args)]
+pub struct Unavailable {
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
+    rest: Vec<String>,
+}
+
+/// The parser for backends after the first.
+#[derive(Debug, Parser)]
+#[command(name = "to-local", no_binary_name = true)]
+struct NextBackend {
+    #[command(flatten)]
+    global: GlobalArgs,
+    #[command(subcommand)]
+    backend: BackendCommand,
+}
+
+impl ToLocalArgs {
+    /// Every backend in command-line order. Options for the whole process given after a
+    /// later backend are merged into `global`.
+    pub fn backends(&self, global: &mut GlobalArgs) -> Result<Vec<BackendCommand>, clap::Error> {
+        let mut backends = vec![self.backend.clone()];
+        let mut next = self.backend.chain().next.clone();
+        while !next.is_empty() {
+            let parsed = NextBackend::try_parse_from(&next)?;
+            global.merge(parsed.global);
+            next = parsed.backend.chain().next.clone();
+            backends.push(parsed.backend);
+        }
+        Ok(backends)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Cli {
+        Cli::try_parse_from(args).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn global_options_anywhere_and_backends_chain() {
+        let cli = parse(&[
+            "kpng", "file", "--input", "c.yaml", "to-local", "--node", "n1", "to-json", "--once",
+            "to-json", "--stats",
+        ]);
+        let mut global = cli.global.clone();
+        let SourceCommand::File(file) = cli.source else { panic!() };
+        let SinkCommand::ToLocal(local) = file.sink else { panic!() };
+        let backends = local.backends(&mut global).unwrap();
+        assert_eq!(backends.iter().map(|b| b.name()).collect::<Vec<_>>(), ["to-json", "to-json"]);
+        assert!(global.once && global.stats);
+        assert_eq!(global.node.as_deref(), Some("n1"));
+
+        let cli = parse(&[
+            "kpng", "--once", "file", "-i", "c.yaml", "to-file", "-o", "out.json", "--format",
+            "json",
+        ]);
+        assert!(cli.global.once);
+    }
+
+    #[test]
+    fn unknown_backends_are_rejected() {
+        let cli = parse(&["kpng", "file", "--input", "c", "to-local", "to-json", "to-bogus"]);
+        let mut global = cli.global.clone();
+        let SourceCommand::File(file) = cli.source else { panic!() };
+        let SinkCommand::ToLocal(local) = file.sink else { panic!() };
+        let err = local.backends(&mut global).unwrap_err().to_string();
+        assert!(err.contains("to-bogus"), "{err}");
+    }
+}

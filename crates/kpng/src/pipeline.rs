@@ -1,0 +1,116 @@
+//! Wires a source to a sink through the store.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use kpng_backend::NodeStats;
+use kpng_sources::ConvertOptions;
+use kpng_sources::file::FileSource;
+use kpng_store::store;
+
+use crate::cli::{Cli, FileArgs, GlobalArgs, SinkCommand, SourceCommand};
+use crate::sinks::to_file::run_to_file;
+use crate::sinks::to_local::{build_backends, run_to_local};
+use crate::stats::{StatsPrinter, StatsSources, print_stats};
+
+/// Runs the pipeline the command line describes until it ends, fails, or a signal arrives.
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    let mut global = cli.global;
+    match cli.source {
+        SourceCommand::File(args) => run_file(args, &mut global).await,
+        SourceCommand::Kube(_) => bail!("source `kube` is not available in this build of kpng"),
+        SourceCommand::Api(_) => bail!("source `api` is not available in this build of kpng"),
+        SourceCommand::Local(_) => bail!("command `local` is not available in this build of kpng"),
+        SourceCommand::Cleanup(_) => {
+            bail!("command `cleanup` is not available in this build of kpng")
+        }
+    }
+}
+
+/// The node name: `--node`, then $NODE_NAME (both via clap), then the hostname.
+fn node_name(global: &GlobalArgs) -> anyhow::Result<String> {
+    match &global.node {
+        Some(node) if !node.is_empty() => Ok(node.clone()),
+        _ => gethostname::gethostname()
+            .into_string()
+            .ok()
+            .filter(|h| !h.is_empty())
+            .context("no --node given, $NODE_NAME unset, and the hostname is not usable"),
+    }
+}
+
+async fn run_file(args: FileArgs, global: &mut GlobalArgs) -> anyhow::Result<()> {
+    let options = ConvertOptions { service_proxy_name: args.service_proxy_name.clone() };
+    let source = FileSource::new(&args.input, args.watch, options);
+    let (writer, reader) = store(&FileSource::KINDS);
+    let store_stats = reader.stats();
+    let node_stats = Arc::new(NodeStats::default());
+
+    // Validate the sink fully before starting anything.
+    let sink = match args.sink {
+        SinkCommand::ToFile(to_file) => Sink::File(to_file),
+        SinkCommand::ToLocal(to_local) => {
+            let commands = to_local.backends(global).map_err(|e| anyhow::anyhow!("{e}"))?;
+            Sink::Local { node: node_name(global)?, backends: build_backends(&commands)? }
+        }
+        SinkCommand::ToApi(_) => bail!("sink `to-api` is not available in this build of kpng"),
+    };
+    let once = global.once;
+    let sink = async {
+        match sink {
+            Sink::File(to_file) => run_to_file(reader, to_file, once).await,
+            Sink::Local { node, backends } => {
+                tracing::info!(%node, "computing the node-local state");
+                run_to_local(reader, node, backends, once, node_stats.clone()).await
+            }
+        }
+    };
+
+    let sources = StatsSources { store: store_stats, node: Some(node_stats.clone()) };
+    if global.stats {
+        eprintln!("{}", crate::stats::HEADER);
+    }
+    let mut printer = global.stats.then(|| StatsPrinter::new(sources.clone()));
+    let stats = async {
+        match global.stats {
+            true => print_stats(StatsPrinter::new(sources), Duration::from_secs(1)).await,
+            false => std::future::pending().await,
+        }
+    };
+
+    let result = tokio::select! {
+        result = source.run(writer) => result.context("file source"),
+        result = sink => result,
+        () = stats => Ok(()),
+        () = shutdown_signal() => {
+            tracing::info!("signal received; exiting (kernel state, if any, stays in force)");
+            Ok(())
+        }
+    };
+    if let Some(printer) = printer.as_mut() {
+        eprintln!("{}", printer.line());
+    }
+    result
+}
+
+enum Sink {
+    File(crate::cli::ToFileArgs),
+    Local { node: String, backends: Vec<Box<dyn kpng_backend::Backend>> },
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = terminate => {}
+    }
+}

@@ -1,0 +1,257 @@
+//! End-to-end tests of the built `kpng` binary on manifests files.
+
+#[path = "support/mod.rs"]
+mod support;
+
+use std::time::Duration;
+
+use serde_json::Value;
+use support::{Kpng, example, run};
+
+fn ops_of(stdout: &str) -> Vec<Value> {
+    stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad JSON line {l:?}: {e}")))
+        .collect()
+}
+
+fn endpoint_ips(ops: &[Value], service: &str) -> Vec<String> {
+    ops.iter()
+        .filter(|op| op["op"] == "set" && op["endpoint"]["service"] == service)
+        .map(|op| op["endpoint"]["endpoint"]["ip"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn example_op_stream_for_node_a() {
+    let out =
+        run(&["file", "--input", &example(), "to-local", "--node", "node-a", "to-json", "--once"]);
+    assert!(out.status.success(), "{}", out.stderr);
+    let ops = ops_of(&out.stdout);
+    assert_eq!(ops.first().unwrap()["op"], "reset");
+    assert_eq!(ops.last().unwrap()["op"], "sync");
+    assert_eq!(ops.iter().filter(|o| o["op"] == "sync").count(), 1);
+    let services: Vec<&str> = ops.iter().filter_map(|o| o["service"]["key"].as_str()).collect();
+    assert_eq!(
+        services,
+        [
+            "kube-system/kube-dns",
+            "shop/cart",
+            "shop/checkout",
+            "shop/empty",
+            "shop/legacy",
+            "shop/web"
+        ]
+    );
+    // Zone hints: node-a (zone-1) uses the zone-1 DNS pod only.
+    assert_eq!(endpoint_ips(&ops, "kube-system/kube-dns"), ["10.244.0.5"]);
+    // internalTrafficPolicy Local: only the local cart pod.
+    assert_eq!(endpoint_ips(&ops, "shop/cart"), ["10.244.0.30"]);
+    // The terminating web pod is not used while others are ready; both families are present.
+    assert_eq!(
+        endpoint_ips(&ops, "shop/web"),
+        ["10.244.0.10", "10.244.2.10", "fd00:244::10", "fd00:244:0:2::10"]
+    );
+    let empty = ops.iter().find(|o| o["service"]["key"] == "shop/empty").unwrap();
+    assert_eq!(empty["service"]["ports"][0]["has_endpoints"]["v4"], false);
+}
+
+#[test]
+fn node_c_sees_its_own_local_endpoints() {
+    let out =
+        run(&["file", "--input", &example(), "to-local", "to-json", "--once", "--node", "node-c"]);
+    assert!(out.status.success(), "{}", out.stderr);
+    let ops = ops_of(&out.stdout);
+    assert_eq!(endpoint_ips(&ops, "kube-system/kube-dns"), ["10.244.2.7"]);
+    assert_eq!(endpoint_ips(&ops, "shop/cart"), Vec::<String>::new());
+    let checkout = ops
+        .iter()
+        .find(|o| o["endpoint"]["endpoint"]["ip"] == "10.244.2.20")
+        .expect("local checkout endpoint");
+    assert_eq!(checkout["endpoint"]["endpoint"]["ports"][0]["local"], true);
+}
+
+#[test]
+fn watch_applies_exactly_the_difference() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cluster.yaml");
+    let original = std::fs::read_to_string(example()).unwrap();
+    std::fs::write(&path, &original).unwrap();
+    let mut kpng = Kpng::spawn(&[
+        "file",
+        "--input",
+        path.to_str().unwrap(),
+        "--watch",
+        "to-local",
+        "--node",
+        "node-a",
+        "to-json",
+    ]);
+    let first = kpng.next_change_set();
+    assert_eq!(first.first().unwrap()["op"], "reset");
+
+    // One endpoint of checkout changes address.
+    let moved = original.replace("addresses: [10.244.2.20]", "addresses: [10.244.2.21]");
+    support::replace_file(&path, &moved);
+    let change = kpng.next_change_set();
+    let summary: Vec<String> = change.iter().map(support::summarize).collect();
+    assert_eq!(
+        summary,
+        [
+            "delete endpoint shop/checkout 10.244.2.20",
+            "set endpoint shop/checkout 10.244.2.21",
+            "sync"
+        ]
+    );
+
+    // A no-op edit: a resourceVersion, an annotation nobody reads, and an endpoint of
+    // another node that stays out of this node's sets (zone hints). Then a real change:
+    // the next change set must be that change alone.
+    let noop = moved
+        .replace("  name: legacy\n  namespace: shop\n", "  name: legacy\n  namespace: shop\n  resourceVersion: \"99\"\n  annotations: {note: hello}\n")
+        .replace("name: coredns-5d78c9869d-fghij}", "name: coredns-5d78c9869d-fghij, uid: abc}");
+    assert_ne!(noop, moved);
+    std::fs::write(&path, &noop).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let real = noop.replace("port: 9000, targetPort: 9000", "port: 9001, targetPort: 9000");
+    std::fs::write(&path, &real).unwrap();
+    let change = kpng.next_change_set();
+    let summary: Vec<String> = change.iter().map(support::summarize).collect();
+    assert_eq!(summary, ["set service shop/cart", "sync"]);
+
+    // A malformed edit keeps the last good state and logs the object and field.
+    let broken = real.replace("addresses: [10.244.0.30]", "addresses: [10.244.0.300]");
+    std::fs::write(&path, &broken).unwrap();
+    kpng.wait_stderr("10.244.0.300");
+    let stderr = kpng.stderr();
+    assert!(
+        stderr.contains("shop/cart-z1x2c") && stderr.contains("endpoints[0].addresses[0]"),
+        "{stderr}"
+    );
+    // Fixing it differently applies only the difference from the last good state.
+    let fixed = real.replace("addresses: [10.244.2.40]", "addresses: [10.244.2.41]");
+    std::fs::write(&path, &fixed).unwrap();
+    let change = kpng.next_change_set();
+    let summary: Vec<String> = change.iter().map(support::summarize).collect();
+    assert_eq!(
+        summary,
+        ["delete endpoint shop/legacy 10.244.2.40", "set endpoint shop/legacy 10.244.2.41", "sync"]
+    );
+}
+
+#[test]
+fn malformed_input_without_watch_fails_with_the_object_and_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.yaml");
+    let text = std::fs::read_to_string(example())
+        .unwrap()
+        .replace("protocol: UDP, port: 53, targetPort: 53", "protocol: QUIC, port: 53");
+    std::fs::write(&path, text).unwrap();
+    let out = run(&[
+        "file",
+        "--input",
+        path.to_str().unwrap(),
+        "to-local",
+        "--node",
+        "node-a",
+        "to-json",
+        "--once",
+    ]);
+    assert!(!out.status.success());
+    assert!(out.stdout.is_empty(), "nothing applied: {}", out.stdout);
+    for needle in ["document 5", "Service kube-system/kube-dns", "spec.ports[0].protocol", "QUIC"] {
+        assert!(out.stderr.contains(needle), "missing {needle:?} in {}", out.stderr);
+    }
+}
+
+#[test]
+fn missing_file_and_unavailable_parts_are_clear_errors() {
+    let out = run(&[
+        "file",
+        "--input",
+        "/nonexistent/cluster.yaml",
+        "to-local",
+        "--node",
+        "n",
+        "to-json",
+        "--once",
+    ]);
+    assert!(!out.status.success());
+    assert!(out.stderr.contains("/nonexistent/cluster.yaml"), "{}", out.stderr);
+
+    let out = run(&[
+        "file",
+        "--input",
+        &example(),
+        "to-local",
+        "--node",
+        "n",
+        "to-json",
+        "to-nft",
+        "--once",
+    ]);
+    assert!(!out.status.success());
+    assert!(out.stderr.contains("to-nft is not available"), "{}", out.stderr);
+    assert!(out.stdout.is_empty());
+
+    let out = run(&["kube", "to-local", "to-json"]);
+    assert!(!out.status.success());
+    assert!(out.stderr.contains("`kube` is not available"), "{}", out.stderr);
+}
+
+#[test]
+fn to_file_writes_the_global_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_path = dir.path().join("model.json");
+    let out = run(&[
+        "file",
+        "--input",
+        &example(),
+        "to-file",
+        "--output",
+        out_path.to_str().unwrap(),
+        "--format",
+        "json",
+        "--once",
+    ]);
+    assert!(out.status.success(), "{}", out.stderr);
+    let model: Value = serde_json::from_str(&std::fs::read_to_string(&out_path).unwrap()).unwrap();
+    assert_eq!(model["nodes"].as_array().unwrap().len(), 3);
+    assert_eq!(model["services"].as_array().unwrap().len(), 6, "ExternalName is not proxied");
+    assert_eq!(model["endpointSlices"].as_array().unwrap().len(), 6);
+
+    let yaml_path = dir.path().join("model.yaml");
+    let out = run(&[
+        "--once",
+        "file",
+        "--input",
+        &example(),
+        "to-file",
+        "--output",
+        yaml_path.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", out.stderr);
+    assert!(std::fs::read_to_string(&yaml_path).unwrap().contains("shop"));
+}
+
+#[test]
+fn stats_line_counts_events_and_revisions() {
+    let out = run(&[
+        "--stats",
+        "file",
+        "--input",
+        &example(),
+        "to-local",
+        "--node",
+        "node-a",
+        "to-json",
+        "--once",
+    ]);
+    assert!(out.status.success(), "{}", out.stderr);
+    let line = out.stderr.lines().rfind(|l| l.split('\t').count() == 9).expect("a stats line");
+    let fields: Vec<&str> = line.split('\t').collect();
+    assert!(out.stderr.contains("time(ms)\tevents\trevisions"), "{}", out.stderr);
+    assert_eq!(fields[1], "15", "15 objects read");
+    assert_eq!(fields[2], "1", "one revision for the whole file");
+    assert_eq!(fields[3], "1", "one node-state revision");
+}

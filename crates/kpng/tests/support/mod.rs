@@ -1,0 +1,143 @@
+//! Helpers to run the built binary.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{Receiver, channel};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// How long to wait for the process before declaring the test stuck.
+const STUCK: Duration = Duration::from_secs(30);
+
+pub fn binary() -> &'static str {
+    env!("CARGO_BIN_EXE_kpng")
+}
+
+pub fn example() -> String {
+    format!("{}/../../examples/cluster.yaml", env!("CARGO_MANIFEST_DIR"))
+}
+
+pub struct Output {
+    pub status: std::process::ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+pub fn run(args: &[&str]) -> Output {
+    let out = Command::new(binary()).args(args).env_remove("NODE_NAME").output().expect("run kpng");
+    Output {
+        status: out.status,
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// Replaces a file by rename, as editors do.
+pub fn replace_file(path: &Path, text: &str) {
+    let tmp = path.with_extension("tmp-edit");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// One op as `set endpoint ns/svc ip`, `delete service ns/svc`, `sync`...
+pub fn summarize(op: &Value) -> String {
+    let kind = op["op"].as_str().unwrap();
+    if let Some(s) = op.get("service") {
+        let key = s.get("key").unwrap_or(s);
+        return format!("{kind} service {}", key.as_str().unwrap());
+    }
+    if let Some(e) = op.get("endpoint") {
+        let ip = e.get("endpoint").map(|ep| &ep["ip"]).unwrap_or(&e["ip"]);
+        return format!(
+            "{kind} endpoint {} {}",
+            e["service"].as_str().unwrap(),
+            ip.as_str().unwrap()
+        );
+    }
+    if op.get("node").is_some() {
+        return format!("{kind} node");
+    }
+    kind.to_string()
+}
+
+/// A running kpng whose stdout is read line by line.
+pub struct Kpng {
+    child: Child,
+    lines: Receiver<String>,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Kpng {
+    pub fn spawn(args: &[&str]) -> Kpng {
+        let mut child = Command::new(binary())
+            .args(args)
+            .env_remove("NODE_NAME")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn kpng");
+        let (tx, lines) = channel();
+        let stdout = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let sink = stderr.clone();
+        let mut err = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = err.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                sink.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        });
+        Kpng { child, lines, stderr }
+    }
+
+    /// The ops up to and including the next `sync`.
+    pub fn next_change_set(&mut self) -> Vec<Value> {
+        let mut ops = Vec::new();
+        loop {
+            let line = self
+                .lines
+                .recv_timeout(STUCK)
+                .unwrap_or_else(|_| panic!("no sync; stderr:\n{}", self.stderr()));
+            let op: Value = serde_json::from_str(&line).unwrap();
+            let done = op["op"] == "sync";
+            ops.push(op);
+            if done {
+                return ops;
+            }
+        }
+    }
+
+    pub fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    pub fn wait_stderr(&self, needle: &str) {
+        let start = Instant::now();
+        while !self.stderr().contains(needle) {
+            assert!(start.elapsed() < STUCK, "{needle:?} never logged; stderr:\n{}", self.stderr());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Kpng {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
