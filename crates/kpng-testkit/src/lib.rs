@@ -5,9 +5,11 @@
 //!   that care about one field at a time.
 //! - [`strategies`]: proptest strategies over a small universe of keys and addresses, so
 //!   random objects collide, update and delete each other often.
+//! - [`privileged`]: gatekeeping for tests that need root and kernel tools (fail under `CI=true`).
 //! - [`generate`]: synthetic clusters (N services × M endpoints over K nodes) as Kubernetes
 //!   manifests, for end-to-end tests, stats and benchmarks (`kpng-dev generate`).
 
 pub mod builders;
 pub mod generate;
+pub mod privileged;
 pub mod strategies;

@@ -57,6 +57,32 @@ pub struct GlobalArgs {
     /// Log filter for standard error, in RUST_LOG syntax (`info`, `debug`, `kpng_sources=debug`).
     #[arg(long, global = true, env = "KPNG_LOG", default_value = "info", value_name = "FILTER")]
     pub log: String,
+
+    /// Print what backends would install (for `to-nft`: nft commands that `nft -f`
+    /// accepts) on standard output, and touch nothing.
+    #[arg(long, global = true)]
+    pub dry_run: bool,
+
+    /// The cluster's pod CIDRs (comma-separated, one per family): traffic from them is
+    /// "local pod" traffic, not masqueraded to cluster IPs and short-circuited to the
+    /// Cluster set for externalTrafficPolicy Local. Default: the node's podCIDRs.
+    #[arg(long, global = true, value_delimiter = ',', value_name = "CIDRS")]
+    pub cluster_cidr: Vec<ipnet::IpNet>,
+
+    /// Masquerade (SNAT) all traffic to cluster IPs.
+    #[arg(long, global = true)]
+    pub masquerade_all: bool,
+
+    /// Where NodePorts are accepted: `primary` (the Node object's primary IPs) or
+    /// comma-separated CIDRs (local addresses inside them; `0.0.0.0/0,::/0` for all but
+    /// loopback).
+    #[arg(long, global = true, default_value = "primary", value_name = "primary|CIDRS")]
+    pub nodeport_addresses: String,
+
+    /// The bit of the packet mark used to flag connections for masquerading (0-31).
+    /// Only this bit is read or written.
+    #[arg(long, global = true, default_value_t = 14, value_parser = clap::value_parser!(u8).range(0..32))]
+    pub masquerade_bit: u8,
 }
 
 impl GlobalArgs {
@@ -64,6 +90,17 @@ impl GlobalArgs {
     pub fn merge(&mut self, later: GlobalArgs) {
         self.once |= later.once;
         self.stats |= later.stats;
+        self.dry_run |= later.dry_run;
+        self.masquerade_all |= later.masquerade_all;
+        if !later.cluster_cidr.is_empty() {
+            self.cluster_cidr = later.cluster_cidr;
+        }
+        if later.nodeport_addresses != "primary" {
+            self.nodeport_addresses = later.nodeport_addresses;
+        }
+        if later.masquerade_bit != 14 {
+            self.masquerade_bit = later.masquerade_bit;
+        }
         if later.node.is_some() {
             self.node = later.node;
         }
@@ -159,7 +196,8 @@ pub enum BackendCommand {
     /// Write the node's op stream as JSON lines on standard output (reset, set, delete,
     /// sync): the debugging backend.
     ToJson(Chain),
-    /// nftables. Not available in this build.
+    /// nftables: one table per family with a constant number of chains; services and
+    /// endpoints are elements of hash maps. Use --dry-run to print the ruleset.
     ToNft(Chain),
     /// iptables. Not available in this build.
     ToIptables(Chain),

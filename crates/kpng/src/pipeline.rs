@@ -52,7 +52,7 @@ async fn run_file(args: FileArgs, global: &mut GlobalArgs) -> anyhow::Result<()>
         SinkCommand::ToFile(to_file) => Sink::File(to_file),
         SinkCommand::ToLocal(to_local) => {
             let commands = to_local.backends(global).map_err(|e| anyhow::anyhow!("{e}"))?;
-            Sink::Local { node: node_name(global)?, backends: build_backends(&commands)? }
+            Sink::Local { node: node_name(global)?, backends: build_backends(&commands, global)? }
         }
         SinkCommand::ToApi(_) => bail!("sink `to-api` is not available in this build of kpng"),
     };

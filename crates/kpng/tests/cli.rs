@@ -187,11 +187,11 @@ fn missing_file_and_unavailable_parts_are_clear_errors() {
         "--node",
         "n",
         "to-json",
-        "to-nft",
+        "to-iptables",
         "--once",
     ]);
     assert!(!out.status.success());
-    assert!(out.stderr.contains("to-nft is not available"), "{}", out.stderr);
+    assert!(out.stderr.contains("to-iptables is not available"), "{}", out.stderr);
     assert!(out.stdout.is_empty());
 
     let out = run(&["kube", "to-local", "to-json"]);
@@ -254,4 +254,57 @@ fn stats_line_counts_events_and_revisions() {
     assert_eq!(fields[1], "15", "15 objects read");
     assert_eq!(fields[2], "1", "one revision for the whole file");
     assert_eq!(fields[3], "1", "one node-state revision");
+}
+
+#[test]
+fn nft_dry_run_is_a_ruleset_nft_accepts() {
+    let out = run(&[
+        "file",
+        "--input",
+        &example(),
+        "to-local",
+        "--node",
+        "node-a",
+        "to-nft",
+        "--dry-run",
+        "--once",
+    ]);
+    assert!(out.status.success(), "{}", out.stderr);
+    for needle in [
+        "table ip kpng {",
+        "table ip6 kpng {",
+        "add element ip kpng service_dispatch { 10.96.1.20 . tcp . 443 : goto pick_cluster_2 }",
+        "add element ip kpng service_dispatch { 203.0.113.10 . tcp . 443 : goto external_local }",
+        "add element ip kpng no_endpoint_dests { 10.96.1.60 . tcp . 80 : goto reject_packet }",
+    ] {
+        assert!(out.stdout.contains(needle), "missing {needle:?}");
+    }
+    if !kpng_testkit::privileged::require(
+        "nft_dry_run_is_a_ruleset_nft_accepts",
+        &["nft", "unshare"],
+    ) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ruleset.nft");
+    std::fs::write(&path, &out.stdout).unwrap();
+    // A fresh network namespace that dies with the command: nothing on the host is touched.
+    let check = std::process::Command::new("unshare")
+        .args(["--net", "nft", "-c", "-f"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        check.status.success(),
+        "nft rejected the dry run: {}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+}
+
+#[test]
+fn nft_without_dry_run_says_what_is_missing() {
+    let out =
+        run(&["file", "--input", &example(), "to-local", "--node", "node-a", "to-nft", "--once"]);
+    assert!(!out.status.success());
+    assert!(out.stderr.contains("--dry-run"), "{}", out.stderr);
 }

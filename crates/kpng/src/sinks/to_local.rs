@@ -2,24 +2,64 @@
 
 use std::sync::Arc;
 
-use anyhow::bail;
+use anyhow::{Context, bail};
 use kpng_backend::{Backend, JsonBackend, NodeStats, RunnerOptions, run_node};
+use kpng_nft::render::NodePortAddresses;
+use kpng_nft::skeleton::SkeletonOptions;
+use kpng_nft::{DryRunKernel, NftBackend, NftOptions};
 use kpng_store::StoreReader;
 
-use crate::cli::BackendCommand;
+use crate::cli::{BackendCommand, GlobalArgs};
 
 /// Builds the backends named on the command line. Backends this build lacks are an error.
-pub fn build_backends(commands: &[BackendCommand]) -> anyhow::Result<Vec<Box<dyn Backend>>> {
+pub fn build_backends(
+    commands: &[BackendCommand],
+    global: &GlobalArgs,
+) -> anyhow::Result<Vec<Box<dyn Backend>>> {
     let mut backends: Vec<Box<dyn Backend>> = Vec::new();
     for command in commands {
         match command {
             BackendCommand::ToJson(_) => {
                 backends.push(Box::new(JsonBackend::new(std::io::stdout())))
             }
+            BackendCommand::ToNft(_) => backends.push(nft_backend(global)?),
             other => bail!("backend {} is not available in this build of kpng", other.name()),
         }
     }
     Ok(backends)
+}
+
+/// The nftables backend as the options describe it.
+fn nft_backend(global: &GlobalArgs) -> anyhow::Result<Box<dyn Backend>> {
+    let nodeport_addresses = match global.nodeport_addresses.trim() {
+        "primary" | "" => NodePortAddresses::Primary,
+        list => NodePortAddresses::Cidrs(
+            list.split(',')
+                .map(|c| c.trim().parse::<ipnet::IpNet>().map(|n| n.trunc()))
+                .collect::<Result<_, _>>()
+                .with_context(|| {
+                    format!(
+                        "--nodeport-addresses {list:?}: expected `primary` or comma-separated CIDRs"
+                    )
+                })?,
+        ),
+    };
+    let options = NftOptions {
+        skeleton: SkeletonOptions {
+            masquerade_all: global.masquerade_all,
+            detect_local: true,
+            masquerade_bit: global.masquerade_bit,
+        },
+        nodeport_addresses,
+        cluster_cidrs: global.cluster_cidr.iter().map(|n| n.trunc()).collect(),
+    };
+    if !global.dry_run {
+        bail!(
+            "backend to-nft can only print its ruleset in this build (use --dry-run); \
+             kernel programming over netlink is not available yet"
+        );
+    }
+    Ok(Box::new(NftBackend::new(options, Box::new(DryRunKernel::new(std::io::stdout())))))
 }
 
 /// Runs the node's backends until the source ends (or once, with `once`).

@@ -1,0 +1,200 @@
+//! [`NftBackend`]: turns change sets into one kernel transaction each.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use kpng_backend::{Backend, BackendError, ChangeSet};
+use kpng_model::{Item, ItemRef, Op, ServiceKey};
+
+use crate::objects::{ElementId, Value};
+use crate::render::{NodeFacts, NodePortAddresses, Slots, render_node, render_service};
+use crate::skeleton::SkeletonOptions;
+use crate::state::{NODE_OWNER, Owner, TableDiff, TableState};
+
+/// Configuration of the nftables backend.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NftOptions {
+    /// Static rule options (masquerade-all, local detection, mark bit).
+    pub skeleton: SkeletonOptions,
+    /// Where NodePorts are accepted.
+    pub nodeport_addresses: NodePortAddresses,
+    /// `--cluster-cidr`: the local-traffic detector; empty means the node's pod CIDRs.
+    pub cluster_cidrs: Vec<IpNet>,
+}
+
+/// Where transactions go: the kernel, or a printer for `--dry-run`, or a test fake.
+pub trait Kernel: Send {
+    /// Installs (or refreshes) the static skeleton.
+    fn load_skeleton(&mut self, options: &SkeletonOptions) -> Result<(), BackendError>;
+    /// Applies one transaction atomically. On error nothing of it is in force.
+    fn commit(&mut self, diff: &TableDiff) -> Result<(), BackendError>;
+    /// The local addresses of the node (for `--nodeport-addresses` CIDRs).
+    fn local_addresses(&mut self) -> Vec<IpAddr> {
+        Vec::new()
+    }
+}
+
+/// The new elements (and slots) of one owner.
+struct OwnerUpdate {
+    owner: Owner,
+    elements: Vec<(ElementId, Value)>,
+    /// `None` for the node, which has no slots.
+    slots: Option<Slots>,
+}
+
+/// The nftables backend.
+pub struct NftBackend {
+    options: NftOptions,
+    kernel: Box<dyn Kernel>,
+    state: TableState,
+    skeleton_loaded: bool,
+    owners: HashMap<ServiceKey, Owner>,
+    next_owner: Owner,
+    slots: HashMap<Owner, Slots>,
+}
+
+impl NftBackend {
+    /// A backend sending its transactions to `kernel`.
+    pub fn new(options: NftOptions, kernel: Box<dyn Kernel>) -> Self {
+        NftBackend {
+            options,
+            kernel,
+            state: TableState::new(),
+            skeleton_loaded: false,
+            owners: HashMap::new(),
+            next_owner: NODE_OWNER + 1,
+            slots: HashMap::new(),
+        }
+    }
+
+    /// The elements currently committed.
+    pub fn state(&self) -> &TableState {
+        &self.state
+    }
+
+    fn owner(&mut self, key: &ServiceKey) -> Owner {
+        if let Some(owner) = self.owners.get(key) {
+            return *owner;
+        }
+        let owner = self.next_owner;
+        self.next_owner += 1;
+        self.owners.insert(key.clone(), owner);
+        owner
+    }
+
+    /// The owners whose elements a change set may change, with their new elements.
+    fn render(&mut self, changes: &ChangeSet<'_>) -> Vec<OwnerUpdate> {
+        let state = changes.state;
+        let node_facts = NodeFacts::from_node(state.node.as_ref());
+        let mut keys: Vec<ServiceKey> = Vec::new();
+        let mut node_changed = changes.is_reset();
+        for op in changes.ops {
+            match op {
+                Op::Set(Item::Node(_)) | Op::Delete(ItemRef::Node) => node_changed = true,
+                Op::Set(Item::Service(s)) => keys.push(s.key.clone()),
+                Op::Set(Item::Endpoint { service, .. }) => keys.push(service.clone()),
+                Op::Delete(ItemRef::Service(k))
+                | Op::Delete(ItemRef::Endpoint { service: k, .. }) => keys.push(k.clone()),
+                Op::Reset | Op::Sync => {}
+            }
+        }
+        if node_changed {
+            // Node IPs shape firewall elements: render every service again.
+            keys = state.services.keys().cloned().collect();
+            if changes.is_reset() {
+                keys.extend(self.owners.keys().cloned());
+            }
+        }
+        keys.sort();
+        keys.dedup();
+        let mut updates = Vec::new();
+        if node_changed {
+            let addrs = match self.options.nodeport_addresses {
+                NodePortAddresses::Primary => Vec::new(),
+                NodePortAddresses::Cidrs(_) => self.kernel.local_addresses(),
+            };
+            let elements = render_node(
+                state.node.as_ref(),
+                &self.options.nodeport_addresses,
+                &addrs,
+                &self.options.cluster_cidrs,
+            );
+            updates.push(OwnerUpdate { owner: NODE_OWNER, elements, slots: None });
+        }
+        for key in keys {
+            let owner = self.owner(&key);
+            match state.services.get(&key) {
+                Some(service) => {
+                    let previous = self.slots.get(&owner).cloned().unwrap_or_default();
+                    let rendered = render_service(service, &node_facts, &previous);
+                    updates.push(OwnerUpdate {
+                        owner,
+                        elements: rendered.elements,
+                        slots: Some(rendered.slots),
+                    });
+                }
+                None => updates.push(OwnerUpdate {
+                    owner,
+                    elements: Vec::new(),
+                    slots: Some(Slots::new()),
+                }),
+            }
+        }
+        updates
+    }
+}
+
+impl Backend for NftBackend {
+    fn name(&self) -> &'static str {
+        "to-nft"
+    }
+
+    fn apply(&mut self, changes: &ChangeSet<'_>) -> Result<(), BackendError> {
+        if !self.skeleton_loaded || changes.is_reset() {
+            self.kernel.load_skeleton(&self.options.skeleton)?;
+            self.skeleton_loaded = true;
+        }
+        let updates = self.render(changes);
+        let previous: Vec<(Owner, Vec<(ElementId, Value)>)> =
+            updates.iter().map(|u| (u.owner, self.state.owned(u.owner).to_vec())).collect();
+        let diff =
+            self.state.update(updates.iter().map(|u| (u.owner, u.elements.clone())).collect());
+        if diff.is_empty() {
+            return Ok(());
+        }
+        if let Err(e) = self.kernel.commit(&diff) {
+            // Nothing of the transaction is in force: forget it.
+            self.state.update(previous);
+            return Err(e);
+        }
+        let gone: Vec<ServiceKey> = self
+            .owners
+            .keys()
+            .filter(|k| !changes.state.services.contains_key(*k))
+            .cloned()
+            .collect();
+        for key in gone {
+            if let Some(owner) = self.owners.remove(&key) {
+                self.slots.remove(&owner);
+            }
+        }
+        for OwnerUpdate { owner, slots, .. } in updates {
+            match slots {
+                Some(s) if s.is_empty() => {
+                    self.slots.remove(&owner);
+                }
+                Some(s) => {
+                    self.slots.insert(owner, s);
+                }
+                None => {}
+            }
+        }
+        tracing::debug!(
+            adds = diff.adds.len(),
+            deletes = diff.deletes.len(),
+            "nftables transaction committed"
+        );
+        Ok(())
+    }
+}

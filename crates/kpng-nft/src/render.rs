@@ -1,0 +1,320 @@
+//! ENLS → kernel elements. Pure: a service (and the slots its endpoints held before) in,
+//! the elements it needs out.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use kpng_model::local::LocalServiceState;
+use kpng_model::{Family, LocalNode, Protocol};
+
+use crate::objects::{ChainRef, Dest, ElementId, Key, MapName, PickKind, Value, Verdict};
+use crate::slots::{Target, assign_slots};
+
+/// Which endpoint set a group of slots holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum SetKind {
+    /// The Cluster set.
+    Cluster,
+    /// The Local set.
+    Local,
+}
+
+/// Identifies the slot list of one service port, family and set.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct GroupKey {
+    /// The family.
+    pub family: Family,
+    /// The service port's name.
+    pub port: String,
+    /// The service port's protocol.
+    pub protocol: Protocol,
+    /// The set.
+    pub kind: SetKind,
+}
+
+/// The slots a service's endpoints occupy, per group.
+pub type Slots = BTreeMap<GroupKey, Vec<Target>>;
+
+/// A service's elements and the slots they use.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Rendered {
+    /// Every element, sorted, without duplicates.
+    pub elements: Vec<(ElementId, Value)>,
+    /// The slots, to keep positions stable at the next render.
+    pub slots: Slots,
+}
+
+/// Node facts that shape service elements.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeFacts {
+    /// The node's own IPs: a source range containing one also admits the LB IPs themselves.
+    pub node_ips: Vec<IpAddr>,
+}
+
+impl NodeFacts {
+    /// Facts from the ENLS node.
+    pub fn from_node(node: Option<&LocalNode>) -> Self {
+        NodeFacts { node_ips: node.map(|n| n.primary_ips.clone()).unwrap_or_default() }
+    }
+}
+
+struct Out<'a> {
+    family: Family,
+    elements: Vec<(ElementId, Value)>,
+    previous: &'a Slots,
+    slots: Slots,
+}
+
+impl Out<'_> {
+    fn put(&mut self, map: MapName, key: Key, value: Value) {
+        self.elements.push((ElementId { family: self.family, map, key }, value));
+    }
+
+    fn goto(&mut self, map: MapName, key: Key, chain: ChainRef) {
+        self.put(map, key, Value::Verdict(Verdict::Goto(chain)));
+    }
+
+    /// Assigns slots for a group and returns them.
+    fn slots(&mut self, group: GroupKey, targets: &BTreeSet<Target>) -> Vec<Target> {
+        let previous = self.previous.get(&group).map(Vec::as_slice).unwrap_or_default();
+        let slots = assign_slots(previous, targets);
+        if !slots.is_empty() {
+            self.slots.insert(group, slots.clone());
+        }
+        slots
+    }
+}
+
+/// Endpoints of `family` in the Cluster and Local sets of one service port.
+fn port_sets(
+    state: &LocalServiceState,
+    family: Family,
+    name: &str,
+    protocol: Protocol,
+) -> (BTreeSet<Target>, BTreeSet<Target>) {
+    let (mut cluster, mut local) = (BTreeSet::new(), BTreeSet::new());
+    for endpoint in state.endpoints.values().filter(|e| Family::of(&e.ip) == family) {
+        for p in endpoint.ports.iter().filter(|p| p.name == name && p.protocol == protocol) {
+            if p.cluster {
+                cluster.insert((endpoint.ip, p.port));
+            }
+            if p.local {
+                local.insert((endpoint.ip, p.port));
+            }
+        }
+    }
+    (cluster, local)
+}
+
+/// The elements of one service, given the slots it held before.
+pub fn render_service(state: &LocalServiceState, node: &NodeFacts, previous: &Slots) -> Rendered {
+    let mut out = Out { family: Family::V4, elements: Vec::new(), previous, slots: Slots::new() };
+    let svc = &state.service;
+    for family in Family::ALL {
+        let Some(cluster_ip) = svc.cluster_ip(family) else { continue };
+        out.family = family;
+        out.put(MapName::ClusterIps, Key::Addr(cluster_ip), Value::None);
+        for endpoint in state.endpoints.values().filter(|e| e.local && Family::of(&e.ip) == family)
+        {
+            out.put(MapName::Hairpin, Key::AddrPair(endpoint.ip, endpoint.ip), Value::None);
+        }
+        let of_family = |ips: &[IpAddr]| {
+            ips.iter().copied().filter(|ip| Family::of(ip) == family).collect::<Vec<_>>()
+        };
+        let lb_ips = of_family(&svc.load_balancer_ips);
+        let external_ips = of_family(&svc.external_ips);
+        let ranges: Vec<IpNet> = svc
+            .load_balancer_source_ranges
+            .iter()
+            .copied()
+            .filter(|r| Family::of_net(r) == family)
+            .collect();
+
+        for port in &svc.ports {
+            let (cluster, local) = port_sets(state, family, &port.name, port.protocol);
+            let has_endpoints = *port.has_endpoints.get(family);
+            let group =
+                |kind| GroupKey { family, port: port.name.clone(), protocol: port.protocol, kind };
+            let cluster_slots = out.slots(group(SetKind::Cluster), &cluster);
+            let local_slots = out.slots(group(SetKind::Local), &local);
+
+            // ClusterIP.
+            let dest = Dest { ip: cluster_ip, protocol: port.protocol, port: port.port };
+            let (kind, slots) = if svc.internal_local {
+                (PickKind::Local, &local_slots)
+            } else {
+                (PickKind::Cluster, &cluster_slots)
+            };
+            if slots.is_empty() {
+                let verdict =
+                    if has_endpoints { Verdict::Drop } else { Verdict::Goto(ChainRef::Reject) };
+                out.put(MapName::NoEndpointDests, Key::Dest(dest), Value::Verdict(verdict));
+            } else {
+                out.goto(
+                    MapName::ServiceDispatch,
+                    Key::Dest(dest),
+                    ChainRef::Pick(kind, slots.len() as u32),
+                );
+                put_slots(&mut out, kind, Key::Dest(dest), slots);
+            }
+
+            // External IPs and load-balancer IPs.
+            for ip in external_ips.iter().chain(&lb_ips) {
+                let dest = Dest { ip: *ip, protocol: port.protocol, port: port.port };
+                external(
+                    &mut out,
+                    svc.external_local,
+                    Key::Dest(dest),
+                    &cluster_slots,
+                    &local_slots,
+                    has_endpoints,
+                );
+            }
+            if !ranges.is_empty() {
+                let node_in_range =
+                    node.node_ips.iter().any(|ip| ranges.iter().any(|r| r.contains(ip)));
+                for ip in &lb_ips {
+                    let dest = Dest { ip: *ip, protocol: port.protocol, port: port.port };
+                    out.put(MapName::FirewallDests, Key::Dest(dest), Value::None);
+                    for range in &ranges {
+                        out.put(MapName::FirewallAllow, Key::DestSource(dest, *range), Value::None);
+                    }
+                    if node_in_range {
+                        for own in &lb_ips {
+                            out.put(
+                                MapName::FirewallAllow,
+                                Key::DestSource(dest, IpNet::from(*own)),
+                                Value::None,
+                            );
+                        }
+                    }
+                }
+            }
+
+            // NodePort.
+            if let Some(node_port) = port.node_port {
+                let key = Key::NodePort(port.protocol, node_port);
+                external(
+                    &mut out,
+                    svc.external_local,
+                    key,
+                    &cluster_slots,
+                    &local_slots,
+                    has_endpoints,
+                );
+            }
+        }
+    }
+    let mut elements = out.elements;
+    elements.sort();
+    elements.dedup();
+    Rendered { elements, slots: out.slots }
+}
+
+/// Elements of an external destination (`Key::Dest`) or a NodePort (`Key::NodePort`).
+fn external(
+    out: &mut Out<'_>,
+    external_local: bool,
+    key: Key,
+    cluster: &[Target],
+    local: &[Target],
+    has_endpoints: bool,
+) {
+    let nodeport = matches!(key, Key::NodePort(..));
+    let pick = |set: SetKind| match (nodeport, set) {
+        (false, SetKind::Cluster) => PickKind::Cluster,
+        (false, SetKind::Local) => PickKind::Local,
+        (true, SetKind::Cluster) => PickKind::NodePortCluster,
+        (true, SetKind::Local) => PickKind::NodePortLocal,
+    };
+    let (dispatch, no_endpoint, masq) = if nodeport {
+        (MapName::NodePortDispatch, MapName::NoEndpointNodePorts, MapName::MasqNodePorts)
+    } else {
+        (MapName::ServiceDispatch, MapName::NoEndpointDests, MapName::MasqDests)
+    };
+    if cluster.is_empty() {
+        // Nothing anywhere can serve (the Cluster set falls back to terminating endpoints).
+        out.put(no_endpoint, key, Value::Verdict(Verdict::Goto(ChainRef::Reject)));
+        return;
+    }
+    if !external_local {
+        out.put(masq, key, Value::None);
+        out.goto(dispatch, key, ChainRef::Pick(pick(SetKind::Cluster), cluster.len() as u32));
+        put_slots(out, pick(SetKind::Cluster), key, cluster);
+        return;
+    }
+    let (cluster_pick, local_pick, local_chain) = if nodeport {
+        (MapName::NodePortClusterPick, MapName::NodePortLocalPick, ChainRef::NodePortLocal)
+    } else {
+        (MapName::ClusterPick, MapName::LocalPick, ChainRef::ExternalLocal)
+    };
+    out.goto(dispatch, key, local_chain);
+    out.goto(cluster_pick, key, ChainRef::Pick(pick(SetKind::Cluster), cluster.len() as u32));
+    put_slots(out, pick(SetKind::Cluster), key, cluster);
+    if local.is_empty() {
+        let verdict = if has_endpoints { Verdict::Drop } else { Verdict::Goto(ChainRef::Reject) };
+        out.put(no_endpoint, key, Value::Verdict(verdict));
+    } else {
+        out.goto(local_pick, key, ChainRef::Pick(pick(SetKind::Local), local.len() as u32));
+        put_slots(out, pick(SetKind::Local), key, local);
+    }
+}
+
+fn put_slots(out: &mut Out<'_>, kind: PickKind, key: Key, slots: &[Target]) {
+    for (i, (ip, port)) in slots.iter().enumerate() {
+        let slot_key = match key {
+            Key::Dest(dest) => Key::DestSlot(dest, i as u32),
+            Key::NodePort(protocol, port) => Key::NodePortSlot(protocol, port, i as u32),
+            _ => continue,
+        };
+        out.put(kind.backends(), slot_key, Value::Endpoint(*ip, *port));
+    }
+}
+
+/// Where NodePorts are accepted.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum NodePortAddresses {
+    /// The node's primary IPs (kube-proxy's default).
+    #[default]
+    Primary,
+    /// Local addresses inside these networks.
+    Cidrs(Vec<IpNet>),
+}
+
+/// The node-level elements: NodePort addresses and the local-traffic detector.
+pub fn render_node(
+    node: Option<&LocalNode>,
+    nodeports: &NodePortAddresses,
+    local_addrs: &[IpAddr],
+    cluster_cidrs: &[IpNet],
+) -> Vec<(ElementId, Value)> {
+    let mut elements = Vec::new();
+    let mut put =
+        |map, key: Key, family| elements.push((ElementId { family, map, key }, Value::None));
+    let addrs: Vec<IpAddr> = match nodeports {
+        NodePortAddresses::Primary => node.map(|n| n.primary_ips.clone()).unwrap_or_default(),
+        NodePortAddresses::Cidrs(cidrs) => local_addrs
+            .iter()
+            .copied()
+            .filter(|ip| !ip.is_loopback() && cidrs.iter().any(|c| c.contains(ip)))
+            .collect(),
+    };
+    for ip in addrs {
+        put(MapName::NodePortAddrs, Key::Addr(ip), Family::of(&ip));
+    }
+    let detector: Vec<IpNet> = if cluster_cidrs.is_empty() {
+        node.map(|n| n.pod_cidrs.clone()).unwrap_or_default()
+    } else {
+        cluster_cidrs.to_vec()
+    };
+    for net in detector {
+        put(MapName::LocalPods, Key::Net(net), Family::of_net(&net));
+    }
+    elements.sort();
+    elements.dedup();
+    elements
+}
+
+#[cfg(test)]
+mod tests;

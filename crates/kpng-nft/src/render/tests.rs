@@ -1,0 +1,237 @@
+//! Golden tests: the elements of representative services, compared as sets of lines.
+
+use std::collections::BTreeSet;
+
+use kpng_local::project_node_state;
+use kpng_local::project_service;
+use kpng_local::select::NodeView;
+use kpng_model::global::{IpMode, LoadBalancerIngress, ServiceType, TrafficPolicy};
+use kpng_model::{GlobalModel, Object, Protocol, ServiceKey};
+use kpng_testkit::builders::{endpoint, node, service, slice};
+
+use super::*;
+use crate::text::element_text;
+
+const HTTP: (&str, Protocol, u16) = ("http", Protocol::Tcp, 80);
+const SLICE_HTTP: (&str, Protocol, u16) = ("http", Protocol::Tcp, 8080);
+
+fn lines(rendered: &[(ElementId, Value)]) -> BTreeSet<String> {
+    rendered
+        .iter()
+        .map(|(id, v)| {
+            format!(
+                "{} {} {}",
+                crate::objects::table_family(id.family),
+                id.map,
+                element_text(&id.key, v)
+            )
+        })
+        .collect()
+}
+
+fn expect(lines_: &[&str]) -> BTreeSet<String> {
+    lines_.iter().map(|s| s.to_string()).collect()
+}
+
+fn render(objects: Vec<Object>, node_name: &str) -> BTreeSet<String> {
+    let mut model = GlobalModel::new();
+    for o in objects {
+        model.apply(o);
+    }
+    let view = NodeView { name: node_name, zone: None };
+    let state = project_service(&model, &ServiceKey::new("ns", "web"), &view).expect("service");
+    let node_state = project_node_state(&model, node_name);
+    let facts = NodeFacts::from_node(node_state.node.as_ref());
+    lines(&render_service(&state, &facts, &Slots::new()).elements)
+}
+
+#[test]
+fn cluster_ip_with_endpoints() {
+    let got = render(
+        vec![
+            Object::Service(service("ns", "web", &["10.96.0.1"], &[HTTP])),
+            Object::EndpointSlice(slice(
+                "ns",
+                "web-1",
+                "web",
+                &[SLICE_HTTP],
+                vec![endpoint("10.0.0.1", "a"), endpoint("10.0.0.2", "b")],
+            )),
+        ],
+        "a",
+    );
+    assert_eq!(
+        got,
+        expect(&[
+            "ip cluster_ips 10.96.0.1",
+            "ip hairpin 10.0.0.1 . 10.0.0.1",
+            "ip service_dispatch 10.96.0.1 . tcp . 80 : goto pick_cluster_2",
+            "ip cluster_backends 10.96.0.1 . tcp . 80 . 0 : 10.0.0.1 . 8080",
+            "ip cluster_backends 10.96.0.1 . tcp . 80 . 1 : 10.0.0.2 . 8080",
+        ])
+    );
+}
+
+#[test]
+fn no_endpoints_rejects_and_internal_local_drops() {
+    let got = render(vec![Object::Service(service("ns", "web", &["10.96.0.1"], &[HTTP]))], "a");
+    assert_eq!(
+        got,
+        expect(&[
+            "ip cluster_ips 10.96.0.1",
+            "ip no_endpoint_dests 10.96.0.1 . tcp . 80 : goto reject_packet"
+        ])
+    );
+
+    let mut svc = service("ns", "web", &["10.96.0.1"], &[HTTP]);
+    svc.internal_traffic_policy = TrafficPolicy::Local;
+    let got = render(
+        vec![
+            Object::Service(svc),
+            Object::EndpointSlice(slice(
+                "ns",
+                "web-1",
+                "web",
+                &[SLICE_HTTP],
+                vec![endpoint("10.0.0.2", "b")],
+            )),
+        ],
+        "a",
+    );
+    assert_eq!(
+        got,
+        expect(&["ip cluster_ips 10.96.0.1", "ip no_endpoint_dests 10.96.0.1 . tcp . 80 : drop"])
+    );
+}
+
+#[test]
+fn dual_stack_with_only_ipv4_endpoints_rejects_on_ipv6() {
+    let got = render(
+        vec![
+            Object::Service(service("ns", "web", &["10.96.0.1", "fd00::1"], &[HTTP])),
+            Object::EndpointSlice(slice(
+                "ns",
+                "web-1",
+                "web",
+                &[SLICE_HTTP],
+                vec![endpoint("10.0.0.2", "b")],
+            )),
+        ],
+        "a",
+    );
+    assert_eq!(
+        got,
+        expect(&[
+            "ip cluster_ips 10.96.0.1",
+            "ip service_dispatch 10.96.0.1 . tcp . 80 : goto pick_cluster_1",
+            "ip cluster_backends 10.96.0.1 . tcp . 80 . 0 : 10.0.0.2 . 8080",
+            "ip6 cluster_ips fd00::1",
+            "ip6 no_endpoint_dests fd00::1 . tcp . 80 : goto reject_packet",
+        ])
+    );
+}
+
+#[test]
+fn node_port_and_external_ip_with_policy_cluster_masquerade() {
+    let mut svc = service("ns", "web", &["10.96.0.1"], &[HTTP]);
+    svc.service_type = ServiceType::NodePort;
+    svc.ports[0].node_port = Some(30080);
+    svc.external_ips = vec!["192.0.2.5".parse().unwrap()];
+    let got = render(
+        vec![
+            Object::Service(svc),
+            Object::EndpointSlice(slice(
+                "ns",
+                "web-1",
+                "web",
+                &[SLICE_HTTP],
+                vec![endpoint("10.0.0.2", "b")],
+            )),
+        ],
+        "a",
+    );
+    assert_eq!(
+        got,
+        expect(&[
+            "ip cluster_ips 10.96.0.1",
+            "ip service_dispatch 10.96.0.1 . tcp . 80 : goto pick_cluster_1",
+            "ip cluster_backends 10.96.0.1 . tcp . 80 . 0 : 10.0.0.2 . 8080",
+            "ip masq_dests 192.0.2.5 . tcp . 80",
+            "ip service_dispatch 192.0.2.5 . tcp . 80 : goto pick_cluster_1",
+            "ip cluster_backends 192.0.2.5 . tcp . 80 . 0 : 10.0.0.2 . 8080",
+            "ip masq_nodeports tcp . 30080",
+            "ip nodeport_dispatch tcp . 30080 : goto pick_nodeport_cluster_1",
+            "ip nodeport_cluster_backends tcp . 30080 . 0 : 10.0.0.2 . 8080",
+        ])
+    );
+}
+
+#[test]
+fn load_balancer_with_local_policy_and_source_ranges() {
+    let mut svc = service("ns", "web", &["10.96.0.1"], &[HTTP]);
+    svc.service_type = ServiceType::LoadBalancer;
+    svc.ports[0].node_port = Some(30080);
+    svc.external_traffic_policy = TrafficPolicy::Local;
+    svc.load_balancer_ingress =
+        vec![LoadBalancerIngress { ip: "198.51.100.1".parse().unwrap(), ip_mode: IpMode::VIP }];
+    svc.load_balancer_source_ranges =
+        vec!["203.0.113.0/24".parse().unwrap(), "192.168.0.0/16".parse().unwrap()];
+    let got = render(
+        vec![
+            Object::Service(svc),
+            Object::EndpointSlice(slice(
+                "ns",
+                "web-1",
+                "web",
+                &[SLICE_HTTP],
+                vec![endpoint("10.0.0.2", "b")],
+            )),
+            Object::Node(node("a", None, &["192.168.0.10"])),
+        ],
+        "a",
+    );
+    assert_eq!(
+        got,
+        expect(&[
+            "ip cluster_ips 10.96.0.1",
+            "ip service_dispatch 10.96.0.1 . tcp . 80 : goto pick_cluster_1",
+            "ip cluster_backends 10.96.0.1 . tcp . 80 . 0 : 10.0.0.2 . 8080",
+            // No local endpoint: outsiders are dropped, pods and the node short-circuit.
+            "ip service_dispatch 198.51.100.1 . tcp . 80 : goto external_local",
+            "ip cluster_pick 198.51.100.1 . tcp . 80 : goto pick_cluster_1",
+            "ip cluster_backends 198.51.100.1 . tcp . 80 . 0 : 10.0.0.2 . 8080",
+            "ip no_endpoint_dests 198.51.100.1 . tcp . 80 : drop",
+            "ip firewall_dests 198.51.100.1 . tcp . 80",
+            "ip firewall_allow 198.51.100.1 . tcp . 80 . 203.0.113.0/24",
+            "ip firewall_allow 198.51.100.1 . tcp . 80 . 192.168.0.0/16",
+            // The node's IP is inside a range: the LB IP itself is an allowed source.
+            "ip firewall_allow 198.51.100.1 . tcp . 80 . 198.51.100.1/32",
+            "ip nodeport_dispatch tcp . 30080 : goto nodeport_local",
+            "ip nodeport_cluster_pick tcp . 30080 : goto pick_nodeport_cluster_1",
+            "ip nodeport_cluster_backends tcp . 30080 . 0 : 10.0.0.2 . 8080",
+            "ip no_endpoint_nodeports tcp . 30080 : drop",
+        ])
+    );
+}
+
+#[test]
+fn node_elements_follow_the_nodeport_option_and_detector() {
+    let mut n = node("a", None, &["192.168.0.10", "fd00::10"]);
+    n.pod_cidrs = vec!["10.244.1.0/24".parse().unwrap()];
+    let mut model = GlobalModel::new();
+    model.apply(Object::Node(n));
+    let local = project_node_state(&model, "a").node;
+    let primary = lines(&render_node(local.as_ref(), &NodePortAddresses::Primary, &[], &[]));
+    assert_eq!(
+        primary,
+        expect(&[
+            "ip nodeport_addrs 192.168.0.10",
+            "ip6 nodeport_addrs fd00::10",
+            "ip local_pods 10.244.1.0/24"
+        ])
+    );
+    let cidrs = NodePortAddresses::Cidrs(vec!["0.0.0.0/0".parse().unwrap()]);
+    let addrs = ["127.0.0.1".parse().unwrap(), "172.16.0.5".parse().unwrap()];
+    let all = lines(&render_node(local.as_ref(), &cidrs, &addrs, &["10.0.0.0/8".parse().unwrap()]));
+    assert_eq!(all, expect(&["ip nodeport_addrs 172.16.0.5", "ip local_pods 10.0.0.0/8"]));
+}

@@ -1,0 +1,250 @@
+//! The static part of each table: sets, maps, and chains whose rules never depend on the
+//! cluster's size. Loaded with `nft -f` at start-up; everything per service and per
+//! endpoint is an element of these sets and maps.
+
+use std::fmt::Write;
+
+use kpng_model::Family;
+
+use crate::objects::{MapName, PickKind, TABLE, table_family};
+
+/// Options that shape the static rules.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SkeletonOptions {
+    /// Masquerade all traffic to cluster IPs (`--masquerade-all`).
+    pub masquerade_all: bool,
+    /// A local-traffic detector is configured (`--cluster-cidr` or the node's pod CIDRs):
+    /// ClusterIP traffic from elsewhere is masqueraded and pod traffic to external
+    /// addresses is short-circuited.
+    pub detect_local: bool,
+    /// The packet-mark bit kpng uses to flag connections for masquerading (kube-proxy's
+    /// default is 14, 0x4000). Only this bit is touched.
+    pub masquerade_bit: u8,
+}
+
+impl Default for SkeletonOptions {
+    fn default() -> Self {
+        SkeletonOptions { masquerade_all: false, detect_local: true, masquerade_bit: 14 }
+    }
+}
+
+struct Names {
+    family: &'static str,
+    addr: &'static str,
+    ip: &'static str,
+}
+
+fn names(family: Family) -> Names {
+    match family {
+        Family::V4 => Names { family: "ip", addr: "ipv4_addr", ip: "ip" },
+        Family::V6 => Names { family: "ip6", addr: "ipv6_addr", ip: "ip6" },
+    }
+}
+
+/// The declaration of one set or map.
+fn declaration(map: MapName, n: &Names) -> String {
+    let (addr, ip) = (n.addr, n.ip);
+    let dest = format!("{addr} . inet_proto . inet_service");
+    let body = match map {
+        MapName::NodePortAddrs | MapName::ClusterIps => format!("type {addr};"),
+        MapName::LocalPods => format!("type {addr}; flags interval;"),
+        MapName::ServiceDispatch
+        | MapName::ClusterPick
+        | MapName::LocalPick
+        | MapName::NoEndpointDests => format!("type {dest} : verdict;"),
+        MapName::NodePortDispatch
+        | MapName::NodePortClusterPick
+        | MapName::NodePortLocalPick
+        | MapName::NoEndpointNodePorts => "type inet_proto . inet_service : verdict;".to_string(),
+        MapName::ClusterBackends | MapName::LocalBackends => {
+            format!(
+                "typeof {ip} daddr . meta l4proto . th dport . numgen random mod 1 : {ip} daddr . th dport;"
+            )
+        }
+        MapName::NodePortClusterBackends | MapName::NodePortLocalBackends => {
+            format!("typeof meta l4proto . th dport . numgen random mod 1 : {ip} daddr . th dport;")
+        }
+        MapName::MasqDests | MapName::FirewallDests => format!("type {dest};"),
+        MapName::MasqNodePorts => "type inet_proto . inet_service;".to_string(),
+        MapName::FirewallAllow => format!("type {dest} . {addr}; flags interval;"),
+        MapName::Hairpin => format!("type {addr} . {addr};"),
+    };
+    let kind = if body.contains(':') { "map" } else { "set" };
+    format!("\t{kind} {map} {{ {body} }}\n")
+}
+
+/// The whole static skeleton of `family`'s table, as `nft -f` input. Loading it creates the
+/// table if needed, declares every set and map (existing ones keep their elements), and
+/// replaces the rules of the static chains in one transaction.
+pub fn skeleton(family: Family, options: &SkeletonOptions) -> String {
+    let n = names(family);
+    let (fam, ip) = (n.family, n.ip);
+    let mark = 1u32 << options.masquerade_bit;
+    let dest = format!("{ip} daddr . meta l4proto . th dport");
+    let mut out = String::new();
+    let _ = writeln!(out, "table {fam} {TABLE} {{");
+    for map in MapName::ALL {
+        out.push_str(&declaration(map, &n));
+    }
+    let chains: Vec<(&str, Option<String>, Vec<String>)> = vec![
+        (
+            "nat_prerouting",
+            Some("type nat hook prerouting priority -100; policy accept;".into()),
+            vec!["jump services".into()],
+        ),
+        (
+            "nat_output",
+            Some("type nat hook output priority -100; policy accept;".into()),
+            vec!["jump services".into()],
+        ),
+        (
+            "nat_postrouting",
+            Some("type nat hook postrouting priority 100; policy accept;".into()),
+            vec!["ct status dnat jump masquerading".into()],
+        ),
+        ("services", None, services_rules(&n, options)),
+        ("mark_for_masquerade", None, vec![format!("meta mark set meta mark | {mark:#x}")]),
+        (
+            "masquerading",
+            None,
+            vec![
+                format!("{ip} saddr . {ip} daddr @hairpin masquerade fully-random"),
+                format!("meta mark & {mark:#x} == 0 return"),
+                format!("meta mark set meta mark ^ {mark:#x}"),
+                "masquerade fully-random".into(),
+            ],
+        ),
+        (
+            "external_local",
+            None,
+            external_local_rules(&n, options, &dest, "external_short_circuit", "local_pick"),
+        ),
+        ("external_short_circuit", None, vec![format!("{dest} vmap @cluster_pick")]),
+        (
+            "nodeport_local",
+            None,
+            external_local_rules(
+                &n,
+                options,
+                "meta l4proto . th dport",
+                "nodeport_short_circuit",
+                "nodeport_local_pick",
+            ),
+        ),
+        (
+            "nodeport_short_circuit",
+            None,
+            vec!["meta l4proto . th dport vmap @nodeport_cluster_pick".into()],
+        ),
+        (
+            "filter_prerouting",
+            Some("type filter hook prerouting priority -110; policy accept;".into()),
+            vec!["ct state new jump firewall_check".into()],
+        ),
+        (
+            "filter_output_early",
+            Some("type filter hook output priority -110; policy accept;".into()),
+            vec!["ct state new jump firewall_check".into()],
+        ),
+        (
+            "firewall_check",
+            None,
+            vec![format!("{dest} @firewall_dests {dest} . {ip} saddr != @firewall_allow drop")],
+        ),
+        (
+            "filter_input",
+            Some("type filter hook input priority 0; policy accept;".into()),
+            vec!["ct state new jump endpoint_check".into()],
+        ),
+        (
+            "filter_forward",
+            Some("type filter hook forward priority 0; policy accept;".into()),
+            vec!["ct state new jump endpoint_check".into()],
+        ),
+        (
+            "filter_output",
+            Some("type filter hook output priority 0; policy accept;".into()),
+            vec!["ct state new jump endpoint_check".into()],
+        ),
+        (
+            "endpoint_check",
+            None,
+            vec![
+                format!("{dest} vmap @no_endpoint_dests"),
+                format!(
+                    "{ip} daddr @nodeport_addrs meta l4proto . th dport vmap @no_endpoint_nodeports"
+                ),
+                format!("{ip} daddr @cluster_ips goto reject_packet"),
+            ],
+        ),
+        ("reject_packet", None, vec!["reject".into()]),
+    ];
+    for (name, hook, _) in &chains {
+        let _ = writeln!(out, "\tchain {name} {{ {} }}", hook.as_deref().unwrap_or(""));
+    }
+    out.push_str("}\n");
+    // Replace the rules of every static chain in the same transaction: a reload over an
+    // existing table leaves no window without rules and never duplicates them.
+    for (name, _, rules) in &chains {
+        let _ = writeln!(out, "flush chain {fam} {TABLE} {name}");
+        for rule in rules {
+            let _ = writeln!(out, "add rule {fam} {TABLE} {name} {rule}");
+        }
+    }
+    out
+}
+
+fn services_rules(n: &Names, options: &SkeletonOptions) -> Vec<String> {
+    let ip = n.ip;
+    let dest = format!("{ip} daddr . meta l4proto . th dport");
+    let mut rules = Vec::new();
+    if options.masquerade_all {
+        rules.push(format!("{ip} daddr @cluster_ips jump mark_for_masquerade"));
+    } else if options.detect_local {
+        rules.push(format!(
+            "{ip} daddr @cluster_ips {ip} saddr != @local_pods jump mark_for_masquerade"
+        ));
+    }
+    rules.push(format!("{dest} @masq_dests jump mark_for_masquerade"));
+    rules.push(format!("{ip} daddr @nodeport_addrs meta l4proto . th dport @masq_nodeports jump mark_for_masquerade"));
+    rules.push(format!("{dest} vmap @service_dispatch"));
+    rules.push(format!(
+        "{ip} daddr @nodeport_addrs meta l4proto . th dport vmap @nodeport_dispatch"
+    ));
+    rules
+}
+
+fn external_local_rules(
+    n: &Names,
+    options: &SkeletonOptions,
+    key: &str,
+    short_circuit: &str,
+    local_pick: &str,
+) -> Vec<String> {
+    let mut rules = Vec::new();
+    if options.detect_local {
+        rules.push(format!("{} saddr @local_pods goto {short_circuit}", n.ip));
+    }
+    rules.push("fib saddr type local jump mark_for_masquerade".into());
+    rules.push(format!("fib saddr type local goto {short_circuit}"));
+    rules.push(format!("{key} vmap @{local_pick}"));
+    rules
+}
+
+/// The chain that picks one of `n` endpoints of `kind`, as `nft -f` input (for display;
+/// the backend creates these chains over netlink).
+pub fn pick_chain(family: Family, kind: PickKind, count: u32) -> String {
+    let n = names(family);
+    let ip = n.ip;
+    let key = if kind.by_destination() {
+        format!("{ip} daddr . meta l4proto . th dport")
+    } else {
+        "meta l4proto . th dport".to_string()
+    };
+    let chain = crate::objects::ChainRef::Pick(kind, count);
+    format!(
+        "table {} {TABLE} {{\n\tchain {chain} {{\n\t\tdnat {ip} to {key} . numgen random mod {count} map @{}\n\t}}\n}}\n",
+        table_family(family),
+        kind.backends()
+    )
+}

@@ -1,0 +1,99 @@
+//! Stable slot assignment: which endpoint sits at which index of a pick map.
+//!
+//! A pick chain chooses `numgen random mod n`, so a set of `n` endpoints occupies slots
+//! `0..n`. When the set changes, endpoints that stay keep their slot, new ones fill the
+//! holes left by removed ones, and only if the set shrank do the last ones move into the
+//! remaining holes. An endpoint change thus rewrites one or two slots, not the whole list.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
+/// An endpoint address and port.
+pub type Target = (IpAddr, u16);
+
+/// The slots for `current`, keeping the positions of `previous` where possible.
+pub fn assign_slots(previous: &[Target], current: &BTreeSet<Target>) -> Vec<Target> {
+    let mut slots: Vec<Option<Target>> =
+        previous.iter().map(|t| current.contains(t).then_some(*t)).collect();
+    let kept: BTreeSet<Target> = slots.iter().flatten().copied().collect();
+    let mut new = current.iter().filter(|t| !kept.contains(*t)).copied();
+    for slot in slots.iter_mut().filter(|s| s.is_none()) {
+        match new.next() {
+            Some(t) => *slot = Some(t),
+            None => break,
+        }
+    }
+    slots.extend(new.map(Some));
+    // Compact: move the last occupied slots into the remaining holes.
+    let mut i = 0;
+    while i < slots.len() {
+        if slots[i].is_none() {
+            while slots.last().is_some_and(Option::is_none) {
+                slots.pop();
+            }
+            if i < slots.len() {
+                slots.swap_remove(i);
+            }
+        }
+        i += 1;
+    }
+    while slots.last().is_some_and(Option::is_none) {
+        slots.pop();
+    }
+    slots.into_iter().flatten().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(n: u8) -> Target {
+        (IpAddr::from([10, 0, 0, n]), 80)
+    }
+
+    fn set(ns: &[u8]) -> BTreeSet<Target> {
+        ns.iter().map(|n| t(*n)).collect()
+    }
+
+    #[test]
+    fn additions_append_and_fill_holes() {
+        assert_eq!(assign_slots(&[], &set(&[3, 1, 2])), vec![t(1), t(2), t(3)]);
+        assert_eq!(
+            assign_slots(&[t(1), t(2), t(3)], &set(&[1, 2, 3, 4])),
+            vec![t(1), t(2), t(3), t(4)]
+        );
+        assert_eq!(assign_slots(&[t(1), t(2), t(3)], &set(&[1, 3, 9])), vec![t(1), t(9), t(3)]);
+    }
+
+    #[test]
+    fn removals_move_the_last_into_the_hole() {
+        assert_eq!(
+            assign_slots(&[t(1), t(2), t(3), t(4)], &set(&[1, 3, 4])),
+            vec![t(1), t(4), t(3)]
+        );
+        assert_eq!(
+            assign_slots(&[t(1), t(2), t(3), t(4)], &set(&[1, 2, 3])),
+            vec![t(1), t(2), t(3)]
+        );
+        assert_eq!(assign_slots(&[t(1), t(2), t(3), t(4)], &set(&[4])), vec![t(4)]);
+        assert_eq!(assign_slots(&[t(1), t(2)], &set(&[])), vec![]);
+    }
+
+    #[test]
+    fn result_is_always_the_current_set() {
+        let previous = [t(5), t(1), t(7), t(2), t(9)];
+        for mask in 0u32..1024 {
+            let current: BTreeSet<Target> =
+                (0..10).filter(|i| mask & (1 << i) != 0).map(|i| t(i as u8)).collect();
+            let slots = assign_slots(&previous, &current);
+            assert_eq!(slots.iter().copied().collect::<BTreeSet<_>>(), current);
+            assert_eq!(slots.len(), current.len());
+            // Survivors that fit keep their slot.
+            for (i, p) in previous.iter().enumerate() {
+                if current.contains(p) && i < current.len() {
+                    assert_eq!(slots[i], *p, "mask {mask:b}");
+                }
+            }
+        }
+    }
+}

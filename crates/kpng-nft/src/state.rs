@@ -1,0 +1,160 @@
+//! [`TableState`]: the elements kpng has committed, who wants each, and the difference a
+//! new rendering makes.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use kpng_model::Family;
+
+use crate::objects::{ChainRef, ElementId, PickKind, Value, Verdict};
+
+/// Who asked for an element: the node (0) or a service (its number).
+pub type Owner = u32;
+
+/// The node's own elements.
+pub const NODE_OWNER: Owner = 0;
+
+/// What one transaction changes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TableDiff {
+    /// Pick chains to create before elements refer to them.
+    pub new_chains: BTreeSet<(Family, PickKind, u32)>,
+    /// Elements to delete (including the old value of replaced ones).
+    pub deletes: Vec<(ElementId, Value)>,
+    /// Elements to add (including the new value of replaced ones).
+    pub adds: Vec<(ElementId, Value)>,
+    /// Pick chains to delete once nothing refers to them.
+    pub old_chains: BTreeSet<(Family, PickKind, u32)>,
+}
+
+impl TableDiff {
+    /// Whether the transaction would change nothing.
+    pub fn is_empty(&self) -> bool {
+        self.new_chains.is_empty()
+            && self.deletes.is_empty()
+            && self.adds.is_empty()
+            && self.old_chains.is_empty()
+    }
+
+    /// The number of element operations.
+    pub fn element_ops(&self) -> usize {
+        self.deletes.len() + self.adds.len()
+    }
+}
+
+/// Every element kpng wants, with the owners wanting it. When owners disagree on a value
+/// (two services claiming one external IP and port), the lowest owner wins, so the result
+/// does not depend on the order of updates.
+#[derive(Debug, Clone, Default)]
+pub struct TableState {
+    elements: HashMap<ElementId, Vec<(Owner, Value)>>,
+    owned: HashMap<Owner, Vec<(ElementId, Value)>>,
+    chain_refs: BTreeMap<(Family, PickKind, u32), usize>,
+}
+
+fn pick(id: &ElementId, value: &Value) -> Option<(Family, PickKind, u32)> {
+    match value {
+        Value::Verdict(Verdict::Goto(ChainRef::Pick(kind, n))) => Some((id.family, *kind, *n)),
+        _ => None,
+    }
+}
+
+impl TableState {
+    /// An empty state.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The effective value of an element.
+    pub fn get(&self, id: &ElementId) -> Option<&Value> {
+        self.elements.get(id).and_then(|owners| owners.first()).map(|(_, v)| v)
+    }
+
+    /// Every effective element.
+    pub fn iter(&self) -> impl Iterator<Item = (&ElementId, &Value)> + Clone {
+        self.elements.iter().filter_map(|(id, owners)| owners.first().map(|(_, v)| (id, v)))
+    }
+
+    /// The number of effective elements.
+    pub fn len(&self) -> usize {
+        self.elements.len()
+    }
+
+    /// Whether no element is wanted.
+    pub fn is_empty(&self) -> bool {
+        self.elements.is_empty()
+    }
+
+    /// The pick chains effective elements jump to.
+    pub fn chains(&self) -> impl Iterator<Item = &(Family, PickKind, u32)> {
+        self.chain_refs.keys()
+    }
+
+    /// The elements `owner` wants now.
+    pub fn owned(&self, owner: Owner) -> &[(ElementId, Value)] {
+        self.owned.get(&owner).map(Vec::as_slice).unwrap_or_default()
+    }
+
+    /// Replaces the elements of several owners at once and returns what changed in the
+    /// effective state. `updates` maps an owner to its new sorted elements (empty: the
+    /// owner is gone).
+    pub fn update(&mut self, updates: Vec<(Owner, Vec<(ElementId, Value)>)>) -> TableDiff {
+        let mut touched: BTreeMap<ElementId, Option<Value>> = BTreeMap::new();
+        for (owner, new) in updates {
+            let old = self.owned.remove(&owner).unwrap_or_default();
+            for (id, _) in &old {
+                touched.entry(*id).or_insert_with(|| self.get(id).copied());
+                if let Some(owners) = self.elements.get_mut(id) {
+                    owners.retain(|(o, _)| *o != owner);
+                    if owners.is_empty() {
+                        self.elements.remove(id);
+                    }
+                }
+            }
+            for (id, value) in &new {
+                touched.entry(*id).or_insert_with(|| self.get(id).copied());
+                let owners = self.elements.entry(*id).or_default();
+                let at = owners.partition_point(|(o, _)| *o < owner);
+                owners.insert(at, (owner, *value));
+            }
+            if !new.is_empty() {
+                self.owned.insert(owner, new);
+            }
+        }
+        let mut diff = TableDiff::default();
+        for (id, before) in touched {
+            let after = self.get(&id).copied();
+            if before == after {
+                continue;
+            }
+            if let Some(v) = before {
+                diff.deletes.push((id, v));
+                if let Some(chain) = pick(&id, &v) {
+                    self.release(chain, &mut diff);
+                }
+            }
+            if let Some(v) = after {
+                diff.adds.push((id, v));
+                if let Some(chain) = pick(&id, &v) {
+                    let refs = self.chain_refs.entry(chain).or_insert(0);
+                    *refs += 1;
+                    if *refs == 1 && !diff.old_chains.remove(&chain) {
+                        diff.new_chains.insert(chain);
+                    }
+                }
+            }
+        }
+        diff
+    }
+
+    fn release(&mut self, chain: (Family, PickKind, u32), diff: &mut TableDiff) {
+        if let Some(refs) = self.chain_refs.get_mut(&chain) {
+            *refs -= 1;
+            if *refs == 0 {
+                self.chain_refs.remove(&chain);
+                if !diff.new_chains.remove(&chain) {
+                    diff.old_chains.insert(chain);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,125 @@
+//! Kernel objects in nft syntax: what `--dry-run` prints and what golden tests compare.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write;
+
+use kpng_model::{Family, Protocol};
+
+use crate::objects::{
+    ChainRef, ElementId, Key, MapName, PickKind, TABLE, Value, Verdict, table_family,
+};
+use crate::skeleton::{SkeletonOptions, pick_chain, skeleton};
+
+fn protocol(p: Protocol) -> &'static str {
+    match p {
+        Protocol::Tcp => "tcp",
+        Protocol::Udp => "udp",
+        Protocol::Sctp => "sctp",
+    }
+}
+
+/// A key in nft syntax.
+pub fn key_text(key: &Key) -> String {
+    match key {
+        Key::Addr(ip) => ip.to_string(),
+        Key::Net(net) => net.to_string(),
+        Key::Dest(d) => format!("{} . {} . {}", d.ip, protocol(d.protocol), d.port),
+        Key::NodePort(p, port) => format!("{} . {port}", protocol(*p)),
+        Key::DestSlot(d, slot) => {
+            format!("{} . {} . {} . {slot}", d.ip, protocol(d.protocol), d.port)
+        }
+        Key::NodePortSlot(p, port, slot) => format!("{} . {port} . {slot}", protocol(*p)),
+        Key::AddrPair(a, b) => format!("{a} . {b}"),
+        Key::DestSource(d, net) => {
+            format!("{} . {} . {} . {net}", d.ip, protocol(d.protocol), d.port)
+        }
+    }
+}
+
+/// A value in nft syntax (empty for set elements).
+pub fn value_text(value: &Value) -> Option<String> {
+    match value {
+        Value::None => None,
+        Value::Verdict(Verdict::Drop) => Some("drop".into()),
+        Value::Verdict(Verdict::Goto(chain)) => Some(format!("goto {chain}")),
+        Value::Endpoint(ip, port) => Some(format!("{ip} . {port}")),
+    }
+}
+
+/// One element in nft syntax: `key` or `key : value`.
+pub fn element_text(key: &Key, value: &Value) -> String {
+    match value_text(value) {
+        Some(v) => format!("{} : {v}", key_text(key)),
+        None => key_text(key),
+    }
+}
+
+/// The pick chains that `elements` jump to.
+pub fn pick_chains<'a>(
+    elements: impl IntoIterator<Item = (&'a ElementId, &'a Value)>,
+) -> BTreeSet<(Family, PickKind, u32)> {
+    elements
+        .into_iter()
+        .filter_map(|(id, value)| match value {
+            Value::Verdict(Verdict::Goto(ChainRef::Pick(kind, n))) => Some((id.family, *kind, *n)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A whole ruleset as `nft -f` input: both skeletons, the pick chains in use, and every
+/// element, grouped per set and map.
+pub fn ruleset<'a>(
+    options: &SkeletonOptions,
+    elements: impl IntoIterator<Item = (&'a ElementId, &'a Value)> + Clone,
+) -> String {
+    let mut out = String::new();
+    for family in Family::ALL {
+        out.push_str(&skeleton(family, options));
+    }
+    for (family, kind, n) in pick_chains(elements.clone()) {
+        out.push_str(&pick_chain(family, kind, n));
+    }
+    let mut grouped: BTreeMap<(Family, MapName), Vec<String>> = BTreeMap::new();
+    for (id, value) in elements {
+        grouped.entry((id.family, id.map)).or_default().push(element_text(&id.key, value));
+    }
+    for ((family, map), items) in grouped {
+        let _ = writeln!(out, "add element {} {TABLE} {map} {{", table_family(family));
+        for item in items {
+            let _ = writeln!(out, "\t{item},");
+        }
+        out.push_str("}\n");
+    }
+    out
+}
+
+/// One transaction as nft commands: new pick chains, element deletes, element adds, then
+/// pick chains no longer used.
+pub fn transaction_text(diff: &crate::state::TableDiff) -> String {
+    let mut out = String::new();
+    for (family, kind, n) in &diff.new_chains {
+        out.push_str(&pick_chain(*family, *kind, *n));
+    }
+    for (verb, elements) in [("delete", &diff.deletes), ("add", &diff.adds)] {
+        for (id, value) in elements {
+            let element =
+                if verb == "delete" { key_text(&id.key) } else { element_text(&id.key, value) };
+            let _ = writeln!(
+                out,
+                "{verb} element {} {TABLE} {} {{ {element} }}",
+                table_family(id.family),
+                id.map
+            );
+        }
+    }
+    for (family, kind, n) in &diff.old_chains {
+        let _ = writeln!(
+            out,
+            "delete chain {} {TABLE} {}",
+            table_family(*family),
+            ChainRef::Pick(*kind, *n)
+        );
+    }
+    out
+}
