@@ -54,3 +54,15 @@ pub trait Backend: Send {
     /// retry later with a change set that starts with `Reset`.
     fn apply(&mut self, changes: &ChangeSet<'_>) -> Result<(), BackendError>;
 }
+
+/// An error and its sources, joined by `: `, for one-line logs.
+pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        text.push_str(": ");
+        text.push_str(&e.to_string());
+        source = e.source();
+    }
+    text
+}

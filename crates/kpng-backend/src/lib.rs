@@ -16,6 +16,6 @@ pub mod backend;
 pub mod json;
 pub mod runner;
 
-pub use backend::{Backend, BackendError, ChangeSet};
+pub use backend::{Backend, BackendError, ChangeSet, error_chain};
 pub use json::JsonBackend;
 pub use runner::{NodeStats, RunnerError, RunnerOptions, run_node};

@@ -65,7 +65,7 @@ impl NodeStats {
 #[derive(Debug, thiserror::Error)]
 pub enum RunnerError {
     /// With `once`, a backend failed to apply the state.
-    #[error("applying the state for node {node}: {source}")]
+    #[error("applying the state for node {node}")]
     Once {
         /// The node.
         node: String,
@@ -153,7 +153,7 @@ pub async fn run_node(
                         .retry_min
                         .saturating_mul(1 << slot.failures.min(16).saturating_sub(1));
                     let delay = delay.min(options.retry_max);
-                    tracing::error!(backend = slot.backend.name(), error = %source, retry_in = ?delay, "change set failed; will retry with the full state");
+                    tracing::error!(backend = slot.backend.name(), error = %crate::backend::error_chain(&source), retry_in = ?delay, "change set failed; will retry with the full state");
                     slot.needs_reset = true;
                     slot.retry_at = now + delay;
                 }

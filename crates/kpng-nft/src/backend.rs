@@ -8,14 +8,15 @@ use kpng_backend::{Backend, BackendError, ChangeSet};
 use kpng_model::{Item, ItemRef, Op, ServiceKey};
 
 use crate::objects::{ElementId, Value};
-use crate::render::{NodeFacts, NodePortAddresses, Slots, render_node, render_service};
+use crate::render::{NodeFacts, NodePortAddresses, Slots, local_pods, render_node, render_service};
 use crate::skeleton::SkeletonOptions;
 use crate::state::{NODE_OWNER, Owner, TableDiff, TableState};
 
 /// Configuration of the nftables backend.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NftOptions {
-    /// Static rule options (masquerade-all, local detection, mark bit).
+    /// Static rule options (masquerade-all, mark bit); the detector is filled in from
+    /// `cluster_cidrs` or the node.
     pub skeleton: SkeletonOptions,
     /// Where NodePorts are accepted.
     pub nodeport_addresses: NodePortAddresses,
@@ -48,7 +49,8 @@ pub struct NftBackend {
     options: NftOptions,
     kernel: Box<dyn Kernel>,
     state: TableState,
-    skeleton_loaded: bool,
+    /// The skeleton options last loaded into the kernel.
+    loaded_skeleton: Option<SkeletonOptions>,
     owners: HashMap<ServiceKey, Owner>,
     next_owner: Owner,
     slots: HashMap<Owner, Slots>,
@@ -61,7 +63,7 @@ impl NftBackend {
             options,
             kernel,
             state: TableState::new(),
-            skeleton_loaded: false,
+            loaded_skeleton: None,
             owners: HashMap::new(),
             next_owner: NODE_OWNER + 1,
             slots: HashMap::new(),
@@ -114,12 +116,8 @@ impl NftBackend {
                 NodePortAddresses::Primary => Vec::new(),
                 NodePortAddresses::Cidrs(_) => self.kernel.local_addresses(),
             };
-            let elements = render_node(
-                state.node.as_ref(),
-                &self.options.nodeport_addresses,
-                &addrs,
-                &self.options.cluster_cidrs,
-            );
+            let elements =
+                render_node(state.node.as_ref(), &self.options.nodeport_addresses, &addrs);
             updates.push(OwnerUpdate { owner: NODE_OWNER, elements, slots: None });
         }
         for key in keys {
@@ -151,9 +149,13 @@ impl Backend for NftBackend {
     }
 
     fn apply(&mut self, changes: &ChangeSet<'_>) -> Result<(), BackendError> {
-        if !self.skeleton_loaded || changes.is_reset() {
-            self.kernel.load_skeleton(&self.options.skeleton)?;
-            self.skeleton_loaded = true;
+        let skeleton = SkeletonOptions {
+            local_pods: local_pods(changes.state.node.as_ref(), &self.options.cluster_cidrs),
+            ..self.options.skeleton.clone()
+        };
+        if changes.is_reset() || self.loaded_skeleton.as_ref() != Some(&skeleton) {
+            self.kernel.load_skeleton(&skeleton)?;
+            self.loaded_skeleton = Some(skeleton);
         }
         let updates = self.render(changes);
         let previous: Vec<(Owner, Vec<(ElementId, Value)>)> =

@@ -56,9 +56,14 @@
 //! - [`text`]: elements and transactions in nft syntax.
 //! - [`backend`]: [`NftBackend`] and the [`Kernel`] trait it commits through.
 //! - [`dry_run`]: [`DryRunKernel`], which prints instead of applying.
+//! - [`kernel`]: [`NetlinkKernel`], the real kernel: `nft -f` for the skeleton at start-up,
+//!   one netlink batch per transaction after that.
+//! - [`netlink`]: the nf_tables netlink encoding and socket.
 
 pub mod backend;
 pub mod dry_run;
+pub mod kernel;
+pub mod netlink;
 pub mod objects;
 pub mod render;
 pub mod skeleton;
@@ -68,3 +73,4 @@ pub mod text;
 
 pub use backend::{Kernel, NftBackend, NftOptions};
 pub use dry_run::DryRunKernel;
+pub use kernel::NetlinkKernel;

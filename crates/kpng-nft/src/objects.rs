@@ -12,8 +12,6 @@ use kpng_model::{Family, Protocol};
 pub enum MapName {
     /// Addresses on which NodePorts are accepted.
     NodePortAddrs,
-    /// Local-traffic detector: CIDRs of this node's (or the cluster's) pods. Interval set.
-    LocalPods,
     /// Every cluster IP: traffic to a port the service does not define is rejected.
     ClusterIps,
     /// Service destination (ClusterIP, external IP, LB IP) → where to pick an endpoint.
@@ -55,9 +53,8 @@ pub enum MapName {
 
 impl MapName {
     /// Every set and map, in declaration order.
-    pub const ALL: [MapName; 20] = [
+    pub const ALL: [MapName; 19] = [
         MapName::NodePortAddrs,
-        MapName::LocalPods,
         MapName::ClusterIps,
         MapName::ServiceDispatch,
         MapName::NodePortDispatch,
@@ -82,7 +79,6 @@ impl MapName {
     pub fn as_str(self) -> &'static str {
         match self {
             MapName::NodePortAddrs => "nodeport_addrs",
-            MapName::LocalPods => "local_pods",
             MapName::ClusterIps => "cluster_ips",
             MapName::ServiceDispatch => "service_dispatch",
             MapName::NodePortDispatch => "nodeport_dispatch",
@@ -104,10 +100,10 @@ impl MapName {
         }
     }
 
-    /// Whether the set holds ranges (`flags interval`). Only the detector and the firewall
-    /// allow-list do; both are off the per-packet path of ordinary service traffic.
+    /// Whether the set holds ranges (`flags interval`). Only the firewall allow-list does;
+    /// it is consulted only for new connections to load-balancer IPs with source ranges.
     pub fn is_interval(self) -> bool {
-        matches!(self, MapName::LocalPods | MapName::FirewallAllow)
+        matches!(self, MapName::FirewallAllow)
     }
 }
 

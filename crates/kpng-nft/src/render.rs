@@ -272,6 +272,15 @@ fn put_slots(out: &mut Out<'_>, kind: PickKind, key: Key, slots: &[Target]) {
     }
 }
 
+/// The local-traffic detector: `--cluster-cidr` when given, else the node's pod CIDRs.
+pub fn local_pods(node: Option<&LocalNode>, cluster_cidrs: &[IpNet]) -> Vec<IpNet> {
+    if cluster_cidrs.is_empty() {
+        node.map(|n| n.pod_cidrs.clone()).unwrap_or_default()
+    } else {
+        cluster_cidrs.to_vec()
+    }
+}
+
 /// Where NodePorts are accepted.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum NodePortAddresses {
@@ -282,12 +291,11 @@ pub enum NodePortAddresses {
     Cidrs(Vec<IpNet>),
 }
 
-/// The node-level elements: NodePort addresses and the local-traffic detector.
+/// The node-level elements: the NodePort addresses.
 pub fn render_node(
     node: Option<&LocalNode>,
     nodeports: &NodePortAddresses,
     local_addrs: &[IpAddr],
-    cluster_cidrs: &[IpNet],
 ) -> Vec<(ElementId, Value)> {
     let mut elements = Vec::new();
     let mut put =
@@ -302,14 +310,6 @@ pub fn render_node(
     };
     for ip in addrs {
         put(MapName::NodePortAddrs, Key::Addr(ip), Family::of(&ip));
-    }
-    let detector: Vec<IpNet> = if cluster_cidrs.is_empty() {
-        node.map(|n| n.pod_cidrs.clone()).unwrap_or_default()
-    } else {
-        cluster_cidrs.to_vec()
-    };
-    for net in detector {
-        put(MapName::LocalPods, Key::Net(net), Family::of_net(&net));
     }
     elements.sort();
     elements.dedup();

@@ -4,6 +4,7 @@
 
 use std::fmt::Write;
 
+use ipnet::IpNet;
 use kpng_model::Family;
 
 use crate::objects::{MapName, PickKind, TABLE, table_family};
@@ -13,10 +14,10 @@ use crate::objects::{MapName, PickKind, TABLE, table_family};
 pub struct SkeletonOptions {
     /// Masquerade all traffic to cluster IPs (`--masquerade-all`).
     pub masquerade_all: bool,
-    /// A local-traffic detector is configured (`--cluster-cidr` or the node's pod CIDRs):
-    /// ClusterIP traffic from elsewhere is masqueraded and pod traffic to external
-    /// addresses is short-circuited.
-    pub detect_local: bool,
+    /// The local-traffic detector (`--cluster-cidr`, else the node's pod CIDRs), both
+    /// families. Where a family has none, ClusterIP traffic is not masqueraded for being
+    /// non-local and pod traffic to external addresses is not short-circuited.
+    pub local_pods: Vec<IpNet>,
     /// The packet-mark bit kpng uses to flag connections for masquerading (kube-proxy's
     /// default is 14, 0x4000). Only this bit is touched.
     pub masquerade_bit: u8,
@@ -24,11 +25,16 @@ pub struct SkeletonOptions {
 
 impl Default for SkeletonOptions {
     fn default() -> Self {
-        SkeletonOptions { masquerade_all: false, detect_local: true, masquerade_bit: 14 }
+        SkeletonOptions { masquerade_all: false, local_pods: Vec::new(), masquerade_bit: 14 }
     }
 }
 
+fn local_pods(family: Family, options: &SkeletonOptions) -> Vec<IpNet> {
+    options.local_pods.iter().copied().filter(|n| Family::of_net(n) == family).collect()
+}
+
 struct Names {
+    family_enum: Family,
     family: &'static str,
     addr: &'static str,
     ip: &'static str,
@@ -36,8 +42,8 @@ struct Names {
 
 fn names(family: Family) -> Names {
     match family {
-        Family::V4 => Names { family: "ip", addr: "ipv4_addr", ip: "ip" },
-        Family::V6 => Names { family: "ip6", addr: "ipv6_addr", ip: "ip6" },
+        Family::V4 => Names { family_enum: family, family: "ip", addr: "ipv4_addr", ip: "ip" },
+        Family::V6 => Names { family_enum: family, family: "ip6", addr: "ipv6_addr", ip: "ip6" },
     }
 }
 
@@ -47,7 +53,6 @@ fn declaration(map: MapName, n: &Names) -> String {
     let dest = format!("{addr} . inet_proto . inet_service");
     let body = match map {
         MapName::NodePortAddrs | MapName::ClusterIps => format!("type {addr};"),
-        MapName::LocalPods => format!("type {addr}; flags interval;"),
         MapName::ServiceDispatch
         | MapName::ClusterPick
         | MapName::LocalPick
@@ -86,6 +91,7 @@ pub fn skeleton(family: Family, options: &SkeletonOptions) -> String {
     for map in MapName::ALL {
         out.push_str(&declaration(map, &n));
     }
+    let _ = writeln!(out, "\tset local_pods {{ type {}; flags interval; }}", n.addr);
     let chains: Vec<(&str, Option<String>, Vec<String>)> = vec![
         (
             "nat_prerouting",
@@ -183,8 +189,15 @@ pub fn skeleton(family: Family, options: &SkeletonOptions) -> String {
         let _ = writeln!(out, "\tchain {name} {{ {} }}", hook.as_deref().unwrap_or(""));
     }
     out.push_str("}\n");
-    // Replace the rules of every static chain in the same transaction: a reload over an
-    // existing table leaves no window without rules and never duplicates them.
+    // The detector and the rules of every static chain are replaced in the same
+    // transaction: a reload over an existing table leaves no window without rules and never
+    // duplicates them.
+    let _ = writeln!(out, "flush set {fam} {TABLE} local_pods");
+    let detector: Vec<String> =
+        local_pods(family, options).iter().map(ToString::to_string).collect();
+    if !detector.is_empty() {
+        let _ = writeln!(out, "add element {fam} {TABLE} local_pods {{ {} }}", detector.join(", "));
+    }
     for (name, _, rules) in &chains {
         let _ = writeln!(out, "flush chain {fam} {TABLE} {name}");
         for rule in rules {
@@ -200,7 +213,7 @@ fn services_rules(n: &Names, options: &SkeletonOptions) -> Vec<String> {
     let mut rules = Vec::new();
     if options.masquerade_all {
         rules.push(format!("{ip} daddr @cluster_ips jump mark_for_masquerade"));
-    } else if options.detect_local {
+    } else if !local_pods(n.family_enum, options).is_empty() {
         rules.push(format!(
             "{ip} daddr @cluster_ips {ip} saddr != @local_pods jump mark_for_masquerade"
         ));
@@ -222,7 +235,7 @@ fn external_local_rules(
     local_pick: &str,
 ) -> Vec<String> {
     let mut rules = Vec::new();
-    if options.detect_local {
+    if !local_pods(n.family_enum, options).is_empty() {
         rules.push(format!("{} saddr @local_pods goto {short_circuit}", n.ip));
     }
     rules.push("fib saddr type local jump mark_for_masquerade".into());

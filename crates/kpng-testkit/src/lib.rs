@@ -5,11 +5,19 @@
 //!   that care about one field at a time.
 //! - [`strategies`]: proptest strategies over a small universe of keys and addresses, so
 //!   random objects collide, update and delete each other often.
+//! - [`netns`]: network namespaces and veth links, cleaned up on drop.
+//! - [`topology`]: a node, its pods, a remote node and a client, wired for service tests.
+//! - [`echo`], [`probe`]: the server in pods and the client of dataplane tests
+//!   (`kpng-dev echo`, `kpng-dev probe`).
 //! - [`privileged`]: gatekeeping for tests that need root and kernel tools (fail under `CI=true`).
 //! - [`generate`]: synthetic clusters (N services × M endpoints over K nodes) as Kubernetes
 //!   manifests, for end-to-end tests, stats and benchmarks (`kpng-dev generate`).
 
 pub mod builders;
+pub mod echo;
 pub mod generate;
+pub mod netns;
 pub mod privileged;
+pub mod probe;
 pub mod strategies;
+pub mod topology;

@@ -300,11 +300,3 @@ fn nft_dry_run_is_a_ruleset_nft_accepts() {
         String::from_utf8_lossy(&check.stderr)
     );
 }
-
-#[test]
-fn nft_without_dry_run_says_what_is_missing() {
-    let out =
-        run(&["file", "--input", &example(), "to-local", "--node", "node-a", "to-nft", "--once"]);
-    assert!(!out.status.success());
-    assert!(out.stderr.contains("--dry-run"), "{}", out.stderr);
-}

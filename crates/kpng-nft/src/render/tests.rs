@@ -221,17 +221,15 @@ fn node_elements_follow_the_nodeport_option_and_detector() {
     let mut model = GlobalModel::new();
     model.apply(Object::Node(n));
     let local = project_node_state(&model, "a").node;
-    let primary = lines(&render_node(local.as_ref(), &NodePortAddresses::Primary, &[], &[]));
-    assert_eq!(
-        primary,
-        expect(&[
-            "ip nodeport_addrs 192.168.0.10",
-            "ip6 nodeport_addrs fd00::10",
-            "ip local_pods 10.244.1.0/24"
-        ])
-    );
+    let primary = lines(&render_node(local.as_ref(), &NodePortAddresses::Primary, &[]));
+    assert_eq!(primary, expect(&["ip nodeport_addrs 192.168.0.10", "ip6 nodeport_addrs fd00::10"]));
+    let pods: Vec<String> =
+        local_pods(local.as_ref(), &[]).iter().map(ToString::to_string).collect();
+    assert_eq!(pods, ["10.244.1.0/24"]);
+    let given: ipnet::IpNet = "10.0.0.0/8".parse().unwrap();
+    assert_eq!(local_pods(local.as_ref(), &[given]), vec![given]);
     let cidrs = NodePortAddresses::Cidrs(vec!["0.0.0.0/0".parse().unwrap()]);
     let addrs = ["127.0.0.1".parse().unwrap(), "172.16.0.5".parse().unwrap()];
-    let all = lines(&render_node(local.as_ref(), &cidrs, &addrs, &["10.0.0.0/8".parse().unwrap()]));
-    assert_eq!(all, expect(&["ip nodeport_addrs 172.16.0.5", "ip local_pods 10.0.0.0/8"]));
+    let all = lines(&render_node(local.as_ref(), &cidrs, &addrs));
+    assert_eq!(all, expect(&["ip nodeport_addrs 172.16.0.5"]));
 }

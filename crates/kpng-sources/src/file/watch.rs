@@ -18,7 +18,7 @@ const SETTLE: Duration = Duration::from_millis(50);
 #[derive(Debug, thiserror::Error)]
 pub enum FileError {
     /// The file cannot be read.
-    #[error("reading {}: {source}", path.display())]
+    #[error("reading {}", path.display())]
     Read {
         /// The file.
         path: PathBuf,
@@ -35,7 +35,7 @@ pub enum FileError {
         errors: Vec<DocumentError>,
     },
     /// The file cannot be watched.
-    #[error("watching {}: {source}", path.display())]
+    #[error("watching {}", path.display())]
     Watch {
         /// The file.
         path: PathBuf,

@@ -6,7 +6,7 @@ use anyhow::{Context, bail};
 use kpng_backend::{Backend, JsonBackend, NodeStats, RunnerOptions, run_node};
 use kpng_nft::render::NodePortAddresses;
 use kpng_nft::skeleton::SkeletonOptions;
-use kpng_nft::{DryRunKernel, NftBackend, NftOptions};
+use kpng_nft::{DryRunKernel, NetlinkKernel, NftBackend, NftOptions};
 use kpng_store::StoreReader;
 
 use crate::cli::{BackendCommand, GlobalArgs};
@@ -47,19 +47,18 @@ fn nft_backend(global: &GlobalArgs) -> anyhow::Result<Box<dyn Backend>> {
     let options = NftOptions {
         skeleton: SkeletonOptions {
             masquerade_all: global.masquerade_all,
-            detect_local: true,
+            local_pods: Vec::new(),
             masquerade_bit: global.masquerade_bit,
         },
         nodeport_addresses,
         cluster_cidrs: global.cluster_cidr.iter().map(|n| n.trunc()).collect(),
     };
-    if !global.dry_run {
-        bail!(
-            "backend to-nft can only print its ruleset in this build (use --dry-run); \
-             kernel programming over netlink is not available yet"
-        );
-    }
-    Ok(Box::new(NftBackend::new(options, Box::new(DryRunKernel::new(std::io::stdout())))))
+    let kernel: Box<dyn kpng_nft::Kernel> = if global.dry_run {
+        Box::new(DryRunKernel::new(std::io::stdout()))
+    } else {
+        Box::new(NetlinkKernel::open()?)
+    };
+    Ok(Box::new(NftBackend::new(options, kernel)))
 }
 
 /// Runs the node's backends until the source ends (or once, with `once`).

@@ -1,0 +1,85 @@
+//! [`NetlinkKernel`]: the real kernel. The static skeleton is loaded with `nft -f` at
+//! start-up; every transaction after that is one netlink batch.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use kpng_backend::BackendError;
+use kpng_model::Family;
+
+use crate::backend::Kernel;
+use crate::netlink::socket::{CommitError, NetlinkSocket};
+use crate::skeleton::{SkeletonOptions, skeleton};
+use crate::state::TableDiff;
+
+/// Programs the kernel of the current network namespace.
+pub struct NetlinkKernel {
+    socket: NetlinkSocket,
+}
+
+fn backend_error(message: impl Into<String>) -> BackendError {
+    BackendError::new("to-nft", message)
+}
+
+impl NetlinkKernel {
+    /// Opens the netlink socket.
+    pub fn open() -> Result<Self, BackendError> {
+        let socket = NetlinkSocket::open().map_err(|e| {
+            backend_error("cannot open a netfilter netlink socket (is nf_tables available?)")
+                .with_source(e)
+        })?;
+        Ok(NetlinkKernel { socket })
+    }
+}
+
+/// Runs `nft -f -` on `text`.
+pub fn nft_load(text: &str) -> Result<(), BackendError> {
+    let mut child = Command::new("nft")
+        .args(["-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| {
+            backend_error(
+                "cannot run `nft` to load the static table (install the nftables package)",
+            )
+            .with_source(e)
+        })?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(text.as_bytes())
+            .map_err(|e| backend_error("writing to `nft`").with_source(e))?;
+    }
+    let out =
+        child.wait_with_output().map_err(|e| backend_error("waiting for `nft`").with_source(e))?;
+    if !out.status.success() {
+        return Err(backend_error(format!(
+            "`nft -f` rejected kpng's static table: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(())
+}
+
+impl Kernel for NetlinkKernel {
+    fn load_skeleton(&mut self, options: &SkeletonOptions) -> Result<(), BackendError> {
+        let text: String = Family::ALL.iter().map(|f| skeleton(*f, options)).collect();
+        nft_load(&text)
+    }
+
+    fn commit(&mut self, diff: &TableDiff) -> Result<(), BackendError> {
+        let mut batch = self.socket.batch();
+        for (family, kind, n) in &diff.new_chains {
+            batch.create_pick_chain(*family, *kind, *n);
+        }
+        batch.elements(false, &diff.deletes);
+        batch.elements(true, &diff.adds);
+        for (family, kind, n) in &diff.old_chains {
+            batch.delete_pick_chain(*family, *kind, *n);
+        }
+        self.socket.commit(batch).map_err(|e: CommitError| {
+            backend_error("transaction failed; the previous rules stay in force").with_source(e)
+        })
+    }
+}

@@ -1,0 +1,10 @@
+//! nf_tables over netlink: kpng's own encoding of transactions, and the socket that
+//! carries them.
+//!
+//! - [`wire`]: bytes only, no I/O: messages, attributes, element keys and values, and the
+//!   pick-chain rule.
+//! - [`socket`]: a `NETLINK_NETFILTER` socket that sends one batch and collects the
+//!   kernel's answer for every message in it.
+
+pub mod socket;
+pub mod wire;

@@ -1,0 +1,146 @@
+//! A `NETLINK_NETFILTER` socket that commits batches and reports the first failure.
+
+use std::io;
+use std::time::Duration;
+
+use netlink_sys::{Socket, SocketAddr};
+use nix::sys::socket::{setsockopt, sockopt};
+use nix::sys::time::TimeVal;
+
+use super::wire::{Batch, NETLINK_NETFILTER};
+
+const NLMSG_ERROR: u16 = 2;
+const NLMSG_HDRLEN: usize = 16;
+
+/// How long to wait for the kernel's answers before giving up on a batch.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A batch the kernel did not apply.
+#[derive(Debug, thiserror::Error)]
+pub enum CommitError {
+    /// The socket failed.
+    #[error("netlink {op}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
+    /// The kernel rejected a message; the whole batch was aborted.
+    #[error("the kernel rejected `{what}`")]
+    Rejected {
+        /// The rejected message, in nft syntax.
+        what: String,
+        /// The kernel's error.
+        #[source]
+        source: io::Error,
+    },
+    /// The kernel did not answer every message.
+    #[error("the kernel answered {answered} of {sent} messages")]
+    Incomplete {
+        /// Messages sent.
+        sent: usize,
+        /// Answers received.
+        answered: usize,
+    },
+}
+
+/// A connected netfilter netlink socket.
+pub struct NetlinkSocket {
+    socket: Socket,
+    seq: u32,
+}
+
+fn io_error(op: &'static str) -> impl FnOnce(io::Error) -> CommitError {
+    move |source| CommitError::Io { op, source }
+}
+
+impl NetlinkSocket {
+    /// Opens and connects a socket to the kernel.
+    pub fn open() -> Result<Self, CommitError> {
+        let mut socket = Socket::new(NETLINK_NETFILTER).map_err(io_error("socket"))?;
+        socket.bind_auto().map_err(io_error("bind"))?;
+        socket.connect(&SocketAddr::new(0, 0)).map_err(io_error("connect"))?;
+        // Errors then carry only the header of the failed message, not its whole payload.
+        let _ = socket.set_cap_ack(true);
+        let _ = setsockopt(&socket, sockopt::RcvBufForce, &(8 << 20));
+        let timeout = TimeVal::new(ANSWER_TIMEOUT.as_secs() as i64, 0);
+        setsockopt(&socket, sockopt::ReceiveTimeout, &timeout)
+            .map_err(|e| CommitError::Io { op: "setsockopt", source: e.into() })?;
+        let seq = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_secs() as u32);
+        Ok(NetlinkSocket { socket, seq })
+    }
+
+    /// A new batch numbered after the previous one.
+    pub fn batch(&self) -> Batch {
+        Batch::new(self.seq)
+    }
+
+    /// Sends `batch` as one transaction and waits for the kernel's answer to every message.
+    /// On error, nothing of the batch is in force.
+    pub fn commit(&mut self, batch: Batch) -> Result<(), CommitError> {
+        let (bytes, last_seq, messages) = batch.finish();
+        self.seq = last_seq;
+        if messages.is_empty() {
+            return Ok(());
+        }
+        // A batch must fit in the socket's send buffer in one datagram.
+        let _ = setsockopt(&self.socket, sockopt::SndBufForce, &(bytes.len() + (1 << 16)));
+        let sent = self.socket.send(&bytes, 0).map_err(io_error("send"))?;
+        if sent != bytes.len() {
+            return Err(CommitError::Io { op: "send", source: io::Error::other("short write") });
+        }
+        let first_seq = messages[0].0;
+        let mut answered = 0usize;
+        let mut failure: Option<(u32, i32)> = None;
+        while answered < messages.len() {
+            let (datagram, _) = self.socket.recv_from_full().map_err(io_error("receive"))?;
+            for (seq, code) in answers(&datagram) {
+                if seq < first_seq || seq > last_seq {
+                    continue;
+                }
+                answered += 1;
+                if code != 0 && failure.is_none() {
+                    failure = Some((seq, code));
+                }
+            }
+        }
+        if let Some((seq, code)) = failure {
+            let what = messages
+                .iter()
+                .find(|(s, _)| *s == seq)
+                .map_or_else(|| format!("message {seq}"), |(_, w)| w.clone());
+            return Err(CommitError::Rejected {
+                what,
+                source: io::Error::from_raw_os_error(-code),
+            });
+        }
+        if answered < messages.len() {
+            return Err(CommitError::Incomplete { sent: messages.len(), answered });
+        }
+        Ok(())
+    }
+}
+
+/// `(sequence number, error code)` of every `NLMSG_ERROR` in a datagram (code 0 is an ack).
+fn answers(datagram: &[u8]) -> Vec<(u32, i32)> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at + NLMSG_HDRLEN <= datagram.len() {
+        let word = |i: usize| u32::from_ne_bytes(datagram[i..i + 4].try_into().unwrap_or_default());
+        let len = word(at) as usize;
+        let kind = u16::from_ne_bytes([datagram[at + 4], datagram[at + 5]]);
+        let seq = word(at + 8);
+        if len < NLMSG_HDRLEN || at + len > datagram.len() {
+            break;
+        }
+        if kind == NLMSG_ERROR && len >= NLMSG_HDRLEN + 4 {
+            out.push((seq, word(at + NLMSG_HDRLEN) as i32));
+        }
+        at += (len + 3) & !3;
+    }
+    out
+}

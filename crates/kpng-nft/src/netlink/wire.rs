@@ -1,0 +1,431 @@
+//! nf_tables netlink messages as bytes. Pure: builds a batch in memory.
+//!
+//! Layouts follow the kernel's uapi (`linux/netfilter/nf_tables.h`): every message is an
+//! `nlmsghdr` and an `nfgenmsg`, followed by attributes (`nlattr`, 4-byte aligned, nested
+//! ones flagged `NLA_F_NESTED`). Concatenated set keys put each field in its own 32-bit
+//! register-sized slot: addresses and ports in network order, protocols as one byte, and
+//! `numgen` results in host order.
+
+use std::net::IpAddr;
+
+use kpng_model::{Family, Protocol};
+
+use crate::objects::{ChainRef, Dest, ElementId, Key, PickKind, TABLE, Value, Verdict};
+
+/// Netlink protocol number of netfilter.
+pub const NETLINK_NETFILTER: isize = 12;
+
+const NFNL_SUBSYS_NFTABLES: u16 = 10;
+const NFNL_MSG_BATCH_BEGIN: u16 = 0x10;
+const NFNL_MSG_BATCH_END: u16 = 0x11;
+
+const NFT_MSG_NEWCHAIN: u16 = 3;
+const NFT_MSG_DELCHAIN: u16 = 5;
+const NFT_MSG_NEWRULE: u16 = 6;
+const NFT_MSG_DELRULE: u16 = 8;
+const NFT_MSG_NEWSETELEM: u16 = 12;
+const NFT_MSG_DELSETELEM: u16 = 14;
+
+/// `nlmsghdr` flags.
+pub const NLM_F_REQUEST: u16 = 0x1;
+/// Ask for an acknowledgement.
+pub const NLM_F_ACK: u16 = 0x4;
+const NLM_F_CREATE: u16 = 0x400;
+const NLM_F_APPEND: u16 = 0x800;
+
+const NLA_F_NESTED: u16 = 0x8000;
+
+const NFPROTO_IPV4: u8 = 2;
+const NFPROTO_IPV6: u8 = 10;
+const NFPROTO_UNSPEC: u8 = 0;
+
+// Attribute numbers.
+const NFTA_CHAIN_TABLE: u16 = 1;
+const NFTA_CHAIN_NAME: u16 = 3;
+const NFTA_RULE_TABLE: u16 = 1;
+const NFTA_RULE_CHAIN: u16 = 2;
+const NFTA_RULE_EXPRESSIONS: u16 = 4;
+const NFTA_LIST_ELEM: u16 = 1;
+const NFTA_EXPR_NAME: u16 = 1;
+const NFTA_EXPR_DATA: u16 = 2;
+const NFTA_SET_ELEM_LIST_TABLE: u16 = 1;
+const NFTA_SET_ELEM_LIST_SET: u16 = 2;
+const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
+const NFTA_SET_ELEM_KEY: u16 = 1;
+const NFTA_SET_ELEM_DATA: u16 = 2;
+const NFTA_SET_ELEM_KEY_END: u16 = 10;
+const NFTA_DATA_VALUE: u16 = 1;
+const NFTA_DATA_VERDICT: u16 = 2;
+const NFTA_VERDICT_CODE: u16 = 1;
+const NFTA_VERDICT_CHAIN: u16 = 2;
+
+const NF_DROP: i32 = 0;
+const NFT_GOTO: i32 = -4;
+
+/// Keep each message's element list well under the 64 KiB an attribute length can express.
+const MAX_ELEMENTS_BYTES: usize = 48 * 1024;
+
+fn nfproto(family: Family) -> u8 {
+    match family {
+        Family::V4 => NFPROTO_IPV4,
+        Family::V6 => NFPROTO_IPV6,
+    }
+}
+
+fn pad4(len: usize) -> usize {
+    (len + 3) & !3
+}
+
+/// A batch of messages under construction, with a description of each for error reports.
+#[derive(Debug, Default)]
+pub struct Batch {
+    buf: Vec<u8>,
+    seq: u32,
+    /// `(sequence number, what the message does)` for every message but the batch markers.
+    pub messages: Vec<(u32, String)>,
+}
+
+impl Batch {
+    /// An empty batch whose sequence numbers start after `seq`.
+    pub fn new(seq: u32) -> Self {
+        let mut batch = Batch { buf: Vec::new(), seq, messages: Vec::new() };
+        let start =
+            batch.begin(NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, NFPROTO_UNSPEC, NFNL_SUBSYS_NFTABLES);
+        batch.end(start);
+        batch
+    }
+
+    /// Closes the batch and returns its bytes and the last sequence number used.
+    pub fn finish(mut self) -> (Vec<u8>, u32, Vec<(u32, String)>) {
+        let start =
+            self.begin(NFNL_MSG_BATCH_END, NLM_F_REQUEST, NFPROTO_UNSPEC, NFNL_SUBSYS_NFTABLES);
+        self.end(start);
+        (self.buf, self.seq, self.messages)
+    }
+
+    /// Whether the batch holds no message besides its markers.
+    pub fn is_empty(&self) -> bool {
+        self.messages.is_empty()
+    }
+
+    fn begin(&mut self, kind: u16, flags: u16, family: u8, res_id: u16) -> usize {
+        self.seq = self.seq.wrapping_add(1);
+        let start = self.buf.len();
+        self.buf.extend_from_slice(&0u32.to_ne_bytes()); // length, patched in end()
+        self.buf.extend_from_slice(&kind.to_ne_bytes());
+        self.buf.extend_from_slice(&flags.to_ne_bytes());
+        self.buf.extend_from_slice(&self.seq.to_ne_bytes());
+        self.buf.extend_from_slice(&0u32.to_ne_bytes()); // port id: the kernel fills it
+        self.buf.push(family);
+        self.buf.push(0); // NFNETLINK_V0
+        self.buf.extend_from_slice(&res_id.to_be_bytes());
+        start
+    }
+
+    fn end(&mut self, start: usize) {
+        let len = (self.buf.len() - start) as u32;
+        self.buf[start..start + 4].copy_from_slice(&len.to_ne_bytes());
+    }
+
+    fn message(&mut self, msg: u16, flags: u16, family: Family, what: String) -> usize {
+        let kind = (NFNL_SUBSYS_NFTABLES << 8) | msg;
+        let start = self.begin(kind, NLM_F_REQUEST | NLM_F_ACK | flags, nfproto(family), 0);
+        self.messages.push((self.seq, what));
+        start
+    }
+
+    fn attr(&mut self, kind: u16, payload: &[u8]) {
+        let len = 4 + payload.len();
+        self.buf.extend_from_slice(&(len as u16).to_ne_bytes());
+        self.buf.extend_from_slice(&kind.to_ne_bytes());
+        self.buf.extend_from_slice(payload);
+        self.buf.resize(self.buf.len() + pad4(len) - len, 0);
+    }
+
+    fn attr_str(&mut self, kind: u16, text: &str) {
+        let mut bytes = text.as_bytes().to_vec();
+        bytes.push(0);
+        self.attr(kind, &bytes);
+    }
+
+    fn attr_u32(&mut self, kind: u16, value: u32) {
+        self.attr(kind, &value.to_be_bytes());
+    }
+
+    fn nest(&mut self, kind: u16) -> usize {
+        let start = self.buf.len();
+        self.buf.extend_from_slice(&0u16.to_ne_bytes());
+        self.buf.extend_from_slice(&(kind | NLA_F_NESTED).to_ne_bytes());
+        start
+    }
+
+    fn nest_end(&mut self, start: usize) {
+        let len = (self.buf.len() - start) as u16;
+        self.buf[start..start + 2].copy_from_slice(&len.to_ne_bytes());
+    }
+
+    /// Adds (`add` true) or deletes elements of one set or map, split into messages that
+    /// stay within netlink's attribute size.
+    pub fn elements(&mut self, add: bool, elements: &[(ElementId, Value)]) {
+        let mut i = 0;
+        while i < elements.len() {
+            let (id, _) = &elements[i];
+            let (family, map) = (id.family, id.map);
+            let (msg, flags, verb) = if add {
+                (NFT_MSG_NEWSETELEM, NLM_F_CREATE, "add")
+            } else {
+                (NFT_MSG_DELSETELEM, 0, "delete")
+            };
+            let what = format!(
+                "{verb} element {} {TABLE} {map} {{ {} }}",
+                crate::objects::table_family(family),
+                crate::text::element_text(&id.key, &elements[i].1)
+            );
+            let start = self.message(msg, flags, family, what);
+            self.attr_str(NFTA_SET_ELEM_LIST_TABLE, TABLE);
+            self.attr_str(NFTA_SET_ELEM_LIST_SET, map.as_str());
+            let list = self.nest(NFTA_SET_ELEM_LIST_ELEMENTS);
+            while i < elements.len() && elements[i].0.family == family && elements[i].0.map == map {
+                if self.buf.len() - list > MAX_ELEMENTS_BYTES {
+                    break;
+                }
+                let (id, value) = &elements[i];
+                self.element(&id.key, if add { Some(value) } else { None });
+                i += 1;
+            }
+            self.nest_end(list);
+            self.end(start);
+        }
+    }
+
+    fn element(&mut self, key: &Key, value: Option<&Value>) {
+        let elem = self.nest(NFTA_LIST_ELEM);
+        let key_nest = self.nest(NFTA_SET_ELEM_KEY);
+        self.attr(NFTA_DATA_VALUE, &key_bytes(key, false));
+        self.nest_end(key_nest);
+        if let Key::DestSource(..) = key {
+            let end = self.nest(NFTA_SET_ELEM_KEY_END);
+            self.attr(NFTA_DATA_VALUE, &key_bytes(key, true));
+            self.nest_end(end);
+        }
+        match value {
+            None | Some(Value::None) => {}
+            Some(Value::Endpoint(ip, port)) => {
+                let data = self.nest(NFTA_SET_ELEM_DATA);
+                let mut bytes = ip_bytes(ip);
+                bytes.extend_from_slice(&port_bytes(*port));
+                self.attr(NFTA_DATA_VALUE, &bytes);
+                self.nest_end(data);
+            }
+            Some(Value::Verdict(verdict)) => {
+                let data = self.nest(NFTA_SET_ELEM_DATA);
+                let v = self.nest(NFTA_DATA_VERDICT);
+                match verdict {
+                    Verdict::Drop => self.attr_u32(NFTA_VERDICT_CODE, NF_DROP as u32),
+                    Verdict::Goto(chain) => {
+                        self.attr_u32(NFTA_VERDICT_CODE, NFT_GOTO as u32);
+                        self.attr_str(NFTA_VERDICT_CHAIN, &chain.to_string());
+                    }
+                }
+                self.nest_end(v);
+                self.nest_end(data);
+            }
+        }
+        self.nest_end(elem);
+    }
+
+    /// Creates pick chain `(kind, n)` of `family` with its one rule. The chain is emptied
+    /// first, so creating a chain that already exists leaves it with exactly that rule.
+    pub fn create_pick_chain(&mut self, family: Family, kind: PickKind, n: u32) {
+        let name = ChainRef::Pick(kind, n).to_string();
+        let fam = crate::objects::table_family(family);
+        let start = self.message(
+            NFT_MSG_NEWCHAIN,
+            NLM_F_CREATE,
+            family,
+            format!("add chain {fam} {TABLE} {name}"),
+        );
+        self.attr_str(NFTA_CHAIN_TABLE, TABLE);
+        self.attr_str(NFTA_CHAIN_NAME, &name);
+        self.end(start);
+        self.flush_chain(family, &name);
+        let what = format!("add rule {fam} {TABLE} {name} (dnat to a random one of {n} endpoints)");
+        let start = self.message(NFT_MSG_NEWRULE, NLM_F_CREATE | NLM_F_APPEND, family, what);
+        self.attr_str(NFTA_RULE_TABLE, TABLE);
+        self.attr_str(NFTA_RULE_CHAIN, &name);
+        let exprs = self.nest(NFTA_RULE_EXPRESSIONS);
+        self.pick_expressions(family, kind, n);
+        self.nest_end(exprs);
+        self.end(start);
+    }
+
+    /// Deletes pick chain `(kind, n)` of `family` and its rule.
+    pub fn delete_pick_chain(&mut self, family: Family, kind: PickKind, n: u32) {
+        let name = ChainRef::Pick(kind, n).to_string();
+        let fam = crate::objects::table_family(family);
+        self.flush_chain(family, &name);
+        let start =
+            self.message(NFT_MSG_DELCHAIN, 0, family, format!("delete chain {fam} {TABLE} {name}"));
+        self.attr_str(NFTA_CHAIN_TABLE, TABLE);
+        self.attr_str(NFTA_CHAIN_NAME, &name);
+        self.end(start);
+    }
+
+    fn flush_chain(&mut self, family: Family, name: &str) {
+        let fam = crate::objects::table_family(family);
+        let start =
+            self.message(NFT_MSG_DELRULE, 0, family, format!("flush chain {fam} {TABLE} {name}"));
+        self.attr_str(NFTA_RULE_TABLE, TABLE);
+        self.attr_str(NFTA_RULE_CHAIN, name);
+        self.end(start);
+    }
+
+    fn expr(&mut self, name: &str, attrs: &[(u16, ExprAttr<'_>)]) {
+        let elem = self.nest(NFTA_LIST_ELEM);
+        self.attr_str(NFTA_EXPR_NAME, name);
+        let data = self.nest(NFTA_EXPR_DATA);
+        for (kind, value) in attrs {
+            match value {
+                ExprAttr::U32(v) => self.attr_u32(*kind, *v),
+                ExprAttr::Str(s) => self.attr_str(*kind, s),
+            }
+        }
+        self.nest_end(data);
+        self.nest_end(elem);
+    }
+
+    /// `dnat to <key> . numgen random mod n map @<backends>`, register by register as nft
+    /// itself encodes it.
+    fn pick_expressions(&mut self, family: Family, kind: PickKind, n: u32) {
+        use ExprAttr::{Str, U32};
+        // Register numbers: 1-4 are the 128-bit registers, 8-23 the 32-bit ones.
+        let (addr_len, addr_offset, l4_reg, port_reg, ng_reg, proto_min) =
+            match (family, kind.by_destination()) {
+                (Family::V4, true) => (4, 16, 9, 10, 11, 9),
+                (Family::V6, true) => (16, 24, 2, 13, 14, 2),
+                (Family::V4, false) => (0, 0, 1, 9, 10, 9),
+                (Family::V6, false) => (0, 0, 1, 9, 10, 2),
+            };
+        const PAYLOAD_DREG: u16 = 1;
+        const PAYLOAD_BASE: u16 = 2;
+        const PAYLOAD_OFFSET: u16 = 3;
+        const PAYLOAD_LEN: u16 = 4;
+        const NETWORK_HEADER: u32 = 1;
+        const TRANSPORT_HEADER: u32 = 2;
+        if kind.by_destination() {
+            self.expr(
+                "payload",
+                &[
+                    (PAYLOAD_DREG, U32(1)),
+                    (PAYLOAD_BASE, U32(NETWORK_HEADER)),
+                    (PAYLOAD_OFFSET, U32(addr_offset)),
+                    (PAYLOAD_LEN, U32(addr_len)),
+                ],
+            );
+        }
+        const META_DREG: u16 = 1;
+        const META_KEY: u16 = 2;
+        const NFT_META_L4PROTO: u32 = 16;
+        self.expr("meta", &[(META_DREG, U32(l4_reg)), (META_KEY, U32(NFT_META_L4PROTO))]);
+        self.expr(
+            "payload",
+            &[
+                (PAYLOAD_DREG, U32(port_reg)),
+                (PAYLOAD_BASE, U32(TRANSPORT_HEADER)),
+                (PAYLOAD_OFFSET, U32(2)),
+                (PAYLOAD_LEN, U32(2)),
+            ],
+        );
+        const NG_DREG: u16 = 1;
+        const NG_MODULUS: u16 = 2;
+        const NG_TYPE: u16 = 3;
+        const NFT_NG_RANDOM: u32 = 1;
+        self.expr(
+            "numgen",
+            &[(NG_DREG, U32(ng_reg)), (NG_MODULUS, U32(n)), (NG_TYPE, U32(NFT_NG_RANDOM))],
+        );
+        const LOOKUP_SET: u16 = 1;
+        const LOOKUP_SREG: u16 = 2;
+        const LOOKUP_DREG: u16 = 3;
+        let backends = kind.backends();
+        self.expr(
+            "lookup",
+            &[(LOOKUP_SET, Str(backends.as_str())), (LOOKUP_SREG, U32(1)), (LOOKUP_DREG, U32(1))],
+        );
+        const NAT_TYPE: u16 = 1;
+        const NAT_FAMILY: u16 = 2;
+        const NAT_REG_ADDR_MIN: u16 = 3;
+        const NAT_REG_PROTO_MIN: u16 = 5;
+        const NFT_NAT_DNAT: u32 = 1;
+        self.expr(
+            "nat",
+            &[
+                (NAT_TYPE, U32(NFT_NAT_DNAT)),
+                (NAT_FAMILY, U32(nfproto(family) as u32)),
+                (NAT_REG_ADDR_MIN, U32(1)),
+                (NAT_REG_PROTO_MIN, U32(proto_min)),
+            ],
+        );
+    }
+}
+
+enum ExprAttr<'a> {
+    U32(u32),
+    Str(&'a str),
+}
+
+fn ip_bytes(ip: &IpAddr) -> Vec<u8> {
+    match ip {
+        IpAddr::V4(v4) => v4.octets().to_vec(),
+        IpAddr::V6(v6) => v6.octets().to_vec(),
+    }
+}
+
+/// A port in network order, padded to a register slot.
+fn port_bytes(port: u16) -> [u8; 4] {
+    let [a, b] = port.to_be_bytes();
+    [a, b, 0, 0]
+}
+
+fn protocol_bytes(protocol: Protocol) -> [u8; 4] {
+    let number = match protocol {
+        Protocol::Tcp => 6,
+        Protocol::Udp => 17,
+        Protocol::Sctp => 132,
+    };
+    [number, 0, 0, 0]
+}
+
+fn dest_bytes(dest: &Dest) -> Vec<u8> {
+    let mut bytes = ip_bytes(&dest.ip);
+    bytes.extend_from_slice(&protocol_bytes(dest.protocol));
+    bytes.extend_from_slice(&port_bytes(dest.port));
+    bytes
+}
+
+/// The bytes of a key; for interval keys, `end` selects the last address of the range.
+pub fn key_bytes(key: &Key, end: bool) -> Vec<u8> {
+    match key {
+        Key::Addr(ip) => ip_bytes(ip),
+        Key::Net(net) => ip_bytes(&if end { net.broadcast() } else { net.network() }),
+        Key::Dest(dest) => dest_bytes(dest),
+        Key::NodePort(protocol, port) => [protocol_bytes(*protocol), port_bytes(*port)].concat(),
+        Key::DestSlot(dest, slot) => {
+            let mut bytes = dest_bytes(dest);
+            bytes.extend_from_slice(&slot.to_ne_bytes());
+            bytes
+        }
+        Key::NodePortSlot(protocol, port, slot) => {
+            [protocol_bytes(*protocol), port_bytes(*port), slot.to_ne_bytes()].concat()
+        }
+        Key::AddrPair(a, b) => [ip_bytes(a), ip_bytes(b)].concat(),
+        Key::DestSource(dest, net) => {
+            let mut bytes = dest_bytes(dest);
+            bytes.extend_from_slice(&ip_bytes(&if end { net.broadcast() } else { net.network() }));
+            bytes
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
