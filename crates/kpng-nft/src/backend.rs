@@ -1,16 +1,20 @@
 //! [`NftBackend`]: turns change sets into one kernel transaction each.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
 
 use ipnet::IpNet;
 use kpng_backend::{Backend, BackendError, ChangeSet};
 use kpng_model::{Item, ItemRef, Op, ServiceKey};
 
-use crate::objects::{ElementId, Value};
-use crate::render::{NodeFacts, NodePortAddresses, Slots, local_pods, render_node, render_service};
+use kpng_model::Family;
+
+use crate::objects::{ElementId, PickKind, Value};
+use crate::render::{
+    NodeFacts, NodePortAddresses, Slots, local_pods, render_node, render_service, seed_slots,
+};
 use crate::skeleton::SkeletonOptions;
-use crate::state::{NODE_OWNER, Owner, TableDiff, TableState};
+use crate::state::{KERNEL_OWNER, NODE_OWNER, Owner, TableDiff, TableState};
 
 /// Configuration of the nftables backend.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -34,6 +38,11 @@ pub trait Kernel: Send {
     fn local_addresses(&mut self) -> Vec<IpAddr> {
         Vec::new()
     }
+    /// What kpng's tables hold now (elements and pick chains), when the kernel can say;
+    /// `None` when it cannot (a dry run starts from nothing).
+    fn current(&mut self) -> Result<Option<KernelContents>, BackendError> {
+        Ok(None)
+    }
 }
 
 /// The new elements (and slots) of one owner.
@@ -43,6 +52,9 @@ struct OwnerUpdate {
     /// `None` for the node, which has no slots.
     slots: Option<Slots>,
 }
+
+/// The elements and pick chains found in the kernel.
+pub type KernelContents = (Vec<(ElementId, Value)>, BTreeSet<(Family, PickKind, u32)>);
 
 /// The nftables backend.
 pub struct NftBackend {
@@ -124,7 +136,10 @@ impl NftBackend {
             let owner = self.owner(&key);
             match state.services.get(&key) {
                 Some(service) => {
-                    let previous = self.slots.get(&owner).cloned().unwrap_or_default();
+                    let previous = match self.slots.get(&owner) {
+                        Some(slots) => slots.clone(),
+                        None => seed_slots(service, |id| self.state.get(id).copied()),
+                    };
                     let rendered = render_service(service, &node_facts, &previous);
                     updates.push(OwnerUpdate {
                         owner,
@@ -157,12 +172,29 @@ impl Backend for NftBackend {
             self.kernel.load_skeleton(&skeleton)?;
             self.loaded_skeleton = Some(skeleton);
         }
-        let updates = self.render(changes);
+        if changes.is_reset() {
+            // Start from what the kernel holds, so that a restart changes only what differs.
+            if let Some((elements, chains)) = self.kernel.current()? {
+                self.state = TableState::adopt(elements, chains);
+                self.owners.clear();
+                self.slots.clear();
+            }
+        }
+        let mut updates = self.render(changes);
+        if changes.is_reset() {
+            updates.push(OwnerUpdate { owner: KERNEL_OWNER, elements: Vec::new(), slots: None });
+        }
         let previous: Vec<(Owner, Vec<(ElementId, Value)>)> =
             updates.iter().map(|u| (u.owner, self.state.owned(u.owner).to_vec())).collect();
         let diff =
             self.state.update(updates.iter().map(|u| (u.owner, u.elements.clone())).collect());
         if diff.is_empty() {
+            if changes.is_reset() {
+                tracing::info!(
+                    elements = self.state.len(),
+                    "nftables: the kernel already holds this state"
+                );
+            }
             return Ok(());
         }
         if let Err(e) = self.kernel.commit(&diff) {
@@ -192,9 +224,11 @@ impl Backend for NftBackend {
                 None => {}
             }
         }
-        tracing::debug!(
-            adds = diff.adds.len(),
-            deletes = diff.deletes.len(),
+        tracing::info!(
+            added = diff.adds.len(),
+            deleted = diff.deletes.len(),
+            new_chains = diff.new_chains.len(),
+            removed_chains = diff.old_chains.len(),
             "nftables transaction committed"
         );
         Ok(())

@@ -7,8 +7,13 @@ use std::process::{Command, Stdio};
 use kpng_backend::BackendError;
 use kpng_model::Family;
 
-use crate::backend::Kernel;
+use std::collections::BTreeSet;
+
+use crate::backend::{Kernel, KernelContents};
+use crate::netlink::decode;
 use crate::netlink::socket::{CommitError, NetlinkSocket};
+use crate::netlink::wire::{NFT_MSG_GETCHAIN, NFT_MSG_GETSETELEM, dump_request};
+use crate::objects::{ChainRef, ElementId, MapName};
 use crate::skeleton::{SkeletonOptions, skeleton};
 use crate::state::TableDiff;
 
@@ -68,6 +73,31 @@ impl Kernel for NetlinkKernel {
         nft_load(&text)
     }
 
+    fn current(&mut self) -> Result<Option<KernelContents>, BackendError> {
+        let fail = |e: CommitError| backend_error("reading kpng's tables").with_source(e);
+        let mut elements = Vec::new();
+        let mut chains = BTreeSet::new();
+        for family in Family::ALL {
+            for map in MapName::ALL {
+                let request = dump_request(0, NFT_MSG_GETSETELEM, family, Some(map.as_str()));
+                for payload in self.socket.dump(&request).map_err(fail)? {
+                    for (key, value) in decode::elements(family, map, &payload) {
+                        elements.push((ElementId { family, map, key }, value));
+                    }
+                }
+            }
+            let request = dump_request(0, NFT_MSG_GETCHAIN, family, None);
+            for payload in self.socket.dump(&request).map_err(fail)? {
+                if let Some(ChainRef::Pick(kind, n)) =
+                    decode::chain_name(&payload).as_deref().and_then(decode::parse_chain)
+                {
+                    chains.insert((family, kind, n));
+                }
+            }
+        }
+        Ok(Some((elements, chains)))
+    }
+
     fn commit(&mut self, diff: &TableDiff) -> Result<(), BackendError> {
         let mut batch = self.socket.batch();
         for (family, kind, n) in &diff.new_chains {
@@ -82,4 +112,22 @@ impl Kernel for NetlinkKernel {
             backend_error("transaction failed; the previous rules stay in force").with_source(e)
         })
     }
+}
+
+/// Removes kpng's tables (both families) and nothing else. Returns the families whose
+/// table existed.
+pub fn cleanup() -> Result<Vec<Family>, BackendError> {
+    let mut kernel = NetlinkKernel::open()?;
+    let mut removed = Vec::new();
+    for family in Family::ALL {
+        let mut batch = kernel.socket.batch();
+        batch.delete_table(family);
+        match kernel.socket.commit(batch) {
+            Ok(()) => removed.push(family),
+            Err(CommitError::Rejected { source, .. })
+                if source.raw_os_error() == Some(nix::errno::Errno::ENOENT as i32) => {}
+            Err(e) => return Err(backend_error("removing kpng's tables").with_source(e)),
+        }
+    }
+    Ok(removed)
 }

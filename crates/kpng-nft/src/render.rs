@@ -107,6 +107,60 @@ fn port_sets(
     (cluster, local)
 }
 
+/// The slots a service's groups hold in an existing table, read through `lookup`: for each
+/// group, the slots under the first of its destinations that has any. Used after a restart
+/// so that re-rendering keeps the kernel's slot positions.
+pub fn seed_slots(
+    state: &LocalServiceState,
+    lookup: impl Fn(&ElementId) -> Option<Value>,
+) -> Slots {
+    let svc = &state.service;
+    let mut slots = Slots::new();
+    for family in Family::ALL {
+        let Some(cluster_ip) = svc.cluster_ip(family) else { continue };
+        let extra: Vec<IpAddr> = svc
+            .external_ips
+            .iter()
+            .chain(&svc.load_balancer_ips)
+            .copied()
+            .filter(|ip| Family::of(ip) == family)
+            .collect();
+        for port in &svc.ports {
+            let dests: Vec<Key> = std::iter::once(cluster_ip)
+                .chain(extra.iter().copied())
+                .map(|ip| Key::Dest(Dest { ip, protocol: port.protocol, port: port.port }))
+                .chain(port.node_port.map(|np| Key::NodePort(port.protocol, np)))
+                .collect();
+            for (kind, by_dest, by_nodeport) in [
+                (SetKind::Cluster, MapName::ClusterBackends, MapName::NodePortClusterBackends),
+                (SetKind::Local, MapName::LocalBackends, MapName::NodePortLocalBackends),
+            ] {
+                let found = dests.iter().find_map(|dest| {
+                    let at = |i: u32| {
+                        let (map, key) = match dest {
+                            Key::Dest(d) => (by_dest, Key::DestSlot(*d, i)),
+                            Key::NodePort(p, n) => (by_nodeport, Key::NodePortSlot(*p, *n, i)),
+                            _ => return None,
+                        };
+                        match lookup(&ElementId { family, map, key }) {
+                            Some(Value::Endpoint(ip, port)) => Some((ip, port)),
+                            _ => None,
+                        }
+                    };
+                    let list: Vec<Target> = (0..).map_while(at).collect();
+                    (!list.is_empty()).then_some(list)
+                });
+                if let Some(list) = found {
+                    let group =
+                        GroupKey { family, port: port.name.clone(), protocol: port.protocol, kind };
+                    slots.insert(group, list);
+                }
+            }
+        }
+    }
+    slots
+}
+
 /// The elements of one service, given the slots it held before.
 pub fn render_service(state: &LocalServiceState, node: &NodeFacts, previous: &Slots) -> Rendered {
     let mut out = Out { family: Family::V4, elements: Vec::new(), previous, slots: Slots::new() };

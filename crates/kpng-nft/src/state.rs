@@ -13,6 +13,9 @@ pub type Owner = u32;
 /// The node's own elements.
 pub const NODE_OWNER: Owner = 0;
 
+/// Elements found in the kernel at start-up, until an owner claims them.
+pub const KERNEL_OWNER: Owner = Owner::MAX;
+
 /// What one transaction changes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TableDiff {
@@ -49,6 +52,8 @@ pub struct TableState {
     elements: HashMap<ElementId, Vec<(Owner, Value)>>,
     owned: HashMap<Owner, Vec<(ElementId, Value)>>,
     chain_refs: BTreeMap<(Family, PickKind, u32), usize>,
+    /// Pick chains found in the kernel that no element refers to: deleted at the next update.
+    orphans: BTreeSet<(Family, PickKind, u32)>,
 }
 
 fn pick(id: &ElementId, value: &Value) -> Option<(Family, PickKind, u32)> {
@@ -62,6 +67,28 @@ impl TableState {
     /// An empty state.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// The state the kernel holds: its elements, owned by [`KERNEL_OWNER`] until owners
+    /// claim them, and its pick chains (those nothing refers to go at the next update).
+    pub fn adopt(
+        mut elements: Vec<(ElementId, Value)>,
+        chains: BTreeSet<(Family, PickKind, u32)>,
+    ) -> Self {
+        elements.sort();
+        elements.dedup_by(|a, b| a.0 == b.0);
+        let mut state = TableState::default();
+        for (id, value) in &elements {
+            state.elements.insert(*id, vec![(KERNEL_OWNER, *value)]);
+            if let Some(chain) = pick(id, value) {
+                *state.chain_refs.entry(chain).or_insert(0) += 1;
+            }
+        }
+        state.orphans = chains.into_iter().filter(|c| !state.chain_refs.contains_key(c)).collect();
+        if !elements.is_empty() {
+            state.owned.insert(KERNEL_OWNER, elements);
+        }
+        state
     }
 
     /// The effective value of an element.
@@ -120,7 +147,8 @@ impl TableState {
                 self.owned.insert(owner, new);
             }
         }
-        let mut diff = TableDiff::default();
+        let mut diff =
+            TableDiff { old_chains: std::mem::take(&mut self.orphans), ..TableDiff::default() };
         for (id, before) in touched {
             let after = self.get(&id).copied();
             if before == after {

@@ -121,8 +121,26 @@ pub enum SourceCommand {
     Api(Unavailable),
     /// Run backends fed by a remote kpng's `to-api`. Not available in this build.
     Local(Unavailable),
-    /// Remove every kernel object kpng installed. Not available in this build.
-    Cleanup(Unavailable),
+    /// Remove every kernel object kpng installed (its `ip kpng` and `ip6 kpng` nftables
+    /// tables) and nothing else, then exit.
+    Cleanup(CleanupArgs),
+}
+
+/// `kpng cleanup`.
+#[derive(Debug, Args)]
+pub struct CleanupArgs {
+    /// Which backend's objects to remove.
+    #[arg(long, value_enum, default_value_t = CleanupBackend::All)]
+    pub backend: CleanupBackend,
+}
+
+/// Backends `kpng cleanup` knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CleanupBackend {
+    /// The nftables tables.
+    Nft,
+    /// Everything kpng may have installed.
+    All,
 }
 
 /// `kpng file`.

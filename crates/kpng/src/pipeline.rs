@@ -23,7 +23,16 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         SourceCommand::Api(_) => bail!("source `api` is not available in this build of kpng"),
         SourceCommand::Local(_) => bail!("command `local` is not available in this build of kpng"),
         SourceCommand::Cleanup(_) => {
-            bail!("command `cleanup` is not available in this build of kpng")
+            let removed = kpng_nft::kernel::cleanup()?;
+            let names: Vec<String> = removed
+                .iter()
+                .map(|f| format!("{} kpng", kpng_nft::objects::table_family(*f)))
+                .collect();
+            match names.is_empty() {
+                true => eprintln!("kpng: no kpng table to remove"),
+                false => eprintln!("kpng: removed table {}", names.join(" and ")),
+            }
+            Ok(())
         }
     }
 }

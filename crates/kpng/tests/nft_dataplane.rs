@@ -152,3 +152,252 @@ fn cluster_ip_node_port_and_rejects() {
     }
     assert_eq!(seen.len(), 2);
 }
+
+const SLICE_HTTP: &str = "- {name: http, protocol: TCP, port: 8080}\n";
+const PORT_HTTP: &str = "  - {name: http, protocol: TCP, port: 80, targetPort: 8080}\n";
+
+fn ip(text: &str) -> IpAddr {
+    text.parse().unwrap()
+}
+
+#[test]
+fn restart_changes_nothing_and_keeps_established_connections() {
+    if !require("restart_changes_nothing_and_keeps_established_connections", &["nft", "ip"]) {
+        return;
+    }
+    let mut cluster = Cluster::new();
+    cluster.add_pod("web-a", true, 10, &[8080]);
+    let manifests = [
+        service("web", "  clusterIP: 10.96.0.10\n", PORT_HTTP),
+        slice("web-1", "web", "IPv4", SLICE_HTTP, &[("10.244.0.10", "node-a", true, true, false)]),
+    ]
+    .concat();
+    program(&cluster, &manifests, &[]);
+    // Hold a connection open through the service.
+    let (to_conn, from_test) = std::sync::mpsc::channel::<()>();
+    let (to_test, from_conn) = std::sync::mpsc::channel::<Vec<String>>();
+    let client = cluster.client.name().to_string();
+    let holder = std::thread::spawn(move || {
+        use std::io::{BufRead, BufReader, Write};
+        let ns = std::fs::File::open(format!("/var/run/netns/{client}")).unwrap();
+        nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        let stream = std::net::TcpStream::connect("10.96.0.10:80").unwrap();
+        stream.set_read_timeout(Some(std::time::Duration::from_secs(5))).unwrap();
+        let mut reader = BufReader::new(stream.try_clone().unwrap());
+        let mut lines = vec![String::new()];
+        reader.read_line(&mut lines[0]).unwrap();
+        from_test.recv().unwrap();
+        (&stream).write_all(b"again\n").unwrap();
+        let mut second = String::new();
+        let _ = reader.read_line(&mut second);
+        lines.push(second);
+        to_test.send(lines).unwrap();
+    });
+    // Restart kpng over the existing table.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cluster.yaml");
+    std::fs::write(&path, format!("{NODE_A}{manifests}")).unwrap();
+    let args = [
+        "file",
+        "--input",
+        path.to_str().unwrap(),
+        "to-local",
+        "--node",
+        "node-a",
+        "to-nft",
+        "--once",
+    ];
+    let out = cluster.node.output(env!("CARGO_BIN_EXE_kpng"), &args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("already holds this state"),
+        "a restart with nothing to change changes nothing: {stderr}"
+    );
+    to_conn.send(()).unwrap();
+    let lines = from_conn.recv().unwrap();
+    holder.join().unwrap();
+    assert!(lines[0].starts_with("web-a "), "{lines:?}");
+    assert!(
+        lines[1].starts_with("web-a "),
+        "the established connection still works after the restart: {lines:?}"
+    );
+}
+
+#[test]
+fn external_ips_and_load_balancer_source_ranges() {
+    if !require("external_ips_and_load_balancer_source_ranges", &["nft", "ip"]) {
+        return;
+    }
+    let mut cluster = Cluster::new();
+    cluster.add_pod("web-a", true, 10, &[8080]);
+    let lb = |name: &str, cluster_ip: &str, lb_ip: &str, node_port: u16, ranges: &str| {
+        service(
+            name,
+            &format!(
+                "  type: LoadBalancer\n  clusterIP: {cluster_ip}\n  loadBalancerSourceRanges: [{ranges}]\n"
+            ),
+            &format!(
+                "  - {{name: http, protocol: TCP, port: 80, targetPort: 8080, nodePort: {node_port}}}\n"
+            ),
+        ) + &format!("status:\n  loadBalancer:\n    ingress: [{{ip: {lb_ip}}}]\n")
+    };
+    let endpoints = [("10.244.0.10", "node-a", true, true, false)];
+    let manifests = [
+        service("legacy", "  clusterIP: 10.96.0.20\n  externalIPs: [192.0.2.50]\n", PORT_HTTP),
+        slice("legacy-1", "legacy", "IPv4", SLICE_HTTP, &endpoints),
+        lb("open", "10.96.0.21", "203.0.113.21", 30021, "192.168.10.0/24"),
+        slice("open-1", "open", "IPv4", SLICE_HTTP, &endpoints),
+        lb("closed", "10.96.0.22", "203.0.113.22", 30022, "198.51.100.0/24"),
+        slice("closed-1", "closed", "IPv4", SLICE_HTTP, &endpoints),
+    ]
+    .concat();
+    program(&cluster, &manifests, &[]);
+
+    // External IP: served, and masqueraded (externalTrafficPolicy Cluster).
+    let (name, peer) = answer(&Cluster::tcp(&cluster.client, "192.0.2.50:80"));
+    assert_eq!((name.as_str(), peer), ("web-a", ip("192.168.10.1")));
+    // LB IP whose ranges include the client: allowed.
+    assert_eq!(answer(&Cluster::tcp(&cluster.client, "203.0.113.21:80")).0, "web-a");
+    // LB IP whose ranges exclude the client: dropped, for pods too.
+    assert_eq!(Cluster::tcp(&cluster.client, "203.0.113.22:80"), Outcome::Timeout);
+    assert_eq!(Cluster::tcp(&cluster.pod("web-a").ns, "203.0.113.22:80"), Outcome::Timeout);
+    // Neither the ClusterIP nor the NodePort of that service is filtered by the ranges.
+    assert_eq!(answer(&Cluster::tcp(&cluster.client, "10.96.0.22:80")).0, "web-a");
+    assert_eq!(answer(&Cluster::tcp(&cluster.client, "192.168.10.1:30022")).0, "web-a");
+}
+
+#[test]
+fn external_traffic_policy_local() {
+    if !require("external_traffic_policy_local", &["nft", "ip"]) {
+        return;
+    }
+    let mut cluster = Cluster::new();
+    cluster.add_pod("web-a", true, 10, &[8080]);
+    cluster.add_pod("web-b", false, 10, &[8080]);
+    cluster.add_pod("client-pod", true, 20, &[9999]);
+    let local = |name: &str, cluster_ip: &str, lb_ip: &str, node_port: u16| {
+        service(
+            name,
+            &format!(
+                "  type: LoadBalancer\n  clusterIP: {cluster_ip}\n  externalTrafficPolicy: Local\n  healthCheckNodePort: 32000\n"
+            ),
+            &format!(
+                "  - {{name: http, protocol: TCP, port: 80, targetPort: 8080, nodePort: {node_port}}}\n"
+            ),
+        ) + &format!("status:\n  loadBalancer:\n    ingress: [{{ip: {lb_ip}}}]\n")
+    };
+    let manifests = [
+        local("both", "10.96.0.30", "203.0.113.30", 30030),
+        slice(
+            "both-1",
+            "both",
+            "IPv4",
+            SLICE_HTTP,
+            &[
+                ("10.244.0.10", "node-a", true, true, false),
+                ("10.244.1.10", "node-b", true, true, false),
+            ],
+        ),
+        local("remote", "10.96.0.31", "203.0.113.31", 30031),
+        slice(
+            "remote-1",
+            "remote",
+            "IPv4",
+            SLICE_HTTP,
+            &[("10.244.1.10", "node-b", true, true, false)],
+        ),
+    ]
+    .concat();
+    program(&cluster, &manifests, &[]);
+
+    // From outside: only the local endpoint, and the client's address is preserved.
+    for target in ["203.0.113.30:80", "192.168.10.1:30030"] {
+        for _ in 0..8 {
+            assert_eq!(
+                answer(&Cluster::tcp(&cluster.client, target)),
+                ("web-a".into(), ip("192.168.10.100")),
+                "{target}"
+            );
+        }
+    }
+    // No local endpoint: outside traffic is dropped, not rejected.
+    assert_eq!(Cluster::tcp(&cluster.client, "203.0.113.31:80"), Outcome::Timeout);
+    assert_eq!(Cluster::tcp(&cluster.client, "192.168.10.1:30031"), Outcome::Timeout);
+    // A local pod short-circuits to the Cluster set and succeeds, keeping its address.
+    assert_eq!(
+        answer(&Cluster::tcp(&cluster.pod("client-pod").ns, "203.0.113.31:80")),
+        ("web-b".into(), ip("10.244.0.20"))
+    );
+    // The node itself reaches it too (masqueraded).
+    assert_eq!(answer(&Cluster::tcp(&cluster.node, "203.0.113.31:80")).0, "web-b");
+    // The ClusterIP uses the Cluster set.
+    assert_eq!(answer(&Cluster::tcp(&cluster.client, "10.96.0.31:80")).0, "web-b");
+}
+
+#[test]
+fn internal_policy_local_terminating_fallback_and_dual_stack() {
+    if !require("internal_policy_local_terminating_fallback_and_dual_stack", &["nft", "ip"]) {
+        return;
+    }
+    let mut cluster = Cluster::new();
+    cluster.add_pod("web-a", true, 10, &[8080]);
+    cluster.add_pod("web-b", false, 10, &[8080]);
+    let manifests = [
+        // internalTrafficPolicy Local with only a remote endpoint: dropped.
+        service("itp", "  clusterIP: 10.96.0.40\n  internalTrafficPolicy: Local\n", PORT_HTTP),
+        slice("itp-1", "itp", "IPv4", SLICE_HTTP, &[("10.244.1.10", "node-b", true, true, false)]),
+        // Only a serving, terminating endpoint: still used.
+        service("dying", "  clusterIP: 10.96.0.41\n", PORT_HTTP),
+        slice(
+            "dying-1",
+            "dying",
+            "IPv4",
+            SLICE_HTTP,
+            &[("10.244.1.10", "node-b", false, true, true)],
+        ),
+        // Dual-stack, endpoints in both families.
+        service(
+            "dual",
+            "  clusterIP: 10.96.0.42\n  clusterIPs: [10.96.0.42, \"fd00:96::42\"]\n",
+            PORT_HTTP,
+        ),
+        slice(
+            "dual-4",
+            "dual",
+            "IPv4",
+            SLICE_HTTP,
+            &[("10.244.0.10", "node-a", true, true, false)],
+        ),
+        slice(
+            "dual-6",
+            "dual",
+            "IPv6",
+            SLICE_HTTP,
+            &[("fd00:244::a", "node-a", true, true, false)],
+        ),
+        // Dual-stack with IPv4 endpoints only: IPv6 rejects.
+        service(
+            "half",
+            "  clusterIP: 10.96.0.43\n  clusterIPs: [10.96.0.43, \"fd00:96::43\"]\n",
+            PORT_HTTP,
+        ),
+        slice(
+            "half-4",
+            "half",
+            "IPv4",
+            SLICE_HTTP,
+            &[("10.244.0.10", "node-a", true, true, false)],
+        ),
+    ]
+    .concat();
+    program(&cluster, &manifests, &[]);
+
+    assert_eq!(Cluster::tcp(&cluster.pod("web-a").ns, "10.96.0.40:80"), Outcome::Timeout);
+    assert_eq!(answer(&Cluster::tcp(&cluster.client, "10.96.0.41:80")).0, "web-b");
+    assert_eq!(answer(&Cluster::tcp(&cluster.client, "10.96.0.42:80")).0, "web-a");
+    let (name, _) = answer(&Cluster::tcp(&cluster.client, "[fd00:96::42]:80"));
+    assert_eq!(name, "web-a");
+    assert_eq!(answer(&Cluster::tcp(&cluster.client, "10.96.0.43:80")).0, "web-a");
+    assert_eq!(Cluster::tcp(&cluster.client, "[fd00:96::43]:80"), Outcome::Refused);
+}

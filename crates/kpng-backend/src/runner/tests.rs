@@ -141,5 +141,6 @@ async fn once_stops_after_the_first_sync_or_fails() {
     *failing.fail.lock().unwrap() = true;
     let err =
         run_node(reader, vec![Box::new(failing)], options, Default::default()).await.unwrap_err();
-    assert!(err.to_string().contains("injected failure"), "{err}");
+    let text = crate::backend::error_chain(&err);
+    assert!(text.contains("injected failure"), "{text}");
 }

@@ -125,6 +125,58 @@ impl NetlinkSocket {
     }
 }
 
+impl NetlinkSocket {
+    /// Sends a dump request and returns the payload (after the `nfgenmsg`) of every message
+    /// of the answer. A missing table or set is an empty answer.
+    pub fn dump(&mut self, request: &[u8]) -> Result<Vec<Vec<u8>>, CommitError> {
+        self.seq = self.seq.wrapping_add(1);
+        let mut request = request.to_vec();
+        request[8..12].copy_from_slice(&self.seq.to_ne_bytes());
+        self.socket.send(&request, 0).map_err(io_error("send"))?;
+        let mut payloads = Vec::new();
+        loop {
+            let (datagram, _) = self.socket.recv_from_full().map_err(io_error("receive"))?;
+            let mut at = 0;
+            while at + NLMSG_HDRLEN <= datagram.len() {
+                let word = |i: usize| {
+                    u32::from_ne_bytes(datagram[i..i + 4].try_into().unwrap_or_default())
+                };
+                let len = word(at) as usize;
+                let kind = u16::from_ne_bytes([datagram[at + 4], datagram[at + 5]]);
+                if len < NLMSG_HDRLEN || at + len > datagram.len() {
+                    break;
+                }
+                if word(at + 8) == self.seq {
+                    match kind {
+                        NLMSG_DONE => return Ok(payloads),
+                        NLMSG_ERROR => {
+                            let code = word(at + NLMSG_HDRLEN) as i32;
+                            if code == 0 || code == -libc_enoent() {
+                                return Ok(payloads);
+                            }
+                            return Err(CommitError::Io {
+                                op: "dump",
+                                source: io::Error::from_raw_os_error(-code),
+                            });
+                        }
+                        _ if len >= NLMSG_HDRLEN + 4 => {
+                            payloads.push(datagram[at + NLMSG_HDRLEN + 4..at + len].to_vec())
+                        }
+                        _ => {}
+                    }
+                }
+                at += (len + 3) & !3;
+            }
+        }
+    }
+}
+
+const NLMSG_DONE: u16 = 3;
+
+fn libc_enoent() -> i32 {
+    nix::errno::Errno::ENOENT as i32
+}
+
 /// `(sequence number, error code)` of every `NLMSG_ERROR` in a datagram (code 0 is an ack).
 fn answers(datagram: &[u8]) -> Vec<(u32, i32)> {
     let mut out = Vec::new();

@@ -19,12 +19,19 @@ const NFNL_SUBSYS_NFTABLES: u16 = 10;
 const NFNL_MSG_BATCH_BEGIN: u16 = 0x10;
 const NFNL_MSG_BATCH_END: u16 = 0x11;
 
+const NFT_MSG_DELTABLE: u16 = 2;
+/// Get chains (dumped).
+pub const NFT_MSG_GETCHAIN: u16 = 4;
 const NFT_MSG_NEWCHAIN: u16 = 3;
 const NFT_MSG_DELCHAIN: u16 = 5;
 const NFT_MSG_NEWRULE: u16 = 6;
 const NFT_MSG_DELRULE: u16 = 8;
 const NFT_MSG_NEWSETELEM: u16 = 12;
 const NFT_MSG_DELSETELEM: u16 = 14;
+/// Get set elements (dumped).
+pub const NFT_MSG_GETSETELEM: u16 = 13;
+const NLM_F_DUMP: u16 = 0x300;
+const NFTA_TABLE_NAME: u16 = 1;
 
 /// `nlmsghdr` flags.
 pub const NLM_F_REQUEST: u16 = 0x1;
@@ -259,6 +266,15 @@ impl Batch {
         self.end(start);
     }
 
+    /// Deletes kpng's table of `family` with everything in it.
+    pub fn delete_table(&mut self, family: Family) {
+        let fam = crate::objects::table_family(family);
+        let start =
+            self.message(NFT_MSG_DELTABLE, 0, family, format!("delete table {fam} {TABLE}"));
+        self.attr_str(NFTA_TABLE_NAME, TABLE);
+        self.end(start);
+    }
+
     /// Deletes pick chain `(kind, n)` of `family` and its rule.
     pub fn delete_pick_chain(&mut self, family: Family, kind: PickKind, n: u32) {
         let name = ChainRef::Pick(kind, n).to_string();
@@ -367,6 +383,27 @@ impl Batch {
             ],
         );
     }
+}
+
+/// A dump request (outside any batch): every chain of kpng's table, or every element of
+/// one of its sets, in `family`.
+pub fn dump_request(seq: u32, msg: u16, family: Family, set: Option<&str>) -> Vec<u8> {
+    let mut batch = Batch { buf: Vec::new(), seq: seq.wrapping_sub(1), messages: Vec::new() };
+    let start = batch.begin(
+        (NFNL_SUBSYS_NFTABLES << 8) | msg,
+        NLM_F_REQUEST | NLM_F_DUMP,
+        nfproto(family),
+        0,
+    );
+    match set {
+        Some(set) => {
+            batch.attr_str(NFTA_SET_ELEM_LIST_TABLE, TABLE);
+            batch.attr_str(NFTA_SET_ELEM_LIST_SET, set);
+        }
+        None => batch.attr_str(NFTA_CHAIN_TABLE, TABLE),
+    }
+    batch.end(start);
+    batch.buf
 }
 
 enum ExprAttr<'a> {
