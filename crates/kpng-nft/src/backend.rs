@@ -9,6 +9,7 @@ use kpng_model::{Item, ItemRef, Op, ServiceKey};
 
 use kpng_model::Family;
 
+use crate::conntrack::{UdpCheck, UdpTarget, udp_checks};
 use crate::objects::{ElementId, PickKind, Value};
 use crate::render::{
     NodeFacts, NodePortAddresses, Slots, local_pods, render_node, render_service, seed_slots,
@@ -38,6 +39,16 @@ pub trait Kernel: Send {
     fn local_addresses(&mut self) -> Vec<IpAddr> {
         Vec::new()
     }
+    /// Deletes the stale UDP conntrack entries of `checks` (see [`crate::conntrack`]) and
+    /// returns how many went.
+    fn clear_udp(
+        &mut self,
+        checks: &[UdpCheck],
+        nodeport_addrs: &[IpAddr],
+    ) -> Result<usize, BackendError> {
+        let _ = (checks, nodeport_addrs);
+        Ok(0)
+    }
     /// What kpng's tables hold now (elements and pick chains), when the kernel can say;
     /// `None` when it cannot (a dry run starts from nothing).
     fn current(&mut self) -> Result<Option<KernelContents>, BackendError> {
@@ -51,6 +62,8 @@ struct OwnerUpdate {
     elements: Vec<(ElementId, Value)>,
     /// `None` for the node, which has no slots.
     slots: Option<Slots>,
+    /// The service's UDP destinations and their endpoints now (`None` for the node).
+    udp: Option<Vec<UdpCheck>>,
 }
 
 /// The elements and pick chains found in the kernel.
@@ -66,6 +79,8 @@ pub struct NftBackend {
     owners: HashMap<ServiceKey, Owner>,
     next_owner: Owner,
     slots: HashMap<Owner, Slots>,
+    /// The UDP destinations each service had at its last commit.
+    udp: HashMap<Owner, Vec<UdpTarget>>,
 }
 
 impl NftBackend {
@@ -79,6 +94,7 @@ impl NftBackend {
             owners: HashMap::new(),
             next_owner: NODE_OWNER + 1,
             slots: HashMap::new(),
+            udp: HashMap::new(),
         }
     }
 
@@ -130,7 +146,7 @@ impl NftBackend {
             };
             let elements =
                 render_node(state.node.as_ref(), &self.options.nodeport_addresses, &addrs);
-            updates.push(OwnerUpdate { owner: NODE_OWNER, elements, slots: None });
+            updates.push(OwnerUpdate { owner: NODE_OWNER, elements, slots: None, udp: None });
         }
         for key in keys {
             let owner = self.owner(&key);
@@ -145,12 +161,14 @@ impl NftBackend {
                         owner,
                         elements: rendered.elements,
                         slots: Some(rendered.slots),
+                        udp: Some(udp_checks(service)),
                     });
                 }
                 None => updates.push(OwnerUpdate {
                     owner,
                     elements: Vec::new(),
                     slots: Some(Slots::new()),
+                    udp: Some(Vec::new()),
                 }),
             }
         }
@@ -164,6 +182,47 @@ impl Backend for NftBackend {
     }
 
     fn apply(&mut self, changes: &ChangeSet<'_>) -> Result<(), BackendError> {
+        self.load_skeleton(changes)?;
+        if changes.is_reset() {
+            // Start from what the kernel holds, so that a restart changes only what differs.
+            if let Some((elements, chains)) = self.kernel.current()? {
+                self.state = TableState::adopt(elements, chains);
+                self.owners.clear();
+                self.slots.clear();
+                self.udp.clear();
+            }
+        }
+        let mut updates = self.render(changes);
+        if changes.is_reset() {
+            updates.push(OwnerUpdate {
+                owner: KERNEL_OWNER,
+                elements: Vec::new(),
+                slots: None,
+                udp: None,
+            });
+        }
+        let committed = self.commit(&updates)?;
+        if !committed && changes.is_reset() {
+            tracing::info!(
+                elements = self.state.len(),
+                "nftables: the kernel already holds this state"
+            );
+        }
+        self.forget_gone(changes);
+        // Stale UDP flows: after every change, and at a reset even when the table was
+        // already right (entries may predate the rules).
+        if committed || changes.is_reset() {
+            self.clean_conntrack(updates);
+        } else {
+            self.remember(updates);
+        }
+        Ok(())
+    }
+}
+
+impl NftBackend {
+    /// Loads the static skeleton at a reset, or when the local-pod detector changed.
+    fn load_skeleton(&mut self, changes: &ChangeSet<'_>) -> Result<(), BackendError> {
         let skeleton = SkeletonOptions {
             local_pods: local_pods(changes.state.node.as_ref(), &self.options.cluster_cidrs),
             ..self.options.skeleton.clone()
@@ -172,36 +231,36 @@ impl Backend for NftBackend {
             self.kernel.load_skeleton(&skeleton)?;
             self.loaded_skeleton = Some(skeleton);
         }
-        if changes.is_reset() {
-            // Start from what the kernel holds, so that a restart changes only what differs.
-            if let Some((elements, chains)) = self.kernel.current()? {
-                self.state = TableState::adopt(elements, chains);
-                self.owners.clear();
-                self.slots.clear();
-            }
-        }
-        let mut updates = self.render(changes);
-        if changes.is_reset() {
-            updates.push(OwnerUpdate { owner: KERNEL_OWNER, elements: Vec::new(), slots: None });
-        }
+        Ok(())
+    }
+
+    /// Commits what `updates` change, if anything. On failure the state is rolled back.
+    fn commit(&mut self, updates: &[OwnerUpdate]) -> Result<bool, BackendError> {
         let previous: Vec<(Owner, Vec<(ElementId, Value)>)> =
             updates.iter().map(|u| (u.owner, self.state.owned(u.owner).to_vec())).collect();
         let diff =
             self.state.update(updates.iter().map(|u| (u.owner, u.elements.clone())).collect());
         if diff.is_empty() {
-            if changes.is_reset() {
-                tracing::info!(
-                    elements = self.state.len(),
-                    "nftables: the kernel already holds this state"
-                );
-            }
-            return Ok(());
+            tracing::debug!(elements = self.state.len(), "nftables: nothing to change");
+            return Ok(false);
         }
         if let Err(e) = self.kernel.commit(&diff) {
             // Nothing of the transaction is in force: forget it.
             self.state.update(previous);
             return Err(e);
         }
+        tracing::info!(
+            added = diff.adds.len(),
+            deleted = diff.deletes.len(),
+            new_chains = diff.new_chains.len(),
+            removed_chains = diff.old_chains.len(),
+            "nftables transaction committed"
+        );
+        Ok(true)
+    }
+
+    /// Drops the bookkeeping of services that no longer exist.
+    fn forget_gone(&mut self, changes: &ChangeSet<'_>) {
         let gone: Vec<ServiceKey> = self
             .owners
             .keys()
@@ -211,9 +270,15 @@ impl Backend for NftBackend {
         for key in gone {
             if let Some(owner) = self.owners.remove(&key) {
                 self.slots.remove(&owner);
+                self.udp.remove(&owner);
             }
         }
-        for OwnerUpdate { owner, slots, .. } in updates {
+    }
+
+    /// Keeps the slots and UDP destinations of a committed update.
+    fn remember(&mut self, updates: Vec<OwnerUpdate>) -> Vec<UdpCheck> {
+        let mut checks = Vec::new();
+        for OwnerUpdate { owner, slots, udp, .. } in updates {
             match slots {
                 Some(s) if s.is_empty() => {
                     self.slots.remove(&owner);
@@ -223,14 +288,46 @@ impl Backend for NftBackend {
                 }
                 None => {}
             }
+            let Some(now) = udp else { continue };
+            let before = self.udp.remove(&owner).unwrap_or_default();
+            // Destinations that went away are checked with no endpoint at all.
+            for target in before.into_iter().filter(|t| !now.iter().any(|(n, _)| n == t)) {
+                checks.push((target, Default::default()));
+            }
+            if !now.is_empty() {
+                self.udp.insert(owner, now.iter().map(|(t, _)| *t).collect());
+            }
+            checks.extend(now);
         }
-        tracing::info!(
-            added = diff.adds.len(),
-            deleted = diff.deletes.len(),
-            new_chains = diff.new_chains.len(),
-            removed_chains = diff.old_chains.len(),
-            "nftables transaction committed"
-        );
-        Ok(())
+        checks
+    }
+
+    /// Deletes stale UDP conntrack entries of the updated services. A failure is logged:
+    /// the rules are in force, and the next change retries.
+    fn clean_conntrack(&mut self, updates: Vec<OwnerUpdate>) {
+        let checks = self.remember(updates);
+        if checks.is_empty() {
+            return;
+        }
+        let nodeport_addrs: Vec<IpAddr> = self
+            .state
+            .owned(NODE_OWNER)
+            .iter()
+            .filter_map(|(id, _)| match id.key {
+                crate::objects::Key::Addr(ip)
+                    if id.map == crate::objects::MapName::NodePortAddrs =>
+                {
+                    Some(ip)
+                }
+                _ => None,
+            })
+            .collect();
+        match self.kernel.clear_udp(&checks, &nodeport_addrs) {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(entries = n, "deleted stale UDP conntrack entries"),
+            Err(e) => {
+                tracing::warn!(error = %kpng_backend::error_chain(&e), "UDP conntrack cleanup failed")
+            }
+        }
     }
 }

@@ -9,7 +9,11 @@ use kpng_model::Family;
 
 use std::collections::BTreeSet;
 
+use std::net::IpAddr;
+
 use crate::backend::{Kernel, KernelContents};
+use crate::conntrack::{UdpCheck, UdpTarget, stale};
+use crate::netlink::ctnetlink;
 use crate::netlink::decode;
 use crate::netlink::socket::{CommitError, NetlinkSocket};
 use crate::netlink::wire::{NFT_MSG_GETCHAIN, NFT_MSG_GETSETELEM, dump_request};
@@ -96,6 +100,32 @@ impl Kernel for NetlinkKernel {
             }
         }
         Ok(Some((elements, chains)))
+    }
+
+    fn clear_udp(
+        &mut self,
+        checks: &[UdpCheck],
+        nodeport_addrs: &[IpAddr],
+    ) -> Result<usize, BackendError> {
+        let fail = |e: CommitError| backend_error("cleaning UDP conntrack entries").with_source(e);
+        let mut doomed = Vec::new();
+        for (target, serving) in checks {
+            let (family, ip, port) = match target {
+                UdpTarget::Dest(dest) => (Family::of(&dest.ip()), Some(dest.ip()), dest.port()),
+                UdpTarget::NodePort(family, port) => (*family, None, *port),
+            };
+            let payloads =
+                self.socket.dump(&ctnetlink::dump_udp(0, family, ip, port)).map_err(fail)?;
+            let entries: Vec<ctnetlink::Entry> =
+                payloads.iter().filter_map(|p| ctnetlink::entry(p)).collect();
+            doomed.extend(stale(&entries, target, serving, nodeport_addrs));
+        }
+        doomed.sort();
+        doomed.dedup();
+        let requests: Vec<Vec<u8>> = doomed.iter().map(|e| ctnetlink::delete(0, e)).collect();
+        let codes = self.socket.requests(&requests).map_err(fail)?;
+        let enoent = -(nix::errno::Errno::ENOENT as i32);
+        Ok(codes.iter().filter(|c| **c == 0 || **c == enoent).count())
     }
 
     fn commit(&mut self, diff: &TableDiff) -> Result<(), BackendError> {

@@ -54,6 +54,7 @@
 //! - [`slots`]: stable slot assignment for pick maps.
 //! - [`state`]: the committed elements, their owners, and the difference of an update.
 //! - [`text`]: elements and transactions in nft syntax.
+//! - [`conntrack`]: which UDP conntrack entries a sync leaves stale.
 //! - [`backend`]: [`NftBackend`] and the [`Kernel`] trait it commits through.
 //! - [`dry_run`]: [`DryRunKernel`], which prints instead of applying.
 //! - [`kernel`]: [`NetlinkKernel`], the real kernel: `nft -f` for the skeleton at start-up,
@@ -61,6 +62,7 @@
 //! - [`netlink`]: the nf_tables netlink encoding and socket.
 
 pub mod backend;
+pub mod conntrack;
 pub mod dry_run;
 pub mod kernel;
 pub mod netlink;

@@ -401,3 +401,91 @@ fn internal_policy_local_terminating_fallback_and_dual_stack() {
     assert_eq!(answer(&Cluster::tcp(&cluster.client, "10.96.0.43:80")).0, "web-a");
     assert_eq!(Cluster::tcp(&cluster.client, "[fd00:96::43]:80"), Outcome::Refused);
 }
+
+const DNS_PORT: &str = "  - {name: dns, protocol: UDP, port: 53, targetPort: 8080}\n";
+const SLICE_DNS: &str = "- {name: dns, protocol: UDP, port: 8080}\n";
+
+/// Polls `probe` until it gives `want` (the dataplane converges after a file edit).
+fn eventually(mut probe: impl FnMut() -> Outcome, want: impl Fn(&Outcome) -> bool) -> Outcome {
+    let start = std::time::Instant::now();
+    loop {
+        let outcome = probe();
+        if want(&outcome) || start.elapsed() > std::time::Duration::from_secs(20) {
+            return outcome;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn udp_flows_move_when_their_endpoint_goes() {
+    if !require("udp_flows_move_when_their_endpoint_goes", &["nft", "ip"]) {
+        return;
+    }
+    let mut cluster = Cluster::new();
+    cluster.add_pod("dns-a", true, 10, &[8080]);
+    cluster.add_pod("dns-b", false, 10, &[8080]);
+    let to = |ep: &[(&str, &str, bool, bool, bool)]| {
+        [
+            service("dns", "  clusterIP: 10.96.0.50\n", DNS_PORT),
+            slice("dns-1", "dns", "IPv4", SLICE_DNS, ep),
+        ]
+        .concat()
+    };
+    let a = ("10.244.0.10", "node-a", true, true, false);
+    let b = ("10.244.1.10", "node-b", true, true, false);
+
+    // A flow created before any rule exists: it leaves the node towards its default route.
+    assert_eq!(Cluster::udp(&cluster.client, "10.96.0.51:53", 40001), Outcome::Timeout);
+
+    // The flow to the removed endpoint must move to the remaining one: its entry is deleted.
+    program(
+        &cluster,
+        &(to(&[b])
+            + &service("late", "  clusterIP: 10.96.0.51\n", DNS_PORT)
+            + &slice("late-1", "late", "IPv4", SLICE_DNS, &[a])),
+        &[],
+    );
+    assert_eq!(answer(&Cluster::udp(&cluster.client, "10.96.0.50:53", 40000)).0, "dns-b");
+    // The entry that predates the rules is gone too: the same flow now reaches the endpoint.
+    assert_eq!(answer(&Cluster::udp(&cluster.client, "10.96.0.51:53", 40001)).0, "dns-a");
+    program(&cluster, &to(&[a]), &[]);
+    assert_eq!(answer(&Cluster::udp(&cluster.client, "10.96.0.50:53", 40000)).0, "dns-a");
+
+    // Scale to zero while kpng watches the file: the flow is rejected, not blackholed.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cluster.yaml");
+    std::fs::write(&path, format!("{NODE_A}{}", to(&[a]))).unwrap();
+    let args = [
+        "file",
+        "--input",
+        path.to_str().unwrap(),
+        "--watch",
+        "to-local",
+        "--node",
+        "node-a",
+        "to-nft",
+    ];
+    let mut kpng = cluster
+        .node
+        .command(env!("CARGO_BIN_EXE_kpng"), &args)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    assert_eq!(
+        answer(&eventually(
+            || Cluster::udp(&cluster.client, "10.96.0.50:53", 40002),
+            |o| matches!(o, Outcome::Answer { .. })
+        ))
+        .0,
+        "dns-a"
+    );
+    std::fs::write(&path, format!("{NODE_A}{}", to(&[]))).unwrap();
+    let after = eventually(
+        || Cluster::udp(&cluster.client, "10.96.0.50:53", 40002),
+        |o| *o == Outcome::Refused,
+    );
+    let _ = kpng.kill();
+    let _ = kpng.wait();
+    assert_eq!(after, Outcome::Refused);
+}

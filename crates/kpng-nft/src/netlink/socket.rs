@@ -171,6 +171,39 @@ impl NetlinkSocket {
     }
 }
 
+impl NetlinkSocket {
+    /// Sends requests that each expect an acknowledgement (several per datagram) and
+    /// returns the error code of each, in order (0: done).
+    pub fn requests(&mut self, requests: &[Vec<u8>]) -> Result<Vec<i32>, CommitError> {
+        let mut codes = Vec::with_capacity(requests.len());
+        for chunk in requests.chunks(64) {
+            let first = self.seq.wrapping_add(1);
+            let mut datagram = Vec::new();
+            for request in chunk {
+                self.seq = self.seq.wrapping_add(1);
+                let mut request = request.clone();
+                request[8..12].copy_from_slice(&self.seq.to_ne_bytes());
+                datagram.extend_from_slice(&request);
+            }
+            self.socket.send(&datagram, 0).map_err(io_error("send"))?;
+            let mut answers_by_seq = vec![None; chunk.len()];
+            let mut pending = chunk.len();
+            while pending > 0 {
+                let (reply, _) = self.socket.recv_from_full().map_err(io_error("receive"))?;
+                for (seq, code) in answers(&reply) {
+                    let index = seq.wrapping_sub(first) as usize;
+                    if index < chunk.len() && answers_by_seq[index].is_none() {
+                        answers_by_seq[index] = Some(code);
+                        pending -= 1;
+                    }
+                }
+            }
+            codes.extend(answers_by_seq.into_iter().map(|c| c.unwrap_or(0)));
+        }
+        Ok(codes)
+    }
+}
+
 const NLMSG_DONE: u16 = 3;
 
 fn libc_enoent() -> i32 {
