@@ -16,4 +16,4 @@ test:
 	cargo test --workspace
 
 example:
-	cargo run --release -- file --input examples/cluster.yaml to-local --node node-a to-json --once
+	cargo run --release -- file --input examples/cluster.yaml to-local --node node-a to-nft --dry-run --once

@@ -81,6 +81,8 @@ pub struct NftBackend {
     slots: HashMap<Owner, Slots>,
     /// The UDP destinations each service had at its last commit.
     udp: HashMap<Owner, Vec<UdpTarget>>,
+    /// Services already warned about for asking what this backend does not enforce.
+    warned: std::collections::HashSet<ServiceKey>,
 }
 
 impl NftBackend {
@@ -95,6 +97,7 @@ impl NftBackend {
             next_owner: NODE_OWNER + 1,
             slots: HashMap::new(),
             udp: HashMap::new(),
+            warned: Default::default(),
         }
     }
 
@@ -152,6 +155,14 @@ impl NftBackend {
             let owner = self.owner(&key);
             match state.services.get(&key) {
                 Some(service) => {
+                    if service.service.affinity_timeout_seconds.is_some()
+                        && self.warned.insert(key.clone())
+                    {
+                        tracing::warn!(
+                            service = %key,
+                            "ClientIP session affinity is not enforced by to-nft yet; connections are balanced at random"
+                        );
+                    }
                     let previous = match self.slots.get(&owner) {
                         Some(slots) => slots.clone(),
                         None => seed_slots(service, |id| self.state.get(id).copied()),

@@ -31,8 +31,9 @@ fn backend_error(message: impl Into<String>) -> BackendError {
 }
 
 impl NetlinkKernel {
-    /// Opens the netlink socket.
+    /// Checks the kernel's features and opens the netlink socket.
     pub fn open() -> Result<Self, BackendError> {
+        check_features()?;
         let socket = NetlinkSocket::open().map_err(|e| {
             backend_error("cannot open a netfilter netlink socket (is nf_tables available?)")
                 .with_source(e)
@@ -160,4 +161,61 @@ pub fn cleanup() -> Result<Vec<Family>, BackendError> {
         }
     }
     Ok(removed)
+}
+
+/// Kernel features the table needs, each with a rule that uses it.
+const FEATURES: [(&str, &str); 6] = [
+    ("nf_tables", "counter"),
+    ("conntrack (nft_ct)", "ct state new counter"),
+    ("fib lookups (nft_fib)", "fib saddr type local counter"),
+    ("random numbers (nft_numgen)", "meta mark set numgen random mod 2"),
+    ("NAT (nft_nat)", "ip daddr 10.0.0.1 dnat ip to 10.0.0.2"),
+    ("REJECT (nft_reject)", "ip daddr 10.0.0.1 reject"),
+];
+
+/// Checks, without changing anything (`nft -c`), that the kernel has every feature the
+/// table uses; the error names the first missing one.
+pub fn check_features() -> Result<(), BackendError> {
+    for (feature, rule) in FEATURES {
+        let probe = format!(
+            "table ip kpng_probe {{\n\tchain c {{\n\t\ttype nat hook prerouting priority -100;\n\t\t{rule}\n\t}}\n}}\n"
+        );
+        let reject = if rule.contains("reject") {
+            format!(
+                "table ip kpng_probe {{\n\tchain f {{\n\t\ttype filter hook input priority 0;\n\t\t{rule}\n\t}}\n}}\n"
+            )
+        } else {
+            probe
+        };
+        if let Err(e) = nft_check(&reject) {
+            return Err(backend_error(format!(
+                "the kernel lacks {feature}, which kpng's nftables table needs"
+            ))
+            .with_source(e));
+        }
+    }
+    Ok(())
+}
+
+fn nft_check(text: &str) -> Result<(), BackendError> {
+    let mut child = Command::new("nft")
+        .args(["-c", "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| {
+            backend_error("cannot run `nft` (install the nftables package)").with_source(e)
+        })?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(text.as_bytes())
+            .map_err(|e| backend_error("writing to `nft`").with_source(e))?;
+    }
+    let out =
+        child.wait_with_output().map_err(|e| backend_error("waiting for `nft`").with_source(e))?;
+    match out.status.success() {
+        true => Ok(()),
+        false => Err(backend_error(String::from_utf8_lossy(&out.stderr).trim().to_string())),
+    }
 }

@@ -489,3 +489,67 @@ fn udp_flows_move_when_their_endpoint_goes() {
     let _ = kpng.wait();
     assert_eq!(after, Outcome::Refused);
 }
+
+#[test]
+fn updates_apply_while_traffic_flows() {
+    if !require("updates_apply_while_traffic_flows", &["nft", "ip"]) {
+        return;
+    }
+    let mut cluster = Cluster::new();
+    cluster.add_pod("web-a", true, 10, &[8080]);
+    cluster.add_pod("web-b", false, 10, &[8080]);
+    let a = ("10.244.0.10", "node-a", true, true, false);
+    let b = ("10.244.1.10", "node-b", true, true, false);
+    let web = |eps: &[(&str, &str, bool, bool, bool)]| {
+        [
+            service("web", "  clusterIP: 10.96.0.60\n", PORT_HTTP),
+            slice("web-1", "web", "IPv4", SLICE_HTTP, eps),
+        ]
+        .concat()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cluster.yaml");
+    let write = |text: &str| {
+        let tmp = dir.path().join("edit.tmp");
+        std::fs::write(&tmp, format!("{NODE_A}{text}")).unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+    };
+    write(&web(&[a]));
+    let args = [
+        "file",
+        "--input",
+        path.to_str().unwrap(),
+        "--watch",
+        "to-local",
+        "--node",
+        "node-a",
+        "to-nft",
+    ];
+    let mut kpng = cluster
+        .node
+        .command(env!("CARGO_BIN_EXE_kpng"), &args)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let probe = || Cluster::tcp(&cluster.client, "10.96.0.60:80");
+    let is = |name: &'static str| move |o: &Outcome| matches!(o, Outcome::Answer { name: n, .. } if n == name);
+    assert!(is("web-a")(&eventually(probe, is("web-a"))));
+
+    // Endpoint added: the new one starts answering.
+    write(&web(&[a, b]));
+    assert!(is("web-b")(&eventually(probe, is("web-b"))));
+    // Endpoint removed: only the other one answers from then on.
+    write(&web(&[b]));
+    assert!(is("web-b")(&eventually(probe, |o| is("web-b")(o)
+        && is("web-b")(&probe())
+        && is("web-b")(&probe()))));
+    for _ in 0..10 {
+        assert!(is("web-b")(&probe()));
+    }
+    // Service deleted: its address is no longer a service (the node routes it away).
+    write("");
+    let gone = eventually(probe, |o| *o == Outcome::Timeout);
+    let _ = kpng.kill();
+    let _ = kpng.wait();
+    assert_eq!(gone, Outcome::Timeout);
+}
