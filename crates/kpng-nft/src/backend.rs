@@ -64,6 +64,8 @@ struct OwnerUpdate {
     slots: Option<Slots>,
     /// The service's UDP destinations and their endpoints now (`None` for the node).
     udp: Option<Vec<UdpCheck>>,
+    /// The service this owner stood for, when it no longer exists.
+    gone: Option<ServiceKey>,
 }
 
 /// The elements and pick chains found in the kernel.
@@ -149,7 +151,13 @@ impl NftBackend {
             };
             let elements =
                 render_node(state.node.as_ref(), &self.options.nodeport_addresses, &addrs);
-            updates.push(OwnerUpdate { owner: NODE_OWNER, elements, slots: None, udp: None });
+            updates.push(OwnerUpdate {
+                owner: NODE_OWNER,
+                elements,
+                slots: None,
+                udp: None,
+                gone: None,
+            });
         }
         for key in keys {
             let owner = self.owner(&key);
@@ -173,6 +181,7 @@ impl NftBackend {
                         elements: rendered.elements,
                         slots: Some(rendered.slots),
                         udp: Some(udp_checks(service)),
+                        gone: None,
                     });
                 }
                 None => updates.push(OwnerUpdate {
@@ -180,6 +189,7 @@ impl NftBackend {
                     elements: Vec::new(),
                     slots: Some(Slots::new()),
                     udp: Some(Vec::new()),
+                    gone: Some(key),
                 }),
             }
         }
@@ -210,6 +220,7 @@ impl Backend for NftBackend {
                 elements: Vec::new(),
                 slots: None,
                 udp: None,
+                gone: None,
             });
         }
         let committed = self.commit(&updates)?;
@@ -219,7 +230,7 @@ impl Backend for NftBackend {
                 "nftables: the kernel already holds this state"
             );
         }
-        self.forget_gone(changes);
+        self.forget_gone(&updates);
         // Stale UDP flows: after every change, and at a reset even when the table was
         // already right (entries may predate the rules).
         if committed || changes.is_reset() {
@@ -270,18 +281,11 @@ impl NftBackend {
         Ok(true)
     }
 
-    /// Drops the bookkeeping of services that no longer exist.
-    fn forget_gone(&mut self, changes: &ChangeSet<'_>) {
-        let gone: Vec<ServiceKey> = self
-            .owners
-            .keys()
-            .filter(|k| !changes.state.services.contains_key(*k))
-            .cloned()
-            .collect();
-        for key in gone {
-            if let Some(owner) = self.owners.remove(&key) {
+    /// Drops the bookkeeping of the services an update removed.
+    fn forget_gone(&mut self, updates: &[OwnerUpdate]) {
+        for key in updates.iter().filter_map(|u| u.gone.as_ref()) {
+            if let Some(owner) = self.owners.remove(key) {
                 self.slots.remove(&owner);
-                self.udp.remove(&owner);
             }
         }
     }

@@ -1,0 +1,98 @@
+//! The synthetic cluster as model objects, and single changes to it.
+
+use std::collections::BTreeSet;
+
+use k8s_openapi::api::core::v1 as core;
+use k8s_openapi::api::discovery::v1 as discovery;
+use kpng_model::global::{Endpoint, EndpointSlice, SliceKey};
+use kpng_model::{GlobalModel, Object, ObjectRef, ServiceKey, Touched};
+use kpng_sources::convert::{convert_node, convert_service, convert_slice};
+use kpng_sources::{ConvertOptions, Converted};
+use kpng_testkit::generate::{ClusterSpec, generate};
+
+/// Every object of the generated cluster, converted as a source would.
+pub fn objects(spec: &ClusterSpec) -> anyhow::Result<Vec<Object>> {
+    let options = ConvertOptions::default();
+    let mut objects = Vec::new();
+    for value in generate(spec) {
+        let kind = value["kind"].as_str().unwrap_or_default().to_string();
+        let object = match kind.as_str() {
+            "Service" => {
+                convert_service(&serde_json::from_value::<core::Service>(value)?, &options)?
+                    .map(Object::Service)
+            }
+            "EndpointSlice" => convert_slice(
+                &serde_json::from_value::<discovery::EndpointSlice>(value)?,
+                &options,
+            )?
+            .map(Object::EndpointSlice),
+            "Node" => {
+                convert_node(&serde_json::from_value::<core::Node>(value)?)?.map(Object::Node)
+            }
+            _ => None,
+        };
+        objects.extend(object);
+    }
+    Ok(objects)
+}
+
+trait Proxied<T> {
+    fn map<U>(self, f: impl FnOnce(T) -> U) -> Option<U>;
+}
+
+impl<T> Proxied<T> for Converted<T> {
+    fn map<U>(self, f: impl FnOnce(T) -> U) -> Option<U> {
+        match self {
+            Converted::Proxied(t) => Some(f(t)),
+            Converted::Ignored { .. } => None,
+        }
+    }
+}
+
+/// Applies `object` to `model` and returns what it touched.
+pub fn apply(model: &mut GlobalModel, object: Object) -> BTreeSet<Touched> {
+    model.apply(object).unwrap_or_default().into_iter().collect()
+}
+
+/// Deletes `key` from `model` and returns what it touched.
+pub fn delete(model: &mut GlobalModel, key: &ObjectRef) -> BTreeSet<Touched> {
+    model.delete(key).unwrap_or_default().into_iter().collect()
+}
+
+/// The IPv4 slice of generated service `i`.
+pub fn slice_of(model: &GlobalModel, i: usize) -> EndpointSlice {
+    let key = ServiceKey::new(format!("ns-{}", i % 10), format!("svc-{i}"));
+    model.slices_of(&key).find(|s| s.key.name.ends_with("-v4")).cloned().expect("generated slice")
+}
+
+/// A ready endpoint at `10.250.x.y` on node `node`.
+pub fn extra_endpoint(n: usize, node: &str) -> Endpoint {
+    Endpoint {
+        address: std::net::IpAddr::from([10, 250, (n >> 8) as u8, n as u8]),
+        ready: true,
+        serving: true,
+        terminating: false,
+        node_name: Some(node.to_string()),
+        zone: None,
+        zone_hints: vec![],
+        node_hints: vec![],
+        pod_name: None,
+    }
+}
+
+/// A new service `bench/extra-<n>` with `endpoints` endpoints, and its slice.
+pub fn extra_service(model: &GlobalModel, n: usize, endpoints: usize) -> (Object, Object) {
+    let mut slice = slice_of(model, 0);
+    let template = model.service(&slice.service_key()).cloned().expect("generated service");
+    let mut service = template;
+    service.key = ServiceKey::new("bench", format!("extra-{n}"));
+    service.cluster_ips = vec![std::net::IpAddr::from([10, 99, (n >> 8) as u8, n as u8])];
+    service.ports.truncate(1);
+    for port in &mut service.ports {
+        port.node_port = None;
+    }
+    slice.key = SliceKey::new("bench", format!("extra-{n}-v4"));
+    slice.service_name = format!("extra-{n}");
+    slice.endpoints = (0..endpoints).map(|j| extra_endpoint(n * 8 + j, "node-1")).collect();
+    (Object::Service(service), Object::EndpointSlice(slice))
+}

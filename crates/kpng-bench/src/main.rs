@@ -1,0 +1,49 @@
+//! `kpng-bench`: measures kpng where users feel it, and prints tables.
+//!
+//! It moves itself into a fresh network namespace (root needed), so nothing on the host is
+//! touched, builds a synthetic cluster with the testkit generator, and measures:
+//! - `nft`: cold start of the whole table, then one change at a time (endpoint added and
+//!   removed, service added and deleted) from the model update to the committed netlink
+//!   transaction, with the kernel's commit time alone, against a full `nft -f` reload of the
+//!   same ruleset (the resync-per-change approach).
+//!
+//! # Layout
+//! - [`cluster`]: the synthetic cluster as model objects, and the changes applied to it.
+//! - [`nft`]: the nftables scenario.
+//! - [`table`]: percentiles and table printing.
+
+mod cluster;
+mod nft;
+mod table;
+
+use clap::Parser;
+
+/// kpng's benchmarks. Runs in a network namespace of its own; needs root and `nft`.
+#[derive(Parser)]
+#[command(version, about)]
+struct Cli {
+    /// Cluster sizes (number of services), comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1000")]
+    services: Vec<usize>,
+    /// Endpoints per service.
+    #[arg(long, default_value_t = 4)]
+    endpoints: usize,
+    /// Repetitions of each single change.
+    #[arg(long, default_value_t = 200)]
+    repeat: usize,
+    /// Full `nft -f` reloads to time per size (they are slow at large sizes).
+    #[arg(long, default_value_t = 5)]
+    reloads: usize,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
+        .map_err(|e| anyhow::anyhow!("cannot enter a new network namespace (run as root): {e}"))?;
+    let mut rows = Vec::new();
+    for &services in &cli.services {
+        rows.push(nft::run(services, cli.endpoints, cli.repeat, cli.reloads)?);
+    }
+    table::print_nft(&rows);
+    Ok(())
+}

@@ -1,0 +1,204 @@
+//! The nftables scenario.
+
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use kpng_backend::{Backend, BackendError, ChangeSet};
+use kpng_local::{NodeProjector, full_state_ops};
+use kpng_model::{Changes, GlobalModel, Object, ObjectRef, Op, Touched};
+use kpng_nft::backend::Kernel;
+use kpng_nft::skeleton::SkeletonOptions;
+use kpng_nft::state::TableDiff;
+use kpng_nft::{NetlinkKernel, NftBackend, NftOptions};
+use kpng_testkit::generate::ClusterSpec;
+
+use crate::cluster;
+use crate::table::{ChangeStats, NftRow, percentiles};
+
+/// A kernel that remembers how long its last commit took.
+struct TimedKernel {
+    inner: NetlinkKernel,
+    last: Arc<Mutex<Duration>>,
+}
+
+impl Kernel for TimedKernel {
+    fn load_skeleton(&mut self, options: &SkeletonOptions) -> Result<(), BackendError> {
+        self.inner.load_skeleton(options)
+    }
+
+    fn commit(&mut self, diff: &TableDiff) -> Result<(), BackendError> {
+        let start = Instant::now();
+        let result = self.inner.commit(diff);
+        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = start.elapsed();
+        result
+    }
+
+    fn current(&mut self) -> Result<Option<kpng_nft::backend::KernelContents>, BackendError> {
+        self.inner.current()
+    }
+}
+
+fn cpu() -> Duration {
+    nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF)
+        .map(|u| {
+            let d = |t: nix::sys::time::TimeVal| {
+                Duration::new(t.tv_sec() as u64, t.tv_usec() as u32 * 1000)
+            };
+            d(u.user_time()) + d(u.system_time())
+        })
+        .unwrap_or_default()
+}
+
+struct Bench {
+    model: GlobalModel,
+    projector: NodeProjector,
+    backend: NftBackend,
+    kernel_time: Arc<Mutex<Duration>>,
+}
+
+impl Bench {
+    /// Applies one model change and pushes the resulting change set to the backend.
+    fn change(
+        &mut self,
+        touched: std::collections::BTreeSet<Touched>,
+    ) -> anyhow::Result<Option<Duration>> {
+        *self.kernel_time.lock().unwrap_or_else(|e| e.into_inner()) = Duration::ZERO;
+        let mut ops = self.projector.update(&self.model, &Changes::Touched(touched));
+        if ops.is_empty() {
+            return Ok(None);
+        }
+        ops.push(Op::Sync);
+        self.backend.apply(&ChangeSet { ops: &ops, state: self.projector.state() })?;
+        Ok(Some(*self.kernel_time.lock().unwrap_or_else(|e| e.into_inner())))
+    }
+}
+
+/// Times `repeat` rounds of `step`, returning wall times, kernel times and CPU per round.
+fn measure(
+    bench: &mut Bench,
+    repeat: usize,
+    name: &'static str,
+    mut step: impl FnMut(&mut Bench, usize) -> anyhow::Result<Option<Duration>>,
+) -> anyhow::Result<ChangeStats> {
+    let (mut wall, mut kernel) = (Vec::new(), Vec::new());
+    let cpu_start = cpu();
+    for r in 0..repeat {
+        let start = Instant::now();
+        let k = step(bench, r)?;
+        wall.push(start.elapsed());
+        kernel.extend(k);
+    }
+    let cpu_per = (cpu() - cpu_start).as_secs_f64() * 1000.0 / repeat.max(1) as f64;
+    let (k50, k99, _) = percentiles(&mut kernel);
+    Ok(ChangeStats { name, wall: percentiles(&mut wall), kernel: (k50, k99), cpu: cpu_per })
+}
+
+/// Builds the cluster, loads it, and measures single changes and the full reload.
+pub fn run(
+    services: usize,
+    endpoints: usize,
+    repeat: usize,
+    reloads: usize,
+) -> anyhow::Result<NftRow> {
+    let spec = ClusterSpec { services, endpoints, nodes: 3, zones: 2 };
+    let mut model = GlobalModel::new();
+    for object in cluster::objects(&spec)? {
+        model.apply(object);
+    }
+    let mut projector = NodeProjector::new("node-0");
+    projector.update(&model, &Changes::All);
+    let kernel_time = Arc::new(Mutex::new(Duration::ZERO));
+    let kernel = TimedKernel { inner: NetlinkKernel::open()?, last: kernel_time.clone() };
+    let mut backend = NftBackend::new(NftOptions::default(), Box::new(kernel));
+    let mut ops = full_state_ops(projector.state());
+    ops.push(Op::Sync);
+    let start = Instant::now();
+    backend.apply(&ChangeSet { ops: &ops, state: projector.state() }).context("cold start")?;
+    let cold_start_ms = start.elapsed().as_secs_f64() * 1000.0;
+    let mut bench = Bench { model, projector, backend, kernel_time };
+
+    let mut changes = Vec::new();
+    let pick = |r: usize| (r * 7919) % services.max(1);
+    let add = measure(&mut bench, repeat, "endpoint add", |b, r| {
+        let mut slice = cluster::slice_of(&b.model, pick(r));
+        slice.endpoints.push(cluster::extra_endpoint(r, "node-1"));
+        let touched = cluster::apply(&mut b.model, Object::EndpointSlice(slice));
+        b.change(touched)
+    })?;
+    changes.push(add);
+    let remove = measure(&mut bench, repeat, "endpoint remove", |b, r| {
+        let mut slice = cluster::slice_of(&b.model, pick(r));
+        slice.endpoints.pop();
+        let touched = cluster::apply(&mut b.model, Object::EndpointSlice(slice));
+        b.change(touched)
+    })?;
+    changes.push(remove);
+    let replace = measure(&mut bench, repeat, "endpoint replace", |b, r| {
+        let mut slice = cluster::slice_of(&b.model, pick(r));
+        if let Some(last) = slice.endpoints.last_mut() {
+            *last = cluster::extra_endpoint(r + 40_000, "node-1");
+        }
+        let touched = cluster::apply(&mut b.model, Object::EndpointSlice(slice));
+        b.change(touched)
+    })?;
+    changes.push(replace);
+    let create = measure(&mut bench, repeat, "service add", |b, r| {
+        let (service, slice) = cluster::extra_service(&b.model, r, endpoints);
+        let mut touched = cluster::apply(&mut b.model, service);
+        touched.extend(cluster::apply(&mut b.model, slice));
+        b.change(touched)
+    })?;
+    changes.push(create);
+    let delete = measure(&mut bench, repeat, "service delete", |b, r| {
+        let (service, slice) = cluster::extra_service(&b.model, r, endpoints);
+        let mut touched = cluster::delete(&mut b.model, &slice_ref(&slice));
+        touched.extend(cluster::delete(&mut b.model, &service_ref(&service)));
+        b.change(touched)
+    })?;
+    changes.push(delete);
+
+    let elements = bench.backend.state().len();
+    let chains = bench.backend.state().chains().count() + STATIC_CHAINS * 2;
+    let reload_ms = full_reload(&bench, reloads)?;
+    Ok(NftRow { services, endpoints, elements, chains, cold_start_ms, changes, reload_ms })
+}
+
+/// Static chains per family table.
+const STATIC_CHAINS: usize = 18;
+
+fn slice_ref(object: &Object) -> ObjectRef {
+    object.object_ref()
+}
+
+fn service_ref(object: &Object) -> ObjectRef {
+    object.object_ref()
+}
+
+/// Median time of replacing both tables with the whole ruleset through `nft -f`.
+fn full_reload(bench: &Bench, reloads: usize) -> anyhow::Result<f64> {
+    let ruleset =
+        kpng_nft::text::ruleset(&SkeletonOptions::default(), bench.backend.state().iter());
+    let text = format!("delete table ip kpng\ndelete table ip6 kpng\n{ruleset}");
+    let path = std::env::temp_dir().join(format!("kpng-bench-{}.nft", std::process::id()));
+    std::fs::write(&path, text)?;
+    let mut times = Vec::new();
+    for _ in 0..reloads {
+        let start = Instant::now();
+        let out = Command::new("nft")
+            .arg("-f")
+            .arg(&path)
+            .stdout(Stdio::null())
+            .output()
+            .context("running nft")?;
+        anyhow::ensure!(
+            out.status.success(),
+            "nft -f failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        times.push(start.elapsed());
+    }
+    let _ = std::fs::remove_file(&path);
+    Ok(percentiles(&mut times).0)
+}

@@ -1,0 +1,88 @@
+//! Percentiles and tables.
+
+use std::time::Duration;
+
+/// p50, p99 and max of `samples`, in milliseconds.
+pub fn percentiles(samples: &mut [Duration]) -> (f64, f64, f64) {
+    if samples.is_empty() {
+        return (0.0, 0.0, 0.0);
+    }
+    samples.sort();
+    let at =
+        |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize].as_secs_f64() * 1000.0;
+    (at(0.5), at(0.99), at(1.0))
+}
+
+/// The timings of one kind of change.
+#[derive(Debug, Clone, Copy)]
+pub struct ChangeStats {
+    /// What changed.
+    pub name: &'static str,
+    /// Model update to committed transaction: p50, p99, max (ms).
+    pub wall: (f64, f64, f64),
+    /// The kernel commit alone: p50, p99 (ms).
+    pub kernel: (f64, f64),
+    /// CPU time (user + system) per change (ms).
+    pub cpu: f64,
+}
+
+/// One size's results.
+pub struct NftRow {
+    /// Services.
+    pub services: usize,
+    /// Endpoints per service.
+    pub endpoints: usize,
+    /// Elements in the table.
+    pub elements: usize,
+    /// Chains in the table.
+    pub chains: usize,
+    /// Cold start: whole table in one transaction (ms).
+    pub cold_start_ms: f64,
+    /// Per kind of change.
+    pub changes: Vec<ChangeStats>,
+    /// Full `nft -f` reload of the whole ruleset (ms, median).
+    pub reload_ms: f64,
+}
+
+/// Prints the nftables table.
+pub fn print_nft(rows: &[NftRow]) {
+    println!("nftables backend (one atomic netlink transaction per change)");
+    println!(
+        "{:>8} {:>4} {:>9} {:>6} {:>10} | {:<16} {:>8} {:>8} {:>8} {:>10} {:>10} {:>8} | {:>10} {:>12}",
+        "services",
+        "eps",
+        "elements",
+        "chains",
+        "cold(ms)",
+        "change",
+        "p50(ms)",
+        "p99(ms)",
+        "max(ms)",
+        "kern50(ms)",
+        "kern99(ms)",
+        "cpu(ms)",
+        "reload(ms)",
+        "reload/p50"
+    );
+    for row in rows {
+        for ChangeStats { name, wall: (p50, p99, max), kernel: (k50, k99), cpu } in &row.changes {
+            println!(
+                "{:>8} {:>4} {:>9} {:>6} {:>10.1} | {:<16} {:>8.3} {:>8.3} {:>8.3} {:>10.3} {:>10.3} {:>8.3} | {:>10.1} {:>12.0}",
+                row.services,
+                row.endpoints,
+                row.elements,
+                row.chains,
+                row.cold_start_ms,
+                name,
+                p50,
+                p99,
+                max,
+                k50,
+                k99,
+                cpu,
+                row.reload_ms,
+                if *p50 > 0.0 { row.reload_ms / p50 } else { 0.0 }
+            );
+        }
+    }
+}
