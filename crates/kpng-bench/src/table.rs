@@ -34,8 +34,10 @@ pub struct NftRow {
     pub endpoints: usize,
     /// Elements in the table.
     pub elements: usize,
-    /// Chains in the table.
+    /// Chains in the tables.
     pub chains: usize,
+    /// Pick rules (one per endpoint count in use).
+    pub pick_rules: usize,
     /// Cold start: whole table in one transaction (ms).
     pub cold_start_ms: f64,
     /// Per kind of change.
@@ -48,11 +50,12 @@ pub struct NftRow {
 pub fn print_nft(rows: &[NftRow]) {
     println!("nftables backend (one atomic netlink transaction per change)");
     println!(
-        "{:>8} {:>4} {:>9} {:>6} {:>10} | {:<16} {:>8} {:>8} {:>8} {:>10} {:>10} {:>8} | {:>10} {:>12}",
+        "{:>8} {:>4} {:>9} {:>6} {:>5} {:>10} | {:<16} {:>8} {:>8} {:>8} {:>10} {:>10} {:>8} | {:>10} {:>12}",
         "services",
         "eps",
         "elements",
         "chains",
+        "picks",
         "cold(ms)",
         "change",
         "p50(ms)",
@@ -67,11 +70,12 @@ pub fn print_nft(rows: &[NftRow]) {
     for row in rows {
         for ChangeStats { name, wall: (p50, p99, max), kernel: (k50, k99), cpu } in &row.changes {
             println!(
-                "{:>8} {:>4} {:>9} {:>6} {:>10.1} | {:<16} {:>8.3} {:>8.3} {:>8.3} {:>10.3} {:>10.3} {:>8.3} | {:>10.1} {:>12.0}",
+                "{:>8} {:>4} {:>9} {:>6} {:>5} {:>10.1} | {:<16} {:>8.3} {:>8.3} {:>8.3} {:>10.3} {:>10.3} {:>8.3} | {:>10.1} {:>12.0}",
                 row.services,
                 row.endpoints,
                 row.elements,
                 row.chains,
+                row.pick_rules,
                 row.cold_start_ms,
                 name,
                 p50,

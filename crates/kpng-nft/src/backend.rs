@@ -7,15 +7,13 @@ use ipnet::IpNet;
 use kpng_backend::{Backend, BackendError, ChangeSet};
 use kpng_model::{Item, ItemRef, Op, ServiceKey};
 
-use kpng_model::Family;
-
 use crate::conntrack::{UdpCheck, UdpTarget, udp_checks};
-use crate::objects::{ElementId, PickKind, Value};
+use crate::objects::{ElementId, Value};
 use crate::render::{
     NodeFacts, NodePortAddresses, Slots, local_pods, render_node, render_service, seed_slots,
 };
 use crate::skeleton::SkeletonOptions;
-use crate::state::{KERNEL_OWNER, NODE_OWNER, Owner, TableDiff, TableState};
+use crate::state::{KERNEL_OWNER, Ladder, NODE_OWNER, Owner, TableDiff, TableState};
 
 /// Configuration of the nftables backend.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -68,8 +66,8 @@ struct OwnerUpdate {
     gone: Option<ServiceKey>,
 }
 
-/// The elements and pick chains found in the kernel.
-pub type KernelContents = (Vec<(ElementId, Value)>, BTreeSet<(Family, PickKind, u32)>);
+/// The elements and count sets (with their pick rules) found in the kernel.
+pub type KernelContents = (Vec<(ElementId, Value)>, BTreeSet<Ladder>);
 
 /// The nftables backend.
 pub struct NftBackend {
@@ -78,6 +76,9 @@ pub struct NftBackend {
     state: TableState,
     /// The skeleton options last loaded into the kernel.
     loaded_skeleton: Option<SkeletonOptions>,
+    /// The count sets (and pick rules) that exist in the kernel. They are kept once made:
+    /// an endpoint count that comes back reuses them.
+    ladders: BTreeSet<Ladder>,
     owners: HashMap<ServiceKey, Owner>,
     next_owner: Owner,
     slots: HashMap<Owner, Slots>,
@@ -95,6 +96,7 @@ impl NftBackend {
             kernel,
             state: TableState::new(),
             loaded_skeleton: None,
+            ladders: BTreeSet::new(),
             owners: HashMap::new(),
             next_owner: NODE_OWNER + 1,
             slots: HashMap::new(),
@@ -106,6 +108,11 @@ impl NftBackend {
     /// The elements currently committed.
     pub fn state(&self) -> &TableState {
         &self.state
+    }
+
+    /// The count sets (each with one pick rule) that exist in the kernel.
+    pub fn ladders(&self) -> &BTreeSet<Ladder> {
+        &self.ladders
     }
 
     fn owner(&mut self, key: &ServiceKey) -> Owner {
@@ -206,8 +213,9 @@ impl Backend for NftBackend {
         self.load_skeleton(changes)?;
         if changes.is_reset() {
             // Start from what the kernel holds, so that a restart changes only what differs.
-            if let Some((elements, chains)) = self.kernel.current()? {
-                self.state = TableState::adopt(elements, chains);
+            if let Some((elements, ladders)) = self.kernel.current()? {
+                self.state = TableState::adopt(elements);
+                self.ladders = ladders;
                 self.owners.clear();
                 self.slots.clear();
                 self.udp.clear();
@@ -260,8 +268,9 @@ impl NftBackend {
     fn commit(&mut self, updates: &[OwnerUpdate]) -> Result<bool, BackendError> {
         let previous: Vec<(Owner, Vec<(ElementId, Value)>)> =
             updates.iter().map(|u| (u.owner, self.state.owned(u.owner).to_vec())).collect();
-        let diff =
+        let mut diff =
             self.state.update(updates.iter().map(|u| (u.owner, u.elements.clone())).collect());
+        diff.new_ladders = diff.ladders_used().filter(|l| !self.ladders.contains(l)).collect();
         if diff.is_empty() {
             tracing::debug!(elements = self.state.len(), "nftables: nothing to change");
             return Ok(false);
@@ -271,11 +280,11 @@ impl NftBackend {
             self.state.update(previous);
             return Err(e);
         }
+        self.ladders.extend(diff.new_ladders.iter().copied());
         tracing::info!(
             added = diff.adds.len(),
             deleted = diff.deletes.len(),
-            new_chains = diff.new_chains.len(),
-            removed_chains = diff.old_chains.len(),
+            new_count_sets = diff.new_ladders.len(),
             "nftables transaction committed"
         );
         Ok(true)

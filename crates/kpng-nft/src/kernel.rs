@@ -16,8 +16,8 @@ use crate::conntrack::{UdpCheck, UdpTarget, stale};
 use crate::netlink::ctnetlink;
 use crate::netlink::decode;
 use crate::netlink::socket::{CommitError, NetlinkSocket};
-use crate::netlink::wire::{NFT_MSG_GETCHAIN, NFT_MSG_GETSETELEM, dump_request};
-use crate::objects::{ChainRef, ElementId, MapName};
+use crate::netlink::wire::{NFT_MSG_GETSET, NFT_MSG_GETSETELEM, dump_request};
+use crate::objects::{ElementId, MapName};
 use crate::skeleton::{SkeletonOptions, skeleton};
 use crate::state::TableDiff;
 
@@ -81,26 +81,30 @@ impl Kernel for NetlinkKernel {
     fn current(&mut self) -> Result<Option<KernelContents>, BackendError> {
         let fail = |e: CommitError| backend_error("reading kpng's tables").with_source(e);
         let mut elements = Vec::new();
-        let mut chains = BTreeSet::new();
+        let mut ladders = BTreeSet::new();
         for family in Family::ALL {
-            for map in MapName::ALL {
-                let request = dump_request(0, NFT_MSG_GETSETELEM, family, Some(map.as_str()));
+            // The static sets, and the count sets found in the table.
+            let mut maps: Vec<MapName> = MapName::ALL.to_vec();
+            for payload in
+                self.socket.dump(&dump_request(0, NFT_MSG_GETSET, family, None)).map_err(fail)?
+            {
+                if let Some(MapName::Count(kind, n)) =
+                    decode::set_name(&payload).as_deref().and_then(MapName::parse)
+                {
+                    ladders.insert((family, kind, n));
+                    maps.push(MapName::Count(kind, n));
+                }
+            }
+            for map in maps {
+                let request = dump_request(0, NFT_MSG_GETSETELEM, family, Some(&map.name()));
                 for payload in self.socket.dump(&request).map_err(fail)? {
                     for (key, value) in decode::elements(family, map, &payload) {
                         elements.push((ElementId { family, map, key }, value));
                     }
                 }
             }
-            let request = dump_request(0, NFT_MSG_GETCHAIN, family, None);
-            for payload in self.socket.dump(&request).map_err(fail)? {
-                if let Some(ChainRef::Pick(kind, n)) =
-                    decode::chain_name(&payload).as_deref().and_then(decode::parse_chain)
-                {
-                    chains.insert((family, kind, n));
-                }
-            }
         }
-        Ok(Some((elements, chains)))
+        Ok(Some((elements, ladders)))
     }
 
     fn clear_udp(
@@ -131,14 +135,11 @@ impl Kernel for NetlinkKernel {
 
     fn commit(&mut self, diff: &TableDiff) -> Result<(), BackendError> {
         let mut batch = self.socket.batch();
-        for (family, kind, n) in &diff.new_chains {
-            batch.create_pick_chain(*family, *kind, *n);
+        for (family, kind, n) in &diff.new_ladders {
+            batch.create_ladder(*family, *kind, *n);
         }
         batch.elements(false, &diff.deletes);
         batch.elements(true, &diff.adds);
-        for (family, kind, n) in &diff.old_chains {
-            batch.delete_pick_chain(*family, *kind, *n);
-        }
         self.socket.commit(batch).map_err(|e: CommitError| {
             backend_error("transaction failed; the previous rules stay in force").with_source(e)
         })

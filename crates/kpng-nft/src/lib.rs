@@ -7,51 +7,57 @@
 //!
 //! # Table layout
 //!
-//! Packets to a service take this path (IPv4 shown; IPv6 is the same with `ip6`):
+//! Packets to a service take this path (IPv4 shown; IPv6 is the same with `ip6`); `dest` is
+//! `ip daddr . meta l4proto . th dport`, `nodeport` is `meta l4proto . th dport` on a
+//! NodePort address:
 //!
 //! ```text
 //! nat prerouting/output ─> services
 //!   ip daddr @cluster_ips ip saddr != @local_pods   jump mark_for_masquerade
-//!   ip daddr . l4proto . dport @masq_dests          jump mark_for_masquerade   (external, policy Cluster)
-//!   ip daddr . l4proto . dport vmap @service_dispatch        ─> goto pick_cluster_N | pick_local_N | external_local
-//!   ip daddr @nodeport_addrs l4proto . dport vmap @nodeport_dispatch ─> goto pick_nodeport_*_N | nodeport_local
-//! pick_cluster_N:
-//!   dnat ip to ip daddr . l4proto . dport . numgen random mod N map @cluster_backends
-//! external_local (externalTrafficPolicy Local):
-//!   local pods and the node itself ─> external_short_circuit ─> vmap @cluster_pick
-//!   anyone else                    ─> vmap @local_pick
+//!   dest @masq_dests / nodeport @masq_nodeports      jump mark_for_masquerade   (policy Cluster)
+//!   dest @cluster_dests                              goto pick_cluster
+//!   dest @local_dests                                goto pick_local           (internalTrafficPolicy Local)
+//!   dest @external_local_dests                       goto external_local       (externalTrafficPolicy Local)
+//!   nodeport @nodeport_cluster_dests / @nodeport_local_dests  goto pick_nodeport_cluster / nodeport_local
+//! pick_cluster: one rule per endpoint count N in use
+//!   dest @cluster_count_N dnat ip to dest . numgen random mod N map @cluster_backends
+//! external_local: local pods and the node itself goto pick_cluster, anyone else goto pick_local
 //! nat postrouting ─> masquerading: hairpin pairs, then the masquerade mark bit
 //! filter prerouting/output (before DNAT): firewall_check (loadBalancerSourceRanges)
 //! filter input/forward/output (after DNAT), new connections: endpoint_check
-//!   vmap @no_endpoint_dests / @no_endpoint_nodeports ─> drop | goto reject_packet
+//!   dest @drop_dests drop, dest @reject_dests goto reject_packet (and NodePort variants)
 //!   ip daddr @cluster_ips goto reject_packet        (a port the service does not define)
 //! ```
 //!
-//! One `pick_*_N` chain exists per endpoint count `N` in use, so the chain count is bounded
-//! by the number of distinct endpoint counts, not by the number of services. A service's
-//! endpoints occupy slots `0..N` of the backends map under each of its destinations; slots
-//! are kept stable, so one endpoint change rewrites one or two slots and, when `N` changes,
-//! one dispatch verdict.
+//! Every per-service and per-endpoint fact is an element of a hash set or of a data map:
+//! there is no verdict map, so no element update makes the kernel re-validate the table,
+//! and a change costs the same at any cluster size. The chains are fixed; the only rules
+//! that come and go are the pick rules, one per distinct endpoint count (with its count
+//! set), created the first time a count is used and kept. A service's endpoints occupy
+//! slots `0..N` of the backends map under each of its destinations; slots are kept stable,
+//! so one endpoint change rewrites one or two slots and moves the destination between two
+//! count sets.
 //!
-//! Only two sets hold intervals: `local_pods` (the local-traffic detector, a few CIDRs) and
-//! `firewall_allow` (load-balancer source ranges, consulted only for new connections to
-//! load-balancer IPs that have ranges).
+//! Only one set holds intervals besides the local-pod detector (`local_pods`, a few
+//! CIDRs): `firewall_allow` (load-balancer source ranges), consulted only for new
+//! connections to load-balancer IPs that have ranges.
 //!
 //! For example, `shop/web` (ClusterIP 10.96.1.10:80, endpoints 10.244.0.10:8080 and
 //! 10.244.2.10:8080) is these elements:
 //!
 //! ```text
 //! add element ip kpng cluster_ips { 10.96.1.10 }
-//! add element ip kpng service_dispatch { 10.96.1.10 . tcp . 80 : goto pick_cluster_2 }
+//! add element ip kpng cluster_dests { 10.96.1.10 . tcp . 80 }
+//! add element ip kpng cluster_count_2 { 10.96.1.10 . tcp . 80 }
 //! add element ip kpng cluster_backends { 10.96.1.10 . tcp . 80 . 0 : 10.244.0.10 . 8080 }
 //! add element ip kpng cluster_backends { 10.96.1.10 . tcp . 80 . 1 : 10.244.2.10 . 8080 }
 //! ```
 //!
 //! # Layout
-//! - [`objects`]: names of sets, maps and chains; element keys and values.
-//! - [`skeleton`]: the static part of each table, as `nft -f` input, and the pick chains.
+//! - [`objects`]: names of sets and maps; element keys and values.
+//! - [`skeleton`]: the static part of each table, as `nft -f` input, and the pick rules.
 //! - [`render`]: pure ENLS → elements, per service and for the node.
-//! - [`slots`]: stable slot assignment for pick maps.
+//! - [`slots`]: stable slot assignment for the backends maps.
 //! - [`state`]: the committed elements, their owners, and the difference of an update.
 //! - [`text`]: elements and transactions in nft syntax.
 //! - [`conntrack`]: which UDP conntrack entries a sync leaves stale.

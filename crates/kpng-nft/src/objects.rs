@@ -7,26 +7,24 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use kpng_model::{Family, Protocol};
 
-/// A named set or map of kpng's table. Each exists once per family table.
+/// A named set or map of kpng's tables. Each exists once per family table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum MapName {
     /// Addresses on which NodePorts are accepted.
     NodePortAddrs,
     /// Every cluster IP: traffic to a port the service does not define is rejected.
     ClusterIps,
-    /// Service destination (ClusterIP, external IP, LB IP) → where to pick an endpoint.
-    ServiceDispatch,
-    /// NodePort → where to pick an endpoint.
-    NodePortDispatch,
-    /// Destination of an externalTrafficPolicy Local service → pick among the Cluster set
-    /// (traffic from local pods and from the node).
-    ClusterPick,
-    /// Destination of an externalTrafficPolicy Local service → pick among the Local set.
-    LocalPick,
-    /// NodePort variant of [`MapName::ClusterPick`].
-    NodePortClusterPick,
-    /// NodePort variant of [`MapName::LocalPick`].
-    NodePortLocalPick,
+    /// Destinations (ClusterIP, external IP, LB IP) served from the Cluster set.
+    ClusterDests,
+    /// ClusterIP destinations served from the Local set (internalTrafficPolicy Local).
+    LocalDests,
+    /// External destinations with externalTrafficPolicy Local: pods and the node use the
+    /// Cluster set, everyone else the Local set.
+    ExternalLocalDests,
+    /// NodePorts served from the Cluster set.
+    NodePortClusterDests,
+    /// NodePorts with externalTrafficPolicy Local.
+    NodePortLocalDests,
     /// Destination and slot → endpoint, Cluster sets.
     ClusterBackends,
     /// Destination and slot → endpoint, Local sets.
@@ -35,10 +33,14 @@ pub enum MapName {
     NodePortClusterBackends,
     /// NodePort and slot → endpoint, Local sets.
     NodePortLocalBackends,
-    /// Destination without a usable endpoint → drop or reject.
-    NoEndpointDests,
-    /// NodePort without a usable endpoint → drop or reject.
-    NoEndpointNodePorts,
+    /// Destinations without any usable endpoint: rejected.
+    RejectDests,
+    /// Destinations whose traffic policy leaves no endpoint here: dropped.
+    DropDests,
+    /// NodePorts without any usable endpoint: rejected.
+    RejectNodePorts,
+    /// NodePorts whose traffic policy leaves no endpoint here: dropped.
+    DropNodePorts,
     /// External destinations whose traffic is always masqueraded (policy Cluster).
     MasqDests,
     /// NodePorts whose traffic is always masqueraded (policy Cluster).
@@ -49,25 +51,30 @@ pub enum MapName {
     FirewallAllow,
     /// `(endpoint, endpoint)` pairs of local endpoints: a pod reaching itself is masqueraded.
     Hairpin,
+    /// The destinations (or NodePorts) whose set of kind `PickKind` has exactly `n`
+    /// endpoints: the rule that picks among `n` slots matches them. Created the first
+    /// time a count is used.
+    Count(PickKind, u32),
 }
 
 impl MapName {
-    /// Every set and map, in declaration order.
-    pub const ALL: [MapName; 19] = [
+    /// Every set and map of the static skeleton, in declaration order.
+    pub const ALL: [MapName; 20] = [
         MapName::NodePortAddrs,
         MapName::ClusterIps,
-        MapName::ServiceDispatch,
-        MapName::NodePortDispatch,
-        MapName::ClusterPick,
-        MapName::LocalPick,
-        MapName::NodePortClusterPick,
-        MapName::NodePortLocalPick,
+        MapName::ClusterDests,
+        MapName::LocalDests,
+        MapName::ExternalLocalDests,
+        MapName::NodePortClusterDests,
+        MapName::NodePortLocalDests,
         MapName::ClusterBackends,
         MapName::LocalBackends,
         MapName::NodePortClusterBackends,
         MapName::NodePortLocalBackends,
-        MapName::NoEndpointDests,
-        MapName::NoEndpointNodePorts,
+        MapName::RejectDests,
+        MapName::DropDests,
+        MapName::RejectNodePorts,
+        MapName::DropNodePorts,
         MapName::MasqDests,
         MapName::MasqNodePorts,
         MapName::FirewallDests,
@@ -76,28 +83,41 @@ impl MapName {
     ];
 
     /// The name in the kernel.
-    pub fn as_str(self) -> &'static str {
-        match self {
+    pub fn name(self) -> std::borrow::Cow<'static, str> {
+        let fixed = match self {
             MapName::NodePortAddrs => "nodeport_addrs",
             MapName::ClusterIps => "cluster_ips",
-            MapName::ServiceDispatch => "service_dispatch",
-            MapName::NodePortDispatch => "nodeport_dispatch",
-            MapName::ClusterPick => "cluster_pick",
-            MapName::LocalPick => "local_pick",
-            MapName::NodePortClusterPick => "nodeport_cluster_pick",
-            MapName::NodePortLocalPick => "nodeport_local_pick",
+            MapName::ClusterDests => "cluster_dests",
+            MapName::LocalDests => "local_dests",
+            MapName::ExternalLocalDests => "external_local_dests",
+            MapName::NodePortClusterDests => "nodeport_cluster_dests",
+            MapName::NodePortLocalDests => "nodeport_local_dests",
             MapName::ClusterBackends => "cluster_backends",
             MapName::LocalBackends => "local_backends",
             MapName::NodePortClusterBackends => "nodeport_cluster_backends",
             MapName::NodePortLocalBackends => "nodeport_local_backends",
-            MapName::NoEndpointDests => "no_endpoint_dests",
-            MapName::NoEndpointNodePorts => "no_endpoint_nodeports",
+            MapName::RejectDests => "reject_dests",
+            MapName::DropDests => "drop_dests",
+            MapName::RejectNodePorts => "reject_nodeports",
+            MapName::DropNodePorts => "drop_nodeports",
             MapName::MasqDests => "masq_dests",
             MapName::MasqNodePorts => "masq_nodeports",
             MapName::FirewallDests => "firewall_dests",
             MapName::FirewallAllow => "firewall_allow",
             MapName::Hairpin => "hairpin",
+            MapName::Count(kind, n) => return format!("{}_count_{n}", kind.prefix()).into(),
+        };
+        fixed.into()
+    }
+
+    /// The set a name stands for (the inverse of [`MapName::name`]).
+    pub fn parse(name: &str) -> Option<MapName> {
+        if let Some(map) = MapName::ALL.into_iter().find(|m| m.name() == name) {
+            return Some(map);
         }
+        let (prefix, n) = name.rsplit_once("_count_")?;
+        let n: u32 = n.parse().ok()?;
+        PickKind::ALL.into_iter().find(|k| k.prefix() == prefix).map(|k| MapName::Count(k, n))
     }
 
     /// Whether the set holds ranges (`flags interval`). Only the firewall allow-list does;
@@ -109,11 +129,11 @@ impl MapName {
 
 impl fmt::Display for MapName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        f.write_str(&self.name())
     }
 }
 
-/// Which endpoint set a pick chain chooses from, and how it is keyed.
+/// Which endpoint set a pick chooses from, and how it is keyed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum PickKind {
     /// Cluster set, keyed by destination.
@@ -131,7 +151,7 @@ impl PickKind {
     pub const ALL: [PickKind; 4] =
         [PickKind::Cluster, PickKind::Local, PickKind::NodePortCluster, PickKind::NodePortLocal];
 
-    /// The backends map the chain reads.
+    /// The backends map the pick reads.
     pub fn backends(self) -> MapName {
         match self {
             PickKind::Cluster => MapName::ClusterBackends,
@@ -146,48 +166,29 @@ impl PickKind {
         matches!(self, PickKind::Cluster | PickKind::Local)
     }
 
-    fn prefix(self) -> &'static str {
+    /// The name stem of the kind's chain and count sets.
+    pub fn prefix(self) -> &'static str {
         match self {
-            PickKind::Cluster => "pick_cluster",
-            PickKind::Local => "pick_local",
-            PickKind::NodePortCluster => "pick_nodeport_cluster",
-            PickKind::NodePortLocal => "pick_nodeport_local",
+            PickKind::Cluster => "cluster",
+            PickKind::Local => "local",
+            PickKind::NodePortCluster => "nodeport_cluster",
+            PickKind::NodePortLocal => "nodeport_local",
         }
+    }
+
+    /// The static chain holding the kind's pick rules, one per endpoint count in use.
+    pub fn chain(self) -> String {
+        format!("pick_{}", self.prefix())
     }
 }
 
-/// A chain an element can jump to.
+/// A value of an element: nothing for sets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum ChainRef {
-    /// Picks one of `n` endpoints uniformly at random (`numgen random mod n`). One such
-    /// chain exists per kind and distinct endpoint count in use.
-    Pick(PickKind, u32),
-    /// externalTrafficPolicy Local: short-circuit pods and the node, else the Local set.
-    ExternalLocal,
-    /// NodePort variant of [`ChainRef::ExternalLocal`].
-    NodePortLocal,
-    /// Rejects the packet (ICMP port unreachable).
-    Reject,
-}
-
-impl fmt::Display for ChainRef {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ChainRef::Pick(kind, n) => write!(f, "{}_{n}", kind.prefix()),
-            ChainRef::ExternalLocal => f.write_str("external_local"),
-            ChainRef::NodePortLocal => f.write_str("nodeport_local"),
-            ChainRef::Reject => f.write_str("reject_packet"),
-        }
-    }
-}
-
-/// A verdict stored in a verdict map.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Verdict {
-    /// Continue in a chain (no return).
-    Goto(ChainRef),
-    /// Drop the packet.
-    Drop,
+pub enum Value {
+    /// A set element.
+    None,
+    /// An endpoint address and port (DNAT target).
+    Endpoint(IpAddr, u16),
 }
 
 /// A destination: address, protocol, port.
@@ -220,17 +221,6 @@ pub enum Key {
     AddrPair(IpAddr, IpAddr),
     /// A destination and a source network (interval on the last field).
     DestSource(Dest, IpNet),
-}
-
-/// The value of an element: nothing for sets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Value {
-    /// A set element.
-    None,
-    /// A verdict.
-    Verdict(Verdict),
-    /// An endpoint address and port (DNAT target).
-    Endpoint(IpAddr, u16),
 }
 
 /// Identifies one element of kpng's tables.

@@ -8,7 +8,7 @@ use ipnet::IpNet;
 use kpng_model::local::LocalServiceState;
 use kpng_model::{Family, LocalNode, Protocol};
 
-use crate::objects::{ChainRef, Dest, ElementId, Key, MapName, PickKind, Value, Verdict};
+use crate::objects::{Dest, ElementId, Key, MapName, PickKind, Value};
 use crate::slots::{Target, assign_slots};
 
 /// Which endpoint set a group of slots holds.
@@ -71,8 +71,22 @@ impl Out<'_> {
         self.elements.push((ElementId { family: self.family, map, key }, value));
     }
 
-    fn goto(&mut self, map: MapName, key: Key, chain: ChainRef) {
-        self.put(map, key, Value::Verdict(Verdict::Goto(chain)));
+    fn member(&mut self, map: MapName, key: Key) {
+        self.put(map, key, Value::None);
+    }
+
+    /// `key` picks among `slots` of `kind`: it joins the count set for their number, and
+    /// each slot is a backends element.
+    fn pick(&mut self, kind: PickKind, key: Key, slots: &[Target]) {
+        self.member(MapName::Count(kind, slots.len() as u32), key);
+        for (i, (ip, port)) in slots.iter().enumerate() {
+            let slot_key = match key {
+                Key::Dest(dest) => Key::DestSlot(dest, i as u32),
+                Key::NodePort(protocol, port) => Key::NodePortSlot(protocol, port, i as u32),
+                _ => continue,
+            };
+            self.put(kind.backends(), slot_key, Value::Endpoint(*ip, *port));
+        }
     }
 
     /// Assigns slots for a group and returns them.
@@ -195,22 +209,19 @@ pub fn render_service(state: &LocalServiceState, node: &NodeFacts, previous: &Sl
 
             // ClusterIP.
             let dest = Dest { ip: cluster_ip, protocol: port.protocol, port: port.port };
-            let (kind, slots) = if svc.internal_local {
-                (PickKind::Local, &local_slots)
+            let (kind, dests, slots) = if svc.internal_local {
+                (PickKind::Local, MapName::LocalDests, &local_slots)
             } else {
-                (PickKind::Cluster, &cluster_slots)
+                (PickKind::Cluster, MapName::ClusterDests, &cluster_slots)
             };
             if slots.is_empty() {
-                let verdict =
-                    if has_endpoints { Verdict::Drop } else { Verdict::Goto(ChainRef::Reject) };
-                out.put(MapName::NoEndpointDests, Key::Dest(dest), Value::Verdict(verdict));
-            } else {
-                out.goto(
-                    MapName::ServiceDispatch,
+                out.member(
+                    if has_endpoints { MapName::DropDests } else { MapName::RejectDests },
                     Key::Dest(dest),
-                    ChainRef::Pick(kind, slots.len() as u32),
                 );
-                put_slots(&mut out, kind, Key::Dest(dest), slots);
+            } else {
+                out.member(dests, Key::Dest(dest));
+                out.pick(kind, Key::Dest(dest), slots);
             }
 
             // External IPs and load-balancer IPs.
@@ -276,53 +287,44 @@ fn external(
     has_endpoints: bool,
 ) {
     let nodeport = matches!(key, Key::NodePort(..));
-    let pick = |set: SetKind| match (nodeport, set) {
-        (false, SetKind::Cluster) => PickKind::Cluster,
-        (false, SetKind::Local) => PickKind::Local,
-        (true, SetKind::Cluster) => PickKind::NodePortCluster,
-        (true, SetKind::Local) => PickKind::NodePortLocal,
-    };
-    let (dispatch, no_endpoint, masq) = if nodeport {
-        (MapName::NodePortDispatch, MapName::NoEndpointNodePorts, MapName::MasqNodePorts)
+    let (cluster_kind, local_kind) = if nodeport {
+        (PickKind::NodePortCluster, PickKind::NodePortLocal)
     } else {
-        (MapName::ServiceDispatch, MapName::NoEndpointDests, MapName::MasqDests)
+        (PickKind::Cluster, PickKind::Local)
+    };
+    let (reject, drop, masq, cluster_dests, local_dests) = if nodeport {
+        (
+            MapName::RejectNodePorts,
+            MapName::DropNodePorts,
+            MapName::MasqNodePorts,
+            MapName::NodePortClusterDests,
+            MapName::NodePortLocalDests,
+        )
+    } else {
+        (
+            MapName::RejectDests,
+            MapName::DropDests,
+            MapName::MasqDests,
+            MapName::ClusterDests,
+            MapName::ExternalLocalDests,
+        )
     };
     if cluster.is_empty() {
         // Nothing anywhere can serve (the Cluster set falls back to terminating endpoints).
-        out.put(no_endpoint, key, Value::Verdict(Verdict::Goto(ChainRef::Reject)));
+        out.member(reject, key);
         return;
     }
+    out.pick(cluster_kind, key, cluster);
     if !external_local {
-        out.put(masq, key, Value::None);
-        out.goto(dispatch, key, ChainRef::Pick(pick(SetKind::Cluster), cluster.len() as u32));
-        put_slots(out, pick(SetKind::Cluster), key, cluster);
+        out.member(masq, key);
+        out.member(cluster_dests, key);
         return;
     }
-    let (cluster_pick, local_pick, local_chain) = if nodeport {
-        (MapName::NodePortClusterPick, MapName::NodePortLocalPick, ChainRef::NodePortLocal)
-    } else {
-        (MapName::ClusterPick, MapName::LocalPick, ChainRef::ExternalLocal)
-    };
-    out.goto(dispatch, key, local_chain);
-    out.goto(cluster_pick, key, ChainRef::Pick(pick(SetKind::Cluster), cluster.len() as u32));
-    put_slots(out, pick(SetKind::Cluster), key, cluster);
+    out.member(local_dests, key);
     if local.is_empty() {
-        let verdict = if has_endpoints { Verdict::Drop } else { Verdict::Goto(ChainRef::Reject) };
-        out.put(no_endpoint, key, Value::Verdict(verdict));
+        out.member(if has_endpoints { drop } else { reject }, key);
     } else {
-        out.goto(local_pick, key, ChainRef::Pick(pick(SetKind::Local), local.len() as u32));
-        put_slots(out, pick(SetKind::Local), key, local);
-    }
-}
-
-fn put_slots(out: &mut Out<'_>, kind: PickKind, key: Key, slots: &[Target]) {
-    for (i, (ip, port)) in slots.iter().enumerate() {
-        let slot_key = match key {
-            Key::Dest(dest) => Key::DestSlot(dest, i as u32),
-            Key::NodePort(protocol, port) => Key::NodePortSlot(protocol, port, i as u32),
-            _ => continue,
-        };
-        out.put(kind.backends(), slot_key, Value::Endpoint(*ip, *port));
+        out.pick(local_kind, key, local);
     }
 }
 

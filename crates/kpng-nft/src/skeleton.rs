@@ -7,7 +7,7 @@ use std::fmt::Write;
 use ipnet::IpNet;
 use kpng_model::Family;
 
-use crate::objects::{MapName, PickKind, TABLE, table_family};
+use crate::objects::{MapName, PickKind, TABLE};
 
 /// Options that shape the static rules.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,20 +47,34 @@ fn names(family: Family) -> Names {
     }
 }
 
+/// The key type of a destination-keyed set, or of a NodePort-keyed one.
+fn key_type(map_by_destination: bool, n: &Names) -> String {
+    if map_by_destination {
+        format!("{} . inet_proto . inet_service", n.addr)
+    } else {
+        "inet_proto . inet_service".to_string()
+    }
+}
+
 /// The declaration of one set or map.
 fn declaration(map: MapName, n: &Names) -> String {
     let (addr, ip) = (n.addr, n.ip);
-    let dest = format!("{addr} . inet_proto . inet_service");
+    let dest = key_type(true, n);
+    let nodeport = key_type(false, n);
     let body = match map {
         MapName::NodePortAddrs | MapName::ClusterIps => format!("type {addr};"),
-        MapName::ServiceDispatch
-        | MapName::ClusterPick
-        | MapName::LocalPick
-        | MapName::NoEndpointDests => format!("type {dest} : verdict;"),
-        MapName::NodePortDispatch
-        | MapName::NodePortClusterPick
-        | MapName::NodePortLocalPick
-        | MapName::NoEndpointNodePorts => "type inet_proto . inet_service : verdict;".to_string(),
+        MapName::ClusterDests
+        | MapName::LocalDests
+        | MapName::ExternalLocalDests
+        | MapName::RejectDests
+        | MapName::DropDests
+        | MapName::MasqDests
+        | MapName::FirewallDests => format!("type {dest};"),
+        MapName::NodePortClusterDests
+        | MapName::NodePortLocalDests
+        | MapName::RejectNodePorts
+        | MapName::DropNodePorts
+        | MapName::MasqNodePorts => format!("type {nodeport};"),
         MapName::ClusterBackends | MapName::LocalBackends => {
             format!(
                 "typeof {ip} daddr . meta l4proto . th dport . numgen random mod 1 : {ip} daddr . th dport;"
@@ -69,10 +83,9 @@ fn declaration(map: MapName, n: &Names) -> String {
         MapName::NodePortClusterBackends | MapName::NodePortLocalBackends => {
             format!("typeof meta l4proto . th dport . numgen random mod 1 : {ip} daddr . th dport;")
         }
-        MapName::MasqDests | MapName::FirewallDests => format!("type {dest};"),
-        MapName::MasqNodePorts => "type inet_proto . inet_service;".to_string(),
         MapName::FirewallAllow => format!("type {dest} . {addr}; flags interval;"),
         MapName::Hairpin => format!("type {addr} . {addr};"),
+        MapName::Count(kind, _) => format!("type {};", key_type(kind.by_destination(), n)),
     };
     let kind = if body.contains(':') { "map" } else { "set" };
     format!("\t{kind} {map} {{ {body} }}\n")
@@ -92,6 +105,7 @@ pub fn skeleton(family: Family, options: &SkeletonOptions) -> String {
         out.push_str(&declaration(map, &n));
     }
     let _ = writeln!(out, "\tset local_pods {{ type {}; flags interval; }}", n.addr);
+    let nodeport = format!("{ip} daddr @nodeport_addrs meta l4proto . th dport");
     let chains: Vec<(&str, Option<String>, Vec<String>)> = vec![
         (
             "nat_prerouting",
@@ -120,27 +134,11 @@ pub fn skeleton(family: Family, options: &SkeletonOptions) -> String {
                 "masquerade fully-random".into(),
             ],
         ),
-        (
-            "external_local",
-            None,
-            external_local_rules(&n, options, &dest, "external_short_circuit", "local_pick"),
-        ),
-        ("external_short_circuit", None, vec![format!("{dest} vmap @cluster_pick")]),
+        ("external_local", None, external_local_rules(&n, options, "pick_cluster", "pick_local")),
         (
             "nodeport_local",
             None,
-            external_local_rules(
-                &n,
-                options,
-                "meta l4proto . th dport",
-                "nodeport_short_circuit",
-                "nodeport_local_pick",
-            ),
-        ),
-        (
-            "nodeport_short_circuit",
-            None,
-            vec!["meta l4proto . th dport vmap @nodeport_cluster_pick".into()],
+            external_local_rules(&n, options, "pick_nodeport_cluster", "pick_nodeport_local"),
         ),
         (
             "filter_prerouting",
@@ -176,15 +174,20 @@ pub fn skeleton(family: Family, options: &SkeletonOptions) -> String {
             "endpoint_check",
             None,
             vec![
-                format!("{dest} vmap @no_endpoint_dests"),
-                format!(
-                    "{ip} daddr @nodeport_addrs meta l4proto . th dport vmap @no_endpoint_nodeports"
-                ),
+                format!("{dest} @drop_dests drop"),
+                format!("{dest} @reject_dests goto reject_packet"),
+                format!("{nodeport} @drop_nodeports drop"),
+                format!("{nodeport} @reject_nodeports goto reject_packet"),
                 format!("{ip} daddr @cluster_ips goto reject_packet"),
             ],
         ),
         ("reject_packet", None, vec!["reject".into()]),
     ];
+    // The pick chains hold one rule per endpoint count in use, added over netlink: they
+    // are declared here but never flushed by a reload.
+    for kind in PickKind::ALL {
+        let _ = writeln!(out, "\tchain {} {{ }}", kind.chain());
+    }
     for (name, hook, _) in &chains {
         let _ = writeln!(out, "\tchain {name} {{ {} }}", hook.as_deref().unwrap_or(""));
     }
@@ -210,6 +213,7 @@ pub fn skeleton(family: Family, options: &SkeletonOptions) -> String {
 fn services_rules(n: &Names, options: &SkeletonOptions) -> Vec<String> {
     let ip = n.ip;
     let dest = format!("{ip} daddr . meta l4proto . th dport");
+    let nodeport = format!("{ip} daddr @nodeport_addrs meta l4proto . th dport");
     let mut rules = Vec::new();
     if options.masquerade_all {
         rules.push(format!("{ip} daddr @cluster_ips jump mark_for_masquerade"));
@@ -219,34 +223,34 @@ fn services_rules(n: &Names, options: &SkeletonOptions) -> Vec<String> {
         ));
     }
     rules.push(format!("{dest} @masq_dests jump mark_for_masquerade"));
-    rules.push(format!("{ip} daddr @nodeport_addrs meta l4proto . th dport @masq_nodeports jump mark_for_masquerade"));
-    rules.push(format!("{dest} vmap @service_dispatch"));
-    rules.push(format!(
-        "{ip} daddr @nodeport_addrs meta l4proto . th dport vmap @nodeport_dispatch"
-    ));
+    rules.push(format!("{nodeport} @masq_nodeports jump mark_for_masquerade"));
+    rules.push(format!("{dest} @cluster_dests goto pick_cluster"));
+    rules.push(format!("{dest} @local_dests goto pick_local"));
+    rules.push(format!("{dest} @external_local_dests goto external_local"));
+    rules.push(format!("{nodeport} @nodeport_cluster_dests goto pick_nodeport_cluster"));
+    rules.push(format!("{nodeport} @nodeport_local_dests goto nodeport_local"));
     rules
 }
 
 fn external_local_rules(
     n: &Names,
     options: &SkeletonOptions,
-    key: &str,
-    short_circuit: &str,
-    local_pick: &str,
+    cluster: &str,
+    local: &str,
 ) -> Vec<String> {
     let mut rules = Vec::new();
     if !local_pods(n.family_enum, options).is_empty() {
-        rules.push(format!("{} saddr @local_pods goto {short_circuit}", n.ip));
+        rules.push(format!("{} saddr @local_pods goto {cluster}", n.ip));
     }
     rules.push("fib saddr type local jump mark_for_masquerade".into());
-    rules.push(format!("fib saddr type local goto {short_circuit}"));
-    rules.push(format!("{key} vmap @{local_pick}"));
+    rules.push(format!("fib saddr type local goto {cluster}"));
+    rules.push(format!("goto {local}"));
     rules
 }
 
-/// The chain that picks one of `n` endpoints of `kind`, as `nft -f` input (for display;
-/// the backend creates these chains over netlink).
-pub fn pick_chain(family: Family, kind: PickKind, count: u32) -> String {
+/// The count set and pick rule for `count` endpoints of `kind`, as `nft -f` input (for
+/// display; the backend creates them over netlink).
+pub fn ladder(family: Family, kind: PickKind, count: u32) -> String {
     let n = names(family);
     let ip = n.ip;
     let key = if kind.by_destination() {
@@ -254,10 +258,12 @@ pub fn pick_chain(family: Family, kind: PickKind, count: u32) -> String {
     } else {
         "meta l4proto . th dport".to_string()
     };
-    let chain = crate::objects::ChainRef::Pick(kind, count);
+    let set = MapName::Count(kind, count);
     format!(
-        "table {} {TABLE} {{\n\tchain {chain} {{\n\t\tdnat {ip} to {key} . numgen random mod {count} map @{}\n\t}}\n}}\n",
-        table_family(family),
-        kind.backends()
+        "table {fam} {TABLE} {{\n{}}}\nadd rule {fam} {TABLE} {} {key} @{set} dnat {ip} to {key} . numgen random mod {count} map @{}\n",
+        declaration(set, &n),
+        kind.chain(),
+        kind.backends(),
+        fam = n.family,
     )
 }

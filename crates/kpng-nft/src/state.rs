@@ -1,11 +1,11 @@
-//! [`TableState`]: the elements kpng has committed, who wants each, and the difference a
-//! new rendering makes.
+//! [`TableState`]: the elements kpng has committed, who wants each, and the difference an
+//! update makes.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use kpng_model::Family;
 
-use crate::objects::{ChainRef, ElementId, PickKind, Value, Verdict};
+use crate::objects::{ElementId, MapName, PickKind, Value};
 
 /// Who asked for an element: the node (0) or a service (its number).
 pub type Owner = u32;
@@ -16,31 +16,37 @@ pub const NODE_OWNER: Owner = 0;
 /// Elements found in the kernel at start-up, until an owner claims them.
 pub const KERNEL_OWNER: Owner = Owner::MAX;
 
+/// A pick rule and its count set: the destinations with `n` endpoints of a kind.
+pub type Ladder = (Family, PickKind, u32);
+
 /// What one transaction changes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TableDiff {
-    /// Pick chains to create before elements refer to them.
-    pub new_chains: BTreeSet<(Family, PickKind, u32)>,
+    /// Count sets (with their pick rule) to create before elements go into them.
+    pub new_ladders: BTreeSet<Ladder>,
     /// Elements to delete (including the old value of replaced ones).
     pub deletes: Vec<(ElementId, Value)>,
     /// Elements to add (including the new value of replaced ones).
     pub adds: Vec<(ElementId, Value)>,
-    /// Pick chains to delete once nothing refers to them.
-    pub old_chains: BTreeSet<(Family, PickKind, u32)>,
 }
 
 impl TableDiff {
     /// Whether the transaction would change nothing.
     pub fn is_empty(&self) -> bool {
-        self.new_chains.is_empty()
-            && self.deletes.is_empty()
-            && self.adds.is_empty()
-            && self.old_chains.is_empty()
+        self.new_ladders.is_empty() && self.deletes.is_empty() && self.adds.is_empty()
     }
 
     /// The number of element operations.
     pub fn element_ops(&self) -> usize {
         self.deletes.len() + self.adds.len()
+    }
+
+    /// The count sets the added elements go into.
+    pub fn ladders_used(&self) -> impl Iterator<Item = Ladder> + '_ {
+        self.adds.iter().filter_map(|(id, _)| match id.map {
+            MapName::Count(kind, n) => Some((id.family, kind, n)),
+            _ => None,
+        })
     }
 }
 
@@ -51,16 +57,6 @@ impl TableDiff {
 pub struct TableState {
     elements: HashMap<ElementId, Vec<(Owner, Value)>>,
     owned: HashMap<Owner, Vec<(ElementId, Value)>>,
-    chain_refs: BTreeMap<(Family, PickKind, u32), usize>,
-    /// Pick chains found in the kernel that no element refers to: deleted at the next update.
-    orphans: BTreeSet<(Family, PickKind, u32)>,
-}
-
-fn pick(id: &ElementId, value: &Value) -> Option<(Family, PickKind, u32)> {
-    match value {
-        Value::Verdict(Verdict::Goto(ChainRef::Pick(kind, n))) => Some((id.family, *kind, *n)),
-        _ => None,
-    }
 }
 
 impl TableState {
@@ -70,21 +66,14 @@ impl TableState {
     }
 
     /// The state the kernel holds: its elements, owned by [`KERNEL_OWNER`] until owners
-    /// claim them, and its pick chains (those nothing refers to go at the next update).
-    pub fn adopt(
-        mut elements: Vec<(ElementId, Value)>,
-        chains: BTreeSet<(Family, PickKind, u32)>,
-    ) -> Self {
+    /// claim them.
+    pub fn adopt(mut elements: Vec<(ElementId, Value)>) -> Self {
         elements.sort();
         elements.dedup_by(|a, b| a.0 == b.0);
         let mut state = TableState::default();
         for (id, value) in &elements {
             state.elements.insert(*id, vec![(KERNEL_OWNER, *value)]);
-            if let Some(chain) = pick(id, value) {
-                *state.chain_refs.entry(chain).or_insert(0) += 1;
-            }
         }
-        state.orphans = chains.into_iter().filter(|c| !state.chain_refs.contains_key(c)).collect();
         if !elements.is_empty() {
             state.owned.insert(KERNEL_OWNER, elements);
         }
@@ -109,11 +98,6 @@ impl TableState {
     /// Whether no element is wanted.
     pub fn is_empty(&self) -> bool {
         self.elements.is_empty()
-    }
-
-    /// The pick chains effective elements jump to.
-    pub fn chains(&self) -> impl Iterator<Item = &(Family, PickKind, u32)> {
-        self.chain_refs.keys()
     }
 
     /// The elements `owner` wants now.
@@ -147,8 +131,7 @@ impl TableState {
                 self.owned.insert(owner, new);
             }
         }
-        let mut diff =
-            TableDiff { old_chains: std::mem::take(&mut self.orphans), ..TableDiff::default() };
+        let mut diff = TableDiff::default();
         for (id, before) in touched {
             let after = self.get(&id).copied();
             if before == after {
@@ -156,33 +139,11 @@ impl TableState {
             }
             if let Some(v) = before {
                 diff.deletes.push((id, v));
-                if let Some(chain) = pick(&id, &v) {
-                    self.release(chain, &mut diff);
-                }
             }
             if let Some(v) = after {
                 diff.adds.push((id, v));
-                if let Some(chain) = pick(&id, &v) {
-                    let refs = self.chain_refs.entry(chain).or_insert(0);
-                    *refs += 1;
-                    if *refs == 1 && !diff.old_chains.remove(&chain) {
-                        diff.new_chains.insert(chain);
-                    }
-                }
             }
         }
         diff
-    }
-
-    fn release(&mut self, chain: (Family, PickKind, u32), diff: &mut TableDiff) {
-        if let Some(refs) = self.chain_refs.get_mut(&chain) {
-            *refs -= 1;
-            if *refs == 0 {
-                self.chain_refs.remove(&chain);
-                if !diff.new_chains.remove(&chain) {
-                    diff.old_chains.insert(chain);
-                }
-            }
-        }
     }
 }

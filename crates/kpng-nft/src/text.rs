@@ -5,10 +5,9 @@ use std::fmt::Write;
 
 use kpng_model::{Family, Protocol};
 
-use crate::objects::{
-    ChainRef, ElementId, Key, MapName, PickKind, TABLE, Value, Verdict, table_family,
-};
-use crate::skeleton::{SkeletonOptions, pick_chain, skeleton};
+use crate::objects::{ElementId, Key, MapName, TABLE, Value, table_family};
+use crate::skeleton::{SkeletonOptions, ladder, skeleton};
+use crate::state::{Ladder, TableDiff};
 
 fn protocol(p: Protocol) -> &'static str {
     match p {
@@ -36,39 +35,29 @@ pub fn key_text(key: &Key) -> String {
     }
 }
 
-/// A value in nft syntax (empty for set elements).
-pub fn value_text(value: &Value) -> Option<String> {
-    match value {
-        Value::None => None,
-        Value::Verdict(Verdict::Drop) => Some("drop".into()),
-        Value::Verdict(Verdict::Goto(chain)) => Some(format!("goto {chain}")),
-        Value::Endpoint(ip, port) => Some(format!("{ip} . {port}")),
-    }
-}
-
 /// One element in nft syntax: `key` or `key : value`.
 pub fn element_text(key: &Key, value: &Value) -> String {
-    match value_text(value) {
-        Some(v) => format!("{} : {v}", key_text(key)),
-        None => key_text(key),
+    match value {
+        Value::None => key_text(key),
+        Value::Endpoint(ip, port) => format!("{} : {ip} . {port}", key_text(key)),
     }
 }
 
-/// The pick chains that `elements` jump to.
-pub fn pick_chains<'a>(
+/// The count sets `elements` use.
+pub fn ladders<'a>(
     elements: impl IntoIterator<Item = (&'a ElementId, &'a Value)>,
-) -> BTreeSet<(Family, PickKind, u32)> {
+) -> BTreeSet<Ladder> {
     elements
         .into_iter()
-        .filter_map(|(id, value)| match value {
-            Value::Verdict(Verdict::Goto(ChainRef::Pick(kind, n))) => Some((id.family, *kind, *n)),
+        .filter_map(|(id, _)| match id.map {
+            MapName::Count(kind, n) => Some((id.family, kind, n)),
             _ => None,
         })
         .collect()
 }
 
-/// A whole ruleset as `nft -f` input: both skeletons, the pick chains in use, and every
-/// element, grouped per set and map.
+/// A whole ruleset as `nft -f` input: both skeletons, the count sets and pick rules in use,
+/// and every element, grouped per set and map.
 pub fn ruleset<'a>(
     options: &SkeletonOptions,
     elements: impl IntoIterator<Item = (&'a ElementId, &'a Value)> + Clone,
@@ -77,8 +66,8 @@ pub fn ruleset<'a>(
     for family in Family::ALL {
         out.push_str(&skeleton(family, options));
     }
-    for (family, kind, n) in pick_chains(elements.clone()) {
-        out.push_str(&pick_chain(family, kind, n));
+    for (family, kind, n) in ladders(elements.clone()) {
+        out.push_str(&ladder(family, kind, n));
     }
     let mut grouped: BTreeMap<(Family, MapName), Vec<String>> = BTreeMap::new();
     for (id, value) in elements {
@@ -94,12 +83,12 @@ pub fn ruleset<'a>(
     out
 }
 
-/// One transaction as nft commands: new pick chains, element deletes, element adds, then
-/// pick chains no longer used.
-pub fn transaction_text(diff: &crate::state::TableDiff) -> String {
+/// One transaction as nft commands: new count sets and pick rules, element deletes, then
+/// element adds.
+pub fn transaction_text(diff: &TableDiff) -> String {
     let mut out = String::new();
-    for (family, kind, n) in &diff.new_chains {
-        out.push_str(&pick_chain(*family, *kind, *n));
+    for (family, kind, n) in &diff.new_ladders {
+        out.push_str(&ladder(*family, *kind, *n));
     }
     for (verb, elements) in [("delete", &diff.deletes), ("add", &diff.adds)] {
         for (id, value) in elements {
@@ -112,14 +101,6 @@ pub fn transaction_text(diff: &crate::state::TableDiff) -> String {
                 id.map
             );
         }
-    }
-    for (family, kind, n) in &diff.old_chains {
-        let _ = writeln!(
-            out,
-            "delete chain {} {TABLE} {}",
-            table_family(*family),
-            ChainRef::Pick(*kind, *n)
-        );
     }
     out
 }

@@ -273,9 +273,9 @@ fn nft_dry_run_is_a_ruleset_nft_accepts() {
     for needle in [
         "table ip kpng {",
         "table ip6 kpng {",
-        "add element ip kpng service_dispatch { 10.96.1.20 . tcp . 443 : goto pick_cluster_2 }",
-        "add element ip kpng service_dispatch { 203.0.113.10 . tcp . 443 : goto external_local }",
-        "add element ip kpng no_endpoint_dests { 10.96.1.60 . tcp . 80 : goto reject_packet }",
+        "add element ip kpng cluster_count_2 { 10.96.1.20 . tcp . 443 }",
+        "add element ip kpng external_local_dests { 203.0.113.10 . tcp . 443 }",
+        "add element ip kpng reject_dests { 10.96.1.60 . tcp . 80 }",
     ] {
         assert!(out.stdout.contains(needle), "missing {needle:?}");
     }

@@ -6,7 +6,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use ipnet::IpNet;
 use kpng_model::{Family, Protocol};
 
-use crate::objects::{ChainRef, Dest, Key, MapName, PickKind, Value, Verdict};
+use crate::objects::{Dest, Key, MapName, Value};
 
 /// The attributes of one nesting level: `(type without flags, payload)`.
 pub fn attributes(mut data: &[u8]) -> Vec<(u16, &[u8])> {
@@ -31,26 +31,10 @@ fn cstring(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes.split(|b| *b == 0).next().unwrap_or_default()).into_owned()
 }
 
-/// The name of every chain in a dumped `NEWCHAIN` message payload.
-pub fn chain_name(payload: &[u8]) -> Option<String> {
-    const NFTA_CHAIN_NAME: u16 = 3;
-    find(&attributes(payload), NFTA_CHAIN_NAME).map(cstring)
-}
-
-/// A chain name back into a [`ChainRef`].
-pub fn parse_chain(name: &str) -> Option<ChainRef> {
-    match name {
-        "external_local" => return Some(ChainRef::ExternalLocal),
-        "nodeport_local" => return Some(ChainRef::NodePortLocal),
-        "reject_packet" => return Some(ChainRef::Reject),
-        _ => {}
-    }
-    let (prefix, n) = name.rsplit_once('_')?;
-    let n: u32 = n.parse().ok()?;
-    let kind = PickKind::ALL
-        .into_iter()
-        .find(|k| ChainRef::Pick(*k, n).to_string() == format!("{prefix}_{n}"))?;
-    Some(ChainRef::Pick(kind, n))
+/// The name of the set in a dumped `NEWSET` message payload.
+pub fn set_name(payload: &[u8]) -> Option<String> {
+    const NFTA_SET_NAME: u16 = 2;
+    find(&attributes(payload), NFTA_SET_NAME).map(cstring)
 }
 
 fn ip(family: Family, bytes: &[u8]) -> Option<IpAddr> {
@@ -97,17 +81,20 @@ pub fn key(family: Family, map: MapName, bytes: &[u8], end: Option<&[u8]>) -> Op
     let nodeport = |b: &[u8]| Some((protocol(*b.first()?)?, port(b.get(4..)?)?));
     match map {
         MapName::NodePortAddrs | MapName::ClusterIps => Some(Key::Addr(ip(family, bytes)?)),
-        MapName::ServiceDispatch
-        | MapName::ClusterPick
-        | MapName::LocalPick
-        | MapName::NoEndpointDests
+        MapName::ClusterDests
+        | MapName::LocalDests
+        | MapName::ExternalLocalDests
+        | MapName::RejectDests
+        | MapName::DropDests
         | MapName::MasqDests
         | MapName::FirewallDests => Some(Key::Dest(dest(family, bytes)?.0)),
-        MapName::NodePortDispatch
-        | MapName::NodePortClusterPick
-        | MapName::NodePortLocalPick
-        | MapName::NoEndpointNodePorts
-        | MapName::MasqNodePorts => nodeport(bytes).map(|(p, n)| Key::NodePort(p, n)),
+        MapName::Count(kind, _) if kind.by_destination() => Some(Key::Dest(dest(family, bytes)?.0)),
+        MapName::NodePortClusterDests
+        | MapName::NodePortLocalDests
+        | MapName::RejectNodePorts
+        | MapName::DropNodePorts
+        | MapName::MasqNodePorts
+        | MapName::Count(..) => nodeport(bytes).map(|(p, n)| Key::NodePort(p, n)),
         MapName::ClusterBackends | MapName::LocalBackends => {
             let (d, rest) = dest(family, bytes)?;
             Some(Key::DestSlot(d, slot(rest)?))
@@ -138,7 +125,6 @@ pub fn element(family: Family, map: MapName, payload: &[u8]) -> Option<(Key, Val
     const KEY: u16 = 1;
     const DATA: u16 = 2;
     const KEY_END: u16 = 10;
-    const DATA_VERDICT: u16 = 2;
     let attrs = attributes(payload);
     fn value_of(nest: Option<&[u8]>) -> Option<&[u8]> {
         nest.and_then(|n| find(&attributes(n), 1))
@@ -148,21 +134,9 @@ pub fn element(family: Family, map: MapName, payload: &[u8]) -> Option<(Key, Val
     let value = match find(&attrs, DATA) {
         None => Value::None,
         Some(data) => {
-            let data = attributes(data);
-            if let Some(verdict) = find(&data, DATA_VERDICT) {
-                let verdict = attributes(verdict);
-                let code = i32::from_be_bytes(find(&verdict, 1)?.get(..4)?.try_into().ok()?);
-                match code {
-                    0 => Value::Verdict(Verdict::Drop),
-                    -4 => Value::Verdict(Verdict::Goto(parse_chain(&cstring(find(&verdict, 2)?))?)),
-                    _ => return None,
-                }
-            } else {
-                let bytes = find(&data, 1)?;
-                let ip = ip(family, bytes)?;
-                let at = if family == Family::V4 { 4 } else { 16 };
-                Value::Endpoint(ip, port(bytes.get(at..)?)?)
-            }
+            let bytes = find(&attributes(data), 1)?;
+            let at = if family == Family::V4 { 4 } else { 16 };
+            Value::Endpoint(ip(family, bytes)?, port(bytes.get(at..)?)?)
         }
     };
     Some((key, value))

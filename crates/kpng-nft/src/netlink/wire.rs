@@ -10,7 +10,7 @@ use std::net::IpAddr;
 
 use kpng_model::{Family, Protocol};
 
-use crate::objects::{ChainRef, Dest, ElementId, Key, PickKind, TABLE, Value, Verdict};
+use crate::objects::{Dest, ElementId, Key, MapName, PickKind, TABLE, Value};
 
 /// Netlink protocol number of netfilter.
 pub const NETLINK_NETFILTER: isize = 12;
@@ -20,12 +20,10 @@ const NFNL_MSG_BATCH_BEGIN: u16 = 0x10;
 const NFNL_MSG_BATCH_END: u16 = 0x11;
 
 const NFT_MSG_DELTABLE: u16 = 2;
-/// Get chains (dumped).
-pub const NFT_MSG_GETCHAIN: u16 = 4;
-const NFT_MSG_NEWCHAIN: u16 = 3;
-const NFT_MSG_DELCHAIN: u16 = 5;
+/// Get sets (dumped).
+pub const NFT_MSG_GETSET: u16 = 10;
+const NFT_MSG_NEWSET: u16 = 9;
 const NFT_MSG_NEWRULE: u16 = 6;
-const NFT_MSG_DELRULE: u16 = 8;
 const NFT_MSG_NEWSETELEM: u16 = 12;
 const NFT_MSG_DELSETELEM: u16 = 14;
 /// Get set elements (dumped).
@@ -47,8 +45,12 @@ const NFPROTO_IPV6: u8 = 10;
 const NFPROTO_UNSPEC: u8 = 0;
 
 // Attribute numbers.
-const NFTA_CHAIN_TABLE: u16 = 1;
-const NFTA_CHAIN_NAME: u16 = 3;
+const NFTA_SET_TABLE: u16 = 1;
+const NFTA_SET_NAME: u16 = 2;
+const NFTA_SET_FLAGS: u16 = 3;
+const NFTA_SET_KEY_TYPE: u16 = 4;
+const NFTA_SET_KEY_LEN: u16 = 5;
+const NFTA_SET_ID: u16 = 10;
 const NFTA_RULE_TABLE: u16 = 1;
 const NFTA_RULE_CHAIN: u16 = 2;
 const NFTA_RULE_EXPRESSIONS: u16 = 4;
@@ -62,12 +64,6 @@ const NFTA_SET_ELEM_KEY: u16 = 1;
 const NFTA_SET_ELEM_DATA: u16 = 2;
 const NFTA_SET_ELEM_KEY_END: u16 = 10;
 const NFTA_DATA_VALUE: u16 = 1;
-const NFTA_DATA_VERDICT: u16 = 2;
-const NFTA_VERDICT_CODE: u16 = 1;
-const NFTA_VERDICT_CHAIN: u16 = 2;
-
-const NF_DROP: i32 = 0;
-const NFT_GOTO: i32 = -4;
 
 /// Keep each message's element list well under the 64 KiB an attribute length can express.
 const MAX_ELEMENTS_BYTES: usize = 48 * 1024;
@@ -190,7 +186,7 @@ impl Batch {
             );
             let start = self.message(msg, flags, family, what);
             self.attr_str(NFTA_SET_ELEM_LIST_TABLE, TABLE);
-            self.attr_str(NFTA_SET_ELEM_LIST_SET, map.as_str());
+            self.attr_str(NFTA_SET_ELEM_LIST_SET, &map.name());
             let list = self.nest(NFTA_SET_ELEM_LIST_ELEMENTS);
             while i < elements.len() && elements[i].0.family == family && elements[i].0.map == map {
                 if self.buf.len() - list > MAX_ELEMENTS_BYTES {
@@ -224,44 +220,43 @@ impl Batch {
                 self.attr(NFTA_DATA_VALUE, &bytes);
                 self.nest_end(data);
             }
-            Some(Value::Verdict(verdict)) => {
-                let data = self.nest(NFTA_SET_ELEM_DATA);
-                let v = self.nest(NFTA_DATA_VERDICT);
-                match verdict {
-                    Verdict::Drop => self.attr_u32(NFTA_VERDICT_CODE, NF_DROP as u32),
-                    Verdict::Goto(chain) => {
-                        self.attr_u32(NFTA_VERDICT_CODE, NFT_GOTO as u32);
-                        self.attr_str(NFTA_VERDICT_CHAIN, &chain.to_string());
-                    }
-                }
-                self.nest_end(v);
-                self.nest_end(data);
-            }
         }
         self.nest_end(elem);
     }
 
-    /// Creates pick chain `(kind, n)` of `family` with its one rule. The chain is emptied
-    /// first, so creating a chain that already exists leaves it with exactly that rule.
-    pub fn create_pick_chain(&mut self, family: Family, kind: PickKind, n: u32) {
-        let name = ChainRef::Pick(kind, n).to_string();
+    /// Creates the count set of `n` endpoints of `kind` in `family`, and appends to the
+    /// kind's pick chain the rule that picks among `n` slots for its members.
+    pub fn create_ladder(&mut self, family: Family, kind: PickKind, n: u32) {
+        let set = MapName::Count(kind, n).name();
         let fam = crate::objects::table_family(family);
         let start = self.message(
-            NFT_MSG_NEWCHAIN,
+            NFT_MSG_NEWSET,
             NLM_F_CREATE,
             family,
-            format!("add chain {fam} {TABLE} {name}"),
+            format!("add set {fam} {TABLE} {set}"),
         );
-        self.attr_str(NFTA_CHAIN_TABLE, TABLE);
-        self.attr_str(NFTA_CHAIN_NAME, &name);
+        self.attr_str(NFTA_SET_TABLE, TABLE);
+        self.attr_str(NFTA_SET_NAME, &set);
+        self.attr_u32(NFTA_SET_FLAGS, 0);
+        // nft's type ids, concatenated 6 bits apart: ipv4_addr 7, ipv6_addr 8,
+        // inet_proto 12, inet_service 13.
+        let (key_type, key_len) = match (family, kind.by_destination()) {
+            (Family::V4, true) => (((7 << 6) | 12) << 6 | 13, 12),
+            (Family::V6, true) => (((8 << 6) | 12) << 6 | 13, 24),
+            (_, false) => ((12 << 6) | 13, 8),
+        };
+        self.attr_u32(NFTA_SET_KEY_TYPE, key_type);
+        self.attr_u32(NFTA_SET_KEY_LEN, key_len);
+        self.attr_u32(NFTA_SET_ID, self.seq);
         self.end(start);
-        self.flush_chain(family, &name);
-        let what = format!("add rule {fam} {TABLE} {name} (dnat to a random one of {n} endpoints)");
+        let chain = kind.chain();
+        let what =
+            format!("add rule {fam} {TABLE} {chain} (@{set}: dnat to a random one of {n} slots)");
         let start = self.message(NFT_MSG_NEWRULE, NLM_F_CREATE | NLM_F_APPEND, family, what);
         self.attr_str(NFTA_RULE_TABLE, TABLE);
-        self.attr_str(NFTA_RULE_CHAIN, &name);
+        self.attr_str(NFTA_RULE_CHAIN, &chain);
         let exprs = self.nest(NFTA_RULE_EXPRESSIONS);
-        self.pick_expressions(family, kind, n);
+        self.pick_expressions(family, kind, n, &set);
         self.nest_end(exprs);
         self.end(start);
     }
@@ -272,27 +267,6 @@ impl Batch {
         let start =
             self.message(NFT_MSG_DELTABLE, 0, family, format!("delete table {fam} {TABLE}"));
         self.attr_str(NFTA_TABLE_NAME, TABLE);
-        self.end(start);
-    }
-
-    /// Deletes pick chain `(kind, n)` of `family` and its rule.
-    pub fn delete_pick_chain(&mut self, family: Family, kind: PickKind, n: u32) {
-        let name = ChainRef::Pick(kind, n).to_string();
-        let fam = crate::objects::table_family(family);
-        self.flush_chain(family, &name);
-        let start =
-            self.message(NFT_MSG_DELCHAIN, 0, family, format!("delete chain {fam} {TABLE} {name}"));
-        self.attr_str(NFTA_CHAIN_TABLE, TABLE);
-        self.attr_str(NFTA_CHAIN_NAME, &name);
-        self.end(start);
-    }
-
-    fn flush_chain(&mut self, family: Family, name: &str) {
-        let fam = crate::objects::table_family(family);
-        let start =
-            self.message(NFT_MSG_DELRULE, 0, family, format!("flush chain {fam} {TABLE} {name}"));
-        self.attr_str(NFTA_RULE_TABLE, TABLE);
-        self.attr_str(NFTA_RULE_CHAIN, name);
         self.end(start);
     }
 
@@ -312,7 +286,7 @@ impl Batch {
 
     /// `dnat to <key> . numgen random mod n map @<backends>`, register by register as nft
     /// itself encodes it.
-    fn pick_expressions(&mut self, family: Family, kind: PickKind, n: u32) {
+    fn pick_expressions(&mut self, family: Family, kind: PickKind, n: u32, count_set: &str) {
         use ExprAttr::{Str, U32};
         // Register numbers: 1-4 are the 128-bit registers, 8-23 the 32-bit ones.
         let (addr_len, addr_offset, l4_reg, port_reg, ng_reg, proto_min) =
@@ -352,6 +326,11 @@ impl Batch {
                 (PAYLOAD_LEN, U32(2)),
             ],
         );
+        const LOOKUP_SET: u16 = 1;
+        const LOOKUP_SREG: u16 = 2;
+        const LOOKUP_DREG: u16 = 3;
+        // Only members of the count set: the key stays in place, a set lookup keeps it.
+        self.expr("lookup", &[(LOOKUP_SET, Str(count_set)), (LOOKUP_SREG, U32(1))]);
         const NG_DREG: u16 = 1;
         const NG_MODULUS: u16 = 2;
         const NG_TYPE: u16 = 3;
@@ -360,13 +339,10 @@ impl Batch {
             "numgen",
             &[(NG_DREG, U32(ng_reg)), (NG_MODULUS, U32(n)), (NG_TYPE, U32(NFT_NG_RANDOM))],
         );
-        const LOOKUP_SET: u16 = 1;
-        const LOOKUP_SREG: u16 = 2;
-        const LOOKUP_DREG: u16 = 3;
-        let backends = kind.backends();
+        let backends = kind.backends().name();
         self.expr(
             "lookup",
-            &[(LOOKUP_SET, Str(backends.as_str())), (LOOKUP_SREG, U32(1)), (LOOKUP_DREG, U32(1))],
+            &[(LOOKUP_SET, Str(&backends)), (LOOKUP_SREG, U32(1)), (LOOKUP_DREG, U32(1))],
         );
         const NAT_TYPE: u16 = 1;
         const NAT_FAMILY: u16 = 2;
@@ -385,8 +361,8 @@ impl Batch {
     }
 }
 
-/// A dump request (outside any batch): every chain of kpng's table, or every element of
-/// one of its sets, in `family`.
+/// A dump request (outside any batch): every set of kpng's table, or every element of one
+/// of its sets, in `family`.
 pub fn dump_request(seq: u32, msg: u16, family: Family, set: Option<&str>) -> Vec<u8> {
     let mut batch = Batch { buf: Vec::new(), seq: seq.wrapping_sub(1), messages: Vec::new() };
     let start = batch.begin(
@@ -400,7 +376,7 @@ pub fn dump_request(seq: u32, msg: u16, family: Family, set: Option<&str>) -> Ve
             batch.attr_str(NFTA_SET_ELEM_LIST_TABLE, TABLE);
             batch.attr_str(NFTA_SET_ELEM_LIST_SET, set);
         }
-        None => batch.attr_str(NFTA_CHAIN_TABLE, TABLE),
+        None => batch.attr_str(NFTA_SET_TABLE, TABLE),
     }
     batch.end(start);
     batch.buf

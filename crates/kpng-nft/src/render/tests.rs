@@ -65,7 +65,8 @@ fn cluster_ip_with_endpoints() {
         expect(&[
             "ip cluster_ips 10.96.0.1",
             "ip hairpin 10.0.0.1 . 10.0.0.1",
-            "ip service_dispatch 10.96.0.1 . tcp . 80 : goto pick_cluster_2",
+            "ip cluster_dests 10.96.0.1 . tcp . 80",
+            "ip cluster_count_2 10.96.0.1 . tcp . 80",
             "ip cluster_backends 10.96.0.1 . tcp . 80 . 0 : 10.0.0.1 . 8080",
             "ip cluster_backends 10.96.0.1 . tcp . 80 . 1 : 10.0.0.2 . 8080",
         ])
@@ -75,13 +76,7 @@ fn cluster_ip_with_endpoints() {
 #[test]
 fn no_endpoints_rejects_and_internal_local_drops() {
     let got = render(vec![Object::Service(service("ns", "web", &["10.96.0.1"], &[HTTP]))], "a");
-    assert_eq!(
-        got,
-        expect(&[
-            "ip cluster_ips 10.96.0.1",
-            "ip no_endpoint_dests 10.96.0.1 . tcp . 80 : goto reject_packet"
-        ])
-    );
+    assert_eq!(got, expect(&["ip cluster_ips 10.96.0.1", "ip reject_dests 10.96.0.1 . tcp . 80"]));
 
     let mut svc = service("ns", "web", &["10.96.0.1"], &[HTTP]);
     svc.internal_traffic_policy = TrafficPolicy::Local;
@@ -98,10 +93,7 @@ fn no_endpoints_rejects_and_internal_local_drops() {
         ],
         "a",
     );
-    assert_eq!(
-        got,
-        expect(&["ip cluster_ips 10.96.0.1", "ip no_endpoint_dests 10.96.0.1 . tcp . 80 : drop"])
-    );
+    assert_eq!(got, expect(&["ip cluster_ips 10.96.0.1", "ip drop_dests 10.96.0.1 . tcp . 80"]));
 }
 
 #[test]
@@ -123,10 +115,11 @@ fn dual_stack_with_only_ipv4_endpoints_rejects_on_ipv6() {
         got,
         expect(&[
             "ip cluster_ips 10.96.0.1",
-            "ip service_dispatch 10.96.0.1 . tcp . 80 : goto pick_cluster_1",
+            "ip cluster_dests 10.96.0.1 . tcp . 80",
+            "ip cluster_count_1 10.96.0.1 . tcp . 80",
             "ip cluster_backends 10.96.0.1 . tcp . 80 . 0 : 10.0.0.2 . 8080",
             "ip6 cluster_ips fd00::1",
-            "ip6 no_endpoint_dests fd00::1 . tcp . 80 : goto reject_packet",
+            "ip6 reject_dests fd00::1 . tcp . 80",
         ])
     );
 }
@@ -154,13 +147,16 @@ fn node_port_and_external_ip_with_policy_cluster_masquerade() {
         got,
         expect(&[
             "ip cluster_ips 10.96.0.1",
-            "ip service_dispatch 10.96.0.1 . tcp . 80 : goto pick_cluster_1",
+            "ip cluster_dests 10.96.0.1 . tcp . 80",
+            "ip cluster_count_1 10.96.0.1 . tcp . 80",
             "ip cluster_backends 10.96.0.1 . tcp . 80 . 0 : 10.0.0.2 . 8080",
             "ip masq_dests 192.0.2.5 . tcp . 80",
-            "ip service_dispatch 192.0.2.5 . tcp . 80 : goto pick_cluster_1",
+            "ip cluster_dests 192.0.2.5 . tcp . 80",
+            "ip cluster_count_1 192.0.2.5 . tcp . 80",
             "ip cluster_backends 192.0.2.5 . tcp . 80 . 0 : 10.0.0.2 . 8080",
             "ip masq_nodeports tcp . 30080",
-            "ip nodeport_dispatch tcp . 30080 : goto pick_nodeport_cluster_1",
+            "ip nodeport_cluster_dests tcp . 30080",
+            "ip nodeport_cluster_count_1 tcp . 30080",
             "ip nodeport_cluster_backends tcp . 30080 . 0 : 10.0.0.2 . 8080",
         ])
     );
@@ -194,22 +190,23 @@ fn load_balancer_with_local_policy_and_source_ranges() {
         got,
         expect(&[
             "ip cluster_ips 10.96.0.1",
-            "ip service_dispatch 10.96.0.1 . tcp . 80 : goto pick_cluster_1",
+            "ip cluster_dests 10.96.0.1 . tcp . 80",
+            "ip cluster_count_1 10.96.0.1 . tcp . 80",
             "ip cluster_backends 10.96.0.1 . tcp . 80 . 0 : 10.0.0.2 . 8080",
             // No local endpoint: outsiders are dropped, pods and the node short-circuit.
-            "ip service_dispatch 198.51.100.1 . tcp . 80 : goto external_local",
-            "ip cluster_pick 198.51.100.1 . tcp . 80 : goto pick_cluster_1",
+            "ip external_local_dests 198.51.100.1 . tcp . 80",
+            "ip cluster_count_1 198.51.100.1 . tcp . 80",
             "ip cluster_backends 198.51.100.1 . tcp . 80 . 0 : 10.0.0.2 . 8080",
-            "ip no_endpoint_dests 198.51.100.1 . tcp . 80 : drop",
+            "ip drop_dests 198.51.100.1 . tcp . 80",
             "ip firewall_dests 198.51.100.1 . tcp . 80",
             "ip firewall_allow 198.51.100.1 . tcp . 80 . 203.0.113.0/24",
             "ip firewall_allow 198.51.100.1 . tcp . 80 . 192.168.0.0/16",
             // The node's IP is inside a range: the LB IP itself is an allowed source.
             "ip firewall_allow 198.51.100.1 . tcp . 80 . 198.51.100.1/32",
-            "ip nodeport_dispatch tcp . 30080 : goto nodeport_local",
-            "ip nodeport_cluster_pick tcp . 30080 : goto pick_nodeport_cluster_1",
+            "ip nodeport_local_dests tcp . 30080",
+            "ip nodeport_cluster_count_1 tcp . 30080",
             "ip nodeport_cluster_backends tcp . 30080 . 0 : 10.0.0.2 . 8080",
-            "ip no_endpoint_nodeports tcp . 30080 : drop",
+            "ip drop_nodeports tcp . 30080",
         ])
     );
 }
