@@ -117,6 +117,8 @@ pub fn run(
     let start = Instant::now();
     backend.apply(&ChangeSet { ops: &ops, state: projector.state() }).context("cold start")?;
     let cold_start_ms = start.elapsed().as_secs_f64() * 1000.0;
+    let cold_kernel_ms =
+        kernel_time.lock().unwrap_or_else(|e| e.into_inner()).as_secs_f64() * 1000.0;
     let mut bench = Bench { model, projector, backend, kernel_time };
 
     let mut changes = Vec::new();
@@ -170,6 +172,7 @@ pub fn run(
         chains,
         pick_rules: rules,
         cold_start_ms,
+        cold_kernel_ms,
         changes,
         reload_ms,
     })

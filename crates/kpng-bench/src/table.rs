@@ -40,6 +40,8 @@ pub struct NftRow {
     pub pick_rules: usize,
     /// Cold start: whole table in one transaction (ms).
     pub cold_start_ms: f64,
+    /// The kernel's part of the cold start: the one big commit (ms).
+    pub cold_kernel_ms: f64,
     /// Per kind of change.
     pub changes: Vec<ChangeStats>,
     /// Full `nft -f` reload of the whole ruleset (ms, median).
@@ -49,6 +51,13 @@ pub struct NftRow {
 /// Prints the nftables table.
 pub fn print_nft(rows: &[NftRow]) {
     println!("nftables backend (one atomic netlink transaction per change)");
+    println!("{:>8} {:>4} {:>12} {:>14}", "services", "eps", "cold(ms)", "cold-kern(ms)");
+    for row in rows {
+        println!(
+            "{:>8} {:>4} {:>12.1} {:>14.1}",
+            row.services, row.endpoints, row.cold_start_ms, row.cold_kernel_ms
+        );
+    }
     println!(
         "{:>8} {:>4} {:>9} {:>6} {:>5} {:>10} | {:<16} {:>8} {:>8} {:>8} {:>10} {:>10} {:>8} | {:>10} {:>12}",
         "services",
