@@ -9,6 +9,7 @@
 //! - [`topology`]: a node, its pods, a remote node and a client, wired for service tests.
 //! - [`echo`], [`probe`]: the server in pods and the client of dataplane tests
 //!   (`kpng-dev echo`, `kpng-dev probe`).
+//! - [`sctp`]: SCTP probes and responders over raw sockets.
 //! - [`privileged`]: gatekeeping for tests that need root and kernel tools (fail under `CI=true`).
 //! - [`generate`]: synthetic clusters (N services × M endpoints over K nodes) as Kubernetes
 //!   manifests, for end-to-end tests, stats and benchmarks (`kpng-dev generate`).
@@ -19,5 +20,6 @@ pub mod generate;
 pub mod netns;
 pub mod privileged;
 pub mod probe;
+pub mod sctp;
 pub mod strategies;
 pub mod topology;

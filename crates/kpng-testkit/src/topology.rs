@@ -152,12 +152,17 @@ impl Cluster {
         thread::spawn(move || {
             let file = File::open(&path).expect("pod namespace");
             setns(&file, CloneFlags::CLONE_NEWNET).expect("enter pod namespace");
-            match echo::bind(&tcp, &udp) {
-                Ok(servers) => {
+            let sctp: Result<Vec<_>, _> =
+                tcp.iter().map(|p| crate::sctp::serve(&server_name, *p)).collect();
+            match (echo::bind(&tcp, &udp), sctp) {
+                (Ok(servers), Ok(sctp)) => {
+                    for responder in sctp {
+                        thread::spawn(responder);
+                    }
                     let _ = ready_tx.send(Ok(()));
                     servers.run(&server_name);
                 }
-                Err(e) => {
+                (Err(e), _) | (_, Err(e)) => {
                     let _ = ready_tx.send(Err(e.to_string()));
                 }
             }
@@ -178,6 +183,12 @@ impl Cluster {
     pub fn tcp(from: &Netns, target: &str) -> Outcome {
         let target: SocketAddr = target.parse().expect("target address");
         in_netns(from, move || probe::tcp(target, Duration::from_millis(1500)))
+    }
+
+    /// One SCTP probe (IPv4) from `from` to `target`, from source port `source_port`.
+    pub fn sctp(from: &Netns, target: &str, source_port: u16) -> Outcome {
+        let target: SocketAddr = target.parse().expect("target address");
+        in_netns(from, move || crate::sctp::probe(target, source_port, Duration::from_millis(1500)))
     }
 
     /// One UDP probe from `from` to `target`, from source port `source_port` (0: any).

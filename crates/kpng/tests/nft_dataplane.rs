@@ -563,3 +563,41 @@ fn updates_apply_while_traffic_flows() {
     let _ = kpng.wait();
     assert_eq!(gone, Outcome::Timeout);
 }
+
+#[test]
+fn sctp_cluster_ip_and_node_port() {
+    if !require("sctp_cluster_ip_and_node_port", &["nft", "ip"]) {
+        return;
+    }
+    let mut cluster = Cluster::new();
+    cluster.add_pod("web-a", true, 10, &[8080]);
+    cluster.add_pod("web-b", false, 10, &[8080]);
+    let manifests = [
+        service(
+            "assoc",
+            "  type: NodePort\n  clusterIP: 10.96.0.70\n",
+            "  - {name: sctp, protocol: SCTP, port: 80, targetPort: 8080, nodePort: 30070}\n",
+        ),
+        slice(
+            "assoc-1",
+            "assoc",
+            "IPv4",
+            "- {name: sctp, protocol: SCTP, port: 8080}\n",
+            &[
+                ("10.244.0.10", "node-a", true, true, false),
+                ("10.244.1.10", "node-b", true, true, false),
+            ],
+        ),
+    ]
+    .concat();
+    program(&cluster, &manifests, &[]);
+    let mut names = BTreeSet::new();
+    for port in 0..24u16 {
+        let (name, peer) = answer(&Cluster::sctp(&cluster.client, "10.96.0.70:80", 41000 + port));
+        assert_eq!(peer, ip("192.168.10.1"), "SCTP to a ClusterIP from outside is masqueraded");
+        names.insert(name);
+    }
+    assert_eq!(names, BTreeSet::from(["web-a".to_string(), "web-b".to_string()]));
+    let (name, _) = answer(&Cluster::sctp(&cluster.client, "192.168.10.1:30070", 42000));
+    assert!(name.starts_with("web-"), "{name}");
+}
