@@ -601,3 +601,93 @@ fn sctp_cluster_ip_and_node_port() {
     let (name, _) = answer(&Cluster::sctp(&cluster.client, "192.168.10.1:30070", 42000));
     assert!(name.starts_with("web-"), "{name}");
 }
+
+#[test]
+fn a_rejected_transaction_is_retried_and_the_table_rebuilt() {
+    if !require("a_rejected_transaction_is_retried_and_the_table_rebuilt", &["nft", "ip"]) {
+        return;
+    }
+    let mut cluster = Cluster::new();
+    cluster.add_pod("web-a", true, 10, &[8080]);
+    cluster.add_pod("web-b", false, 10, &[8080]);
+    let a = ("10.244.0.10", "node-a", true, true, false);
+    let b = ("10.244.1.10", "node-b", true, true, false);
+    let web = |eps: &[(&str, &str, bool, bool, bool)]| {
+        [
+            service("web", "  clusterIP: 10.96.0.80\n", PORT_HTTP),
+            slice("web-1", "web", "IPv4", SLICE_HTTP, eps),
+        ]
+        .concat()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cluster.yaml");
+    let log = dir.path().join("kpng.log");
+    std::fs::write(&path, format!("{NODE_A}{}", web(&[a, b]))).unwrap();
+    let args = [
+        "file",
+        "--input",
+        path.to_str().unwrap(),
+        "--watch",
+        "to-local",
+        "--node",
+        "node-a",
+        "to-nft",
+    ];
+    let mut kpng = cluster
+        .node
+        .command(env!("CARGO_BIN_EXE_kpng"), &args)
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let probe = || Cluster::tcp(&cluster.client, "10.96.0.80:80");
+    assert!(matches!(
+        eventually(probe, |o| matches!(o, Outcome::Answer { .. })),
+        Outcome::Answer { .. }
+    ));
+
+    // Someone removes one of kpng's elements behind its back: kpng's next transaction,
+    // which deletes that element, is rejected by the kernel as a whole.
+    cluster.node.exec(
+        "nft",
+        &[
+            "delete",
+            "element",
+            "ip",
+            "kpng",
+            "cluster_backends",
+            "{ 10.96.0.80 . tcp . 80 . 1 : 10.244.1.10 . 8080 }",
+        ],
+    );
+    std::fs::write(&path, format!("{NODE_A}{}", web(&[a]))).unwrap();
+    let text = || std::fs::read_to_string(&log).unwrap_or_default();
+    let start = std::time::Instant::now();
+    while !text().contains("change set failed") {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(20),
+            "no failure logged:\n{}",
+            text()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(
+        text().contains("the kernel rejected `delete element ip kpng"),
+        "the failing operation is named:\n{}",
+        text()
+    );
+    // The retry starts from what the kernel holds and converges: only web-a remains.
+    let applied = || {
+        String::from_utf8_lossy(
+            &cluster.node.output("nft", &["list", "set", "ip", "kpng", "cluster_count_1"]).stdout,
+        )
+        .contains("10.96.0.80")
+    };
+    while !applied() {
+        assert!(start.elapsed() < std::time::Duration::from_secs(30), "never rebuilt:\n{}", text());
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    for _ in 0..8 {
+        assert_eq!(answer(&probe()).0, "web-a");
+    }
+    let _ = kpng.kill();
+    let _ = kpng.wait();
+}
