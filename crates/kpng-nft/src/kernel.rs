@@ -78,6 +78,26 @@ impl Kernel for NetlinkKernel {
         nft_load(&text)
     }
 
+    fn local_addresses(&mut self) -> Vec<IpAddr> {
+        let Ok(addresses) = nix::ifaddrs::getifaddrs() else {
+            tracing::warn!(
+                "cannot list the node's addresses; NodePorts on --nodeport-addresses CIDRs are not accepted"
+            );
+            return Vec::new();
+        };
+        let mut ips: Vec<IpAddr> = addresses
+            .filter_map(|a| a.address)
+            .filter_map(|a| {
+                a.as_sockaddr_in()
+                    .map(|v4| IpAddr::V4(v4.ip()))
+                    .or_else(|| a.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip())))
+            })
+            .collect();
+        ips.sort();
+        ips.dedup();
+        ips
+    }
+
     fn current(&mut self) -> Result<Option<KernelContents>, BackendError> {
         let fail = |e: CommitError| backend_error("reading kpng's tables").with_source(e);
         let mut elements = Vec::new();

@@ -691,3 +691,31 @@ fn a_rejected_transaction_is_retried_and_the_table_rebuilt() {
     let _ = kpng.kill();
     let _ = kpng.wait();
 }
+
+#[test]
+fn node_ports_on_primary_or_chosen_addresses() {
+    if !require("node_ports_on_primary_or_chosen_addresses", &["nft", "ip"]) {
+        return;
+    }
+    let mut cluster = Cluster::new();
+    cluster.add_pod("web-a", true, 10, &[8080]);
+    cluster.node.ip(&["addr", "add", "192.168.10.50/24", "dev", "eth0"]);
+    let manifests = [
+        service(
+            "web",
+            "  type: NodePort\n  clusterIP: 10.96.0.90\n",
+            "  - {name: http, protocol: TCP, port: 80, targetPort: 8080, nodePort: 30090}\n",
+        ),
+        slice("web-1", "web", "IPv4", SLICE_HTTP, &[("10.244.0.10", "node-a", true, true, false)]),
+    ]
+    .concat();
+    // Default: only the Node object's primary address; elsewhere the port is left alone
+    // (nothing listens on the node itself, so the connection is refused by its stack).
+    program(&cluster, &manifests, &[]);
+    assert_eq!(answer(&Cluster::tcp(&cluster.client, "192.168.10.1:30090")).0, "web-a");
+    assert_eq!(Cluster::tcp(&cluster.client, "192.168.10.50:30090"), Outcome::Refused);
+    // With CIDRs: every local address inside them.
+    program(&cluster, &manifests, &["--nodeport-addresses", "192.168.10.0/24"]);
+    assert_eq!(answer(&Cluster::tcp(&cluster.client, "192.168.10.50:30090")).0, "web-a");
+    assert_eq!(answer(&Cluster::tcp(&cluster.client, "192.168.10.1:30090")).0, "web-a");
+}
