@@ -67,17 +67,7 @@ pub fn slice_of(model: &GlobalModel, i: usize) -> EndpointSlice {
 
 /// A ready endpoint at `10.250.x.y` on node `node`.
 pub fn extra_endpoint(n: usize, node: &str) -> Endpoint {
-    Endpoint {
-        address: std::net::IpAddr::from([10, 250, (n >> 8) as u8, n as u8]),
-        ready: true,
-        serving: true,
-        terminating: false,
-        node_name: Some(node.to_string()),
-        zone: None,
-        zone_hints: vec![],
-        node_hints: vec![],
-        pod_name: None,
-    }
+    kpng_testkit::builders::endpoint(&format!("10.250.{}.{}", (n >> 8) & 0xff, n & 0xff), node)
 }
 
 /// A new service `bench/extra-<n>` with `endpoints` endpoints, and its slice.

@@ -402,6 +402,70 @@ fn internal_policy_local_terminating_fallback_and_dual_stack() {
     assert_eq!(Cluster::tcp(&cluster.client, "[fd00:96::43]:80"), Outcome::Refused);
 }
 
+/// kpng running with `--watch` in the node namespace over a manifests file; stopped on drop.
+struct Watched {
+    dir: tempfile::TempDir,
+    child: std::process::Child,
+}
+
+impl Watched {
+    fn start(cluster: &Cluster, manifests: &str) -> Watched {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cluster.yaml");
+        std::fs::write(&path, format!("{NODE_A}{manifests}")).unwrap();
+        let args = [
+            "file",
+            "--input",
+            path.to_str().unwrap(),
+            "--watch",
+            "to-local",
+            "--node",
+            "node-a",
+            "to-nft",
+        ];
+        let log = std::fs::File::create(dir.path().join("kpng.log")).unwrap();
+        let child =
+            cluster.node.command(env!("CARGO_BIN_EXE_kpng"), &args).stderr(log).spawn().unwrap();
+        Watched { dir, child }
+    }
+
+    /// Replaces the manifests the way editors do (write, then rename).
+    fn write(&self, manifests: &str) {
+        let tmp = self.dir.path().join("edit.tmp");
+        std::fs::write(&tmp, format!("{NODE_A}{manifests}")).unwrap();
+        std::fs::rename(&tmp, self.dir.path().join("cluster.yaml")).unwrap();
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("kpng.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Watched {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Waits until `done` holds; fails naming `what` after 30 s.
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let start = std::time::Instant::now();
+    while !done() {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(30),
+            "timed out waiting until {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// Whether the node's `ip kpng` set `set` mentions `needle`.
+fn in_set(cluster: &Cluster, set: &str, needle: &str) -> bool {
+    String::from_utf8_lossy(&cluster.node.output("nft", &["list", "set", "ip", "kpng", set]).stdout)
+        .contains(needle)
+}
+
 const DNS_PORT: &str = "  - {name: dns, protocol: UDP, port: 53, targetPort: 8080}\n";
 const SLICE_DNS: &str = "- {name: dns, protocol: UDP, port: 8080}\n";
 
@@ -453,41 +517,11 @@ fn udp_flows_move_when_their_endpoint_goes() {
     assert_eq!(answer(&Cluster::udp(&cluster.client, "10.96.0.50:53", 40000)).0, "dns-a");
 
     // Scale to zero while kpng watches the file: the flow is rejected, not blackholed.
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("cluster.yaml");
-    std::fs::write(&path, format!("{NODE_A}{}", to(&[a]))).unwrap();
-    let args = [
-        "file",
-        "--input",
-        path.to_str().unwrap(),
-        "--watch",
-        "to-local",
-        "--node",
-        "node-a",
-        "to-nft",
-    ];
-    let mut kpng = cluster
-        .node
-        .command(env!("CARGO_BIN_EXE_kpng"), &args)
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    assert_eq!(
-        answer(&eventually(
-            || Cluster::udp(&cluster.client, "10.96.0.50:53", 40002),
-            |o| matches!(o, Outcome::Answer { .. })
-        ))
-        .0,
-        "dns-a"
-    );
-    std::fs::write(&path, format!("{NODE_A}{}", to(&[]))).unwrap();
-    let after = eventually(
-        || Cluster::udp(&cluster.client, "10.96.0.50:53", 40002),
-        |o| *o == Outcome::Refused,
-    );
-    let _ = kpng.kill();
-    let _ = kpng.wait();
-    assert_eq!(after, Outcome::Refused);
+    let kpng = Watched::start(&cluster, &to(&[a]));
+    let probe = || Cluster::udp(&cluster.client, "10.96.0.50:53", 40002);
+    assert_eq!(answer(&eventually(probe, |o| matches!(o, Outcome::Answer { .. }))).0, "dns-a");
+    kpng.write(&to(&[]));
+    assert_eq!(eventually(probe, |o| *o == Outcome::Refused), Outcome::Refused);
 }
 
 #[test]
@@ -507,61 +541,24 @@ fn updates_apply_while_traffic_flows() {
         ]
         .concat()
     };
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("cluster.yaml");
-    let write = |text: &str| {
-        let tmp = dir.path().join("edit.tmp");
-        std::fs::write(&tmp, format!("{NODE_A}{text}")).unwrap();
-        std::fs::rename(&tmp, &path).unwrap();
-    };
-    write(&web(&[a]));
-    let args = [
-        "file",
-        "--input",
-        path.to_str().unwrap(),
-        "--watch",
-        "to-local",
-        "--node",
-        "node-a",
-        "to-nft",
-    ];
-    let mut kpng = cluster
-        .node
-        .command(env!("CARGO_BIN_EXE_kpng"), &args)
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let kpng = Watched::start(&cluster, &web(&[a]));
     let probe = || Cluster::tcp(&cluster.client, "10.96.0.60:80");
     let is = |name: &'static str| move |o: &Outcome| matches!(o, Outcome::Answer { name: n, .. } if n == name);
     assert!(is("web-a")(&eventually(probe, is("web-a"))));
 
     // Endpoint added: the new one starts answering.
-    write(&web(&[a, b]));
+    kpng.write(&web(&[a, b]));
     assert!(is("web-b")(&eventually(probe, is("web-b"))));
     // Endpoint removed: only the other one answers from then on.
-    write(&web(&[b]));
+    kpng.write(&web(&[b]));
     // Wait until the kernel holds the one-endpoint state, then every probe must agree.
-    let applied = || {
-        let out = cluster.node.output("nft", &["list", "set", "ip", "kpng", "cluster_count_1"]);
-        String::from_utf8_lossy(&out.stdout).contains("10.96.0.60")
-    };
-    let start = std::time::Instant::now();
-    while !applied() {
-        assert!(
-            start.elapsed() < std::time::Duration::from_secs(20),
-            "the removal was never applied"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    wait_until("the removal is applied", || in_set(&cluster, "cluster_count_1", "10.96.0.60"));
     for _ in 0..10 {
         assert!(is("web-b")(&probe()));
     }
     // Service deleted: its address is no longer a service (the node routes it away).
-    write("");
-    let gone = eventually(probe, |o| *o == Outcome::Timeout);
-    let _ = kpng.kill();
-    let _ = kpng.wait();
-    assert_eq!(gone, Outcome::Timeout);
+    kpng.write("");
+    assert_eq!(eventually(probe, |o| *o == Outcome::Timeout), Outcome::Timeout);
 }
 
 #[test]
@@ -619,26 +616,7 @@ fn a_rejected_transaction_is_retried_and_the_table_rebuilt() {
         ]
         .concat()
     };
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("cluster.yaml");
-    let log = dir.path().join("kpng.log");
-    std::fs::write(&path, format!("{NODE_A}{}", web(&[a, b]))).unwrap();
-    let args = [
-        "file",
-        "--input",
-        path.to_str().unwrap(),
-        "--watch",
-        "to-local",
-        "--node",
-        "node-a",
-        "to-nft",
-    ];
-    let mut kpng = cluster
-        .node
-        .command(env!("CARGO_BIN_EXE_kpng"), &args)
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
+    let kpng = Watched::start(&cluster, &web(&[a, b]));
     let probe = || Cluster::tcp(&cluster.client, "10.96.0.80:80");
     assert!(matches!(
         eventually(probe, |o| matches!(o, Outcome::Answer { .. })),
@@ -658,38 +636,18 @@ fn a_rejected_transaction_is_retried_and_the_table_rebuilt() {
             "{ 10.96.0.80 . tcp . 80 . 1 : 10.244.1.10 . 8080 }",
         ],
     );
-    std::fs::write(&path, format!("{NODE_A}{}", web(&[a]))).unwrap();
-    let text = || std::fs::read_to_string(&log).unwrap_or_default();
-    let start = std::time::Instant::now();
-    while !text().contains("change set failed") {
-        assert!(
-            start.elapsed() < std::time::Duration::from_secs(20),
-            "no failure logged:\n{}",
-            text()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    kpng.write(&web(&[a]));
+    wait_until("the failure is logged", || kpng.log().contains("change set failed"));
+    let log = kpng.log();
     assert!(
-        text().contains("the kernel rejected `delete element ip kpng"),
-        "the failing operation is named:\n{}",
-        text()
+        log.contains("the kernel rejected `delete element ip kpng"),
+        "the failing operation is named:\n{log}"
     );
     // The retry starts from what the kernel holds and converges: only web-a remains.
-    let applied = || {
-        String::from_utf8_lossy(
-            &cluster.node.output("nft", &["list", "set", "ip", "kpng", "cluster_count_1"]).stdout,
-        )
-        .contains("10.96.0.80")
-    };
-    while !applied() {
-        assert!(start.elapsed() < std::time::Duration::from_secs(30), "never rebuilt:\n{}", text());
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    wait_until("the table is rebuilt", || in_set(&cluster, "cluster_count_1", "10.96.0.80"));
     for _ in 0..8 {
         assert_eq!(answer(&probe()).0, "web-a");
     }
-    let _ = kpng.kill();
-    let _ = kpng.wait();
 }
 
 #[test]

@@ -13,7 +13,6 @@ const IPCTNL_MSG_CT_DELETE: u16 = 2;
 const NLM_F_REQUEST: u16 = 0x1;
 const NLM_F_ACK: u16 = 0x4;
 const NLM_F_DUMP: u16 = 0x300;
-const NLA_F_NESTED: u16 = 0x8000;
 
 const CTA_TUPLE_ORIG: u16 = 1;
 const CTA_TUPLE_REPLY: u16 = 2;
@@ -72,23 +71,15 @@ impl Writer {
     }
 
     fn attr(&mut self, kind: u16, payload: &[u8]) {
-        let len = 4 + payload.len();
-        self.buf.extend_from_slice(&(len as u16).to_ne_bytes());
-        self.buf.extend_from_slice(&kind.to_ne_bytes());
-        self.buf.extend_from_slice(payload);
-        self.buf.resize(self.buf.len() + ((len + 3) & !3) - len, 0);
+        super::attr::put(&mut self.buf, kind, payload);
     }
 
     fn nest(&mut self, kind: u16) -> usize {
-        let start = self.buf.len();
-        self.buf.extend_from_slice(&0u16.to_ne_bytes());
-        self.buf.extend_from_slice(&(kind | NLA_F_NESTED).to_ne_bytes());
-        start
+        super::attr::open(&mut self.buf, kind)
     }
 
     fn nest_end(&mut self, start: usize) {
-        let len = (self.buf.len() - start) as u16;
-        self.buf[start..start + 2].copy_from_slice(&len.to_ne_bytes());
+        super::attr::close(&mut self.buf, start);
     }
 
     fn finish(mut self) -> Vec<u8> {

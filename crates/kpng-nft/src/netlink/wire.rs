@@ -38,8 +38,6 @@ pub const NLM_F_ACK: u16 = 0x4;
 const NLM_F_CREATE: u16 = 0x400;
 const NLM_F_APPEND: u16 = 0x800;
 
-const NLA_F_NESTED: u16 = 0x8000;
-
 const NFPROTO_IPV4: u8 = 2;
 const NFPROTO_IPV6: u8 = 10;
 const NFPROTO_UNSPEC: u8 = 0;
@@ -73,10 +71,6 @@ fn nfproto(family: Family) -> u8 {
         Family::V4 => NFPROTO_IPV4,
         Family::V6 => NFPROTO_IPV6,
     }
-}
-
-fn pad4(len: usize) -> usize {
-    (len + 3) & !3
 }
 
 /// A batch of messages under construction, with a description of each for error reports.
@@ -138,11 +132,7 @@ impl Batch {
     }
 
     fn attr(&mut self, kind: u16, payload: &[u8]) {
-        let len = 4 + payload.len();
-        self.buf.extend_from_slice(&(len as u16).to_ne_bytes());
-        self.buf.extend_from_slice(&kind.to_ne_bytes());
-        self.buf.extend_from_slice(payload);
-        self.buf.resize(self.buf.len() + pad4(len) - len, 0);
+        super::attr::put(&mut self.buf, kind, payload);
     }
 
     fn attr_str(&mut self, kind: u16, text: &str) {
@@ -156,15 +146,11 @@ impl Batch {
     }
 
     fn nest(&mut self, kind: u16) -> usize {
-        let start = self.buf.len();
-        self.buf.extend_from_slice(&0u16.to_ne_bytes());
-        self.buf.extend_from_slice(&(kind | NLA_F_NESTED).to_ne_bytes());
-        start
+        super::attr::open(&mut self.buf, kind)
     }
 
     fn nest_end(&mut self, start: usize) {
-        let len = (self.buf.len() - start) as u16;
-        self.buf[start..start + 2].copy_from_slice(&len.to_ne_bytes());
+        super::attr::close(&mut self.buf, start);
     }
 
     /// Adds (`add` true) or deletes elements of one set or map, split into messages that
