@@ -38,6 +38,13 @@ struct Cli {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    let filter = std::env::var("KPNG_LOG").unwrap_or_else(|_| "warn".into());
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|_| "warn".into()),
+        )
+        .init();
     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
         .map_err(|e| anyhow::anyhow!("cannot enter a new network namespace (run as root): {e}"))?;
     let mut rows = Vec::new();

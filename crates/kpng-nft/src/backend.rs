@@ -210,7 +210,9 @@ impl Backend for NftBackend {
     }
 
     fn apply(&mut self, changes: &ChangeSet<'_>) -> Result<(), BackendError> {
+        let start = std::time::Instant::now();
         self.load_skeleton(changes)?;
+        let skeleton = start.elapsed();
         if changes.is_reset() {
             // Start from what the kernel holds, so that a restart changes only what differs.
             if let Some((elements, ladders)) = self.kernel.current()? {
@@ -221,7 +223,9 @@ impl Backend for NftBackend {
                 self.udp.clear();
             }
         }
+        let read = start.elapsed();
         let mut updates = self.render(changes);
+        let rendered = start.elapsed();
         if changes.is_reset() {
             updates.push(OwnerUpdate {
                 owner: KERNEL_OWNER,
@@ -232,6 +236,7 @@ impl Backend for NftBackend {
             });
         }
         let committed = self.commit(&updates)?;
+        let done = start.elapsed();
         if !committed && changes.is_reset() {
             tracing::info!(
                 elements = self.state.len(),
@@ -246,6 +251,14 @@ impl Backend for NftBackend {
         } else {
             self.remember(updates);
         }
+        tracing::debug!(
+            skeleton = ?skeleton,
+            read = ?(read - skeleton),
+            render = ?(rendered - read),
+            commit = ?(done - rendered),
+            conntrack = ?(start.elapsed() - done),
+            "nftables sync timings"
+        );
         Ok(())
     }
 }
@@ -275,7 +288,10 @@ impl NftBackend {
             tracing::debug!(elements = self.state.len(), "nftables: nothing to change");
             return Ok(false);
         }
-        if let Err(e) = self.kernel.commit(&diff) {
+        let kernel_start = std::time::Instant::now();
+        let result = self.kernel.commit(&diff);
+        tracing::debug!(kernel = ?kernel_start.elapsed(), "nftables commit");
+        if let Err(e) = result {
             // Nothing of the transaction is in force: forget it.
             self.state.update(previous);
             return Err(e);

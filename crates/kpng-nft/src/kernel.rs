@@ -134,16 +134,44 @@ impl Kernel for NetlinkKernel {
     ) -> Result<usize, BackendError> {
         let fail = |e: CommitError| backend_error("cleaning UDP conntrack entries").with_source(e);
         let mut doomed = Vec::new();
-        for (target, serving) in checks {
-            let (family, ip, port) = match target {
-                UdpTarget::Dest(dest) => (Family::of(&dest.ip()), Some(dest.ip()), dest.port()),
-                UdpTarget::NodePort(family, port) => (*family, None, *port),
-            };
-            let payloads =
-                self.socket.dump(&ctnetlink::dump_udp(0, family, ip, port)).map_err(fail)?;
-            let entries: Vec<ctnetlink::Entry> =
-                payloads.iter().filter_map(|p| ctnetlink::entry(p)).collect();
-            doomed.extend(stale(&entries, target, serving, nodeport_addrs));
+        if checks.len() > BULK_CHECKS {
+            // Many destinations (a reset): one dump of every UDP entry per family, matched
+            // here, instead of one kernel-filtered dump per destination.
+            for family in Family::ALL {
+                let payloads =
+                    self.socket.dump(&ctnetlink::dump_udp(0, family, None, None)).map_err(fail)?;
+                let entries: Vec<ctnetlink::Entry> =
+                    payloads.iter().filter_map(|p| ctnetlink::entry(p)).collect();
+                let mut by_port: std::collections::HashMap<u16, Vec<ctnetlink::Entry>> =
+                    Default::default();
+                for entry in entries {
+                    by_port.entry(entry.orig_dst.port()).or_default().push(entry);
+                }
+                for (target, serving) in checks {
+                    let (target_family, port) = match target {
+                        UdpTarget::Dest(dest) => (Family::of(&dest.ip()), dest.port()),
+                        UdpTarget::NodePort(family, port) => (*family, *port),
+                    };
+                    if target_family == family {
+                        let candidates = by_port.get(&port).map(Vec::as_slice).unwrap_or_default();
+                        doomed.extend(stale(candidates, target, serving, nodeport_addrs));
+                    }
+                }
+            }
+        } else {
+            for (target, serving) in checks {
+                let (family, ip, port) = match target {
+                    UdpTarget::Dest(dest) => (Family::of(&dest.ip()), Some(dest.ip()), dest.port()),
+                    UdpTarget::NodePort(family, port) => (*family, None, *port),
+                };
+                let payloads = self
+                    .socket
+                    .dump(&ctnetlink::dump_udp(0, family, ip, Some(port)))
+                    .map_err(fail)?;
+                let entries: Vec<ctnetlink::Entry> =
+                    payloads.iter().filter_map(|p| ctnetlink::entry(p)).collect();
+                doomed.extend(stale(&entries, target, serving, nodeport_addrs));
+            }
         }
         doomed.sort();
         doomed.dedup();
@@ -165,6 +193,9 @@ impl Kernel for NetlinkKernel {
         })
     }
 }
+
+/// Above this many UDP destinations, one unfiltered dump beats one filtered dump each.
+const BULK_CHECKS: usize = 16;
 
 /// Removes kpng's tables (both families) and nothing else. Returns the families whose
 /// table existed.

@@ -1,7 +1,9 @@
 //! [`TableState`]: the elements kpng has committed, who wants each, and the difference an
 //! update makes.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::BTreeSet;
+
+use rustc_hash::FxHashMap as HashMap;
 
 use kpng_model::Family;
 
@@ -50,12 +52,62 @@ impl TableDiff {
     }
 }
 
+/// The owners wanting one element, lowest first. Nearly every element has exactly one,
+/// which is stored inline (no allocation per element).
+#[derive(Debug, Clone)]
+enum Owners {
+    One((Owner, Value)),
+    Many(Vec<(Owner, Value)>),
+}
+
+impl Owners {
+    fn first(&self) -> Option<&(Owner, Value)> {
+        match self {
+            Owners::One(pair) => Some(pair),
+            Owners::Many(list) => list.first(),
+        }
+    }
+
+    fn add(&mut self, owner: Owner, value: Value) {
+        match self {
+            Owners::One(pair) => {
+                let mut list = vec![*pair];
+                let at = list.partition_point(|(o, _)| *o < owner);
+                list.insert(at, (owner, value));
+                *self = Owners::Many(list);
+            }
+            Owners::Many(list) => {
+                let at = list.partition_point(|(o, _)| *o < owner);
+                list.insert(at, (owner, value));
+            }
+        }
+    }
+
+    /// Removes `owner`; returns whether nobody is left.
+    fn remove(&mut self, owner: Owner) -> bool {
+        match self {
+            Owners::One((o, _)) => *o == owner,
+            Owners::Many(list) => {
+                list.retain(|(o, _)| *o != owner);
+                if let [single] = list.as_slice() {
+                    *self = Owners::One(*single);
+                }
+                list_is_empty(self)
+            }
+        }
+    }
+}
+
+fn list_is_empty(owners: &Owners) -> bool {
+    matches!(owners, Owners::Many(list) if list.is_empty())
+}
+
 /// Every element kpng wants, with the owners wanting it. When owners disagree on a value
 /// (two services claiming one external IP and port), the lowest owner wins, so the result
 /// does not depend on the order of updates.
 #[derive(Debug, Clone, Default)]
 pub struct TableState {
-    elements: HashMap<ElementId, Vec<(Owner, Value)>>,
+    elements: HashMap<ElementId, Owners>,
     owned: HashMap<Owner, Vec<(ElementId, Value)>>,
 }
 
@@ -72,7 +124,7 @@ impl TableState {
         elements.dedup_by(|a, b| a.0 == b.0);
         let mut state = TableState::default();
         for (id, value) in &elements {
-            state.elements.insert(*id, vec![(KERNEL_OWNER, *value)]);
+            state.elements.insert(*id, Owners::One((KERNEL_OWNER, *value)));
         }
         if !elements.is_empty() {
             state.owned.insert(KERNEL_OWNER, elements);
@@ -82,7 +134,7 @@ impl TableState {
 
     /// The effective value of an element.
     pub fn get(&self, id: &ElementId) -> Option<&Value> {
-        self.elements.get(id).and_then(|owners| owners.first()).map(|(_, v)| v)
+        self.elements.get(id).and_then(Owners::first).map(|(_, v)| v)
     }
 
     /// Every effective element.
@@ -106,26 +158,26 @@ impl TableState {
     }
 
     /// Replaces the elements of several owners at once and returns what changed in the
-    /// effective state. `updates` maps an owner to its new sorted elements (empty: the
-    /// owner is gone).
+    /// effective state, sorted (so elements of one set are adjacent). `updates` maps an
+    /// owner to its new elements (empty: the owner is gone).
     pub fn update(&mut self, updates: Vec<(Owner, Vec<(ElementId, Value)>)>) -> TableDiff {
-        let mut touched: BTreeMap<ElementId, Option<Value>> = BTreeMap::new();
+        let mut touched: HashMap<ElementId, Option<Value>> = HashMap::default();
         for (owner, new) in updates {
             let old = self.owned.remove(&owner).unwrap_or_default();
             for (id, _) in &old {
                 touched.entry(*id).or_insert_with(|| self.get(id).copied());
-                if let Some(owners) = self.elements.get_mut(id) {
-                    owners.retain(|(o, _)| *o != owner);
-                    if owners.is_empty() {
-                        self.elements.remove(id);
-                    }
+                if self.elements.get_mut(id).is_some_and(|owners| owners.remove(owner)) {
+                    self.elements.remove(id);
                 }
             }
             for (id, value) in &new {
                 touched.entry(*id).or_insert_with(|| self.get(id).copied());
-                let owners = self.elements.entry(*id).or_default();
-                let at = owners.partition_point(|(o, _)| *o < owner);
-                owners.insert(at, (owner, *value));
+                match self.elements.get_mut(id) {
+                    Some(owners) => owners.add(owner, *value),
+                    None => {
+                        self.elements.insert(*id, Owners::One((owner, *value)));
+                    }
+                }
             }
             if !new.is_empty() {
                 self.owned.insert(owner, new);
@@ -144,6 +196,8 @@ impl TableState {
                 diff.adds.push((id, v));
             }
         }
+        diff.deletes.sort_unstable();
+        diff.adds.sort_unstable();
         diff
     }
 }

@@ -122,14 +122,18 @@ impl Writer {
     }
 }
 
-/// A dump of the UDP entries of `family` whose original destination port is `port`, and
-/// whose original destination address is `ip` when given (kernel-side filter).
-pub fn dump_udp(seq: u32, family: Family, ip: Option<IpAddr>, port: u16) -> Vec<u8> {
+/// A dump of the UDP entries of `family`, filtered in the kernel to an original
+/// destination port (when given) and address (when given with a port).
+pub fn dump_udp(seq: u32, family: Family, ip: Option<IpAddr>, port: Option<u16>) -> Vec<u8> {
     let mut w = Writer::header(IPCTNL_MSG_CT_GET, NLM_F_REQUEST | NLM_F_DUMP, family, seq);
-    w.tuple(CTA_TUPLE_ORIG, None, ip.map(|ip| (ip, port)), Some(port));
+    let dst = ip.zip(port);
+    w.tuple(CTA_TUPLE_ORIG, None, dst, port);
     let filter = w.nest(CTA_FILTER);
-    let mut flags = FILTER_PROTO_NUM | FILTER_PROTO_DST_PORT;
-    if ip.is_some() {
+    let mut flags = FILTER_PROTO_NUM;
+    if port.is_some() {
+        flags |= FILTER_PROTO_DST_PORT;
+    }
+    if dst.is_some() {
         flags |= FILTER_IP_DST;
     }
     w.attr(CTA_FILTER_ORIG_FLAGS, &flags.to_ne_bytes());
