@@ -42,19 +42,17 @@ impl NetlinkKernel {
     }
 }
 
-/// Runs `nft -f -` on `text`.
-pub fn nft_load(text: &str) -> Result<(), BackendError> {
+/// Runs `nft <args> -f -` on `text`; an error carries what nft printed.
+fn run_nft(args: &[&str], text: &str) -> Result<(), BackendError> {
     let mut child = Command::new("nft")
+        .args(args)
         .args(["-f", "-"])
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| {
-            backend_error(
-                "cannot run `nft` to load the static table (install the nftables package)",
-            )
-            .with_source(e)
+            backend_error("cannot run `nft` (install the nftables package)").with_source(e)
         })?;
     if let Some(mut stdin) = child.stdin.take() {
         stdin
@@ -63,13 +61,16 @@ pub fn nft_load(text: &str) -> Result<(), BackendError> {
     }
     let out =
         child.wait_with_output().map_err(|e| backend_error("waiting for `nft`").with_source(e))?;
-    if !out.status.success() {
-        return Err(backend_error(format!(
-            "`nft -f` rejected kpng's static table: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        )));
+    match out.status.success() {
+        true => Ok(()),
+        false => Err(backend_error(String::from_utf8_lossy(&out.stderr).trim().to_string())),
     }
-    Ok(())
+}
+
+/// Loads `text` with `nft -f`.
+pub fn nft_load(text: &str) -> Result<(), BackendError> {
+    run_nft(&[], text)
+        .map_err(|e| backend_error("`nft -f` rejected kpng's static table").with_source(e))
 }
 
 impl Kernel for NetlinkKernel {
@@ -250,24 +251,5 @@ pub fn check_features() -> Result<(), BackendError> {
 }
 
 fn nft_check(text: &str) -> Result<(), BackendError> {
-    let mut child = Command::new("nft")
-        .args(["-c", "-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| {
-            backend_error("cannot run `nft` (install the nftables package)").with_source(e)
-        })?;
-    if let Some(mut stdin) = child.stdin.take() {
-        stdin
-            .write_all(text.as_bytes())
-            .map_err(|e| backend_error("writing to `nft`").with_source(e))?;
-    }
-    let out =
-        child.wait_with_output().map_err(|e| backend_error("waiting for `nft`").with_source(e))?;
-    match out.status.success() {
-        true => Ok(()),
-        false => Err(backend_error(String::from_utf8_lossy(&out.stderr).trim().to_string())),
-    }
+    run_nft(&["-c"], text)
 }
