@@ -7,6 +7,7 @@ use ipnet::IpNet;
 use kpng_backend::{Backend, BackendError, ChangeSet};
 use kpng_model::{Item, ItemRef, Op, ServiceKey};
 
+use crate::affinity::{AffinityGroup, AffinityOp};
 use crate::conntrack::{UdpCheck, UdpTarget, udp_checks};
 use crate::objects::{ElementId, Value};
 use crate::render::{
@@ -64,10 +65,20 @@ struct OwnerUpdate {
     udp: Option<Vec<UdpCheck>>,
     /// The service this owner stood for, when it no longer exists.
     gone: Option<ServiceKey>,
+    /// The service's ClientIP affinity groups (`None` for the node).
+    affinity: Option<Vec<AffinityGroup>>,
 }
 
-/// The elements and count sets (with their pick rules) found in the kernel.
-pub type KernelContents = (Vec<(ElementId, Value)>, BTreeSet<Ladder>);
+/// What the kernel holds of kpng's tables.
+#[derive(Debug, Clone, Default)]
+pub struct KernelContents {
+    /// Every element of kpng's sets and maps.
+    pub elements: Vec<(ElementId, Value)>,
+    /// The count sets (with their pick rules).
+    pub ladders: BTreeSet<Ladder>,
+    /// Affinity groups: family, hash, number of slots, timeout (seconds).
+    pub affinity: Vec<(kpng_model::Family, u64, usize, u32)>,
+}
 
 /// The nftables backend.
 pub struct NftBackend {
@@ -84,8 +95,10 @@ pub struct NftBackend {
     slots: HashMap<Owner, Slots>,
     /// The UDP destinations each service had at its last commit.
     udp: HashMap<Owner, Vec<UdpTarget>>,
-    /// Services already warned about for asking what this backend does not enforce.
-    warned: std::collections::HashSet<ServiceKey>,
+    /// The affinity groups each service has in the kernel.
+    groups: HashMap<Owner, Vec<AffinityGroup>>,
+    /// Affinity groups found in the kernel at a reset and not yet claimed.
+    kernel_groups: HashMap<u64, AffinityGroup>,
 }
 
 impl NftBackend {
@@ -101,7 +114,8 @@ impl NftBackend {
             next_owner: NODE_OWNER + 1,
             slots: HashMap::new(),
             udp: HashMap::new(),
-            warned: Default::default(),
+            groups: HashMap::new(),
+            kernel_groups: HashMap::new(),
         }
     }
 
@@ -164,20 +178,13 @@ impl NftBackend {
                 slots: None,
                 udp: None,
                 gone: None,
+                affinity: None,
             });
         }
         for key in keys {
             let owner = self.owner(&key);
             match state.services.get(&key) {
                 Some(service) => {
-                    if service.service.affinity_timeout_seconds.is_some()
-                        && self.warned.insert(key.clone())
-                    {
-                        tracing::warn!(
-                            service = %key,
-                            "ClientIP session affinity is not enforced by to-nft yet; connections are balanced at random"
-                        );
-                    }
                     let previous = match self.slots.get(&owner) {
                         Some(slots) => slots.clone(),
                         None => seed_slots(service, |id| self.state.get(id).copied()),
@@ -189,6 +196,7 @@ impl NftBackend {
                         slots: Some(rendered.slots),
                         udp: Some(udp_checks(service)),
                         gone: None,
+                        affinity: Some(rendered.affinity),
                     });
                 }
                 None => updates.push(OwnerUpdate {
@@ -197,6 +205,7 @@ impl NftBackend {
                     slots: Some(Slots::new()),
                     udp: Some(Vec::new()),
                     gone: Some(key),
+                    affinity: Some(Vec::new()),
                 }),
             }
         }
@@ -215,9 +224,27 @@ impl Backend for NftBackend {
         let skeleton = start.elapsed();
         if changes.is_reset() {
             // Start from what the kernel holds, so that a restart changes only what differs.
-            if let Some((elements, ladders)) = self.kernel.current()? {
-                self.state = TableState::adopt(elements);
-                self.ladders = ladders;
+            if let Some(contents) = self.kernel.current()? {
+                self.state = TableState::adopt(contents.elements);
+                self.ladders = contents.ladders;
+                self.groups.clear();
+                // Groups found in the kernel: their endpoints are unknown, so the first
+                // commit rewrites (or removes) them.
+                self.kernel_groups = contents
+                    .affinity
+                    .into_iter()
+                    .map(|(family, hash, slots, timeout)| {
+                        let unknown = (std::net::IpAddr::from([0, 0, 0, 0]), 0);
+                        let group = AffinityGroup {
+                            hash,
+                            family,
+                            protocol: kpng_model::Protocol::Tcp,
+                            timeout,
+                            slots: vec![unknown; slots],
+                        };
+                        (hash, group)
+                    })
+                    .collect();
                 self.owners.clear();
                 self.slots.clear();
                 self.udp.clear();
@@ -233,6 +260,7 @@ impl Backend for NftBackend {
                 slots: None,
                 udp: None,
                 gone: None,
+                affinity: None,
             });
         }
         let committed = self.commit(&updates)?;
@@ -284,6 +312,8 @@ impl NftBackend {
         let mut diff =
             self.state.update(updates.iter().map(|u| (u.owner, u.elements.clone())).collect());
         diff.new_ladders = diff.ladders_used().filter(|l| !self.ladders.contains(l)).collect();
+        let mut unclaimed = self.kernel_groups.clone();
+        (diff.affinity_before, diff.affinity_after) = self.affinity_ops(updates, &mut unclaimed);
         if diff.is_empty() {
             tracing::debug!(elements = self.state.len(), "nftables: nothing to change");
             return Ok(false);
@@ -297,6 +327,15 @@ impl NftBackend {
             return Err(e);
         }
         self.ladders.extend(diff.new_ladders.iter().copied());
+        self.kernel_groups.clear();
+        for update in updates {
+            if let Some(groups) = &update.affinity {
+                match groups.is_empty() {
+                    true => self.groups.remove(&update.owner),
+                    false => self.groups.insert(update.owner, groups.clone()),
+                };
+            }
+        }
         tracing::info!(
             added = diff.adds.len(),
             deleted = diff.deletes.len(),
@@ -304,6 +343,42 @@ impl NftBackend {
             "nftables transaction committed"
         );
         Ok(true)
+    }
+
+    /// What `updates` do to affinity groups: creations and rewrites (before elements
+    /// point at them) and removals (after). Groups found in the kernel at a reset and
+    /// still unclaimed when `updates` is a full reset are removed.
+    fn affinity_ops(
+        &self,
+        updates: &[OwnerUpdate],
+        unclaimed: &mut HashMap<u64, AffinityGroup>,
+    ) -> (Vec<AffinityOp>, Vec<AffinityOp>) {
+        let (mut before, mut after) = (Vec::new(), Vec::new());
+        for update in updates {
+            let Some(new) = &update.affinity else { continue };
+            let old = self.groups.get(&update.owner).map(Vec::as_slice).unwrap_or_default();
+            for group in new {
+                let known = old
+                    .iter()
+                    .find(|g| g.hash == group.hash)
+                    .cloned()
+                    .or_else(|| unclaimed.remove(&group.hash));
+                match known {
+                    None => before.push(AffinityOp::Create(group.clone())),
+                    Some(old) if old != *group => {
+                        before.push(AffinityOp::Replace { old, new: group.clone() })
+                    }
+                    Some(_) => {}
+                }
+            }
+            for group in old.iter().filter(|g| !new.iter().any(|n| n.hash == g.hash)) {
+                after.push(AffinityOp::Remove(group.clone()));
+            }
+        }
+        if updates.iter().any(|u| u.owner == KERNEL_OWNER) {
+            after.extend(unclaimed.drain().map(|(_, g)| AffinityOp::Remove(g)));
+        }
+        (before, after)
     }
 
     /// Drops the bookkeeping of the services an update removed.

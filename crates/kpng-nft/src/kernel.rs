@@ -103,17 +103,22 @@ impl Kernel for NetlinkKernel {
         let fail = |e: CommitError| backend_error("reading kpng's tables").with_source(e);
         let mut elements = Vec::new();
         let mut ladders = BTreeSet::new();
+        let mut affinity = std::collections::BTreeMap::new();
         for family in Family::ALL {
             // The static sets, and the count sets found in the table.
             let mut maps: Vec<MapName> = MapName::ALL.to_vec();
             for payload in
                 self.socket.dump(&dump_request(0, NFT_MSG_GETSET, family, None)).map_err(fail)?
             {
-                if let Some(MapName::Count(kind, n)) =
-                    decode::set_name(&payload).as_deref().and_then(MapName::parse)
-                {
+                let Some(name) = decode::set_name(&payload) else { continue };
+                if let Some(MapName::Count(kind, n)) = MapName::parse(&name) {
                     ladders.insert((family, kind, n));
                     maps.push(MapName::Count(kind, n));
+                } else if let Some((hash, slot)) = decode::affinity_slot(&name) {
+                    let timeout = decode::set_timeout(&payload).unwrap_or(0);
+                    let entry: &mut (usize, u32) =
+                        affinity.entry((family, hash)).or_insert((0, timeout));
+                    entry.0 = entry.0.max(slot as usize + 1);
                 }
             }
             for map in maps {
@@ -125,7 +130,11 @@ impl Kernel for NetlinkKernel {
                 }
             }
         }
-        Ok(Some((elements, ladders)))
+        let affinity = affinity
+            .into_iter()
+            .map(|((family, hash), (slots, timeout))| (family, hash, slots, timeout))
+            .collect();
+        Ok(Some(KernelContents { elements, ladders, affinity }))
     }
 
     fn clear_udp(
@@ -187,8 +196,14 @@ impl Kernel for NetlinkKernel {
         for (family, kind, n) in &diff.new_ladders {
             batch.create_ladder(*family, *kind, *n);
         }
+        for op in &diff.affinity_before {
+            batch.affinity(op);
+        }
         batch.elements(false, &diff.deletes);
         batch.elements(true, &diff.adds);
+        for op in &diff.affinity_after {
+            batch.affinity(op);
+        }
         self.socket.commit(batch).map_err(|e: CommitError| {
             backend_error("transaction failed; the previous rules stay in force").with_source(e)
         })

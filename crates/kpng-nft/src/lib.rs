@@ -30,8 +30,11 @@
 //! ```
 //!
 //! Every per-service and per-endpoint fact is an element of a hash set or of a data map:
-//! there is no verdict map, so no element update makes the kernel re-validate the table,
-//! and a change costs the same at any cluster size. The chains are fixed; the only rules
+//! no verdict map is on the change path of ordinary services, so no element update makes
+//! the kernel re-validate the table, and a change costs the same at any cluster size.
+//! Services that ask for ClientIP affinity are the exception: each of their port groups
+//! has chains of its own (see [`affinity`]), entered through the `affinity_*` verdict maps
+//! at the start of each pick chain. The chains are fixed; the only rules
 //! that come and go are the pick rules, one per distinct endpoint count (with its count
 //! set), created the first time a count is used and kept. A service's endpoints occupy
 //! slots `0..N` of the backends map under each of its destinations; slots are kept stable,
@@ -54,6 +57,7 @@
 //! ```
 //!
 //! # Layout
+//! - [`affinity`]: ClientIP session affinity groups (the only per-service chains).
 //! - [`objects`]: names of sets and maps; element keys and values.
 //! - [`skeleton`]: the static part of each table, as `nft -f` input, and the pick rules.
 //! - [`render`]: pure ENLS → elements, per service and for the node.
@@ -67,6 +71,7 @@
 //!   one netlink batch per transaction after that.
 //! - [`netlink`]: the nf_tables netlink encoding and socket.
 
+pub mod affinity;
 pub mod backend;
 pub mod conntrack;
 pub mod dry_run;

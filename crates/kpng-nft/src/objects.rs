@@ -51,6 +51,14 @@ pub enum MapName {
     FirewallAllow,
     /// `(endpoint, endpoint)` pairs of local endpoints: a pod reaching itself is masqueraded.
     Hairpin,
+    /// Destinations of ClientIP-affinity services → their affinity chain, Cluster sets.
+    AffinityCluster,
+    /// The same for Local sets.
+    AffinityLocal,
+    /// NodePorts of ClientIP-affinity services → their affinity chain, Cluster sets.
+    AffinityNodePortCluster,
+    /// The same for Local sets.
+    AffinityNodePortLocal,
     /// The destinations (or NodePorts) whose set of kind `PickKind` has exactly `n`
     /// endpoints: the rule that picks among `n` slots matches them. Created the first
     /// time a count is used.
@@ -59,7 +67,7 @@ pub enum MapName {
 
 impl MapName {
     /// Every set and map of the static skeleton, in declaration order.
-    pub const ALL: [MapName; 20] = [
+    pub const ALL: [MapName; 24] = [
         MapName::NodePortAddrs,
         MapName::ClusterIps,
         MapName::ClusterDests,
@@ -80,6 +88,10 @@ impl MapName {
         MapName::FirewallDests,
         MapName::FirewallAllow,
         MapName::Hairpin,
+        MapName::AffinityCluster,
+        MapName::AffinityLocal,
+        MapName::AffinityNodePortCluster,
+        MapName::AffinityNodePortLocal,
     ];
 
     /// The name in the kernel.
@@ -105,6 +117,10 @@ impl MapName {
             MapName::FirewallDests => "firewall_dests",
             MapName::FirewallAllow => "firewall_allow",
             MapName::Hairpin => "hairpin",
+            MapName::AffinityCluster => "affinity_cluster",
+            MapName::AffinityLocal => "affinity_local",
+            MapName::AffinityNodePortCluster => "affinity_nodeport_cluster",
+            MapName::AffinityNodePortLocal => "affinity_nodeport_local",
             MapName::Count(kind, n) => return format!("{}_count_{n}", kind.prefix()).into(),
         };
         fixed.into()
@@ -176,9 +192,24 @@ impl PickKind {
         }
     }
 
-    /// The static chain holding the kind's pick rules, one per endpoint count in use.
+    /// The static chain every pick of this kind enters: affinity first, then counts.
     pub fn chain(self) -> String {
         format!("pick_{}", self.prefix())
+    }
+
+    /// The chain holding the kind's pick rules, one per endpoint count in use.
+    pub fn counts_chain(self) -> String {
+        format!("pick_{}_counts", self.prefix())
+    }
+
+    /// The verdict map sending destinations of affinity services to their chain.
+    pub fn affinity_map(self) -> MapName {
+        match self {
+            PickKind::Cluster => MapName::AffinityCluster,
+            PickKind::Local => MapName::AffinityLocal,
+            PickKind::NodePortCluster => MapName::AffinityNodePortCluster,
+            PickKind::NodePortLocal => MapName::AffinityNodePortLocal,
+        }
     }
 }
 
@@ -189,6 +220,14 @@ pub enum Value {
     None,
     /// An endpoint address and port (DNAT target).
     Endpoint(IpAddr, u16),
+    /// `goto` the affinity chain of the group with this hash.
+    Affinity(u64),
+}
+
+/// The name of an affinity group's entry chain; its slot `i` has set and chain
+/// `<name>_<i>`.
+pub fn affinity_chain(hash: u64) -> String {
+    format!("aff_{hash:016x}")
 }
 
 /// A destination: address, protocol, port.

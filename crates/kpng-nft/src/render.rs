@@ -6,8 +6,9 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 use kpng_model::local::LocalServiceState;
-use kpng_model::{Family, LocalNode, Protocol};
+use kpng_model::{Family, LocalNode, Protocol, ServiceKey};
 
+use crate::affinity::{AffinityGroup, group_hash};
 use crate::objects::{Dest, ElementId, Key, MapName, PickKind, Value};
 use crate::slots::{Target, assign_slots};
 
@@ -43,6 +44,8 @@ pub struct Rendered {
     pub elements: Vec<(ElementId, Value)>,
     /// The slots, to keep positions stable at the next render.
     pub slots: Slots,
+    /// ClientIP affinity groups (affinity services only).
+    pub affinity: Vec<AffinityGroup>,
 }
 
 /// Node facts that shape service elements.
@@ -64,6 +67,13 @@ struct Out<'a> {
     elements: Vec<(ElementId, Value)>,
     previous: &'a Slots,
     slots: Slots,
+    /// The service, and its affinity timeout when it asks for ClientIP affinity.
+    service: &'a ServiceKey,
+    affinity: Option<u32>,
+    /// The current port's groups, by set.
+    cluster_group: Option<GroupKey>,
+    local_group: Option<GroupKey>,
+    groups: Vec<AffinityGroup>,
 }
 
 impl Out<'_> {
@@ -76,9 +86,31 @@ impl Out<'_> {
     }
 
     /// `key` picks among `slots` of `kind`: it joins the count set for their number, and
-    /// each slot is a backends element.
+    /// each slot is a backends element. For an affinity service, `key` goes to the
+    /// affinity chain of its group instead of a count set.
     fn pick(&mut self, kind: PickKind, key: Key, slots: &[Target]) {
-        self.member(MapName::Count(kind, slots.len() as u32), key);
+        let group = match kind {
+            PickKind::Cluster | PickKind::NodePortCluster => self.cluster_group.clone(),
+            PickKind::Local | PickKind::NodePortLocal => self.local_group.clone(),
+        };
+        if let (Some(timeout), Some(group)) = (self.affinity, group) {
+            let hash = group_hash(self.service, &group);
+            self.put(kind.affinity_map(), key, Value::Affinity(hash));
+            if !self.groups.iter().any(|g| g.hash == hash) {
+                let protocol = group.protocol;
+                self.groups.push(AffinityGroup {
+                    hash,
+                    family: self.family,
+                    protocol,
+                    timeout,
+                    slots: slots.to_vec(),
+                });
+            }
+        } else {
+            self.member(MapName::Count(kind, slots.len() as u32), key);
+        }
+        // The backends elements: what the pick rules read, and for affinity groups the
+        // record of slot positions that a restart reads back.
         for (i, (ip, port)) in slots.iter().enumerate() {
             let slot_key = match key {
                 Key::Dest(dest) => Key::DestSlot(dest, i as u32),
@@ -177,8 +209,18 @@ pub fn seed_slots(
 
 /// The elements of one service, given the slots it held before.
 pub fn render_service(state: &LocalServiceState, node: &NodeFacts, previous: &Slots) -> Rendered {
-    let mut out = Out { family: Family::V4, elements: Vec::new(), previous, slots: Slots::new() };
     let svc = &state.service;
+    let mut out = Out {
+        family: Family::V4,
+        elements: Vec::new(),
+        previous,
+        slots: Slots::new(),
+        service: &svc.key,
+        affinity: svc.affinity_timeout_seconds,
+        cluster_group: None,
+        local_group: None,
+        groups: Vec::new(),
+    };
     for family in Family::ALL {
         let Some(cluster_ip) = svc.cluster_ip(family) else { continue };
         out.family = family;
@@ -206,6 +248,8 @@ pub fn render_service(state: &LocalServiceState, node: &NodeFacts, previous: &Sl
                 |kind| GroupKey { family, port: port.name.clone(), protocol: port.protocol, kind };
             let cluster_slots = out.slots(group(SetKind::Cluster), &cluster);
             let local_slots = out.slots(group(SetKind::Local), &local);
+            out.cluster_group = Some(group(SetKind::Cluster));
+            out.local_group = Some(group(SetKind::Local));
 
             // ClusterIP.
             let dest = Dest { ip: cluster_ip, protocol: port.protocol, port: port.port };
@@ -274,7 +318,7 @@ pub fn render_service(state: &LocalServiceState, node: &NodeFacts, previous: &Sl
     let mut elements = out.elements;
     elements.sort();
     elements.dedup();
-    Rendered { elements, slots: out.slots }
+    Rendered { elements, slots: out.slots, affinity: out.groups }
 }
 
 /// Elements of an external destination (`Key::Dest`) or a NodePort (`Key::NodePort`).

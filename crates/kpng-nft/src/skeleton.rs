@@ -85,6 +85,10 @@ fn declaration(map: MapName, n: &Names) -> String {
         }
         MapName::FirewallAllow => format!("type {dest} . {addr}; flags interval;"),
         MapName::Hairpin => format!("type {addr} . {addr};"),
+        MapName::AffinityCluster | MapName::AffinityLocal => format!("type {dest} : verdict;"),
+        MapName::AffinityNodePortCluster | MapName::AffinityNodePortLocal => {
+            format!("type {nodeport} : verdict;")
+        }
         MapName::Count(kind, _) => format!("type {};", key_type(kind.by_destination(), n)),
     };
     let kind = if body.contains(':') { "map" } else { "set" };
@@ -182,11 +186,23 @@ pub fn skeleton(family: Family, options: &SkeletonOptions) -> String {
             ],
         ),
         ("reject_packet", None, vec!["reject".into()]),
+        ("pick_cluster", None, pick_entry_rules(&dest, PickKind::Cluster)),
+        ("pick_local", None, pick_entry_rules(&dest, PickKind::Local)),
+        (
+            "pick_nodeport_cluster",
+            None,
+            pick_entry_rules("meta l4proto . th dport", PickKind::NodePortCluster),
+        ),
+        (
+            "pick_nodeport_local",
+            None,
+            pick_entry_rules("meta l4proto . th dport", PickKind::NodePortLocal),
+        ),
     ];
     // The pick chains hold one rule per endpoint count in use, added over netlink: they
     // are declared here but never flushed by a reload.
     for kind in PickKind::ALL {
-        let _ = writeln!(out, "\tchain {} {{ }}", kind.chain());
+        let _ = writeln!(out, "\tchain {} {{ }}", kind.counts_chain());
     }
     for (name, hook, _) in &chains {
         let _ = writeln!(out, "\tchain {name} {{ {} }}", hook.as_deref().unwrap_or(""));
@@ -208,6 +224,12 @@ pub fn skeleton(family: Family, options: &SkeletonOptions) -> String {
         }
     }
     out
+}
+
+/// A pick entry: destinations of affinity services go to their own chain, the others to
+/// the rule for their endpoint count.
+fn pick_entry_rules(key: &str, kind: PickKind) -> Vec<String> {
+    vec![format!("{key} vmap @{}", kind.affinity_map()), format!("goto {}", kind.counts_chain())]
 }
 
 fn services_rules(n: &Names, options: &SkeletonOptions) -> Vec<String> {
@@ -262,7 +284,7 @@ pub fn ladder(family: Family, kind: PickKind, count: u32) -> String {
     format!(
         "table {fam} {TABLE} {{\n{}}}\nadd rule {fam} {TABLE} {} {key} @{set} dnat {ip} to {key} . numgen random mod {count} map @{}\n",
         declaration(set, &n),
-        kind.chain(),
+        kind.counts_chain(),
         kind.backends(),
         fam = n.family,
     )

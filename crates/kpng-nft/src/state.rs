@@ -30,12 +30,20 @@ pub struct TableDiff {
     pub deletes: Vec<(ElementId, Value)>,
     /// Elements to add (including the new value of replaced ones).
     pub adds: Vec<(ElementId, Value)>,
+    /// Affinity groups to create or rewrite, before elements point at them.
+    pub affinity_before: Vec<crate::affinity::AffinityOp>,
+    /// Affinity groups to remove, once no element points at them.
+    pub affinity_after: Vec<crate::affinity::AffinityOp>,
 }
 
 impl TableDiff {
     /// Whether the transaction would change nothing.
     pub fn is_empty(&self) -> bool {
-        self.new_ladders.is_empty() && self.deletes.is_empty() && self.adds.is_empty()
+        self.new_ladders.is_empty()
+            && self.deletes.is_empty()
+            && self.adds.is_empty()
+            && self.affinity_before.is_empty()
+            && self.affinity_after.is_empty()
     }
 
     /// The number of element operations.

@@ -40,6 +40,9 @@ pub fn element_text(key: &Key, value: &Value) -> String {
     match value {
         Value::None => key_text(key),
         Value::Endpoint(ip, port) => format!("{} : {ip} . {port}", key_text(key)),
+        Value::Affinity(hash) => {
+            format!("{} : goto {}", key_text(key), crate::objects::affinity_chain(*hash))
+        }
     }
 }
 
@@ -90,6 +93,9 @@ pub fn transaction_text(diff: &TableDiff) -> String {
     for (family, kind, n) in &diff.new_ladders {
         out.push_str(&ladder(*family, *kind, *n));
     }
+    for op in &diff.affinity_before {
+        out.push_str(&crate::affinity::op_text(op));
+    }
     for (verb, elements) in [("delete", &diff.deletes), ("add", &diff.adds)] {
         for (id, value) in elements {
             let element =
@@ -101,6 +107,9 @@ pub fn transaction_text(diff: &TableDiff) -> String {
                 id.map
             );
         }
+    }
+    for op in &diff.affinity_after {
+        out.push_str(&crate::affinity::op_text(op));
     }
     out
 }

@@ -677,3 +677,45 @@ fn node_ports_on_primary_or_chosen_addresses() {
     assert_eq!(answer(&Cluster::tcp(&cluster.client, "192.168.10.50:30090")).0, "web-a");
     assert_eq!(answer(&Cluster::tcp(&cluster.client, "192.168.10.1:30090")).0, "web-a");
 }
+
+#[test]
+fn client_ip_affinity_sticks_across_addresses() {
+    if !require("client_ip_affinity_sticks_across_addresses", &["nft", "ip"]) {
+        return;
+    }
+    let mut cluster = Cluster::new();
+    cluster.add_pod("web-a", true, 10, &[8080]);
+    cluster.add_pod("web-b", false, 10, &[8080]);
+    let a = ("10.244.0.10", "node-a", true, true, false);
+    let b = ("10.244.1.10", "node-b", true, true, false);
+    let web = |eps: &[(&str, &str, bool, bool, bool)]| {
+        [
+            service(
+                "sticky",
+                "  type: NodePort\n  clusterIP: 10.96.0.95\n  sessionAffinity: ClientIP\n  sessionAffinityConfig: {clientIP: {timeoutSeconds: 300}}\n",
+                "  - {name: http, protocol: TCP, port: 80, targetPort: 8080, nodePort: 30095}\n",
+            ),
+            slice("sticky-1", "sticky", "IPv4", SLICE_HTTP, eps),
+        ]
+        .concat()
+    };
+    program(&cluster, &web(&[a, b]), &[]);
+    let first = answer(&Cluster::tcp(&cluster.client, "10.96.0.95:80")).0;
+    // The same client keeps the same endpoint, on the ClusterIP and on the NodePort.
+    for target in ["10.96.0.95:80", "192.168.10.1:30095", "10.96.0.95:80"] {
+        for _ in 0..8 {
+            assert_eq!(answer(&Cluster::tcp(&cluster.client, target)).0, first, "{target}");
+        }
+    }
+    // Its endpoint goes away: the client moves to the other one and sticks there.
+    let (remaining, other) = if first == "web-a" { (b, "web-b") } else { (a, "web-a") };
+    program(&cluster, &web(&[remaining]), &[]);
+    for _ in 0..8 {
+        assert_eq!(answer(&Cluster::tcp(&cluster.client, "10.96.0.95:80")).0, other);
+    }
+    // It comes back: the client stays where it is.
+    program(&cluster, &web(&[a, b]), &[]);
+    for _ in 0..8 {
+        assert_eq!(answer(&Cluster::tcp(&cluster.client, "10.96.0.95:80")).0, other);
+    }
+}

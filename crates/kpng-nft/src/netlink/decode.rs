@@ -81,6 +81,12 @@ pub fn key(family: Family, map: MapName, bytes: &[u8], end: Option<&[u8]>) -> Op
     let nodeport = |b: &[u8]| Some((protocol(*b.first()?)?, port(b.get(4..)?)?));
     match map {
         MapName::NodePortAddrs | MapName::ClusterIps => Some(Key::Addr(ip(family, bytes)?)),
+        MapName::AffinityCluster | MapName::AffinityLocal => {
+            Some(Key::Dest(dest(family, bytes)?.0))
+        }
+        MapName::AffinityNodePortCluster | MapName::AffinityNodePortLocal => {
+            nodeport(bytes).map(|(p, n)| Key::NodePort(p, n))
+        }
         MapName::ClusterDests
         | MapName::LocalDests
         | MapName::ExternalLocalDests
@@ -133,6 +139,12 @@ pub fn element(family: Family, map: MapName, payload: &[u8]) -> Option<(Key, Val
     let key = key(family, map, key_bytes, value_of(find(&attrs, KEY_END)))?;
     let value = match find(&attrs, DATA) {
         None => Value::None,
+        Some(data) if find(&attributes(data), 2).is_some() => {
+            // A verdict: kpng's only verdict elements go to affinity chains.
+            let verdict = attributes(find(&attributes(data), 2)?);
+            let chain = cstring(find(&verdict, 2)?);
+            Value::Affinity(u64::from_str_radix(chain.strip_prefix("aff_")?, 16).ok()?)
+        }
         Some(data) => {
             let bytes = find(&attributes(data), 1)?;
             let at = if family == Family::V4 { 4 } else { 16 };
@@ -153,4 +165,19 @@ pub fn elements(family: Family, map: MapName, payload: &[u8]) -> Vec<(Key, Value
         .filter(|(k, _)| *k == LIST_ELEM)
         .filter_map(|(_, e)| element(family, map, e))
         .collect()
+}
+
+/// The default timeout (seconds) of the set in a dumped `NEWSET` message payload.
+pub fn set_timeout(payload: &[u8]) -> Option<u32> {
+    const NFTA_SET_TIMEOUT: u16 = 11;
+    let bytes = find(&attributes(payload), NFTA_SET_TIMEOUT)?;
+    let ms = u64::from_be_bytes(bytes.get(..8)?.try_into().ok()?);
+    u32::try_from(ms / 1000).ok()
+}
+
+/// An affinity group's slot set name (`aff_<hash>_<slot>`) as `(hash, slot)`.
+pub fn affinity_slot(name: &str) -> Option<(u64, u32)> {
+    let rest = name.strip_prefix("aff_")?;
+    let (hash, slot) = rest.split_once('_')?;
+    Some((u64::from_str_radix(hash, 16).ok()?, slot.parse().ok()?))
 }

@@ -23,6 +23,19 @@ const NFT_MSG_DELTABLE: u16 = 2;
 /// Get sets (dumped).
 pub const NFT_MSG_GETSET: u16 = 10;
 const NFT_MSG_NEWSET: u16 = 9;
+const NFT_MSG_NEWCHAIN: u16 = 3;
+const NFT_MSG_DELCHAIN: u16 = 5;
+const NFT_MSG_DELRULE: u16 = 8;
+const NFT_MSG_DELSET: u16 = 11;
+const NFTA_CHAIN_TABLE: u16 = 1;
+const NFTA_CHAIN_NAME: u16 = 3;
+const NFTA_SET_TIMEOUT: u16 = 11;
+const NFT_SET_TIMEOUT: u32 = 0x10;
+const NFT_SET_EVAL: u32 = 0x20;
+const NFTA_DATA_VERDICT: u16 = 2;
+const NFTA_VERDICT_CODE: u16 = 1;
+const NFTA_VERDICT_CHAIN: u16 = 2;
+const NFT_GOTO: i32 = -4;
 const NFT_MSG_NEWRULE: u16 = 6;
 const NFT_MSG_NEWSETELEM: u16 = 12;
 const NFT_MSG_DELSETELEM: u16 = 14;
@@ -199,6 +212,11 @@ impl Batch {
         }
         match value {
             None | Some(Value::None) => {}
+            Some(Value::Affinity(hash)) => {
+                let data = self.nest(NFTA_SET_ELEM_DATA);
+                self.verdict_goto(&crate::objects::affinity_chain(*hash));
+                self.nest_end(data);
+            }
             Some(Value::Endpoint(ip, port)) => {
                 let data = self.nest(NFTA_SET_ELEM_DATA);
                 let mut bytes = ip_bytes(ip);
@@ -235,7 +253,7 @@ impl Batch {
         self.attr_u32(NFTA_SET_KEY_LEN, key_len);
         self.attr_u32(NFTA_SET_ID, self.seq);
         self.end(start);
-        let chain = kind.chain();
+        let chain = kind.counts_chain();
         let what =
             format!("add rule {fam} {TABLE} {chain} (@{set}: dnat to a random one of {n} slots)");
         let start = self.message(NFT_MSG_NEWRULE, NLM_F_CREATE | NLM_F_APPEND, family, what);
@@ -245,6 +263,233 @@ impl Batch {
         self.pick_expressions(family, kind, n, &set);
         self.nest_end(exprs);
         self.end(start);
+    }
+
+    /// A `goto <chain>` verdict (inside a data attribute).
+    fn verdict_goto(&mut self, chain: &str) {
+        let v = self.nest(NFTA_DATA_VERDICT);
+        self.attr_u32(NFTA_VERDICT_CODE, NFT_GOTO as u32);
+        self.attr_str(NFTA_VERDICT_CHAIN, chain);
+        self.nest_end(v);
+    }
+
+    /// Removes every rule of one chain (never without a chain name: that would flush the
+    /// whole table).
+    fn flush_rules(&mut self, family: Family, chain: &str) {
+        let fam = crate::objects::table_family(family);
+        let start =
+            self.message(NFT_MSG_DELRULE, 0, family, format!("flush chain {fam} {TABLE} {chain}"));
+        self.attr_str(NFTA_RULE_TABLE, TABLE);
+        self.attr_str(NFTA_RULE_CHAIN, chain);
+        self.end(start);
+    }
+
+    fn chain_message(&mut self, msg: u16, flags: u16, family: Family, name: &str, verb: &str) {
+        let fam = crate::objects::table_family(family);
+        let start = self.message(msg, flags, family, format!("{verb} chain {fam} {TABLE} {name}"));
+        self.attr_str(NFTA_CHAIN_TABLE, TABLE);
+        self.attr_str(NFTA_CHAIN_NAME, name);
+        self.end(start);
+    }
+
+    fn rule(&mut self, family: Family, chain: &str, what: &str, body: impl FnOnce(&mut Self)) {
+        let fam = crate::objects::table_family(family);
+        let start = self.message(
+            NFT_MSG_NEWRULE,
+            NLM_F_CREATE | NLM_F_APPEND,
+            family,
+            format!("add rule {fam} {TABLE} {chain} {what}"),
+        );
+        self.attr_str(NFTA_RULE_TABLE, TABLE);
+        self.attr_str(NFTA_RULE_CHAIN, chain);
+        let exprs = self.nest(NFTA_RULE_EXPRESSIONS);
+        body(self);
+        self.nest_end(exprs);
+        self.end(start);
+    }
+
+    fn set_message(&mut self, msg: u16, family: Family, name: &str, verb: &str) -> usize {
+        let fam = crate::objects::table_family(family);
+        let start = self.message(
+            msg,
+            if msg == NFT_MSG_NEWSET { NLM_F_CREATE } else { 0 },
+            family,
+            format!("{verb} set {fam} {TABLE} {name}"),
+        );
+        self.attr_str(NFTA_SET_TABLE, TABLE);
+        self.attr_str(NFTA_SET_NAME, name);
+        start
+    }
+
+    /// Applies one affinity-group operation (see [`crate::affinity`]).
+    pub fn affinity(&mut self, op: &crate::affinity::AffinityOp) {
+        use crate::affinity::{AffinityOp, slot_name};
+        use crate::objects::affinity_chain;
+        let (group, old) = match op {
+            AffinityOp::Create(g) => (g, None),
+            AffinityOp::Replace { old, new } => (new, Some(old)),
+            AffinityOp::Remove(g) => {
+                let entry = affinity_chain(g.hash);
+                self.flush_rules(g.family, &entry);
+                self.chain_message(NFT_MSG_DELCHAIN, 0, g.family, &entry, "delete");
+                for i in 0..g.slots.len() {
+                    let name = slot_name(g.hash, i);
+                    self.flush_rules(g.family, &name);
+                    self.chain_message(NFT_MSG_DELCHAIN, 0, g.family, &name, "delete");
+                    let start = self.set_message(NFT_MSG_DELSET, g.family, &name, "delete");
+                    self.end(start);
+                }
+                return;
+            }
+        };
+        let family = group.family;
+        let entry = affinity_chain(group.hash);
+        let old_n = old.map_or(0, |o| o.slots.len());
+        let retimed = old.is_some_and(|o| o.timeout != group.timeout);
+        if old.is_some() {
+            self.flush_rules(family, &entry);
+            for i in 0..old_n {
+                let name = slot_name(group.hash, i);
+                self.flush_rules(family, &name);
+                if retimed || i >= group.slots.len() {
+                    let start = self.set_message(NFT_MSG_DELSET, family, &name, "delete");
+                    self.end(start);
+                }
+            }
+        }
+        self.chain_message(NFT_MSG_NEWCHAIN, NLM_F_CREATE, family, &entry, "add");
+        for i in 0..group.slots.len() {
+            let name = slot_name(group.hash, i);
+            if retimed || i >= old_n {
+                let start = self.set_message(NFT_MSG_NEWSET, family, &name, "add");
+                let (key_type, key_len) = match family {
+                    Family::V4 => (7, 4),
+                    Family::V6 => (8, 16),
+                };
+                self.attr_u32(NFTA_SET_FLAGS, NFT_SET_TIMEOUT | NFT_SET_EVAL);
+                self.attr_u32(NFTA_SET_KEY_TYPE, key_type);
+                self.attr_u32(NFTA_SET_KEY_LEN, key_len);
+                self.attr(NFTA_SET_TIMEOUT, &(u64::from(group.timeout) * 1000).to_be_bytes());
+                self.attr_u32(NFTA_SET_ID, self.seq);
+                self.end(start);
+            } else if old.is_some_and(|o| o.slots[i].1 != 0 && o.slots[i] != group.slots[i]) {
+                // A new endpoint in this slot: its old clients choose again.
+                let start = self.set_message(NFT_MSG_DELSETELEM, family, &name, "flush");
+                self.end(start);
+            }
+            self.chain_message(NFT_MSG_NEWCHAIN, NLM_F_CREATE, family, &name, "add");
+            let (ip, port) = group.slots[i];
+            let protocol = group.protocol;
+            self.rule(family, &name, "(remember the client, dnat to the slot's endpoint)", |b| {
+                b.slot_expressions(family, &name, protocol, ip, port)
+            });
+        }
+        let n = group.slots.len();
+        for i in 0..n {
+            let name = slot_name(group.hash, i);
+            self.rule(family, &entry, "(a known client)", |b| {
+                b.saddr(family);
+                b.expr("lookup", &[(1, ExprAttr::Str(&name)), (2, ExprAttr::U32(1))]);
+                b.goto(&name);
+            });
+        }
+        for i in 0..n {
+            let name = slot_name(group.hash, i);
+            let modulus = (n - i) as u32;
+            self.rule(family, &entry, "(a new client)", |b| {
+                if modulus > 1 {
+                    b.expr(
+                        "numgen",
+                        &[
+                            (1, ExprAttr::U32(1)),
+                            (2, ExprAttr::U32(modulus)),
+                            (3, ExprAttr::U32(1)),
+                        ],
+                    );
+                    b.cmp_eq(&0u32.to_ne_bytes());
+                }
+                b.goto(&name);
+            });
+        }
+        for i in n..old_n {
+            self.chain_message(NFT_MSG_DELCHAIN, 0, family, &slot_name(group.hash, i), "delete");
+        }
+    }
+
+    fn saddr(&mut self, family: Family) {
+        let (offset, len) = match family {
+            Family::V4 => (12, 4),
+            Family::V6 => (8, 16),
+        };
+        self.expr(
+            "payload",
+            &[
+                (1, ExprAttr::U32(1)),
+                (2, ExprAttr::U32(1)),
+                (3, ExprAttr::U32(offset)),
+                (4, ExprAttr::U32(len)),
+            ],
+        );
+    }
+
+    fn goto(&mut self, chain: &str) {
+        let elem = self.nest(NFTA_LIST_ELEM);
+        self.attr_str(NFTA_EXPR_NAME, "immediate");
+        let data = self.nest(NFTA_EXPR_DATA);
+        self.attr_u32(1, 0); // NFTA_IMMEDIATE_DREG: the verdict register
+        let imm = self.nest(2); // NFTA_IMMEDIATE_DATA
+        self.verdict_goto(chain);
+        self.nest_end(imm);
+        self.nest_end(data);
+        self.nest_end(elem);
+    }
+
+    fn cmp_eq(&mut self, value: &[u8]) {
+        let elem = self.nest(NFTA_LIST_ELEM);
+        self.attr_str(NFTA_EXPR_NAME, "cmp");
+        let data = self.nest(NFTA_EXPR_DATA);
+        self.attr_u32(1, 1); // NFTA_CMP_SREG
+        self.attr_u32(2, 0); // NFTA_CMP_OP: NFT_CMP_EQ
+        let v = self.nest(3); // NFTA_CMP_DATA
+        self.attr(NFTA_DATA_VALUE, value);
+        self.nest_end(v);
+        self.nest_end(data);
+        self.nest_end(elem);
+    }
+
+    fn immediate(&mut self, reg: u32, value: &[u8]) {
+        let elem = self.nest(NFTA_LIST_ELEM);
+        self.attr_str(NFTA_EXPR_NAME, "immediate");
+        let data = self.nest(NFTA_EXPR_DATA);
+        self.attr_u32(1, reg);
+        let imm = self.nest(2);
+        self.attr(NFTA_DATA_VALUE, value);
+        self.nest_end(imm);
+        self.nest_end(data);
+        self.nest_end(elem);
+    }
+
+    /// `meta l4proto P update @set { saddr } dnat to ip:port`, as nft encodes it.
+    fn slot_expressions(
+        &mut self,
+        family: Family,
+        set: &str,
+        protocol: kpng_model::Protocol,
+        ip: IpAddr,
+        port: u16,
+    ) {
+        use ExprAttr::{Str, U32};
+        self.expr("meta", &[(1, U32(1)), (2, U32(16))]);
+        self.cmp_eq(&protocol_bytes(protocol)[..1]);
+        self.saddr(family);
+        // NFTA_DYNSET_SET_NAME, NFTA_DYNSET_OP (update), NFTA_DYNSET_SREG_KEY.
+        self.expr("dynset", &[(1, Str(set)), (3, U32(1)), (4, U32(1))]);
+        self.immediate(1, &ip_bytes(&ip));
+        self.immediate(2, &port_bytes(port)[..2]);
+        self.expr(
+            "nat",
+            &[(1, U32(1)), (2, U32(nfproto(family) as u32)), (3, U32(1)), (5, U32(2)), (7, U32(2))],
+        );
     }
 
     /// Deletes kpng's table of `family` with everything in it.

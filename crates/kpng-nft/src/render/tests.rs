@@ -230,3 +230,44 @@ fn node_elements_follow_the_nodeport_option_and_detector() {
     let all = lines(&render_node(local.as_ref(), &cidrs, &addrs));
     assert_eq!(all, expect(&["ip nodeport_addrs 172.16.0.5"]));
 }
+
+#[test]
+fn affinity_services_enter_their_group_chain() {
+    let mut svc = service("ns", "web", &["10.96.0.1"], &[HTTP]);
+    svc.session_affinity = kpng_model::global::SessionAffinity::ClientIP { timeout_seconds: 600 };
+    let mut model = GlobalModel::new();
+    model.apply(Object::Service(svc));
+    model.apply(Object::EndpointSlice(slice(
+        "ns",
+        "web-1",
+        "web",
+        &[SLICE_HTTP],
+        vec![endpoint("10.0.0.2", "b"), endpoint("10.0.0.1", "a")],
+    )));
+    let view = NodeView { name: "a", zone: None };
+    let state = project_service(&model, &ServiceKey::new("ns", "web"), &view).unwrap();
+    let rendered = render_service(&state, &NodeFacts::default(), &Slots::new());
+    assert_eq!(rendered.affinity.len(), 1);
+    let group = &rendered.affinity[0];
+    assert_eq!(group.timeout, 600);
+    let targets: Vec<String> =
+        group.slots.iter().map(|(ip, port)| format!("{ip}:{port}")).collect();
+    assert_eq!(targets, ["10.0.0.1:8080", "10.0.0.2:8080"]);
+    let chain = crate::objects::affinity_chain(group.hash);
+    let got = lines(&rendered.elements);
+    assert!(
+        got.contains(&format!("ip affinity_cluster 10.96.0.1 . tcp . 80 : goto {chain}")),
+        "{got:?}"
+    );
+    assert!(
+        !got.iter().any(|l| l.contains("cluster_count_")),
+        "no count set for an affinity service: {got:?}"
+    );
+    // The slot record a restart reads back.
+    assert!(got.contains("ip cluster_backends 10.96.0.1 . tcp . 80 . 0 : 10.0.0.1 . 8080"));
+    // The group's chains: a known client goes to its slot, a new one picks uniformly.
+    let rules = crate::affinity::entry_rules(group);
+    assert_eq!(rules.len(), 2 + 1 + 1);
+    assert!(rules[2].starts_with("numgen random mod 2 == 0 goto"), "{rules:?}");
+    assert!(crate::affinity::slot_rule(group, 1).ends_with("dnat ip to 10.0.0.2:8080"));
+}
