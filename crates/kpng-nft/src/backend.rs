@@ -263,7 +263,7 @@ impl Backend for NftBackend {
                 affinity: None,
             });
         }
-        let committed = self.commit(&updates)?;
+        let committed = self.commit(&mut updates)?;
         let done = start.elapsed();
         if !committed && changes.is_reset() {
             tracing::info!(
@@ -306,11 +306,12 @@ impl NftBackend {
     }
 
     /// Commits what `updates` change, if anything. On failure the state is rolled back.
-    fn commit(&mut self, updates: &[OwnerUpdate]) -> Result<bool, BackendError> {
+    fn commit(&mut self, updates: &mut [OwnerUpdate]) -> Result<bool, BackendError> {
         let previous: Vec<(Owner, Vec<(ElementId, Value)>)> =
             updates.iter().map(|u| (u.owner, self.state.owned(u.owner).to_vec())).collect();
-        let mut diff =
-            self.state.update(updates.iter().map(|u| (u.owner, u.elements.clone())).collect());
+        let mut diff = self.state.update(
+            updates.iter_mut().map(|u| (u.owner, std::mem::take(&mut u.elements))).collect(),
+        );
         diff.new_ladders = diff.ladders_used().filter(|l| !self.ladders.contains(l)).collect();
         let mut unclaimed = self.kernel_groups.clone();
         (diff.affinity_before, diff.affinity_after) = self.affinity_ops(updates, &mut unclaimed);

@@ -166,10 +166,13 @@ impl TableState {
     }
 
     /// Replaces the elements of several owners at once and returns what changed in the
-    /// effective state, sorted (so elements of one set are adjacent). `updates` maps an
+    /// effective state, grouped by set (elements of one set are adjacent). `updates` maps an
     /// owner to its new elements (empty: the owner is gone).
     pub fn update(&mut self, updates: Vec<(Owner, Vec<(ElementId, Value)>)>) -> TableDiff {
-        let mut touched: HashMap<ElementId, Option<Value>> = HashMap::default();
+        let size: usize = updates.iter().map(|(_, new)| new.len()).sum();
+        let mut touched: HashMap<ElementId, Option<Value>> =
+            HashMap::with_capacity_and_hasher(size, Default::default());
+        self.elements.reserve(size);
         for (owner, new) in updates {
             let old = self.owned.remove(&owner).unwrap_or_default();
             for (id, _) in &old {
@@ -204,8 +207,10 @@ impl TableState {
                 diff.adds.push((id, v));
             }
         }
-        diff.deletes.sort_unstable();
-        diff.adds.sort_unstable();
+        // Elements of one set must be adjacent (one netlink message per set); their order
+        // within a set does not matter.
+        diff.deletes.sort_unstable_by_key(|(id, _)| (id.family, id.map));
+        diff.adds.sort_unstable_by_key(|(id, _)| (id.family, id.map));
         diff
     }
 }

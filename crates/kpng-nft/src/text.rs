@@ -96,7 +96,11 @@ pub fn transaction_text(diff: &TableDiff) -> String {
     for op in &diff.affinity_before {
         out.push_str(&crate::affinity::op_text(op));
     }
-    for (verb, elements) in [("delete", &diff.deletes), ("add", &diff.adds)] {
+    // Sorted, so that a dry run prints the same text for the same state.
+    let (mut deletes, mut adds) = (diff.deletes.clone(), diff.adds.clone());
+    deletes.sort_unstable();
+    adds.sort_unstable();
+    for (verb, elements) in [("delete", &deletes), ("add", &adds)] {
         for (id, value) in elements {
             let element =
                 if verb == "delete" { key_text(&id.key) } else { element_text(&id.key, value) };
