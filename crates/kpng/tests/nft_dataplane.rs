@@ -719,3 +719,30 @@ fn client_ip_affinity_sticks_across_addresses() {
         assert_eq!(answer(&Cluster::tcp(&cluster.client, "10.96.0.95:80")).0, other);
     }
 }
+
+#[test]
+fn masquerade_all_and_cluster_cidr() {
+    if !require("masquerade_all_and_cluster_cidr", &["nft", "ip"]) {
+        return;
+    }
+    let mut cluster = Cluster::new();
+    cluster.add_pod("client-pod", true, 20, &[9999]);
+    cluster.add_pod("web-b", false, 10, &[8080]);
+    let manifests = [
+        service("web", "  clusterIP: 10.96.0.97\n", PORT_HTTP),
+        slice("web-1", "web", "IPv4", SLICE_HTTP, &[("10.244.1.10", "node-b", true, true, false)]),
+    ]
+    .concat();
+    let pod = &cluster.pod("client-pod").ns;
+    // Default detector (the node's podCIDRs): a local pod keeps its address.
+    program(&cluster, &manifests, &[]);
+    assert_eq!(answer(&Cluster::tcp(pod, "10.96.0.97:80")).1, ip("10.244.0.20"));
+    // --masquerade-all: every connection to a ClusterIP is masqueraded.
+    program(&cluster, &manifests, &["--masquerade-all"]);
+    assert_ne!(answer(&Cluster::tcp(pod, "10.96.0.97:80")).1, ip("10.244.0.20"));
+    // --cluster-cidr that does not cover the pod: it counts as outside, and is masqueraded.
+    program(&cluster, &manifests, &["--cluster-cidr", "10.200.0.0/16"]);
+    assert_ne!(answer(&Cluster::tcp(pod, "10.96.0.97:80")).1, ip("10.244.0.20"));
+    program(&cluster, &manifests, &["--cluster-cidr", "10.244.0.0/16"]);
+    assert_eq!(answer(&Cluster::tcp(pod, "10.96.0.97:80")).1, ip("10.244.0.20"));
+}
