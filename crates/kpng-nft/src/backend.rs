@@ -48,7 +48,7 @@ pub trait Kernel: Send {
         let _ = (checks, nodeport_addrs);
         Ok(0)
     }
-    /// What kpng's tables hold now (elements and pick chains), when the kernel can say;
+    /// What kpng's tables hold now (elements, count sets, affinity groups), when the kernel can say;
     /// `None` when it cannot (a dry run starts from nothing).
     fn current(&mut self) -> Result<Option<KernelContents>, BackendError> {
         Ok(None)

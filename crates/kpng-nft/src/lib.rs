@@ -19,7 +19,10 @@
 //!   dest @local_dests                                goto pick_local           (internalTrafficPolicy Local)
 //!   dest @external_local_dests                       goto external_local       (externalTrafficPolicy Local)
 //!   nodeport @nodeport_cluster_dests / @nodeport_local_dests  goto pick_nodeport_cluster / nodeport_local
-//! pick_cluster: one rule per endpoint count N in use
+//! pick_cluster:
+//!   dest vmap @affinity_cluster                      ─> goto aff_<group>   (ClientIP affinity services)
+//!   goto pick_cluster_counts
+//! pick_cluster_counts: one rule per endpoint count N in use
 //!   dest @cluster_count_N dnat ip to dest . numgen random mod N map @cluster_backends
 //! external_local: local pods and the node itself goto pick_cluster, anyone else goto pick_local
 //! nat postrouting ─> masquerading: hairpin pairs, then the masquerade mark bit
@@ -34,7 +37,7 @@
 //! the kernel re-validate the table, and a change costs the same at any cluster size.
 //! Services that ask for ClientIP affinity are the exception: each of their port groups
 //! has chains of its own (see [`affinity`]), entered through the `affinity_*` verdict maps
-//! at the start of each pick chain. The chains are fixed; the only rules
+//! at the start of each pick chain. Apart from those, the chains are fixed; the only rules
 //! that come and go are the pick rules, one per distinct endpoint count (with its count
 //! set), created the first time a count is used and kept. A service's endpoints occupy
 //! slots `0..N` of the backends map under each of its destinations; slots are kept stable,

@@ -199,7 +199,7 @@ pub fn skeleton(family: Family, options: &SkeletonOptions) -> String {
             pick_entry_rules("meta l4proto . th dport", PickKind::NodePortLocal),
         ),
     ];
-    // The pick chains hold one rule per endpoint count in use, added over netlink: they
+    // The counts chains hold one rule per endpoint count in use, added over netlink: they
     // are declared here but never flushed by a reload.
     for kind in PickKind::ALL {
         let _ = writeln!(out, "\tchain {} {{ }}", kind.counts_chain());

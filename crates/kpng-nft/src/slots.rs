@@ -1,6 +1,6 @@
 //! Stable slot assignment: which endpoint sits at which index of a pick map.
 //!
-//! A pick chain chooses `numgen random mod n`, so a set of `n` endpoints occupies slots
+//! A pick rule chooses `numgen random mod n`, so a set of `n` endpoints occupies slots
 //! `0..n`. When the set changes, endpoints that stay keep their slot, new ones fill the
 //! holes left by removed ones, and only if the set shrank do the last ones move into the
 //! remaining holes. An endpoint change thus rewrites one or two slots, not the whole list.

@@ -229,7 +229,7 @@ impl Batch {
     }
 
     /// Creates the count set of `n` endpoints of `kind` in `family`, and appends to the
-    /// kind's pick chain the rule that picks among `n` slots for its members.
+    /// kind's counts chain the rule that picks among `n` slots for its members.
     pub fn create_ladder(&mut self, family: Family, kind: PickKind, n: u32) {
         let set = MapName::Count(kind, n).name();
         let fam = crate::objects::table_family(family);
