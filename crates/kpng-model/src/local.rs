@@ -142,10 +142,3 @@ pub struct LocalState {
     /// Every proxied service and its endpoints.
     pub services: BTreeMap<ServiceKey, LocalServiceState>,
 }
-
-impl LocalState {
-    /// The number of endpoints over all services.
-    pub fn endpoint_count(&self) -> usize {
-        self.services.values().map(|s| s.endpoints.len()).sum()
-    }
-}

@@ -135,12 +135,6 @@ impl MapName {
         let n: u32 = n.parse().ok()?;
         PickKind::ALL.into_iter().find(|k| k.prefix() == prefix).map(|k| MapName::Count(k, n))
     }
-
-    /// Whether the set holds ranges (`flags interval`). Only the firewall allow-list does;
-    /// it is consulted only for new connections to load-balancer IPs with source ranges.
-    pub fn is_interval(self) -> bool {
-        matches!(self, MapName::FirewallAllow)
-    }
 }
 
 impl fmt::Display for MapName {
@@ -246,8 +240,6 @@ pub struct Dest {
 pub enum Key {
     /// One address.
     Addr(IpAddr),
-    /// A network (interval sets).
-    Net(IpNet),
     /// A destination.
     Dest(Dest),
     /// A NodePort: protocol and port.

@@ -46,11 +46,6 @@ impl TableDiff {
             && self.affinity_after.is_empty()
     }
 
-    /// The number of element operations.
-    pub fn element_ops(&self) -> usize {
-        self.deletes.len() + self.adds.len()
-    }
-
     /// The count sets the added elements go into.
     pub fn ladders_used(&self) -> impl Iterator<Item = Ladder> + '_ {
         self.adds.iter().filter_map(|(id, _)| match id.map {

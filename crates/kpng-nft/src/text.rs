@@ -21,7 +21,6 @@ fn protocol(p: Protocol) -> &'static str {
 pub fn key_text(key: &Key) -> String {
     match key {
         Key::Addr(ip) => ip.to_string(),
-        Key::Net(net) => net.to_string(),
         Key::Dest(d) => format!("{} . {} . {}", d.ip, protocol(d.protocol), d.port),
         Key::NodePort(p, port) => format!("{} . {port}", protocol(*p)),
         Key::DestSlot(d, slot) => {

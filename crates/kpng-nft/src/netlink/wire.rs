@@ -651,7 +651,6 @@ fn dest_bytes(dest: &Dest) -> Vec<u8> {
 pub fn key_bytes(key: &Key, end: bool) -> Vec<u8> {
     match key {
         Key::Addr(ip) => ip_bytes(ip),
-        Key::Net(net) => ip_bytes(&if end { net.broadcast() } else { net.network() }),
         Key::Dest(dest) => dest_bytes(dest),
         Key::NodePort(protocol, port) => [protocol_bytes(*protocol), port_bytes(*port)].concat(),
         Key::DestSlot(dest, slot) => {
