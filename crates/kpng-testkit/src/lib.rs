@@ -1,6 +1,7 @@
 //! Test support for kpng.
 //!
 //! # Layout
+//! - [`apiserver`]: a fake Kubernetes API server (list/watch over HTTP) with a scenario API.
 //! - [`builders`]: short constructors for model values with sensible defaults, for tests
 //!   that care about one field at a time.
 //! - [`strategies`]: proptest strategies over a small universe of keys and addresses, so
@@ -14,6 +15,7 @@
 //! - [`generate`]: synthetic clusters (N services × M endpoints over K nodes) as Kubernetes
 //!   manifests, for end-to-end tests, stats and benchmarks (`kpng-dev generate`).
 
+pub mod apiserver;
 pub mod builders;
 pub mod echo;
 pub mod generate;
