@@ -6,8 +6,8 @@ use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1 as discovery;
 use kpng_model::global::{Endpoint, EndpointSlice, SliceKey};
 use kpng_model::{GlobalModel, Object, ObjectRef, ServiceKey, Touched};
+use kpng_sources::ConvertOptions;
 use kpng_sources::convert::{convert_node, convert_service, convert_slice};
-use kpng_sources::{ConvertOptions, Converted};
 use kpng_testkit::generate::{ClusterSpec, generate};
 
 /// Every object of the generated cluster, converted as a source would.
@@ -21,32 +21,18 @@ pub fn objects(spec: &ClusterSpec) -> anyhow::Result<Vec<Object>> {
                 convert_service(&serde_json::from_value::<core::Service>(value)?, &options)?
                     .map(Object::Service)
             }
-            "EndpointSlice" => convert_slice(
-                &serde_json::from_value::<discovery::EndpointSlice>(value)?,
-                &options,
-            )?
-            .map(Object::EndpointSlice),
+            "EndpointSlice" => {
+                let slice = serde_json::from_value::<discovery::EndpointSlice>(value)?;
+                convert_slice(&slice, &options)?.map(Object::EndpointSlice)
+            }
             "Node" => {
                 convert_node(&serde_json::from_value::<core::Node>(value)?)?.map(Object::Node)
             }
-            _ => None,
+            _ => continue,
         };
-        objects.extend(object);
+        objects.extend(object.proxied());
     }
     Ok(objects)
-}
-
-trait Proxied<T> {
-    fn map<U>(self, f: impl FnOnce(T) -> U) -> Option<U>;
-}
-
-impl<T> Proxied<T> for Converted<T> {
-    fn map<U>(self, f: impl FnOnce(T) -> U) -> Option<U> {
-        match self {
-            Converted::Proxied(t) => Some(f(t)),
-            Converted::Ignored { .. } => None,
-        }
-    }
 }
 
 /// Applies `object` to `model` and returns what it touched.

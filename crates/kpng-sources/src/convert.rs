@@ -48,6 +48,24 @@ pub enum Converted<T> {
     },
 }
 
+impl<T> Converted<T> {
+    /// Converts the proxied value.
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Converted<U> {
+        match self {
+            Converted::Proxied(t) => Converted::Proxied(f(t)),
+            Converted::Ignored { key, reason } => Converted::Ignored { key, reason },
+        }
+    }
+
+    /// The proxied value, if the object is proxied.
+    pub fn proxied(self) -> Option<T> {
+        match self {
+            Converted::Proxied(t) => Some(t),
+            Converted::Ignored { .. } => None,
+        }
+    }
+}
+
 /// Why objects carrying these labels are not for this proxy, if they are not.
 fn ignored_by_labels(
     labels: Option<&std::collections::BTreeMap<String, String>>,

@@ -9,6 +9,7 @@
 //! - [`convert`]: Kubernetes `Service`, `EndpointSlice` and `Node` → model values, with the
 //!   rules of what is proxied (proxy-name and headless labels, ExternalName, headless
 //!   services, FQDN slices, slices without a service).
+//! - [`kube`]: the kube source: watchers on the API server, reduced at ingest.
 //! - [`mod@file`]: the file source: manifests (multi-document YAML, JSON, `kind: List`) read once
 //!   or watched, each read applied to the store as one relist, so only differences count.
 //!
@@ -16,5 +17,6 @@
 
 pub mod convert;
 pub mod file;
+pub mod kube;
 
 pub use convert::{ConvertError, ConvertOptions, Converted};

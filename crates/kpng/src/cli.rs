@@ -115,8 +115,8 @@ impl GlobalArgs {
 pub enum SourceCommand {
     /// Read Kubernetes manifests (Service, EndpointSlice, Node) from a file.
     File(FileArgs),
-    /// Watch a Kubernetes API server. Not available in this build.
-    Kube(Unavailable),
+    /// Watch a Kubernetes API server: Services, EndpointSlices and this node (or every node).
+    Kube(KubeArgs),
     /// Replicate another kpng's global model over gRPC. Not available in this build.
     Api(Unavailable),
     /// Run backends fed by a remote kpng's `to-api`. Not available in this build.
@@ -124,6 +124,32 @@ pub enum SourceCommand {
     /// Remove every kernel object kpng installed (its `ip kpng` and `ip6 kpng` nftables
     /// tables) and nothing else, then exit.
     Cleanup(CleanupArgs),
+}
+
+/// `kpng kube`.
+#[derive(Debug, Args)]
+pub struct KubeArgs {
+    /// The kubeconfig to use. Default: $KUBECONFIG, then ~/.kube/config, then the
+    /// in-cluster service account.
+    #[arg(long, env = "KUBECONFIG", value_name = "PATH")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// The API server URL, overriding the kubeconfig's (alone: an unauthenticated server).
+    #[arg(long, alias = "master", value_name = "URL")]
+    pub server: Option<String>,
+
+    /// This proxy's name: objects labelled `service.kubernetes.io/service-proxy-name` with
+    /// this value are proxied, objects with another value are ignored.
+    #[arg(long, value_name = "NAME")]
+    pub service_proxy_name: Option<String>,
+
+    /// Watch every Node, not only this one (what a cluster-wide `to-api` needs).
+    #[arg(long)]
+    pub all_nodes: bool,
+
+    /// What consumes the model.
+    #[command(subcommand)]
+    pub sink: SinkCommand,
 }
 
 /// `kpng cleanup`.

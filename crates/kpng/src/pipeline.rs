@@ -7,9 +7,10 @@ use anyhow::{Context, bail};
 use kpng_backend::NodeStats;
 use kpng_sources::ConvertOptions;
 use kpng_sources::file::FileSource;
+use kpng_sources::kube::{KubeSource, NodeSelection};
 use kpng_store::store;
 
-use crate::cli::{Cli, FileArgs, GlobalArgs, SinkCommand, SourceCommand};
+use crate::cli::{Cli, GlobalArgs, KubeArgs, SinkCommand, SourceCommand};
 use crate::sinks::to_file::run_to_file;
 use crate::sinks::to_local::{build_backends, run_to_local};
 use crate::stats::{StatsPrinter, StatsSources, print_stats};
@@ -18,8 +19,26 @@ use crate::stats::{StatsPrinter, StatsSources, print_stats};
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     let mut global = cli.global;
     match cli.source {
-        SourceCommand::File(args) => run_file(args, &mut global).await,
-        SourceCommand::Kube(_) => bail!("source `kube` is not available in this build of kpng"),
+        SourceCommand::File(args) => {
+            let options = ConvertOptions { service_proxy_name: args.service_proxy_name.clone() };
+            let source = FileSource::new(&args.input, args.watch, options);
+            let feed = |writer| async move { source.run(writer).await.context("file source") };
+            run_pipeline(&FileSource::KINDS, feed, args.sink, &mut global).await
+        }
+        SourceCommand::Kube(args) => {
+            let client = kube_client(&args).await?;
+            let nodes = match args.all_nodes {
+                true => NodeSelection::All,
+                false => NodeSelection::One(node_name(&global)?),
+            };
+            let options = ConvertOptions { service_proxy_name: args.service_proxy_name.clone() };
+            let source = KubeSource::new(client, options, nodes);
+            let feed = |writer| async move {
+                source.run(writer).await;
+                Ok(())
+            };
+            run_pipeline(&kpng_sources::kube::KINDS, feed, args.sink, &mut global).await
+        }
         SourceCommand::Api(_) => bail!("source `api` is not available in this build of kpng"),
         SourceCommand::Local(_) => bail!("command `local` is not available in this build of kpng"),
         SourceCommand::Cleanup(_) => {
@@ -49,15 +68,47 @@ fn node_name(global: &GlobalArgs) -> anyhow::Result<String> {
     }
 }
 
-async fn run_file(args: FileArgs, global: &mut GlobalArgs) -> anyhow::Result<()> {
-    let options = ConvertOptions { service_proxy_name: args.service_proxy_name.clone() };
-    let source = FileSource::new(&args.input, args.watch, options);
-    let (writer, reader) = store(&FileSource::KINDS);
+/// A client for the API server the arguments name.
+async fn kube_client(args: &KubeArgs) -> anyhow::Result<kube::Client> {
+    use kube::config::{KubeConfigOptions, Kubeconfig};
+    let parse = |url: &str| {
+        url.parse::<http::Uri>().with_context(|| format!("--server {url:?} is not a URL"))
+    };
+    let mut config = match (&args.kubeconfig, &args.server) {
+        (Some(path), _) => {
+            let kubeconfig = Kubeconfig::read_from(path).with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("using kubeconfig {}", path.display()))?
+        }
+        (None, Some(server)) => kube::Config::new(parse(server)?),
+        (None, None) => kube::Config::infer().await.context(
+            "no kubeconfig ($KUBECONFIG or ~/.kube/config) and not in a cluster: use --kubeconfig or --server",
+        )?,
+    };
+    if let Some(server) = &args.server {
+        config.cluster_url = parse(server)?;
+    }
+    kube::Client::try_from(config).context("creating the Kubernetes client")
+}
+
+/// Runs `feed` (a source writing to the store) and the sink the command line names.
+async fn run_pipeline<F, Fut>(
+    kinds: &[kpng_model::Kind],
+    feed: F,
+    sink: SinkCommand,
+    global: &mut GlobalArgs,
+) -> anyhow::Result<()>
+where
+    F: FnOnce(kpng_store::StoreWriter) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
+    let (writer, reader) = store(kinds);
     let store_stats = reader.stats();
     let node_stats = Arc::new(NodeStats::default());
 
     // Validate the sink fully before starting anything.
-    let sink = match args.sink {
+    let sink = match sink {
         SinkCommand::ToFile(to_file) => Sink::File(to_file),
         SinkCommand::ToLocal(to_local) => {
             let commands = to_local.backends(global).map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -89,7 +140,7 @@ async fn run_file(args: FileArgs, global: &mut GlobalArgs) -> anyhow::Result<()>
     };
 
     let result = tokio::select! {
-        result = source.run(writer) => result.context("file source"),
+        result = feed(writer) => result,
         result = sink => result,
         () = stats => Ok(()),
         () = shutdown_signal() => {

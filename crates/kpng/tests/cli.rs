@@ -194,9 +194,20 @@ fn missing_file_and_unavailable_parts_are_clear_errors() {
     assert!(out.stderr.contains("to-iptables is not available"), "{}", out.stderr);
     assert!(out.stdout.is_empty());
 
-    let out = run(&["kube", "to-local", "to-json"]);
+    let out = run(&["api", "--server", "x", "to-local", "to-json"]);
     assert!(!out.status.success());
-    assert!(out.stderr.contains("`kube` is not available"), "{}", out.stderr);
+    assert!(out.stderr.contains("`api` is not available"), "{}", out.stderr);
+
+    // The kube source without any configuration says what to pass.
+    let out = std::process::Command::new(support::binary())
+        .args(["kube", "to-local", "--node", "n", "to-json", "--once"])
+        .env_remove("KUBECONFIG")
+        .env("HOME", "/nonexistent")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("--kubeconfig or --server"), "{stderr}");
 }
 
 #[test]
