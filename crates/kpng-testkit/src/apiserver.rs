@@ -45,7 +45,8 @@ pub enum Resource {
 }
 
 impl Resource {
-    fn of(object: &Value) -> Option<Resource> {
+    /// The resource of an object, from its `kind`.
+    pub fn of(object: &Value) -> Option<Resource> {
         match object.get("kind")?.as_str()? {
             "Service" => Some(Resource::Services),
             "EndpointSlice" => Some(Resource::EndpointSlices),
@@ -120,6 +121,11 @@ impl FakeApiServer {
     /// Starts a server on 127.0.0.1 with no objects, sending bookmarks every `bookmark_every`
     /// to watches that asked for them.
     pub async fn start(bookmark_every: Duration) -> std::io::Result<FakeApiServer> {
+        Self::start_on(0, bookmark_every).await
+    }
+
+    /// Like [`FakeApiServer::start`], on a given port (0: any).
+    pub async fn start_on(port: u16, bookmark_every: Duration) -> std::io::Result<FakeApiServer> {
         let (events, _) = broadcast::channel(4096);
         let (disconnects, _) = watch::channel(0);
         let shared = Arc::new(Shared {
@@ -133,7 +139,7 @@ impl FakeApiServer {
             .route("/apis/discovery.k8s.io/v1/endpointslices", get(slices))
             .route("/api/v1/nodes", get(nodes))
             .with_state(shared.clone());
-        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
         let addr = listener.local_addr()?;
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;

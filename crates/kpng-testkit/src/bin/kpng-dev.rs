@@ -2,6 +2,10 @@
 //!
 //! `kpng-dev generate --services N --endpoints M --nodes K` prints a synthetic cluster as
 //! Kubernetes manifests, ready for `kpng file --input`.
+//!
+//! `kpng-dev apiserver --input FILE [--port P]` serves manifests (or a generated cluster)
+//! from the fake API server, so `kpng kube --server http://127.0.0.1:P` (and
+//! `kubectl --server ... get svc -A`) can run against a local fake cluster.
 
 use std::io::Write;
 
@@ -40,6 +44,19 @@ enum Command {
         #[arg(long)]
         output: Option<std::path::PathBuf>,
     },
+    /// Serve Services, EndpointSlices and Nodes from manifests with a fake API server
+    /// (list and watch over HTTP), until interrupted.
+    Apiserver {
+        /// The manifests (multi-document YAML, or JSON objects/lists).
+        #[arg(long)]
+        input: Option<std::path::PathBuf>,
+        /// Or a generated cluster with this many services (4 endpoints each).
+        #[arg(long, conflicts_with = "input")]
+        services: Option<usize>,
+        /// The port on 127.0.0.1 (0: any).
+        #[arg(long, default_value_t = 0)]
+        port: u16,
+    },
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -51,9 +68,67 @@ enum Format {
 }
 
 fn main() -> anyhow::Result<()> {
-    let Command::Generate { services, endpoints, nodes, zones, format, output } =
-        Cli::parse().command;
-    let objects = generate(&ClusterSpec { services, endpoints, nodes, zones });
+    match Cli::parse().command {
+        Command::Generate { services, endpoints, nodes, zones, format, output } => {
+            generate_cmd(&ClusterSpec { services, endpoints, nodes, zones }, format, output)
+        }
+        Command::Apiserver { input, services, port } => apiserver(input, services, port),
+    }
+}
+
+/// The objects of a manifests file, as JSON.
+fn manifests(path: &std::path::Path) -> anyhow::Result<Vec<serde_json::Value>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut objects = Vec::new();
+    for doc in text.split("\n---") {
+        let value: serde_json::Value =
+            serde_saphyr::from_str(doc).with_context(|| format!("parsing {}", path.display()))?;
+        match value.get("items").and_then(serde_json::Value::as_array) {
+            Some(items) => objects.extend(items.iter().cloned()),
+            None if value.get("kind").is_some() => objects.push(value),
+            None => {}
+        }
+    }
+    Ok(objects)
+}
+
+fn apiserver(
+    input: Option<std::path::PathBuf>,
+    services: Option<usize>,
+    port: u16,
+) -> anyhow::Result<()> {
+    let objects = match (input, services) {
+        (Some(path), _) => manifests(&path)?,
+        (None, Some(services)) => generate(&ClusterSpec { services, ..ClusterSpec::default() }),
+        (None, None) => anyhow::bail!("give --input FILE or --services N"),
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    runtime.block_on(async {
+        let server = kpng_testkit::apiserver::FakeApiServer::start_on(
+            port,
+            std::time::Duration::from_secs(5),
+        )
+        .await?;
+        let mut count = 0;
+        for object in objects {
+            if kpng_testkit::apiserver::Resource::of(&object).is_some() {
+                server.apply(object);
+                count += 1;
+            }
+        }
+        eprintln!("serving {count} objects at {}", server.url());
+        std::future::pending::<()>().await;
+        Ok(())
+    })
+}
+
+fn generate_cmd(
+    spec: &ClusterSpec,
+    format: Format,
+    output: Option<std::path::PathBuf>,
+) -> anyhow::Result<()> {
+    let objects = generate(spec);
     let text = match format {
         Format::Yaml => to_yaml(&objects).context("serializing the cluster as YAML")?,
         Format::Json => to_json_list(&objects),
