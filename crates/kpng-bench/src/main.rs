@@ -5,13 +5,18 @@
 //! - `nft`: cold start of the whole table, then one change at a time (endpoint added and
 //!   removed, service added and deleted) from the model update to the committed netlink
 //!   transaction, with the kernel's commit time alone, against a full `nft -f` reload of the
-//!   same ruleset (the resync-per-change approach).
+//!   same ruleset (the resync-per-change approach);
+//! - `churn`: the kube source, store, projection and nftables backend against the fake API
+//!   server, under a stream of events most of which change nothing a proxy uses: API
+//!   events vs store changes vs node-state revisions vs kernel transactions.
 //!
 //! # Layout
 //! - [`cluster`]: the synthetic cluster as model objects, and the changes applied to it.
 //! - [`nft`]: the nftables scenario.
+//! - [`churn`]: the churn scenario: kube source to kernel under a no-op-heavy event stream.
 //! - [`table`]: percentiles and table printing.
 
+mod churn;
 mod cluster;
 mod nft;
 mod table;
@@ -34,6 +39,21 @@ struct Cli {
     /// Full `nft -f` reloads to time per size (they are slow at large sizes).
     #[arg(long, default_value_t = 5)]
     reloads: usize,
+    /// Churn: API events per second (comma-separated rates; 0 skips the churn scenario).
+    #[arg(long, value_delimiter = ',', default_value = "100,1000")]
+    churn_rates: Vec<u64>,
+    /// Churn: share of no-op events (resourceVersion bumps), in percent.
+    #[arg(long, default_value_t = 99.5)]
+    churn_noop: f64,
+    /// Churn: seconds per rate.
+    #[arg(long, default_value_t = 5)]
+    churn_seconds: u64,
+    /// Churn: cluster size (services).
+    #[arg(long, default_value_t = 1000)]
+    churn_services: usize,
+    /// Churn: endpoints per service.
+    #[arg(long, default_value_t = 2)]
+    churn_endpoints: usize,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -47,10 +67,27 @@ fn main() -> anyhow::Result<()> {
         .init();
     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
         .map_err(|e| anyhow::anyhow!("cannot enter a new network namespace (run as root): {e}"))?;
+    // The churn scenario's fake API server listens on this namespace's loopback.
+    let lo = std::process::Command::new("ip").args(["link", "set", "lo", "up"]).status()?;
+    anyhow::ensure!(lo.success(), "cannot bring loopback up in the bench namespace: {lo}");
     let mut rows = Vec::new();
     for &services in &cli.services {
         rows.push(nft::run(services, cli.endpoints, cli.repeat, cli.reloads)?);
     }
     table::print_nft(&rows);
+    let mut churn = Vec::new();
+    for &rate in cli.churn_rates.iter().filter(|r| **r > 0) {
+        churn.push(churn::run(
+            cli.churn_services,
+            cli.churn_endpoints,
+            rate,
+            cli.churn_noop,
+            cli.churn_seconds,
+        )?);
+    }
+    if !churn.is_empty() {
+        println!();
+        churn::print(&churn);
+    }
     Ok(())
 }

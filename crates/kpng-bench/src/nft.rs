@@ -40,7 +40,7 @@ impl Kernel for TimedKernel {
     }
 }
 
-fn cpu() -> Duration {
+pub(crate) fn cpu() -> Duration {
     nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF)
         .map(|u| {
             let d = |t: nix::sys::time::TimeVal| {
