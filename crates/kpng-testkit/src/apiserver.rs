@@ -8,6 +8,8 @@
 //!   `MODIFIED`, `DELETED`, and `BOOKMARK` when `allowWatchBookmarks=true`) after the given
 //!   `resourceVersion`; a version older than the retained history gets a `410 Gone` `ERROR`
 //!   event, as after an etcd compaction;
+//! - `limit` and `continue` for lists in pages (later pages show the objects as they are
+//!   then, where the real server keeps the first page's snapshot);
 //! - `labelSelector` (`key`, `!key`, `key=value`, `key!=value`) and `fieldSelector`
 //!   (`metadata.name=...`).
 //!
@@ -230,6 +232,9 @@ struct Params {
     field_selector: Option<String>,
     allow_watch_bookmarks: Option<bool>,
     timeout_seconds: Option<u64>,
+    limit: Option<usize>,
+    #[serde(rename = "continue")]
+    continue_token: Option<String>,
 }
 
 async fn services(State(shared): State<Arc<Shared>>, Query(params): Query<Params>) -> Response {
@@ -280,17 +285,34 @@ fn serve(shared: Arc<Shared>, resource: Resource, params: Params) -> Response {
         return watch_stream(shared, resource, params);
     }
     let inner = shared.lock();
-    let items: Vec<Value> = inner
+    // A continue token is "<list resourceVersion>:<items already sent>"; later pages show
+    // the objects as they are now, not as they were at the first page.
+    let token = params.continue_token.as_deref().map(|t| {
+        let (rv, skip) = t.split_once(':')?;
+        Some((rv.parse::<u64>().ok()?, skip.parse::<usize>().ok()?))
+    });
+    let (revision, skip) = match token {
+        None => (inner.revision, 0),
+        Some(Some(position)) => position,
+        Some(None) => return (StatusCode::BAD_REQUEST, "malformed continue token").into_response(),
+    };
+    let limit = params.limit.filter(|l| *l > 0).unwrap_or(usize::MAX);
+    let mut matching = inner
         .objects
         .iter()
         .filter(|((r, _, _), object)| *r == resource && selected(object, &params))
-        .map(|(_, object)| object.clone())
-        .collect();
+        .skip(skip);
+    let items: Vec<Value> = matching.by_ref().take(limit).map(|(_, o)| o.clone()).collect();
+    let more = matching.next().is_some();
     let (api_version, kind) = resource.list_kind();
+    let mut metadata = json!({ "resourceVersion": revision.to_string() });
+    if more {
+        metadata["continue"] = json!(format!("{revision}:{}", skip + items.len()));
+    }
     let body = json!({
         "apiVersion": api_version,
         "kind": kind,
-        "metadata": { "resourceVersion": inner.revision.to_string() },
+        "metadata": metadata,
         "items": items,
     });
     ([(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()

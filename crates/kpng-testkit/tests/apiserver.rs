@@ -88,3 +88,25 @@ async fn bookmarks_gone_and_disconnects() {
     .await;
     assert!(ended.is_ok(), "the watch did not end");
 }
+
+#[tokio::test]
+async fn lists_in_pages_with_continue_tokens() {
+    let server = FakeApiServer::start(Duration::from_secs(5)).await.unwrap();
+    for i in 0..5 {
+        server.apply(service(&format!("s{i}"), json!({})));
+    }
+    let api = api(&server).await;
+    let first = api.list(&ListParams::default().limit(2)).await.unwrap();
+    assert_eq!(names(&first.items), ["s0", "s1"]);
+    let version = first.metadata.resource_version.clone();
+    let token = first.metadata.continue_.clone().expect("a continue token after a full page");
+    let second = api.list(&ListParams::default().limit(2).continue_token(&token)).await.unwrap();
+    assert_eq!(names(&second.items), ["s2", "s3"]);
+    assert_eq!(second.metadata.resource_version, version, "pages keep the list's version");
+    let token = second.metadata.continue_.clone().unwrap();
+    let last = api.list(&ListParams::default().limit(2).continue_token(&token)).await.unwrap();
+    assert_eq!(names(&last.items), ["s4"]);
+    assert_eq!(last.metadata.continue_, None, "no token after the last page");
+    let bad = api.list(&ListParams::default().limit(2).continue_token("nonsense")).await;
+    assert!(bad.is_err(), "a malformed token is refused");
+}
