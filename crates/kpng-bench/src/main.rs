@@ -8,16 +8,20 @@
 //!   same ruleset (the resync-per-change approach);
 //! - `churn`: the kube source, store, projection and nftables backend against the fake API
 //!   server, under a stream of events most of which change nothing a proxy uses: API
-//!   events vs store changes vs node-state revisions vs kernel transactions.
+//!   events vs store changes vs node-state revisions vs kernel transactions;
+//! - `memory`: the resident set of the real `kpng` binary synced to a generated cluster
+//!   served by the fake API server, against the same binary synced to an empty one.
 //!
 //! # Layout
 //! - [`cluster`]: the synthetic cluster as model objects, and the changes applied to it.
 //! - [`nft`]: the nftables scenario.
 //! - [`churn`]: the churn scenario: kube source to kernel under a no-op-heavy event stream.
+//! - [`memory`]: the kpng binary's resident set, loaded vs empty.
 //! - [`table`]: percentiles and table printing.
 
 mod churn;
 mod cluster;
+mod memory;
 mod nft;
 mod table;
 
@@ -51,9 +55,13 @@ struct Cli {
     /// Churn: cluster size (services).
     #[arg(long, default_value_t = 1000)]
     churn_services: usize,
-    /// Churn: endpoints per service.
+    /// Churn and memory: endpoints per service.
     #[arg(long, default_value_t = 2)]
     churn_endpoints: usize,
+    /// Memory: cluster sizes (services) to measure the kpng binary's resident set at, each
+    /// against an empty cluster (0 skips the memory scenario; needs the kpng binary built).
+    #[arg(long, value_delimiter = ',', default_value = "1000")]
+    memory_services: Vec<usize>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -88,6 +96,15 @@ fn main() -> anyhow::Result<()> {
     if !churn.is_empty() {
         println!();
         churn::print(&churn);
+    }
+    let sizes: Vec<usize> = cli.memory_services.iter().copied().filter(|s| *s > 0).collect();
+    if !sizes.is_empty() {
+        let mut rows = vec![memory::run(0, cli.churn_endpoints)?];
+        for services in sizes {
+            rows.push(memory::run(services, cli.churn_endpoints)?);
+        }
+        println!();
+        memory::print(&rows);
     }
     Ok(())
 }
