@@ -15,11 +15,11 @@
 //!
 //! The scenario API changes objects ([`FakeApiServer::apply`], [`FakeApiServer::delete`]),
 //! makes no-op updates that only bump `resourceVersion` ([`FakeApiServer::touch`]), drops
-//! every open watch ([`FakeApiServer::disconnect`]) and forgets history
-//! ([`FakeApiServer::compact`]). Objects are stored as given, so a test can serve a
-//! malformed one.
+//! every open watch ([`FakeApiServer::disconnect`]), forgets history
+//! ([`FakeApiServer::compact`]) and refuses a kind with 403 ([`FakeApiServer::forbid`]).
+//! Objects are stored as given, so a test can serve a malformed one.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -83,6 +83,8 @@ struct Inner {
     history: VecDeque<Arc<Event>>,
     /// Watches from a version older than this get 410 Gone.
     oldest: u64,
+    /// Kinds whose lists and watches are answered 403 Forbidden, as without RBAC.
+    forbidden: BTreeSet<Resource>,
 }
 
 struct Shared {
@@ -215,6 +217,17 @@ impl FakeApiServer {
         self.shared.disconnects.send_modify(|n| *n += 1);
     }
 
+    /// Answers lists and watches of `resource` with 403 Forbidden (as a cluster without the
+    /// RBAC grant does) while `forbidden` is true.
+    pub fn forbid(&self, resource: Resource, forbidden: bool) {
+        let mut inner = self.shared.lock();
+        if forbidden {
+            inner.forbidden.insert(resource);
+        } else {
+            inner.forbidden.remove(&resource);
+        }
+    }
+
     /// Forgets the event history: watches from any older version get 410 Gone.
     pub fn compact(&self) {
         let mut inner = self.shared.lock();
@@ -281,6 +294,20 @@ fn selected(object: &Value, params: &Params) -> bool {
 }
 
 fn serve(shared: Arc<Shared>, resource: Resource, params: Params) -> Response {
+    if shared.lock().forbidden.contains(&resource) {
+        let (_, kind) = resource.list_kind();
+        let status = json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": format!("{kind} is forbidden: the fake server refuses it"),
+            "reason": "Forbidden", "code": 403,
+        });
+        return (
+            StatusCode::FORBIDDEN,
+            [(header::CONTENT_TYPE, "application/json")],
+            status.to_string(),
+        )
+            .into_response();
+    }
     if params.watch.as_deref().is_some_and(|w| w == "true" || w == "1") {
         return watch_stream(shared, resource, params);
     }

@@ -18,6 +18,13 @@ fn example_objects() -> Vec<Value> {
         .collect()
 }
 
+/// The example cluster's node-a stream, read from the file: the reference.
+fn file_reference() -> Vec<Value> {
+    let args = ["file", "--input", &example(), "to-local", "--node", "node-a", "to-json", "--once"];
+    let file = support::run(&args);
+    file.stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
 fn summary(ops: &[Value]) -> Vec<String> {
     ops.iter().map(summarize).collect()
 }
@@ -28,19 +35,7 @@ async fn kube_source_streams_the_node_state_and_only_real_changes() {
     for object in example_objects() {
         server.apply(object);
     }
-    // The same cluster read from the file gives the reference stream.
-    let file = support::run(&[
-        "file",
-        "--input",
-        &example(),
-        "to-local",
-        "--node",
-        "node-a",
-        "to-json",
-        "--once",
-    ]);
-    let reference: Vec<Value> =
-        file.stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let reference = file_reference();
 
     let url = server.url();
     let mut kpng =
@@ -81,4 +76,30 @@ async fn kube_source_streams_the_node_state_and_only_real_changes() {
     );
     tokio::task::block_in_place(|| kpng.wait_stderr("shop/legacy"));
     assert!(kpng.stderr().contains("spec.externalIPs[0]"), "{}", kpng.stderr());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_is_emitted_before_every_initial_list() {
+    let server = FakeApiServer::start(Duration::from_millis(200)).await.unwrap();
+    for object in example_objects() {
+        server.apply(object);
+    }
+    // Services and EndpointSlices list fine; Nodes are refused, as without the RBAC grant.
+    server.forbid(Resource::Nodes, true);
+    let url = server.url();
+    let kpng = Kpng::spawn(&["kube", "--server", &url, "to-local", "--node", "node-a", "to-json"]);
+    tokio::task::block_in_place(|| kpng.wait_stderr("the fake server refuses it"));
+    // Give the other lists time to complete and a retry or two to fail.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(kpng.try_line(), None, "emitted before the Node list completed");
+    assert!(kpng.stderr().contains("Node"), "the refused kind is named: {}", kpng.stderr());
+
+    server.forbid(Resource::Nodes, false);
+    let mut kpng = kpng;
+    let first = tokio::task::block_in_place(|| kpng.next_change_set());
+    assert_eq!(
+        summary(&first),
+        summary(&file_reference()),
+        "the full state, once, after all lists"
+    );
 }

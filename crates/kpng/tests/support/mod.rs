@@ -105,6 +105,11 @@ impl Kpng {
         Kpng { child, lines, stderr }
     }
 
+    /// The next line of output, if one has arrived.
+    pub fn try_line(&self) -> Option<String> {
+        self.lines.try_recv().ok()
+    }
+
     /// The ops up to and including the next `sync`.
     pub fn next_change_set(&mut self) -> Vec<Value> {
         let mut ops = Vec::new();
