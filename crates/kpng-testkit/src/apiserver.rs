@@ -190,25 +190,24 @@ impl FakeApiServer {
         self.record(key.0, if exists { "MODIFIED" } else { "ADDED" }, object)
     }
 
-    /// Deletes an object. Returns the new resource version, or `None` if there was none.
-    pub fn delete(&self, resource: Resource, namespace: &str, name: &str) -> Option<u64> {
-        let object = self
-            .shared
+    /// The stored object, as served.
+    pub fn get(&self, resource: Resource, namespace: &str, name: &str) -> Option<Value> {
+        self.shared
             .lock()
             .objects
             .get(&(resource, namespace.to_string(), name.to_string()))
-            .cloned()?;
+            .cloned()
+    }
+
+    /// Deletes an object. Returns the new resource version, or `None` if there was none.
+    pub fn delete(&self, resource: Resource, namespace: &str, name: &str) -> Option<u64> {
+        let object = self.get(resource, namespace, name)?;
         Some(self.record(resource, "DELETED", object))
     }
 
     /// A no-op update: the object is sent again with only a new resource version.
     pub fn touch(&self, resource: Resource, namespace: &str, name: &str) -> Option<u64> {
-        let object = self
-            .shared
-            .lock()
-            .objects
-            .get(&(resource, namespace.to_string(), name.to_string()))
-            .cloned()?;
+        let object = self.get(resource, namespace, name)?;
         Some(self.record(resource, "MODIFIED", object))
     }
 
