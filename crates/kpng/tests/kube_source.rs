@@ -103,3 +103,51 @@ async fn nothing_is_emitted_before_every_initial_list() {
         "the full state, once, after all lists"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_updates_and_deletion_move_topology_hints() {
+    let server = FakeApiServer::start(Duration::from_millis(200)).await.unwrap();
+    for object in example_objects() {
+        server.apply(object);
+    }
+    let url = server.url();
+    let mut kpng =
+        Kpng::spawn(&["kube", "--server", &url, "to-local", "--node", "node-a", "to-json"]);
+    let first = tokio::task::block_in_place(|| kpng.next_change_set());
+    assert_eq!(summary(&first), summary(&file_reference()));
+
+    let node_a = server.get(Resource::Nodes, "", "node-a").unwrap();
+    // Another node's change is not even watched.
+    let mut node_c = server.get(Resource::Nodes, "", "node-c").unwrap();
+    node_c["metadata"]["labels"]["topology.kubernetes.io/zone"] = json!("zone-9");
+    server.apply(node_c);
+    // node-a moves to zone-2: kube-dns follows the zone-2 hint.
+    let mut moved = node_a.clone();
+    moved["metadata"]["labels"]["topology.kubernetes.io/zone"] = json!("zone-2");
+    server.apply(moved);
+    let change = tokio::task::block_in_place(|| kpng.next_change_set());
+    assert_eq!(
+        summary(&change),
+        [
+            "set node",
+            "delete endpoint kube-system/kube-dns 10.244.0.5",
+            "set endpoint kube-system/kube-dns 10.244.2.7",
+            "sync"
+        ],
+        "node-c's change is not in it; node-a's zone moves the hints"
+    );
+    // node-a deleted: no zone, so hints are ignored and every endpoint is used.
+    server.delete(Resource::Nodes, "", "node-a");
+    let change = tokio::task::block_in_place(|| kpng.next_change_set());
+    assert_eq!(
+        summary(&change),
+        ["delete node", "set endpoint kube-system/kube-dns 10.244.0.5", "sync"]
+    );
+    // node-a back in zone-1: the original state.
+    server.apply(node_a);
+    let change = tokio::task::block_in_place(|| kpng.next_change_set());
+    assert_eq!(
+        summary(&change),
+        ["set node", "delete endpoint kube-system/kube-dns 10.244.2.7", "sync"]
+    );
+}
