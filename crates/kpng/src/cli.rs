@@ -147,9 +147,25 @@ pub struct KubeArgs {
     #[arg(long)]
     pub all_nodes: bool,
 
+    /// API requests per second, on average, from this client (0: no limit). Watches are
+    /// long-lived, so this paces lists and re-lists.
+    #[arg(long, default_value_t = 5.0, value_name = "QPS", value_parser = parse_qps, allow_negative_numbers = true)]
+    pub kube_api_qps: f64,
+
+    /// API requests allowed at once before `--kube-api-qps` paces them.
+    #[arg(long, default_value_t = 10, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub kube_api_burst: u32,
+
     /// What consumes the model.
     #[command(subcommand)]
     pub sink: SinkCommand,
+}
+
+fn parse_qps(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(qps) if qps.is_finite() && qps >= 0.0 => Ok(qps),
+        _ => Err(format!("{text:?} is not a rate: a number of requests per second, 0 or more")),
+    }
 }
 
 /// `kpng cleanup`.

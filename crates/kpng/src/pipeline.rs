@@ -14,6 +14,7 @@ use crate::cli::{Cli, GlobalArgs, KubeArgs, SinkCommand, SourceCommand};
 use crate::sinks::to_file::run_to_file;
 use crate::sinks::to_local::{build_backends, run_to_local};
 use crate::stats::{StatsPrinter, StatsSources, print_stats};
+use crate::throttle::ThrottleLayer;
 
 /// Runs the pipeline the command line describes until it ends, fails, or a signal arrives.
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
@@ -89,7 +90,13 @@ async fn kube_client(args: &KubeArgs) -> anyhow::Result<kube::Client> {
     if let Some(server) = &args.server {
         config.cluster_url = parse(server)?;
     }
-    kube::Client::try_from(config).context("creating the Kubernetes client")
+    let builder =
+        kube::client::ClientBuilder::try_from(config).context("creating the Kubernetes client")?;
+    Ok(if args.kube_api_qps > 0.0 {
+        builder.with_layer(&ThrottleLayer::new(args.kube_api_qps, args.kube_api_burst)).build()
+    } else {
+        builder.build()
+    })
 }
 
 /// Runs `feed` (a source writing to the store) and the sink the command line names.

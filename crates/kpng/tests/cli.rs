@@ -194,6 +194,22 @@ fn missing_file_and_unavailable_parts_are_clear_errors() {
     assert!(out.stderr.contains("to-iptables is not available"), "{}", out.stderr);
     assert!(out.stdout.is_empty());
 
+    // A rate that is not one is refused with the flag named, before any connection.
+    let out = run(&[
+        "kube",
+        "--server",
+        "http://127.0.0.1:1",
+        "--kube-api-qps",
+        "-1",
+        "to-local",
+        "--node",
+        "n",
+        "to-json",
+    ]);
+    assert!(!out.status.success());
+    assert!(out.stderr.contains("--kube-api-qps"), "{}", out.stderr);
+    assert!(out.stderr.contains("not a rate"), "{}", out.stderr);
+
     let out = run(&["api", "--server", "x", "to-local", "to-json"]);
     assert!(!out.status.success());
     assert!(out.stderr.contains("`api` is not available"), "{}", out.stderr);
