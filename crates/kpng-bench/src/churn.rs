@@ -3,41 +3,16 @@
 //! nothing a proxy uses.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use kpng_backend::{BackendError, NodeStats, RunnerOptions, run_node};
-use kpng_nft::backend::{Kernel, KernelContents};
-use kpng_nft::skeleton::SkeletonOptions;
-use kpng_nft::state::TableDiff;
-use kpng_nft::{NetlinkKernel, NftBackend, NftOptions};
+use kpng_backend::{NodeStats, RunnerOptions, run_node};
+use kpng_nft::{NftBackend, NftOptions};
 use kpng_sources::ConvertOptions;
 use kpng_sources::kube::{KINDS, KubeSource, NodeSelection};
 use kpng_testkit::apiserver::{FakeApiServer, Resource};
 use kpng_testkit::generate::{ClusterSpec, generate};
 
-/// Counts the kernel transactions and element operations a backend makes.
-struct CountingKernel {
-    inner: NetlinkKernel,
-    transactions: Arc<AtomicU64>,
-    elements: Arc<AtomicU64>,
-}
-
-impl Kernel for CountingKernel {
-    fn load_skeleton(&mut self, options: &SkeletonOptions) -> Result<(), BackendError> {
-        self.inner.load_skeleton(options)
-    }
-
-    fn commit(&mut self, diff: &TableDiff) -> Result<(), BackendError> {
-        self.transactions.fetch_add(1, Ordering::Relaxed);
-        self.elements.fetch_add((diff.adds.len() + diff.deletes.len()) as u64, Ordering::Relaxed);
-        self.inner.commit(diff)
-    }
-
-    fn current(&mut self) -> Result<Option<KernelContents>, BackendError> {
-        self.inner.current()
-    }
-}
+use crate::probe::ProbedKernel;
 
 /// One churn run's results.
 pub struct ChurnRow {
@@ -105,27 +80,22 @@ pub fn run(
         let source =
             KubeSource::new(client, ConvertOptions::default(), NodeSelection::One("node-0".into()));
         tokio::spawn(source.run(writer));
-        let (transactions, elements) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-        let kernel = CountingKernel {
-            inner: NetlinkKernel::open()?,
-            transactions: transactions.clone(),
-            elements: elements.clone(),
-        };
+        let (kernel, probe) = ProbedKernel::open()?;
         let backend = NftBackend::new(NftOptions::default(), Box::new(kernel));
         let node_stats = Arc::new(NodeStats::default());
         let options = RunnerOptions::new("node-0");
         tokio::spawn(run_node(reader, vec![Box::new(backend)], options, node_stats.clone()));
 
         // Wait for the initial load to be committed, then take the baseline.
-        while transactions.load(Ordering::Relaxed) == 0 {
+        while probe.transactions() == 0 {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
         let base = (
             store_stats.snapshot(),
             node_stats.enls_revisions(),
-            transactions.load(Ordering::Relaxed),
-            elements.load(Ordering::Relaxed),
+            probe.transactions(),
+            probe.elements(),
         );
         let cpu_start = crate::nft::cpu();
         let start = Instant::now();
@@ -163,8 +133,8 @@ pub fn run(
             store_changes: stats.changes - base.0.changes,
             revisions: stats.revisions - base.0.revisions,
             enls_revisions: node_stats.enls_revisions() - base.1,
-            transactions: transactions.load(Ordering::Relaxed) - base.2,
-            element_ops: elements.load(Ordering::Relaxed) - base.3,
+            transactions: probe.transactions() - base.2,
+            element_ops: probe.elements() - base.3,
             cpu_percent: 100.0 * cpu / elapsed,
         })
     })

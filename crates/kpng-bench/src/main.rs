@@ -17,12 +17,14 @@
 //! - [`nft`]: the nftables scenario.
 //! - [`churn`]: the churn scenario: kube source to kernel under a no-op-heavy event stream.
 //! - [`memory`]: the kpng binary's resident set, loaded vs empty.
+//! - [`probe`]: the netlink kernel, instrumented (commit time, transactions, elements).
 //! - [`table`]: percentiles and table printing.
 
 mod churn;
 mod cluster;
 mod memory;
 mod nft;
+mod probe;
 mod table;
 
 use clap::Parser;

@@ -1,44 +1,20 @@
 //! The nftables scenario.
 
 use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use kpng_backend::{Backend, BackendError, ChangeSet};
+use kpng_backend::{Backend, ChangeSet};
 use kpng_local::{NodeProjector, full_state_ops};
 use kpng_model::{Changes, GlobalModel, Object, ObjectRef, Op, Touched};
-use kpng_nft::backend::Kernel;
 use kpng_nft::skeleton::SkeletonOptions;
-use kpng_nft::state::TableDiff;
-use kpng_nft::{NetlinkKernel, NftBackend, NftOptions};
+use kpng_nft::{NftBackend, NftOptions};
 use kpng_testkit::generate::ClusterSpec;
 
 use crate::cluster;
+use crate::probe::{Probe, ProbedKernel};
 use crate::table::{ChangeStats, NftRow, percentiles};
-
-/// A kernel that remembers how long its last commit took.
-struct TimedKernel {
-    inner: NetlinkKernel,
-    last: Arc<Mutex<Duration>>,
-}
-
-impl Kernel for TimedKernel {
-    fn load_skeleton(&mut self, options: &SkeletonOptions) -> Result<(), BackendError> {
-        self.inner.load_skeleton(options)
-    }
-
-    fn commit(&mut self, diff: &TableDiff) -> Result<(), BackendError> {
-        let start = Instant::now();
-        let result = self.inner.commit(diff);
-        *self.last.lock().unwrap_or_else(|e| e.into_inner()) = start.elapsed();
-        result
-    }
-
-    fn current(&mut self) -> Result<Option<kpng_nft::backend::KernelContents>, BackendError> {
-        self.inner.current()
-    }
-}
 
 pub(crate) fn cpu() -> Duration {
     nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_SELF)
@@ -55,7 +31,7 @@ struct Bench {
     model: GlobalModel,
     projector: NodeProjector,
     backend: NftBackend,
-    kernel_time: Arc<Mutex<Duration>>,
+    probe: Arc<Probe>,
 }
 
 impl Bench {
@@ -64,14 +40,14 @@ impl Bench {
         &mut self,
         touched: std::collections::BTreeSet<Touched>,
     ) -> anyhow::Result<Option<Duration>> {
-        *self.kernel_time.lock().unwrap_or_else(|e| e.into_inner()) = Duration::ZERO;
+        self.probe.reset_last();
         let mut ops = self.projector.update(&self.model, &Changes::Touched(touched));
         if ops.is_empty() {
             return Ok(None);
         }
         ops.push(Op::Sync);
         self.backend.apply(&ChangeSet { ops: &ops, state: self.projector.state() })?;
-        Ok(Some(*self.kernel_time.lock().unwrap_or_else(|e| e.into_inner())))
+        Ok(Some(self.probe.last_commit()))
     }
 }
 
@@ -109,17 +85,15 @@ pub fn run(
     }
     let mut projector = NodeProjector::new("node-0");
     projector.update(&model, &Changes::All);
-    let kernel_time = Arc::new(Mutex::new(Duration::ZERO));
-    let kernel = TimedKernel { inner: NetlinkKernel::open()?, last: kernel_time.clone() };
+    let (kernel, probe) = ProbedKernel::open()?;
     let mut backend = NftBackend::new(NftOptions::default(), Box::new(kernel));
     let mut ops = full_state_ops(projector.state());
     ops.push(Op::Sync);
     let start = Instant::now();
     backend.apply(&ChangeSet { ops: &ops, state: projector.state() }).context("cold start")?;
     let cold_start_ms = start.elapsed().as_secs_f64() * 1000.0;
-    let cold_kernel_ms =
-        kernel_time.lock().unwrap_or_else(|e| e.into_inner()).as_secs_f64() * 1000.0;
-    let mut bench = Bench { model, projector, backend, kernel_time };
+    let cold_kernel_ms = probe.last_commit().as_secs_f64() * 1000.0;
+    let mut bench = Bench { model, projector, backend, probe };
 
     let mut changes = Vec::new();
     let pick = |r: usize| (r * 7919) % services.max(1);

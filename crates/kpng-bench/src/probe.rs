@@ -1,0 +1,76 @@
+//! A kernel wrapper that records what the backend asks of the kernel: the last commit's
+//! duration, and the number of transactions and element operations.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kpng_backend::BackendError;
+use kpng_nft::NetlinkKernel;
+use kpng_nft::backend::{Kernel, KernelContents};
+use kpng_nft::skeleton::SkeletonOptions;
+use kpng_nft::state::TableDiff;
+
+/// What the probed kernel has seen; shared with the scenario.
+#[derive(Debug, Default)]
+pub struct Probe {
+    last_commit: Mutex<Duration>,
+    transactions: AtomicU64,
+    elements: AtomicU64,
+}
+
+impl Probe {
+    /// The duration of the last commit (zero after [`Probe::reset_last`]).
+    pub fn last_commit(&self) -> Duration {
+        *self.last_commit.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Forgets the last commit's duration.
+    pub fn reset_last(&self) {
+        *self.last_commit.lock().unwrap_or_else(|e| e.into_inner()) = Duration::ZERO;
+    }
+
+    /// Transactions committed so far.
+    pub fn transactions(&self) -> u64 {
+        self.transactions.load(Ordering::Relaxed)
+    }
+
+    /// Element additions and deletions committed so far.
+    pub fn elements(&self) -> u64 {
+        self.elements.load(Ordering::Relaxed)
+    }
+}
+
+/// The real netlink kernel, probed.
+pub struct ProbedKernel {
+    inner: NetlinkKernel,
+    probe: Arc<Probe>,
+}
+
+impl ProbedKernel {
+    /// Opens the netlink kernel; the returned probe reports on it.
+    pub fn open() -> anyhow::Result<(ProbedKernel, Arc<Probe>)> {
+        let probe = Arc::new(Probe::default());
+        Ok((ProbedKernel { inner: NetlinkKernel::open()?, probe: probe.clone() }, probe))
+    }
+}
+
+impl Kernel for ProbedKernel {
+    fn load_skeleton(&mut self, options: &SkeletonOptions) -> Result<(), BackendError> {
+        self.inner.load_skeleton(options)
+    }
+
+    fn commit(&mut self, diff: &TableDiff) -> Result<(), BackendError> {
+        let start = Instant::now();
+        let result = self.inner.commit(diff);
+        *self.probe.last_commit.lock().unwrap_or_else(|e| e.into_inner()) = start.elapsed();
+        self.probe.transactions.fetch_add(1, Ordering::Relaxed);
+        let elements = (diff.adds.len() + diff.deletes.len()) as u64;
+        self.probe.elements.fetch_add(elements, Ordering::Relaxed);
+        result
+    }
+
+    fn current(&mut self) -> Result<Option<KernelContents>, BackendError> {
+        self.inner.current()
+    }
+}
