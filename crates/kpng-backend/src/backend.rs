@@ -1,21 +1,55 @@
 //! [`Backend`]: the narrow interface every dataplane implements.
 
+use std::borrow::Cow;
+
+use kpng_local::full_state_ops;
 use kpng_model::{LocalState, Op};
 
-/// One change set for a backend.
+/// One change set for a backend: the ops since the backend's previous change set, ending
+/// with `Sync`. The first change set (and the first after a failure) starts with `Reset`
+/// and describes everything.
 #[derive(Debug, Clone, Copy)]
 pub struct ChangeSet<'a> {
-    /// The ops since the backend's previous change set, ending with `Sync`. The first change
-    /// set (and the first after a failure) starts with `Reset` and describes everything.
-    pub ops: &'a [Op],
+    ops: Ops<'a>,
     /// The node's whole ENLS after these ops.
     pub state: &'a LocalState,
 }
 
-impl ChangeSet<'_> {
+#[derive(Debug, Clone, Copy)]
+enum Ops<'a> {
+    /// `Reset` and every item of the state, made on demand.
+    Full,
+    /// These ops, then `Sync`.
+    Changes(&'a [Op]),
+}
+
+impl<'a> ChangeSet<'a> {
+    /// Everything in `state`, from a `Reset`. The ops are made as they are read, so a large
+    /// state is not copied.
+    pub fn full(state: &'a LocalState) -> Self {
+        ChangeSet { ops: Ops::Full, state }
+    }
+
+    /// `ops` (without `Sync`) that led to `state`.
+    pub fn changes(ops: &'a [Op], state: &'a LocalState) -> Self {
+        ChangeSet { ops: Ops::Changes(ops), state }
+    }
+
     /// Whether this change set starts from scratch.
     pub fn is_reset(&self) -> bool {
-        matches!(self.ops.first(), Some(Op::Reset))
+        match self.ops {
+            Ops::Full => true,
+            Ops::Changes(ops) => matches!(ops.first(), Some(Op::Reset)),
+        }
+    }
+
+    /// The ops, ending with `Sync`.
+    pub fn ops(&self) -> Box<dyn Iterator<Item = Cow<'a, Op>> + 'a> {
+        let sync = std::iter::once(Cow::Owned(Op::Sync));
+        match self.ops {
+            Ops::Full => Box::new(full_state_ops(self.state).map(Cow::Owned).chain(sync)),
+            Ops::Changes(ops) => Box::new(ops.iter().map(Cow::Borrowed).chain(sync)),
+        }
     }
 }
 

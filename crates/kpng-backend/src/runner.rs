@@ -4,8 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use kpng_local::{NodeProjector, full_state_ops};
-use kpng_model::Op;
+use kpng_local::NodeProjector;
 use kpng_store::{Revision, StoreReader};
 use tokio::time::Instant;
 
@@ -108,35 +107,38 @@ pub async fn run_node(
             revision = reader.wait_after(seen) => if revision.is_none() { return Ok(()) },
             _ = tokio::time::sleep_until(retry.unwrap_or(start)), if retry.is_some() => {}
         }
-        let mut ops = {
+        // While every backend waits for a full state, the differences are not needed.
+        let want_ops = slots.iter().any(|s| !s.needs_reset);
+        let (ops, changed) = {
             let snapshot = reader.snapshot();
             let changes = snapshot.changes_since(seen);
-            let ops = projector.update(snapshot.model(), &changes);
             seen = Some(snapshot.revision());
-            ops
+            if want_ops {
+                let ops = projector.update(snapshot.model(), &changes);
+                let changed = !ops.is_empty();
+                (ops, changed)
+            } else {
+                (Vec::new(), projector.refresh(snapshot.model(), &changes))
+            }
         };
         let first = stats.enls_revisions() == 0;
-        if !ops.is_empty() || first {
+        if changed || first {
             stats.enls_revisions.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(node = %options.node, ops = ops.len(), revision = ?seen, "node state changed");
         }
-        ops.push(Op::Sync);
 
         let now = Instant::now();
         for slot in &mut slots {
-            let ops_for_slot = if slot.needs_reset {
+            let changes = if slot.needs_reset {
                 if slot.retry_at > now {
                     continue;
                 }
-                let mut full = full_state_ops(projector.state());
-                full.push(Op::Sync);
-                full
-            } else if ops.len() > 1 {
-                ops.clone()
+                ChangeSet::full(projector.state())
+            } else if !ops.is_empty() {
+                ChangeSet::changes(&ops, projector.state())
             } else {
                 continue;
             };
-            let changes = ChangeSet { ops: &ops_for_slot, state: projector.state() };
             match slot.backend.apply(&changes) {
                 Ok(()) => {
                     stats.change_sets.fetch_add(1, Ordering::Relaxed);

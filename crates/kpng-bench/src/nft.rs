@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use kpng_backend::{Backend, ChangeSet};
-use kpng_local::{NodeProjector, full_state_ops};
-use kpng_model::{Changes, GlobalModel, Object, ObjectRef, Op, Touched};
+use kpng_local::NodeProjector;
+use kpng_model::{Changes, GlobalModel, Object, ObjectRef, Touched};
 use kpng_nft::skeleton::SkeletonOptions;
 use kpng_nft::{NftBackend, NftOptions};
 use kpng_testkit::generate::ClusterSpec;
@@ -41,12 +41,11 @@ impl Bench {
         touched: std::collections::BTreeSet<Touched>,
     ) -> anyhow::Result<Option<Duration>> {
         self.probe.reset_last();
-        let mut ops = self.projector.update(&self.model, &Changes::Touched(touched));
+        let ops = self.projector.update(&self.model, &Changes::Touched(touched));
         if ops.is_empty() {
             return Ok(None);
         }
-        ops.push(Op::Sync);
-        self.backend.apply(&ChangeSet { ops: &ops, state: self.projector.state() })?;
+        self.backend.apply(&ChangeSet::changes(&ops, self.projector.state()))?;
         Ok(Some(self.probe.last_commit()))
     }
 }
@@ -87,10 +86,8 @@ pub fn run(
     projector.update(&model, &Changes::All);
     let (kernel, probe) = ProbedKernel::open()?;
     let mut backend = NftBackend::new(NftOptions::default(), Box::new(kernel));
-    let mut ops = full_state_ops(projector.state());
-    ops.push(Op::Sync);
     let start = Instant::now();
-    backend.apply(&ChangeSet { ops: &ops, state: projector.state() }).context("cold start")?;
+    backend.apply(&ChangeSet::full(projector.state())).context("cold start")?;
     let cold_start_ms = start.elapsed().as_secs_f64() * 1000.0;
     let cold_kernel_ms = probe.last_commit().as_secs_f64() * 1000.0;
     let mut bench = Bench { model, projector, backend, probe };

@@ -80,6 +80,17 @@ impl NodeProjector {
         ops
     }
 
+    /// Like [`update`](Self::update), for when nobody needs the ops: returns whether the
+    /// ENLS changed. A full recomputation (the first one, a zone change) then compares the
+    /// states instead of listing every difference.
+    pub fn refresh(&mut self, model: &GlobalModel, changes: &Changes) -> bool {
+        let Changes::All = changes else { return !self.update(model, changes).is_empty() };
+        let new = project_node_state(model, &self.name);
+        let changed = new != self.state;
+        self.state = new;
+        changed
+    }
+
     fn recompute(&mut self, model: &GlobalModel) -> Vec<Op> {
         let new = project_node_state(model, &self.name);
         let ops = diff(&self.state, &new);

@@ -63,7 +63,9 @@ proptest! {
         check_order(&ops);
         prop_assert_eq!(replay(sa.clone(), &ops), sb.clone());
         prop_assert!(diff(&sa, &sa).is_empty());
-        prop_assert_eq!(replay(LocalState::default(), &full_state_ops(&sb)), sb);
+        let full: Vec<Op> = full_state_ops(&sb).collect();
+        prop_assert_eq!(&full[1..], &diff(&LocalState::default(), &sb)[..], "same order as diff");
+        prop_assert_eq!(replay(LocalState::default(), &full), sb);
     }
 
     #[test]
@@ -73,13 +75,19 @@ proptest! {
     ) {
         let mut model = GlobalModel::new();
         let mut projector = NodeProjector::new(node);
+        // Refreshed without ops, from a full recomputation every other batch.
+        let mut quiet = NodeProjector::new(node);
         let mut seen = LocalState::default();
-        for batch in &batches {
+        for (i, batch) in batches.iter().enumerate() {
             let mut touched = std::collections::BTreeSet::new();
             for m in batch {
                 touched.extend(apply(&mut model, m));
             }
+            let changes = if i % 2 == 0 { Changes::All } else { Changes::Touched(touched.clone()) };
+            let changed = quiet.refresh(&model, &changes);
             let ops = projector.update(&model, &Changes::Touched(touched));
+            prop_assert_eq!(changed, !ops.is_empty());
+            prop_assert_eq!(quiet.state(), projector.state());
             check_order(&ops);
             seen = replay(seen, &ops);
             let full = project_node_state(&model, node);

@@ -145,8 +145,10 @@ impl NftBackend {
         let node_facts = NodeFacts::from_node(state.node.as_ref());
         let mut keys: Vec<ServiceKey> = Vec::new();
         let mut node_changed = changes.is_reset();
-        for op in changes.ops {
-            match op {
+        // A reset renders every service below: its ops need not be read.
+        let ops = if node_changed { None } else { Some(changes.ops()) };
+        for op in ops.into_iter().flatten() {
+            match &*op {
                 Op::Set(Item::Node(_)) | Op::Delete(ItemRef::Node) => node_changed = true,
                 Op::Set(Item::Service(s)) => keys.push(s.key.clone()),
                 Op::Set(Item::Endpoint { service, .. }) => keys.push(service.clone()),

@@ -1,6 +1,6 @@
 use std::sync::Mutex;
 
-use kpng_model::{Object, Protocol};
+use kpng_model::{Object, Op, Protocol};
 use kpng_store::{SourceEvent, store};
 use kpng_testkit::builders::{endpoint, service, slice};
 
@@ -22,7 +22,7 @@ impl Backend for Recorder {
         if *self.fail.lock().unwrap() {
             return Err(BackendError::new("recorder", "injected failure"));
         }
-        self.log.lock().unwrap().push(changes.ops.to_vec());
+        self.log.lock().unwrap().push(changes.ops().map(std::borrow::Cow::into_owned).collect());
         Ok(())
     }
 }

@@ -103,7 +103,8 @@ pub enum Touched {
 pub struct GlobalModel {
     services: BTreeMap<ServiceKey, Service>,
     slices: BTreeMap<SliceKey, EndpointSlice>,
-    slices_by_service: BTreeMap<ServiceKey, BTreeSet<SliceKey>>,
+    /// The slices of each service, sorted (a service has few: a vector, not a tree node).
+    slices_by_service: BTreeMap<ServiceKey, Vec<SliceKey>>,
     nodes: BTreeMap<String, Node>,
 }
 
@@ -131,10 +132,10 @@ impl GlobalModel {
                 }
                 let mut touched = self.remove_slice(&slice.key);
                 let service = slice.service_key();
-                self.slices_by_service
-                    .entry(service.clone())
-                    .or_default()
-                    .insert(slice.key.clone());
+                let keys = self.slices_by_service.entry(service.clone()).or_default();
+                if let Err(at) = keys.binary_search(&slice.key) {
+                    keys.insert(at, slice.key.clone());
+                }
                 self.slices.insert(slice.key.clone(), slice);
                 touched.retain(|t| t != &Touched::Service(service.clone()));
                 touched.push(Touched::Service(service));
@@ -172,7 +173,7 @@ impl GlobalModel {
         let Some(old) = self.slices.remove(key) else { return Vec::new() };
         let service = old.service_key();
         if let Some(keys) = self.slices_by_service.get_mut(&service) {
-            keys.remove(key);
+            keys.retain(|k| k != key);
             if keys.is_empty() {
                 self.slices_by_service.remove(&service);
             }
