@@ -49,8 +49,8 @@ impl ChangeSet {
                             .push(Op::Delete(ItemRef::Endpoint { service: key.clone(), ip: *ip }));
                     }
                 }
-                for (ip, endpoint) in &new.endpoints {
-                    if old.and_then(|o| o.endpoints.get(ip)) != Some(endpoint) {
+                for endpoint in &new.endpoints {
+                    if old.and_then(|o| o.endpoints.get(&endpoint.ip)) != Some(endpoint) {
                         let item =
                             Item::Endpoint { service: key.clone(), endpoint: endpoint.clone() };
                         self.endpoint_sets.push(Op::Set(item));

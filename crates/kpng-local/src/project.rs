@@ -80,7 +80,7 @@ pub fn project_service(
         }
     }
 
-    let endpoints = endpoints.into_iter().map(|(ip, draft)| (ip, draft.finish(node))).collect();
+    let endpoints = endpoints.into_values().map(|draft| draft.finish(node)).collect();
     Some(LocalServiceState { service: local, endpoints })
 }
 

@@ -22,6 +22,6 @@ pub use global::{
     Changes, EndpointSlice, GlobalModel, Kind, Node, Object, ObjectRef, Service, ServiceKey,
     SliceKey, Touched,
 };
-pub use local::{LocalEndpoint, LocalNode, LocalService, LocalState};
+pub use local::{Endpoints, LocalEndpoint, LocalNode, LocalService, LocalState};
 pub use net::{Family, PerFamily, Protocol};
 pub use ops::{Item, ItemRef, Op};

@@ -131,7 +131,113 @@ pub struct LocalServiceState {
     /// The service.
     pub service: LocalService,
     /// Its endpoints by IP.
-    pub endpoints: BTreeMap<IpAddr, LocalEndpoint>,
+    pub endpoints: Endpoints,
+}
+
+/// A service's endpoints, keyed by IP, in IP order. Services have few endpoints and there
+/// are many services: a sorted vector costs a fraction of a tree node per service.
+/// Serialized as a map from IP to endpoint.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct Endpoints(Vec<LocalEndpoint>);
+
+impl Endpoints {
+    fn position(&self, ip: &IpAddr) -> Result<usize, usize> {
+        self.0.binary_search_by(|e| e.ip.cmp(ip))
+    }
+
+    /// The endpoint with address `ip`.
+    pub fn get(&self, ip: &IpAddr) -> Option<&LocalEndpoint> {
+        self.position(ip).ok().map(|i| &self.0[i])
+    }
+
+    /// Whether an endpoint has address `ip`.
+    pub fn contains_key(&self, ip: &IpAddr) -> bool {
+        self.position(ip).is_ok()
+    }
+
+    /// Adds `endpoint`, returning the one it replaces (same IP).
+    pub fn insert(&mut self, endpoint: LocalEndpoint) -> Option<LocalEndpoint> {
+        match self.position(&endpoint.ip) {
+            Ok(i) => Some(std::mem::replace(&mut self.0[i], endpoint)),
+            Err(i) => {
+                self.0.insert(i, endpoint);
+                None
+            }
+        }
+    }
+
+    /// Removes the endpoint with address `ip`.
+    pub fn remove(&mut self, ip: &IpAddr) -> Option<LocalEndpoint> {
+        self.position(ip).ok().map(|i| self.0.remove(i))
+    }
+
+    /// The addresses, in order.
+    pub fn keys(&self) -> impl Iterator<Item = &IpAddr> {
+        self.0.iter().map(|e| &e.ip)
+    }
+
+    /// The endpoints, in IP order.
+    pub fn values(&self) -> std::slice::Iter<'_, LocalEndpoint> {
+        self.0.iter()
+    }
+
+    /// The number of endpoints.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether there is no endpoint.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl std::ops::Index<&IpAddr> for Endpoints {
+    type Output = LocalEndpoint;
+
+    fn index(&self, ip: &IpAddr) -> &LocalEndpoint {
+        self.get(ip).unwrap_or_else(|| panic!("no endpoint {ip}"))
+    }
+}
+
+/// The last endpoint of each IP wins.
+impl FromIterator<LocalEndpoint> for Endpoints {
+    fn from_iter<I: IntoIterator<Item = LocalEndpoint>>(iter: I) -> Self {
+        let mut endpoints: Vec<LocalEndpoint> = iter.into_iter().collect();
+        endpoints.reverse();
+        endpoints.sort_by_key(|e| e.ip);
+        endpoints.dedup_by(|a, b| a.ip == b.ip);
+        endpoints.shrink_to_fit();
+        Endpoints(endpoints)
+    }
+}
+
+impl<'a> IntoIterator for &'a Endpoints {
+    type Item = &'a LocalEndpoint;
+    type IntoIter = std::slice::Iter<'a, LocalEndpoint>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
+}
+
+impl Serialize for Endpoints {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_map(self.0.iter().map(|e| (e.ip, e)))
+    }
+}
+
+impl<'de> Deserialize<'de> for Endpoints {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let map = BTreeMap::<IpAddr, LocalEndpoint>::deserialize(deserializer)?;
+        if let Some((key, e)) = map.iter().find(|(ip, e)| **ip != e.ip) {
+            return Err(serde::de::Error::custom(format!(
+                "endpoint {} is listed under {key}",
+                e.ip
+            )));
+        }
+        Ok(Endpoints(map.into_values().collect()))
+    }
 }
 
 /// The Expected Node-Local State of one node.
@@ -141,4 +247,72 @@ pub struct LocalState {
     pub node: Option<LocalNode>,
     /// Every proxied service and its endpoints.
     pub services: BTreeMap<ServiceKey, LocalServiceState>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn endpoint(ip: &str, ready: bool) -> LocalEndpoint {
+        LocalEndpoint {
+            ip: ip.parse().unwrap(),
+            local: false,
+            ready,
+            serving: ready,
+            terminating: false,
+            pod_name: None,
+            ports: Vec::new(),
+        }
+    }
+
+    fn ips(endpoints: &Endpoints) -> Vec<String> {
+        endpoints.keys().map(ToString::to_string).collect()
+    }
+
+    #[test]
+    fn endpoints_stay_sorted_by_ip() {
+        let mut endpoints = Endpoints::default();
+        for ip in ["10.0.0.3", "fd00::1", "10.0.0.1", "10.0.0.2"] {
+            assert_eq!(endpoints.insert(endpoint(ip, true)), None);
+        }
+        assert_eq!(ips(&endpoints), ["10.0.0.1", "10.0.0.2", "10.0.0.3", "fd00::1"]);
+        let old = endpoints.insert(endpoint("10.0.0.2", false)).unwrap();
+        assert!(old.ready);
+        assert!(!endpoints[&"10.0.0.2".parse().unwrap()].ready);
+        assert_eq!(
+            endpoints.remove(&"10.0.0.1".parse().unwrap()).unwrap().ip.to_string(),
+            "10.0.0.1"
+        );
+        assert_eq!(endpoints.remove(&"10.0.0.1".parse().unwrap()), None);
+        assert!(!endpoints.contains_key(&"10.0.0.1".parse().unwrap()));
+        assert_eq!(ips(&endpoints), ["10.0.0.2", "10.0.0.3", "fd00::1"]);
+    }
+
+    #[test]
+    fn collecting_endpoints_keeps_the_last_of_each_ip() {
+        let endpoints: Endpoints =
+            [endpoint("10.0.0.9", true), endpoint("10.0.0.1", true), endpoint("10.0.0.9", false)]
+                .into_iter()
+                .collect();
+        assert_eq!(ips(&endpoints), ["10.0.0.1", "10.0.0.9"]);
+        assert!(!endpoints[&"10.0.0.9".parse().unwrap()].ready);
+    }
+
+    #[test]
+    fn endpoints_serialize_as_a_map_by_ip() {
+        let endpoints: Endpoints =
+            [endpoint("10.0.0.2", true), endpoint("10.0.0.1", false)].into_iter().collect();
+        let json = serde_json::to_value(&endpoints).unwrap();
+        let keys: Vec<&String> = json.as_object().unwrap().keys().collect();
+        assert_eq!(keys, ["10.0.0.1", "10.0.0.2"]);
+        assert_eq!(json["10.0.0.1"]["ready"], false);
+        let back: Endpoints = serde_json::from_value(json.clone()).unwrap();
+        assert_eq!(back, endpoints);
+
+        let mut wrong = json;
+        let moved = wrong.as_object_mut().unwrap().remove("10.0.0.1").unwrap();
+        wrong["10.0.0.7"] = moved;
+        let error = serde_json::from_value::<Endpoints>(wrong).unwrap_err().to_string();
+        assert!(error.contains("endpoint 10.0.0.1 is listed under 10.0.0.7"), "{error}");
+    }
 }

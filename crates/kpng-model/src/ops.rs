@@ -107,7 +107,7 @@ impl LocalState {
                 let state = self.services.get_mut(service).ok_or_else(|| {
                     ApplyError::UnknownService { service: service.clone(), ip: endpoint.ip }
                 })?;
-                state.endpoints.insert(endpoint.ip, endpoint.clone());
+                state.endpoints.insert(endpoint.clone());
             }
             Op::Delete(ItemRef::Node) => self.node = None,
             Op::Delete(ItemRef::Service(key)) => {
