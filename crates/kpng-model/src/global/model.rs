@@ -101,8 +101,10 @@ pub enum Touched {
 /// is not a change.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct GlobalModel {
-    services: BTreeMap<ServiceKey, Service>,
-    slices: BTreeMap<SliceKey, EndpointSlice>,
+    // Boxed: tree nodes have room for eleven entries and are often half full; a pointer
+    // wastes less than a whole object.
+    services: BTreeMap<ServiceKey, Box<Service>>,
+    slices: BTreeMap<SliceKey, Box<EndpointSlice>>,
     /// The slices of each service, sorted (a service has few: a vector, not a tree node).
     slices_by_service: BTreeMap<ServiceKey, Vec<SliceKey>>,
     nodes: BTreeMap<String, Node>,
@@ -119,15 +121,15 @@ impl GlobalModel {
     pub fn apply(&mut self, object: Object) -> Option<Vec<Touched>> {
         match object {
             Object::Service(service) => {
-                if self.services.get(&service.key) == Some(&service) {
+                if self.services.get(&service.key).map(|s| &**s) == Some(&service) {
                     return None;
                 }
                 let key = service.key.clone();
-                self.services.insert(key.clone(), service);
+                self.services.insert(key.clone(), Box::new(service));
                 Some(vec![Touched::Service(key)])
             }
             Object::EndpointSlice(slice) => {
-                if self.slices.get(&slice.key) == Some(&slice) {
+                if self.slices.get(&slice.key).map(|s| &**s) == Some(&slice) {
                     return None;
                 }
                 let mut touched = self.remove_slice(&slice.key);
@@ -136,7 +138,7 @@ impl GlobalModel {
                 if let Err(at) = keys.binary_search(&slice.key) {
                     keys.insert(at, slice.key.clone());
                 }
-                self.slices.insert(slice.key.clone(), slice);
+                self.slices.insert(slice.key.clone(), Box::new(slice));
                 touched.retain(|t| t != &Touched::Service(service.clone()));
                 touched.push(Touched::Service(service));
                 Some(touched)
@@ -183,7 +185,7 @@ impl GlobalModel {
 
     /// The service named `key`.
     pub fn service(&self, key: &ServiceKey) -> Option<&Service> {
-        self.services.get(key)
+        self.services.get(key).map(|s| &**s)
     }
 
     /// The slices that name service `key`, in slice-key order.
@@ -195,7 +197,7 @@ impl GlobalModel {
             .get(key)
             .into_iter()
             .flatten()
-            .filter_map(|slice_key| self.slices.get(slice_key))
+            .filter_map(|slice_key| self.slices.get(slice_key).map(|s| &**s))
     }
 
     /// The node named `name`.
@@ -205,12 +207,12 @@ impl GlobalModel {
 
     /// Every service, in key order.
     pub fn services(&self) -> impl Iterator<Item = &Service> {
-        self.services.values()
+        self.services.values().map(|s| &**s)
     }
 
     /// Every slice, in key order.
     pub fn slices(&self) -> impl Iterator<Item = &EndpointSlice> {
-        self.slices.values()
+        self.slices.values().map(|s| &**s)
     }
 
     /// Every node, in name order.
@@ -246,8 +248,8 @@ impl GlobalModel {
     /// Every object, nodes first, then services, then slices.
     pub fn objects(&self) -> impl Iterator<Item = Object> + '_ {
         let nodes = self.nodes.values().cloned().map(Object::Node);
-        let services = self.services.values().cloned().map(Object::Service);
-        let slices = self.slices.values().cloned().map(Object::EndpointSlice);
+        let services = self.services().cloned().map(Object::Service);
+        let slices = self.slices().cloned().map(Object::EndpointSlice);
         nodes.chain(services).chain(slices)
     }
 }
@@ -268,8 +270,8 @@ impl From<&GlobalModel> for ModelDocument {
     fn from(model: &GlobalModel) -> Self {
         ModelDocument {
             nodes: model.nodes.values().cloned().collect(),
-            services: model.services.values().cloned().collect(),
-            endpoint_slices: model.slices.values().cloned().collect(),
+            services: model.services().cloned().collect(),
+            endpoint_slices: model.slices().cloned().collect(),
         }
     }
 }
