@@ -130,6 +130,7 @@ fn local_service(service: &Service) -> LocalService {
         Family::ALL.iter().flat_map(|f| service.load_balancer_vips(*f)).collect();
     load_balancer_ips.sort();
     load_balancer_ips.dedup();
+    load_balancer_ips.shrink_to_fit();
     let externally_accessible = service.ports.iter().any(|p| p.node_port.is_some())
         || !load_balancer_ips.is_empty()
         || !service.external_ips.is_empty();
@@ -186,6 +187,8 @@ impl<'m> EndpointDraft<'m> {
     fn finish(mut self, node: &NodeView<'_>) -> LocalEndpoint {
         self.ports.sort();
         self.ports.dedup();
+        // Kept in the ENLS until the endpoint changes: no spare capacity.
+        self.ports.shrink_to_fit();
         let e = self.preferred;
         LocalEndpoint {
             ip: e.address,

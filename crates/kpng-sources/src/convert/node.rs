@@ -59,6 +59,7 @@ pub fn convert_node(node: &core::Node) -> Result<Converted<Node>, ConvertError> 
         .into_iter()
         .flatten()
         .any(|t| t.key == TO_BE_DELETED_TAINT);
+    addresses.shrink_to_fit();
     Ok(Converted::Proxied(Node {
         name,
         labels,

@@ -101,6 +101,7 @@ fn cluster_ips(spec: &core::ServiceSpec) -> Result<Vec<std::net::IpAddr>, FieldE
             out.push(ip);
         }
     }
+    out.shrink_to_fit();
     Ok(out)
 }
 
@@ -139,6 +140,7 @@ fn ports(spec: &core::ServiceSpec) -> Result<Vec<ServicePort>, FieldError> {
             target_port,
         });
     }
+    out.shrink_to_fit();
     Ok(out)
 }
 
@@ -151,6 +153,7 @@ fn ips(values: Option<&[String]>, field: &str) -> Result<Vec<std::net::IpAddr>, 
         .collect::<Result<Vec<_>, _>>()?;
     out.sort();
     out.dedup();
+    out.shrink_to_fit();
     Ok(out)
 }
 
@@ -176,6 +179,7 @@ fn ingress(status: Option<&core::ServiceStatus>) -> Result<Vec<LoadBalancerIngre
     }
     out.sort();
     out.dedup();
+    out.shrink_to_fit();
     Ok(out)
 }
 
@@ -192,6 +196,7 @@ fn source_ranges(spec: &core::ServiceSpec) -> Result<Vec<ipnet::IpNet>, FieldErr
     }
     out.sort();
     out.dedup();
+    out.shrink_to_fit();
     Ok(out)
 }
 

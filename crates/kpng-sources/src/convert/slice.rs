@@ -74,6 +74,9 @@ pub fn convert_slice(
             endpoints.push(endpoint);
         }
     }
+    // Objects stay in the model for their lifetime: no spare capacity.
+    ports.shrink_to_fit();
+    endpoints.shrink_to_fit();
     Ok(Converted::Proxied(EndpointSlice {
         key,
         service_name: service_name.clone(),
