@@ -33,7 +33,7 @@ use clap::Parser;
 #[derive(Parser)]
 #[command(version, about)]
 struct Cli {
-    /// Cluster sizes (number of services), comma-separated.
+    /// nftables scenario: cluster sizes (number of services), comma-separated (0 skips it).
     #[arg(long, value_delimiter = ',', default_value = "1000")]
     services: Vec<usize>,
     /// Endpoints per service.
@@ -81,10 +81,12 @@ fn main() -> anyhow::Result<()> {
     let lo = std::process::Command::new("ip").args(["link", "set", "lo", "up"]).status()?;
     anyhow::ensure!(lo.success(), "cannot bring loopback up in the bench namespace: {lo}");
     let mut rows = Vec::new();
-    for &services in &cli.services {
+    for &services in cli.services.iter().filter(|s| **s > 0) {
         rows.push(nft::run(services, cli.endpoints, cli.repeat, cli.reloads)?);
     }
-    table::print_nft(&rows);
+    if !rows.is_empty() {
+        table::print_nft(&rows);
+    }
     let mut churn = Vec::new();
     for &rate in cli.churn_rates.iter().filter(|r| **r > 0) {
         churn.push(churn::run(
