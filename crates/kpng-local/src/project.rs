@@ -125,6 +125,14 @@ fn port_candidates<'m>(
 }
 
 /// The service-level part of the ENLS.
+/// IP lists in the ENLS are sorted (IPv4 first), whatever order the API gave.
+fn sorted(ips: &[IpAddr]) -> Vec<IpAddr> {
+    let mut ips = ips.to_vec();
+    ips.sort();
+    ips.dedup();
+    ips
+}
+
 fn local_service(service: &Service) -> LocalService {
     let mut load_balancer_ips: Vec<IpAddr> =
         Family::ALL.iter().flat_map(|f| service.load_balancer_vips(*f)).collect();
@@ -139,8 +147,8 @@ fn local_service(service: &Service) -> LocalService {
     LocalService {
         key: service.key.clone(),
         service_type: service.service_type,
-        cluster_ips: service.cluster_ips.clone(),
-        external_ips: service.external_ips.clone(),
+        cluster_ips: sorted(&service.cluster_ips),
+        external_ips: sorted(&service.external_ips),
         load_balancer_ips,
         load_balancer_source_ranges: service.load_balancer_source_ranges.clone(),
         ports: service

@@ -13,6 +13,6 @@ pub use endpoints::{Endpoint, EndpointSlice, SliceKey, SlicePort};
 pub use model::{Changes, GlobalModel, Kind, ModelDocument, Object, ObjectRef, Touched};
 pub use node::{Node, NodeAddress, NodeAddressKind, TO_BE_DELETED_TAINT, ZONE_LABEL};
 pub use service::{
-    DEFAULT_AFFINITY_TIMEOUT_SECONDS, IpMode, LoadBalancerIngress, Service, ServiceKey,
+    DEFAULT_AFFINITY_TIMEOUT_SECONDS, InvalidKey, IpMode, LoadBalancerIngress, Service, ServiceKey,
     ServicePort, ServiceType, SessionAffinity, TargetPort, TrafficPolicy,
 };

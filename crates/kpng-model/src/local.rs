@@ -61,7 +61,7 @@ pub struct LocalService {
     pub key: ServiceKey,
     /// The service type.
     pub service_type: ServiceType,
-    /// Cluster IPs, at most one per family.
+    /// Cluster IPs, at most one per family, sorted (IPv4 first).
     pub cluster_ips: Vec<IpAddr>,
     /// External IPs, sorted.
     pub external_ips: Vec<IpAddr>,

@@ -1,0 +1,366 @@
+//! ENLS ops ↔ `localv1.OpItem`.
+//!
+//! Services travel as `localv1.Service`, endpoints as `localv1.Endpoint` (one per IP: the
+//! ENLS identifies an endpoint by its address within the service), the node (only when the
+//! client asks for it) as `localv1.Node`. The original fields are filled so that an old
+//! client proxies correctly; kpng's own fields (from 100) carry the rest, and decoding
+//! rebuilds the exact ENLS from them.
+
+use std::net::IpAddr;
+
+use kpng_model::global::{InvalidKey, ServiceType};
+use kpng_model::local::{EndpointPort, LocalServicePort};
+use kpng_model::{
+    Family, Item, ItemRef, LocalEndpoint, LocalNode, LocalService, Op, PerFamily, ServiceKey,
+};
+use prost::Message;
+
+use crate::localv1::{self, op_item};
+use crate::wire::{WireError, ip_set, parse_ip, parse_ips, parse_nets, protocol, wire_protocol};
+
+/// The path of service `key`: `namespace/name`.
+pub fn service_path(key: &ServiceKey) -> String {
+    format!("{}/{}", key.namespace, key.name)
+}
+
+/// The path of the endpoint `ip` of service `key`: `namespace/name/ip`.
+pub fn endpoint_path(key: &ServiceKey, ip: &IpAddr) -> String {
+    format!("{}/{}/{ip}", key.namespace, key.name)
+}
+
+fn item(op: op_item::Op) -> localv1::OpItem {
+    localv1::OpItem { op: Some(op) }
+}
+
+fn value(set: localv1::Set, path: String, bytes: Vec<u8>) -> localv1::OpItem {
+    let reference = localv1::Ref { set: set as i32, path };
+    item(op_item::Op::Set(localv1::Value { r#ref: Some(reference), bytes }))
+}
+
+/// `op` on the wire. The node's ops are `NodeSet` items, which only clients that asked for
+/// the node should receive (see [`is_node_op`]).
+pub fn encode_op(op: &Op) -> localv1::OpItem {
+    match op {
+        Op::Reset => item(op_item::Op::Reset(localv1::EmptyOp {})),
+        Op::Sync => item(op_item::Op::Sync(localv1::EmptyOp {})),
+        Op::Set(Item::Node(node)) => {
+            value(localv1::Set::NodeSet, node.name.clone(), encode_node(node).encode_to_vec())
+        }
+        Op::Set(Item::Service(service)) => value(
+            localv1::Set::ServicesSet,
+            service_path(&service.key),
+            encode_service(service).encode_to_vec(),
+        ),
+        Op::Set(Item::Endpoint { service, endpoint }) => value(
+            localv1::Set::EndpointsSet,
+            endpoint_path(service, &endpoint.ip),
+            encode_endpoint(endpoint).encode_to_vec(),
+        ),
+        Op::Delete(reference) => {
+            let (set, path) = match reference {
+                ItemRef::Node => (localv1::Set::NodeSet, String::new()),
+                ItemRef::Service(key) => (localv1::Set::ServicesSet, service_path(key)),
+                ItemRef::Endpoint { service, ip } => {
+                    (localv1::Set::EndpointsSet, endpoint_path(service, ip))
+                }
+            };
+            item(op_item::Op::Delete(localv1::Ref { set: set as i32, path }))
+        }
+    }
+}
+
+/// Whether `op` concerns the node (sent only to clients that asked for it).
+pub fn is_node_op(op: &Op) -> bool {
+    matches!(op, Op::Set(Item::Node(_)) | Op::Delete(ItemRef::Node))
+}
+
+/// The ENLS op that `item` carries.
+pub fn decode_op(item: &localv1::OpItem) -> Result<Op, WireError> {
+    let op = item.op.as_ref().ok_or_else(|| WireError::new("", "op", "no op in OpItem"))?;
+    Ok(match op {
+        op_item::Op::Reset(_) => Op::Reset,
+        op_item::Op::Sync(_) => Op::Sync,
+        op_item::Op::Set(value) => {
+            let reference =
+                value.r#ref.as_ref().ok_or_else(|| WireError::new("", "ref", "Set without Ref"))?;
+            let path = reference.path.as_str();
+            match set_of(reference, path)? {
+                localv1::Set::ServicesSet => {
+                    let wire = localv1::Service::decode(value.bytes.as_slice())
+                        .map_err(|e| WireError::new(path, "bytes", e.to_string()))?;
+                    Op::Set(Item::Service(decode_service(&wire, path)?))
+                }
+                localv1::Set::EndpointsSet => {
+                    let (service, _) = split_endpoint_path(path)?;
+                    let wire = localv1::Endpoint::decode(value.bytes.as_slice())
+                        .map_err(|e| WireError::new(path, "bytes", e.to_string()))?;
+                    Op::Set(Item::Endpoint { service, endpoint: decode_endpoint(&wire, path)? })
+                }
+                localv1::Set::NodeSet => {
+                    let wire = localv1::Node::decode(value.bytes.as_slice())
+                        .map_err(|e| WireError::new(path, "bytes", e.to_string()))?;
+                    Op::Set(Item::Node(decode_node(&wire, path)?))
+                }
+                other => return Err(unexpected_set(other, path)),
+            }
+        }
+        op_item::Op::Delete(reference) => {
+            let path = reference.path.as_str();
+            Op::Delete(match set_of(reference, path)? {
+                localv1::Set::ServicesSet => ItemRef::Service(service_key(path)?),
+                localv1::Set::EndpointsSet => {
+                    let (service, ip) = split_endpoint_path(path)?;
+                    ItemRef::Endpoint { service, ip }
+                }
+                localv1::Set::NodeSet => ItemRef::Node,
+                other => return Err(unexpected_set(other, path)),
+            })
+        }
+    })
+}
+
+fn set_of(reference: &localv1::Ref, path: &str) -> Result<localv1::Set, WireError> {
+    localv1::Set::try_from(reference.set)
+        .map_err(|_| WireError::new(path, "ref.set", format!("unknown set {}", reference.set)))
+}
+
+fn unexpected_set(set: localv1::Set, path: &str) -> WireError {
+    WireError::new(path, "ref.set", format!("{} in a node-local stream", set.as_str_name()))
+}
+
+fn service_key(path: &str) -> Result<ServiceKey, WireError> {
+    path.parse().map_err(|e: InvalidKey| WireError::new(path, "path", e.0))
+}
+
+fn split_endpoint_path(path: &str) -> Result<(ServiceKey, IpAddr), WireError> {
+    let (service, ip) = path
+        .rsplit_once('/')
+        .ok_or_else(|| WireError::new(path, "path", "expected namespace/service/ip"))?;
+    Ok((service_key(service)?, parse_ip(ip, path, "path")?))
+}
+
+/// The wire form of a service.
+pub fn encode_service(service: &LocalService) -> localv1::Service {
+    let lb_ips = ip_set(&service.load_balancer_ips);
+    localv1::Service {
+        namespace: service.key.namespace.clone(),
+        name: service.key.name.clone(),
+        r#type: service.service_type.as_str().to_string(),
+        ips: Some(localv1::ServiceIPs {
+            cluster_ips: Some(ip_set(&service.cluster_ips)),
+            external_ips: Some(ip_set(&service.external_ips)),
+            headless: false,
+            load_balancer_ips: Some(lb_ips.clone()),
+        }),
+        map_ip: false,
+        ports: service
+            .ports
+            .iter()
+            .map(|p| localv1::PortMapping {
+                name: p.name.clone(),
+                protocol: wire_protocol(p.protocol) as i32,
+                port: p.port.into(),
+                node_port: p.node_port.map_or(0, i32::from),
+                // Each endpoint lists the ports it serves (PortOverrides): a port it does
+                // not list must not fall back to a target port.
+                target_port: 0,
+                target_port_name: String::new(),
+            })
+            .collect(),
+        external_traffic_to_local: service.external_local,
+        labels: Default::default(),
+        annotations: Default::default(),
+        ip_filters: if service.load_balancer_source_ranges.is_empty() {
+            Vec::new()
+        } else {
+            vec![localv1::IpFilter {
+                target_ips: Some(lb_ips),
+                source_ranges: service
+                    .load_balancer_source_ranges
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect(),
+            }]
+        },
+        session_affinity: service.affinity_timeout_seconds.map(|t| {
+            localv1::service::SessionAffinity::ClientIp(localv1::ClientIpAffinity {
+                timeout_seconds: i32::try_from(t).unwrap_or(i32::MAX),
+            })
+        }),
+        internal_traffic_to_local: service.internal_local,
+        health_check_node_port: service.health_check_node_port.map_or(0, i32::from),
+        port_endpoints: service
+            .ports
+            .iter()
+            .map(|p| localv1::PortEndpoints {
+                name: p.name.clone(),
+                protocol: wire_protocol(p.protocol) as i32,
+                v4: p.has_endpoints.v4,
+                v6: p.has_endpoints.v6,
+            })
+            .collect(),
+    }
+}
+
+fn port_number(value: i32, path: &str, field: &str) -> Result<u16, WireError> {
+    u16::try_from(value)
+        .map_err(|_| WireError::new(path, field, format!("port {value} out of range")))
+}
+
+fn optional_port(value: i32, path: &str, field: &str) -> Result<Option<u16>, WireError> {
+    Ok(if value == 0 { None } else { Some(port_number(value, path, field)?) })
+}
+
+/// A service from its wire form.
+pub fn decode_service(wire: &localv1::Service, path: &str) -> Result<LocalService, WireError> {
+    let service_type = match wire.r#type.as_str() {
+        "ClusterIP" | "" => ServiceType::ClusterIP,
+        "NodePort" => ServiceType::NodePort,
+        "LoadBalancer" => ServiceType::LoadBalancer,
+        other => return Err(WireError::new(path, "type", format!("unknown type {other:?}"))),
+    };
+    let ips = wire.ips.clone().unwrap_or_default();
+    let mut ports = Vec::with_capacity(wire.ports.len());
+    for (i, p) in wire.ports.iter().enumerate() {
+        let proto = protocol(p.protocol, path, &format!("ports[{i}].protocol"))?;
+        let has_endpoints = wire
+            .port_endpoints
+            .iter()
+            .find(|e| e.name == p.name && e.protocol == p.protocol)
+            .map_or(PerFamily { v4: true, v6: true }, |e| PerFamily { v4: e.v4, v6: e.v6 });
+        ports.push(LocalServicePort {
+            name: p.name.clone(),
+            protocol: proto,
+            port: port_number(p.port, path, &format!("ports[{i}].port"))?,
+            node_port: optional_port(p.node_port, path, &format!("ports[{i}].nodePort"))?,
+            has_endpoints,
+        });
+    }
+    let source_ranges: Vec<&String> =
+        wire.ip_filters.iter().flat_map(|f| &f.source_ranges).collect();
+    Ok(LocalService {
+        key: service_key(path)?,
+        service_type,
+        cluster_ips: parse_ips(ips.cluster_ips.as_ref(), path, "ips.clusterIPs")?,
+        external_ips: parse_ips(ips.external_ips.as_ref(), path, "ips.externalIPs")?,
+        load_balancer_ips: parse_ips(ips.load_balancer_ips.as_ref(), path, "ips.loadBalancerIPs")?,
+        load_balancer_source_ranges: parse_nets(source_ranges, path, "ipFilters.sourceRanges")?,
+        ports,
+        affinity_timeout_seconds: match &wire.session_affinity {
+            Some(localv1::service::SessionAffinity::ClientIp(a)) => {
+                Some(u32::try_from(a.timeout_seconds).map_err(|_| {
+                    WireError::new(path, "clientIP.timeoutSeconds", "negative timeout")
+                })?)
+            }
+            None => None,
+        },
+        internal_local: wire.internal_traffic_to_local,
+        external_local: wire.external_traffic_to_local,
+        health_check_node_port: optional_port(
+            wire.health_check_node_port,
+            path,
+            "healthCheckNodePort",
+        )?,
+    })
+}
+
+/// The wire form of an endpoint.
+pub fn encode_endpoint(endpoint: &LocalEndpoint) -> localv1::Endpoint {
+    localv1::Endpoint {
+        hostname: String::new(),
+        ips: Some(ip_set(std::slice::from_ref(&endpoint.ip))),
+        local: endpoint.local,
+        port_overrides: endpoint
+            .ports
+            .iter()
+            .map(|p| localv1::PortName { name: p.name.clone(), port: p.port.into() })
+            .collect(),
+        scopes: Some(localv1::EndpointScopes {
+            internal: endpoint.ports.iter().any(|p| p.cluster),
+            external: endpoint.ports.iter().any(|p| p.cluster || p.local),
+        }),
+        ready: endpoint.ready,
+        serving: endpoint.serving,
+        terminating: endpoint.terminating,
+        pod_name: endpoint.pod_name.clone().unwrap_or_default(),
+        ports: endpoint
+            .ports
+            .iter()
+            .map(|p| localv1::EndpointPort {
+                name: p.name.clone(),
+                protocol: wire_protocol(p.protocol) as i32,
+                port: p.port.into(),
+                cluster: p.cluster,
+                local: p.local,
+            })
+            .collect(),
+    }
+}
+
+/// An endpoint from its wire form (kpng's fields required: they say which sets it is in).
+pub fn decode_endpoint(wire: &localv1::Endpoint, path: &str) -> Result<LocalEndpoint, WireError> {
+    let ips = wire.ips.clone().unwrap_or_default();
+    let all = parse_ips(Some(&ips), path, "ips")?;
+    let [ip] = all[..] else {
+        return Err(WireError::new(
+            path,
+            "ips",
+            format!("expected one address, got {}", all.len()),
+        ));
+    };
+    let mut ports = Vec::with_capacity(wire.ports.len());
+    for (i, p) in wire.ports.iter().enumerate() {
+        ports.push(EndpointPort {
+            name: p.name.clone(),
+            protocol: protocol(p.protocol, path, &format!("ports[{i}].protocol"))?,
+            port: port_number(p.port, path, &format!("ports[{i}].port"))?,
+            cluster: p.cluster,
+            local: p.local,
+        });
+    }
+    if ports.is_empty() {
+        return Err(WireError::new(
+            path,
+            "ports",
+            "no kpng port list (field 104): the server is not a kpng with extensions",
+        ));
+    }
+    ports.sort();
+    Ok(LocalEndpoint {
+        ip,
+        local: wire.local,
+        ready: wire.ready,
+        serving: wire.serving,
+        terminating: wire.terminating,
+        pod_name: (!wire.pod_name.is_empty()).then(|| wire.pod_name.clone()),
+        ports,
+    })
+}
+
+/// The wire form of the node.
+pub fn encode_node(node: &LocalNode) -> localv1::Node {
+    localv1::Node {
+        name: node.name.clone(),
+        zone: node.zone.clone().unwrap_or_default(),
+        primary_ips: Some(ip_set(&node.primary_ips)),
+        pod_cidrs: node.pod_cidrs.iter().map(ToString::to_string).collect(),
+        draining: node.draining,
+    }
+}
+
+/// The node from its wire form.
+pub fn decode_node(wire: &localv1::Node, path: &str) -> Result<LocalNode, WireError> {
+    let mut primary_ips = parse_ips(wire.primary_ips.as_ref(), path, "primaryIPs")?;
+    // The ENLS lists the primary IPs by family, IPv4 first.
+    primary_ips.sort_by_key(|ip| Family::of(ip) == Family::V6);
+    Ok(LocalNode {
+        name: wire.name.clone(),
+        zone: (!wire.zone.is_empty()).then(|| wire.zone.clone()),
+        primary_ips,
+        pod_cidrs: parse_nets(&wire.pod_cidrs, path, "podCIDRs")?,
+        draining: wire.draining,
+    })
+}
+
+#[cfg(test)]
+mod tests;

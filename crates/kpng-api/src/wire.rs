@@ -1,0 +1,103 @@
+//! Helpers shared by the conversions: errors, IP sets, protocols.
+
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use kpng_model::{Family, Protocol};
+
+use crate::localv1;
+
+/// A message that does not describe a valid object: which object (its path), which field,
+/// and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{path}: field {field}: {message}")]
+pub struct WireError {
+    /// The object's path in the stream (`namespace/name`, ...).
+    pub path: String,
+    /// The offending field.
+    pub field: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl WireError {
+    /// An error about `field` of the object at `path`.
+    pub fn new(path: &str, field: &str, message: impl Into<String>) -> Self {
+        WireError { path: path.to_string(), field: field.to_string(), message: message.into() }
+    }
+}
+
+/// Addresses as an `IPSet`: textual, by family, sorted, without duplicates.
+pub fn ip_set(ips: &[IpAddr]) -> localv1::IpSet {
+    let mut sorted = ips.to_vec();
+    sorted.sort();
+    sorted.dedup();
+    let (v4, v6): (Vec<IpAddr>, Vec<IpAddr>) =
+        sorted.into_iter().partition(|ip| Family::of(ip) == Family::V4);
+    localv1::IpSet {
+        v4: v4.iter().map(ToString::to_string).collect(),
+        v6: v6.iter().map(ToString::to_string).collect(),
+    }
+}
+
+/// One textual address.
+pub fn parse_ip(text: &str, path: &str, field: &str) -> Result<IpAddr, WireError> {
+    text.parse().map_err(|_| WireError::new(path, field, format!("invalid IP {text:?}")))
+}
+
+/// The addresses of an `IPSet`, sorted (IPv4 first); each in the right family's list.
+pub fn parse_ips(
+    set: Option<&localv1::IpSet>,
+    path: &str,
+    field: &str,
+) -> Result<Vec<IpAddr>, WireError> {
+    let Some(set) = set else { return Ok(Vec::new()) };
+    let mut out = Vec::with_capacity(set.v4.len() + set.v6.len());
+    for (family, texts, name) in [(Family::V4, &set.v4, "v4"), (Family::V6, &set.v6, "v6")] {
+        for text in texts {
+            let ip = parse_ip(text, path, &format!("{field}.{name}"))?;
+            if Family::of(&ip) != family {
+                return Err(WireError::new(
+                    path,
+                    &format!("{field}.{name}"),
+                    format!("{ip} is not {family:?}"),
+                ));
+            }
+            out.push(ip);
+        }
+    }
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
+/// Textual CIDRs.
+pub fn parse_nets<'a>(
+    texts: impl IntoIterator<Item = &'a String>,
+    path: &str,
+    field: &str,
+) -> Result<Vec<IpNet>, WireError> {
+    texts
+        .into_iter()
+        .map(|t| t.parse().map_err(|_| WireError::new(path, field, format!("invalid CIDR {t:?}"))))
+        .collect()
+}
+
+/// A protocol on the wire.
+pub fn wire_protocol(protocol: Protocol) -> localv1::Protocol {
+    match protocol {
+        Protocol::Tcp => localv1::Protocol::Tcp,
+        Protocol::Udp => localv1::Protocol::Udp,
+        Protocol::Sctp => localv1::Protocol::Sctp,
+    }
+}
+
+/// A protocol from the wire.
+pub fn protocol(value: i32, path: &str, field: &str) -> Result<Protocol, WireError> {
+    match localv1::Protocol::try_from(value) {
+        Ok(localv1::Protocol::Tcp) => Ok(Protocol::Tcp),
+        Ok(localv1::Protocol::Udp) => Ok(Protocol::Udp),
+        Ok(localv1::Protocol::Sctp) => Ok(Protocol::Sctp),
+        _ => Err(WireError::new(path, field, format!("unknown protocol {value}"))),
+    }
+}
