@@ -1,10 +1,13 @@
-//! [`run_node`]: from store revisions to backend change sets, for one node.
+//! [`run_node`]: from store revisions to backend change sets, for one node; [`run_remote`]:
+//! the same from change sets received from another process.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use kpng_local::NodeProjector;
+use kpng_local::{NodeProjector, diff};
+use kpng_model::ops::ApplyError;
+use kpng_model::{LocalState, Op};
 use kpng_store::{Revision, StoreReader};
 use tokio::time::Instant;
 
@@ -82,6 +85,89 @@ struct Slot {
     retry_at: Instant,
 }
 
+/// The backends of one node and what each has applied.
+struct Slots {
+    slots: Vec<Slot>,
+    options: RunnerOptions,
+    stats: Arc<NodeStats>,
+}
+
+impl Slots {
+    fn new(backends: Vec<Box<dyn Backend>>, options: RunnerOptions, stats: Arc<NodeStats>) -> Self {
+        let now = Instant::now();
+        let slots = backends
+            .into_iter()
+            .map(|backend| Slot { backend, needs_reset: true, failures: 0, retry_at: now })
+            .collect();
+        Slots { slots, options, stats }
+    }
+
+    /// Whether some backend is up to date and so needs the differences, not a full state.
+    fn want_ops(&self) -> bool {
+        self.slots.iter().any(|s| !s.needs_reset)
+    }
+
+    /// When the earliest failed backend may be retried.
+    fn next_retry(&self) -> Option<Instant> {
+        self.slots.iter().filter(|s| s.needs_reset).map(|s| s.retry_at).min()
+    }
+
+    /// Whether every backend has applied the state (for `once`).
+    fn all_applied(&self) -> bool {
+        self.slots.iter().all(|s| !s.needs_reset)
+    }
+
+    /// Counts an ENLS revision: one that changed the state, or the first.
+    fn count_revision(&self, changed: bool, ops: usize) {
+        if changed || self.stats.enls_revisions() == 0 {
+            self.stats.enls_revisions.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(node = %self.options.node, ops, "node state changed");
+        }
+    }
+
+    /// Gives each backend what it lacks: the full `state` to a backend due for one, `ops`
+    /// (the changes that led to `state`) to the others.
+    fn deliver(&mut self, ops: &[Op], state: &LocalState) -> Result<(), RunnerError> {
+        let now = Instant::now();
+        for slot in &mut self.slots {
+            let changes = if slot.needs_reset {
+                if slot.retry_at > now {
+                    continue;
+                }
+                ChangeSet::full(state)
+            } else if !ops.is_empty() {
+                ChangeSet::changes(ops, state)
+            } else {
+                continue;
+            };
+            match slot.backend.apply(&changes) {
+                Ok(()) => {
+                    self.stats.change_sets.fetch_add(1, Ordering::Relaxed);
+                    slot.needs_reset = false;
+                    slot.failures = 0;
+                }
+                Err(source) => {
+                    self.stats.failures.fetch_add(1, Ordering::Relaxed);
+                    if self.options.once {
+                        let node = self.options.node.clone();
+                        return Err(RunnerError::Once { node, source });
+                    }
+                    slot.failures += 1;
+                    let delay = self
+                        .options
+                        .retry_min
+                        .saturating_mul(1 << slot.failures.min(16).saturating_sub(1));
+                    let delay = delay.min(self.options.retry_max);
+                    tracing::error!(backend = slot.backend.name(), error = %crate::backend::error_chain(&source), retry_in = ?delay, "change set failed; will retry with the full state");
+                    slot.needs_reset = true;
+                    slot.retry_at = now + delay;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Feeds `backends` with node `options.node`'s ENLS until the store's writer goes away (or,
 /// with `once`, until every backend applied it once). Each backend gets `Reset` and the full
 /// state first, then only the changes; a failed backend is retried with backoff and gets the
@@ -94,26 +180,21 @@ pub async fn run_node(
 ) -> Result<(), RunnerError> {
     let mut projector = NodeProjector::new(options.node.clone());
     let mut seen: Option<Revision> = None;
-    let start = Instant::now();
-    let mut slots: Vec<Slot> = backends
-        .into_iter()
-        .map(|backend| Slot { backend, needs_reset: true, failures: 0, retry_at: start })
-        .collect();
+    let once = options.once;
+    let mut slots = Slots::new(backends, options, stats);
 
     loop {
-        let retry =
-            slots.iter().filter(|s| s.needs_reset && seen.is_some()).map(|s| s.retry_at).min();
+        let retry = slots.next_retry().filter(|_| seen.is_some());
         tokio::select! {
             revision = reader.wait_after(seen) => if revision.is_none() { return Ok(()) },
-            _ = tokio::time::sleep_until(retry.unwrap_or(start)), if retry.is_some() => {}
+            _ = sleep_until(retry), if retry.is_some() => {}
         }
         // While every backend waits for a full state, the differences are not needed.
-        let want_ops = slots.iter().any(|s| !s.needs_reset);
         let (ops, changed) = {
             let snapshot = reader.snapshot();
             let changes = snapshot.changes_since(seen);
             seen = Some(snapshot.revision());
-            if want_ops {
+            if slots.want_ops() {
                 let ops = projector.update(snapshot.model(), &changes);
                 let changed = !ops.is_empty();
                 (ops, changed)
@@ -121,50 +202,87 @@ pub async fn run_node(
                 (Vec::new(), projector.refresh(snapshot.model(), &changes))
             }
         };
-        let first = stats.enls_revisions() == 0;
-        if changed || first {
-            stats.enls_revisions.fetch_add(1, Ordering::Relaxed);
-            tracing::debug!(node = %options.node, ops = ops.len(), revision = ?seen, "node state changed");
-        }
-
-        let now = Instant::now();
-        for slot in &mut slots {
-            let changes = if slot.needs_reset {
-                if slot.retry_at > now {
-                    continue;
-                }
-                ChangeSet::full(projector.state())
-            } else if !ops.is_empty() {
-                ChangeSet::changes(&ops, projector.state())
-            } else {
-                continue;
-            };
-            match slot.backend.apply(&changes) {
-                Ok(()) => {
-                    stats.change_sets.fetch_add(1, Ordering::Relaxed);
-                    slot.needs_reset = false;
-                    slot.failures = 0;
-                }
-                Err(source) => {
-                    stats.failures.fetch_add(1, Ordering::Relaxed);
-                    if options.once {
-                        return Err(RunnerError::Once { node: options.node.clone(), source });
-                    }
-                    slot.failures += 1;
-                    let delay = options
-                        .retry_min
-                        .saturating_mul(1 << slot.failures.min(16).saturating_sub(1));
-                    let delay = delay.min(options.retry_max);
-                    tracing::error!(backend = slot.backend.name(), error = %crate::backend::error_chain(&source), retry_in = ?delay, "change set failed; will retry with the full state");
-                    slot.needs_reset = true;
-                    slot.retry_at = now + delay;
-                }
-            }
-        }
-        if options.once && slots.iter().all(|s| !s.needs_reset) {
+        slots.count_revision(changed, ops.len());
+        slots.deliver(&ops, projector.state())?;
+        if once && slots.all_applied() {
             return Ok(());
         }
     }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    if let Some(at) = at {
+        tokio::time::sleep_until(at).await;
+    }
+}
+
+/// Feeds `backends` with change sets that arrive from elsewhere (another process's
+/// stream) until `changes` ends. Each item is the ops of one change set without `Sync`; one
+/// that starts with `Reset` describes the whole state again (after a reconnection): it is
+/// compared with the state already held, and only the differences reach the backends, so
+/// a reconnection that finds nothing new costs them nothing.
+pub async fn run_remote(
+    mut changes: tokio::sync::mpsc::Receiver<Vec<Op>>,
+    backends: Vec<Box<dyn Backend>>,
+    options: RunnerOptions,
+    stats: Arc<NodeStats>,
+) -> Result<(), RunnerError> {
+    let mut state = LocalState::default();
+    let mut started = false;
+    let once = options.once;
+    let mut slots = Slots::new(backends, options, stats);
+    loop {
+        let retry = slots.next_retry().filter(|_| started);
+        let ops = tokio::select! {
+            batch = changes.recv() => match batch {
+                Some(batch) => {
+                    let ops = match apply_remote(&mut state, batch) {
+                        Ok(ops) => ops,
+                        Err(error) => {
+                            // The stream broke its own rules: take the next full state.
+                            tracing::error!(node = %slots.options.node, %error, "inconsistent change set ignored");
+                            continue;
+                        }
+                    };
+                    if !started {
+                        started = true;
+                        slots.count_revision(true, ops.len());
+                    } else {
+                        slots.count_revision(!ops.is_empty(), ops.len());
+                    }
+                    ops
+                }
+                None => return Ok(()),
+            },
+            _ = sleep_until(retry), if retry.is_some() => Vec::new(),
+        };
+        slots.deliver(&ops, &state)?;
+        if once && slots.all_applied() {
+            return Ok(());
+        }
+    }
+}
+
+/// Applies one remote change set to `state`; returns the ops that changed it. An op that
+/// does not fit the state (an endpoint of an unknown service) is reported and dropped.
+fn apply_remote(state: &mut LocalState, batch: Vec<Op>) -> Result<Vec<Op>, ApplyError> {
+    if matches!(batch.first(), Some(Op::Reset)) {
+        let mut fresh = LocalState::default();
+        for op in &batch {
+            fresh.apply(op)?;
+        }
+        let ops = diff(state, &fresh);
+        *state = fresh;
+        return Ok(ops);
+    }
+    let mut applied = Vec::with_capacity(batch.len());
+    for op in batch {
+        match state.apply(&op) {
+            Ok(()) => applied.push(op),
+            Err(error) => tracing::error!(%error, "remote op does not fit the node state; dropped"),
+        }
+    }
+    Ok(applied)
 }
 
 #[cfg(test)]

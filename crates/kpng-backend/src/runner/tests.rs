@@ -144,3 +144,56 @@ async fn once_stops_after_the_first_sync_or_fails() {
     let text = crate::backend::error_chain(&err);
     assert!(text.contains("injected failure"), "{text}");
 }
+
+/// A node's full state from `endpoints`, as a remote `Reset` change set (without `Sync`).
+fn remote_reset(endpoints: &[(&str, &str)]) -> Vec<Op> {
+    let mut model = kpng_model::GlobalModel::new();
+    for event in objects(endpoints) {
+        let SourceEvent::Applied(object) = event else { unreachable!() };
+        model.apply(object);
+    }
+    kpng_local::full_state_ops(&kpng_local::project_node_state(&model, "a")).collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn remote_change_sets_reach_backends_and_a_same_state_reconnect_costs_nothing() {
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let recorder = Recorder::default();
+    let stats = Arc::new(NodeStats::default());
+    let task = tokio::spawn(run_remote(
+        rx,
+        vec![Box::new(recorder.clone())],
+        RunnerOptions::new("a"),
+        stats.clone(),
+    ));
+    tx.send(remote_reset(&[("10.0.0.1", "a")])).await.unwrap();
+    settle().await;
+    assert_eq!(recorder.log.lock().unwrap()[0].len(), 4, "reset, service, endpoint, sync");
+
+    // An incremental change set passes through as it is.
+    let two = remote_reset(&[("10.0.0.1", "a"), ("10.0.0.2", "b")]);
+    let added = two.last().unwrap().clone();
+    tx.send(vec![added.clone()]).await.unwrap();
+    settle().await;
+    assert_eq!(recorder.log.lock().unwrap()[1], [added, Op::Sync]);
+
+    // A reconnection resends everything: the same state reaches no backend...
+    tx.send(two).await.unwrap();
+    settle().await;
+    assert_eq!(recorder.log.lock().unwrap().len(), 2, "no change set for an unchanged reset");
+    // ...and a changed one only as its differences.
+    tx.send(remote_reset(&[("10.0.0.2", "b")])).await.unwrap();
+    settle().await;
+    {
+        let log = recorder.log.lock().unwrap();
+        assert_eq!(log.len(), 3);
+        assert!(
+            matches!(&log[2][..], [Op::Delete(kpng_model::ItemRef::Endpoint { .. }), Op::Sync]),
+            "{:?}",
+            log[2]
+        );
+    }
+    assert_eq!(stats.enls_revisions(), 3);
+    drop(tx);
+    task.await.unwrap().unwrap();
+}
