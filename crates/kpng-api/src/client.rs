@@ -1,0 +1,156 @@
+//! The client end: connecting to a `to-api` server and pulling change sets.
+
+use std::time::Duration;
+
+use kpng_model::Op;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint, Uri};
+
+use crate::addr::{Address, Security, SecurityError, tls_material};
+use crate::localv1::{self, op_item};
+use crate::{WireError, globalv1, local};
+
+/// Why a connection or a stream failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// Refused before connecting (plaintext off the machine, unusable TLS files).
+    #[error(transparent)]
+    Security(#[from] SecurityError),
+    /// The connection failed.
+    #[error("connecting to {address}: {source}")]
+    Connect {
+        /// The server.
+        address: Address,
+        /// The failure.
+        #[source]
+        source: tonic::transport::Error,
+    },
+    /// The server refused or ended the stream with an error.
+    #[error("stream: {0}")]
+    Status(#[from] tonic::Status),
+    /// The server sent something that is not a valid object.
+    #[error("server sent an invalid op: {0}")]
+    Wire(#[from] WireError),
+}
+
+/// A channel to the `to-api` server at `address`. Certificate and key problems are reported
+/// here, before any connection is tried.
+pub async fn connect(address: &Address, security: &Security) -> Result<Channel, ClientError> {
+    security.check(address)?;
+    let failed = |source| ClientError::Connect { address: address.clone(), source };
+    match address {
+        Address::Unix(path) => {
+            let path = path.clone();
+            let connector = tower::service_fn(move |_: Uri| {
+                let path = path.clone();
+                async move {
+                    let stream = tokio::net::UnixStream::connect(path).await?;
+                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+                }
+            });
+            // The URI is not used by the connector; it only has to be valid.
+            Endpoint::from_static("http://kpng.local")
+                .connect_with_connector(connector)
+                .await
+                .map_err(failed)
+        }
+        Address::Tcp { host, port } => {
+            let authority = if host.contains(':') {
+                format!("[{host}]:{port}")
+            } else {
+                format!("{host}:{port}")
+            };
+            let scheme = if security.tls.is_some() { "https" } else { "http" };
+            let mut endpoint = Endpoint::from_shared(format!("{scheme}://{authority}"))
+                .map_err(failed)?
+                .connect_timeout(Duration::from_secs(5));
+            if let Some(files) = &security.tls {
+                let (identity, ca) = tls_material(files)?;
+                let config = ClientTlsConfig::new()
+                    .ca_certificate(ca)
+                    .identity(identity)
+                    .domain_name(host.clone());
+                endpoint = endpoint.tls_config(config).map_err(|e| SecurityError::File {
+                    what: "TLS configuration",
+                    path: files.cert.clone(),
+                    message: e.to_string(),
+                })?;
+            }
+            endpoint.connect().await.map_err(failed)
+        }
+    }
+}
+
+/// A pull-based watch stream: each call to [`next_items`](Self::next_items) asks for the
+/// next change set and returns its items.
+struct Pull<R> {
+    requests: mpsc::Sender<R>,
+    request: R,
+    responses: tonic::Streaming<localv1::OpItem>,
+    pending: bool,
+}
+
+impl<R: Clone> Pull<R> {
+    /// The items of the next change set, without the closing `Sync`; `None` when the server
+    /// ended the stream.
+    async fn next_items(&mut self) -> Result<Option<Vec<localv1::OpItem>>, ClientError> {
+        if !self.pending && self.requests.send(self.request.clone()).await.is_err() {
+            return Ok(None);
+        }
+        self.pending = true;
+        let mut items = Vec::new();
+        while let Some(item) = self.responses.message().await? {
+            if matches!(item.op, Some(op_item::Op::Sync(_))) {
+                self.pending = false;
+                return Ok(Some(items));
+            }
+            items.push(item);
+        }
+        Ok(None)
+    }
+}
+
+/// A node's ENLS stream (`/localv1.Sets/Watch`).
+pub struct LocalWatch(Pull<localv1::WatchReq>);
+
+impl LocalWatch {
+    /// Opens the stream of node `node`; with `with_node`, the node's own item is included.
+    pub async fn start(channel: Channel, node: &str, with_node: bool) -> Result<Self, ClientError> {
+        let request = localv1::WatchReq { node_name: node.to_string(), with_node };
+        let (requests, rx) = mpsc::channel(1);
+        requests.send(request.clone()).await.ok();
+        let mut client =
+            localv1::sets_client::SetsClient::new(channel).max_decoding_message_size(usize::MAX);
+        let responses = client.watch(ReceiverStream::new(rx)).await?.into_inner();
+        Ok(LocalWatch(Pull { requests, request, responses, pending: true }))
+    }
+
+    /// The ops of the next change set (without `Sync`; the first starts with `Reset`), or
+    /// `None` when the server ended the stream.
+    pub async fn next(&mut self) -> Result<Option<Vec<Op>>, ClientError> {
+        let Some(items) = self.0.next_items().await? else { return Ok(None) };
+        Ok(Some(items.iter().map(local::decode_op).collect::<Result<_, _>>()?))
+    }
+}
+
+/// The global model's stream (`/globalv1.Sets/Watch`).
+pub struct GlobalWatch(Pull<globalv1::GlobalWatchReq>);
+
+impl GlobalWatch {
+    /// Opens the stream.
+    pub async fn start(channel: Channel) -> Result<Self, ClientError> {
+        let request = globalv1::GlobalWatchReq {};
+        let (requests, rx) = mpsc::channel(1);
+        requests.send(request).await.ok();
+        let mut client =
+            globalv1::sets_client::SetsClient::new(channel).max_decoding_message_size(usize::MAX);
+        let responses = client.watch(ReceiverStream::new(rx)).await?.into_inner();
+        Ok(GlobalWatch(Pull { requests, request, responses, pending: true }))
+    }
+
+    /// The items of the next change set (without `Sync`), or `None` when the stream ended.
+    pub async fn next_items(&mut self) -> Result<Option<Vec<localv1::OpItem>>, ClientError> {
+        self.0.next_items().await
+    }
+}
