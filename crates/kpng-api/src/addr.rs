@@ -134,11 +134,7 @@ impl Security {
 }
 
 /// Reads a PEM file, checking that it holds what it should.
-pub(crate) fn read_pem(
-    what: &'static str,
-    path: &Path,
-    marker: &str,
-) -> Result<Vec<u8>, SecurityError> {
+pub fn read_pem(what: &'static str, path: &Path, marker: &str) -> Result<Vec<u8>, SecurityError> {
     let error = |message: String| SecurityError::File { what, path: path.to_path_buf(), message };
     let bytes = std::fs::read(path).map_err(|e| error(e.to_string()))?;
     let text = String::from_utf8_lossy(&bytes);
@@ -149,7 +145,7 @@ pub(crate) fn read_pem(
 }
 
 /// Our identity and the peer CA, read and checked.
-pub(crate) fn tls_material(
+pub fn tls_material(
     files: &TlsFiles,
 ) -> Result<(tonic::transport::Identity, tonic::transport::Certificate), SecurityError> {
     let cert = read_pem("certificate", &files.cert, "CERTIFICATE")?;
