@@ -121,6 +121,17 @@ pub enum SecurityError {
 }
 
 impl Security {
+    /// Checks that `address` may be used with these settings and that the TLS files (if
+    /// any) can be read: what a command does before it starts, so that a mistake is fatal
+    /// at once instead of a retry loop.
+    pub fn validate(&self, address: &Address) -> Result<(), SecurityError> {
+        self.check(address)?;
+        if let Some(files) = &self.tls {
+            tls_material(files)?;
+        }
+        Ok(())
+    }
+
     /// Checks that `address` may be used with these settings.
     pub fn check(&self, address: &Address) -> Result<(), SecurityError> {
         match (address, &self.tls) {

@@ -154,3 +154,104 @@ impl GlobalWatch {
         self.0.next_items().await
     }
 }
+
+/// Delays between reconnections: 0.5 s doubling to 30 s, back to the start after a
+/// stream that delivered something.
+struct Backoff(Duration);
+
+impl Backoff {
+    const MIN: Duration = Duration::from_millis(500);
+    const MAX: Duration = Duration::from_secs(30);
+
+    async fn wait(&mut self) {
+        tokio::time::sleep(self.0).await;
+        self.0 = (self.0 * 2).min(Self::MAX);
+    }
+}
+
+/// Follows node `node`'s stream from the server at `address`, forever: each change set
+/// (ops without `Sync`; after each (re)connection one starting with `Reset`) goes to
+/// `changes`. Returns when `changes` is closed. Connection failures are logged and retried
+/// with backoff.
+pub async fn follow_node(
+    address: Address,
+    security: Security,
+    node: String,
+    changes: mpsc::Sender<Vec<Op>>,
+) {
+    let mut backoff = Backoff(Backoff::MIN);
+    loop {
+        let stream = async {
+            let channel = connect(&address, &security).await?;
+            let mut watch = LocalWatch::start(channel, &node, true).await?;
+            while let Some(ops) = watch.next().await? {
+                backoff = Backoff(Backoff::MIN);
+                if changes.send(ops).await.is_err() {
+                    return Ok(true);
+                }
+            }
+            Ok::<_, ClientError>(false)
+        };
+        match stream.await {
+            Ok(true) => return,
+            Ok(false) => {
+                tracing::warn!(server = %address, retry_in = ?backoff.0, "the server ended the stream")
+            }
+            Err(error) => {
+                tracing::warn!(server = %address, error = %chain(&error), retry_in = ?backoff.0, "node stream failed")
+            }
+        }
+        if changes.is_closed() {
+            return;
+        }
+        backoff.wait().await;
+    }
+}
+
+/// Follows the global stream of the server at `address` into `writer`, forever: each
+/// (re)connection starts with a relist, so objects that vanished meanwhile are deleted. An
+/// invalid item is reported (naming the object and field) and the stream restarted.
+pub async fn follow_global(
+    address: Address,
+    security: Security,
+    mut writer: kpng_store::StoreWriter,
+) {
+    let mut backoff = Backoff(Backoff::MIN);
+    loop {
+        let stream = async {
+            let channel = connect(&address, &security).await?;
+            let mut watch = GlobalWatch::start(channel).await?;
+            let mut mirror = crate::global::Mirror::default();
+            while let Some(items) = watch.next_items().await? {
+                writer.apply(mirror.apply(&items)?);
+                backoff = Backoff(Backoff::MIN);
+            }
+            Ok::<_, ClientError>(())
+        };
+        match stream.await {
+            Ok(()) => {
+                tracing::warn!(server = %address, retry_in = ?backoff.0, "the server ended the stream")
+            }
+            Err(error) => {
+                tracing::warn!(server = %address, error = %chain(&error), retry_in = ?backoff.0, "global stream failed")
+            }
+        }
+        backoff.wait().await;
+    }
+}
+
+/// An error and its sources, joined by `: ` (a transport error alone says little; its
+/// sources say which certificate was refused or which connection failed).
+pub fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        let next = e.to_string();
+        if !text.ends_with(&next) {
+            text.push_str(": ");
+            text.push_str(&next);
+        }
+        source = e.source();
+    }
+    text
+}

@@ -63,12 +63,12 @@ pub async fn serve(
     match address {
         Address::Unix(path) => {
             let listener = bind_unix(path).await.map_err(listen_error)?;
+            let _socket = SocketFile(path.to_path_buf());
             tracing::info!(address = %address, "serving the kpng API");
-            let result = router
+            router
                 .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
-                .await;
-            let _ = std::fs::remove_file(path);
-            result.map_err(serve_error)
+                .await
+                .map_err(serve_error)
         }
         Address::Tcp { host, port } => {
             let listener = tokio::net::TcpListener::bind((host.as_str(), *port))
@@ -82,6 +82,15 @@ pub async fn serve(
                 .await
                 .map_err(serve_error)
         }
+    }
+}
+
+/// Removes the socket file when the server stops, however it stops.
+struct SocketFile(std::path::PathBuf);
+
+impl Drop for SocketFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
     }
 }
 

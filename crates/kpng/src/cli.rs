@@ -2,8 +2,12 @@
 //!
 //! ```text
 //! kpng file --input PATH [--watch] <sink>
+//! kpng kube [--kubeconfig PATH] [--server URL] <sink>
+//! kpng api --server ADDR <sink>
+//! kpng local --server ADDR <backend> [<backend>...]
 //! <sink>    := to-file --output PATH [--format yaml|json] | to-local <backend> [<backend>...]
-//! <backend> := to-json | ...
+//!            | to-api --listen ADDR
+//! <backend> := to-json | to-nft
 //! ```
 //!
 //! Options that concern the whole process (`--once`, `--node`, `--stats`, `--log`) are
@@ -18,7 +22,9 @@ A pipeline reads left to right: a source fills the global model, a sink consumes
 Examples:
   kpng file --input examples/cluster.yaml to-local --node node-a to-json --once
   kpng file --input cluster.yaml --watch to-file --output model.yaml
-  kpng --stats file --input cluster.yaml --watch to-local to-json";
+  kpng --stats file --input cluster.yaml --watch to-local to-json
+  kpng kube to-api --listen unix:///run/kpng/kpng.sock     # one watcher serves...
+  kpng local --server unix:///run/kpng/kpng.sock to-nft    # ...backends in other processes";
 
 /// kpng: a Kubernetes service proxy built as a pipeline.
 ///
@@ -117,10 +123,12 @@ pub enum SourceCommand {
     File(FileArgs),
     /// Watch a Kubernetes API server: Services, EndpointSlices and this node (or every node).
     Kube(KubeArgs),
-    /// Replicate another kpng's global model over gRPC. Not available in this build.
-    Api(Unavailable),
-    /// Run backends fed by a remote kpng's `to-api`. Not available in this build.
-    Local(Unavailable),
+    /// Replicate another kpng's global model from its `to-api` (gRPC), so kpng instances
+    /// chain: cluster watcher -> relay -> nodes.
+    Api(ApiArgs),
+    /// Run backends fed by another kpng's `to-api` with this node's state (gRPC). A
+    /// reconnection that finds nothing new changes nothing in the kernel.
+    Local(LocalArgs),
     /// Remove every kernel object kpng installed (its `ip kpng` and `ip6 kpng` nftables
     /// tables) and nothing else, then exit.
     Cleanup(CleanupArgs),
@@ -216,8 +224,86 @@ pub enum SinkCommand {
     ToFile(ToFileArgs),
     /// Compute this node's state and feed it to one or more backends.
     ToLocal(ToLocalArgs),
-    /// Serve the model over gRPC. Not available in this build.
-    ToApi(Unavailable),
+    /// Serve the global model and each node's state over gRPC (/globalv1.Sets/Watch,
+    /// /localv1.Sets/Watch), wire-compatible with the original kpng.
+    ToApi(ToApiArgs),
+}
+
+/// How a gRPC connection is protected (`to-api`, `api`, `local`).
+#[derive(Debug, Clone, Args)]
+pub struct ConnArgs {
+    /// Our TLS certificate (PEM) for mutual TLS on tcp:// addresses; needs --tls-key and
+    /// --tls-ca.
+    #[arg(long, value_name = "PATH", requires_all = ["tls_key", "tls_ca"])]
+    pub tls_cert: Option<PathBuf>,
+    /// Our TLS private key (PEM).
+    #[arg(long, value_name = "PATH", requires_all = ["tls_cert", "tls_ca"])]
+    pub tls_key: Option<PathBuf>,
+    /// The CA (PEM) that must have signed the peer's certificate.
+    #[arg(long, value_name = "PATH", requires_all = ["tls_cert", "tls_key"])]
+    pub tls_ca: Option<PathBuf>,
+    /// Allow plaintext TCP to or on an address that is not loopback.
+    #[arg(long)]
+    pub insecure: bool,
+}
+
+impl ConnArgs {
+    /// The security settings these flags describe.
+    pub fn security(&self) -> kpng_api::Security {
+        let tls = match (&self.tls_cert, &self.tls_key, &self.tls_ca) {
+            (Some(cert), Some(key), Some(ca)) => {
+                Some(kpng_api::TlsFiles { cert: cert.clone(), key: key.clone(), ca: ca.clone() })
+            }
+            _ => None,
+        };
+        kpng_api::Security { tls, insecure: self.insecure }
+    }
+}
+
+/// A gRPC address: `unix:///path` or `tcp://host:port`.
+fn parse_address(text: &str) -> Result<kpng_api::Address, String> {
+    text.parse().map_err(|e: kpng_api::addr::AddressError| e.to_string())
+}
+
+/// `to-api`.
+#[derive(Debug, Args)]
+pub struct ToApiArgs {
+    /// Where to listen: unix:///path (created mode 0600, its directory if missing) or
+    /// tcp://host:port (port 0: any; the address is logged).
+    #[arg(long, value_name = "ADDR", default_value = kpng_api::addr::DEFAULT_ADDRESS, value_parser = parse_address)]
+    pub listen: kpng_api::Address,
+    /// Connection security.
+    #[command(flatten)]
+    pub conn: ConnArgs,
+}
+
+/// `kpng api`.
+#[derive(Debug, Args)]
+pub struct ApiArgs {
+    /// The `to-api` server to replicate: unix:///path or tcp://host:port.
+    #[arg(long, value_name = "ADDR", default_value = kpng_api::addr::DEFAULT_ADDRESS, value_parser = parse_address)]
+    pub server: kpng_api::Address,
+    /// Connection security.
+    #[command(flatten)]
+    pub conn: ConnArgs,
+    /// What consumes the model.
+    #[command(subcommand)]
+    pub sink: SinkCommand,
+}
+
+/// `kpng local`.
+#[derive(Debug, Args)]
+#[command(after_help = "Several backends may follow one another: `local to-json to-nft`.")]
+pub struct LocalArgs {
+    /// The `to-api` server: unix:///path or tcp://host:port.
+    #[arg(long, value_name = "ADDR", default_value = kpng_api::addr::DEFAULT_ADDRESS, value_parser = parse_address)]
+    pub server: kpng_api::Address,
+    /// Connection security.
+    #[command(flatten)]
+    pub conn: ConnArgs,
+    /// The backends.
+    #[command(flatten)]
+    pub backends: ToLocalArgs,
 }
 
 /// `to-file`.
@@ -297,13 +383,6 @@ pub struct Chain {
         hide = true
     )]
     pub next: Vec<String>,
-}
-
-/// A command or sink that this build does not provide.
-#[derive(Debug, Clone, Args)]
-pub struct Unavailable {
-    #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
-    rest: Vec<String>,
 }
 
 /// The parser for backends after the first.

@@ -40,8 +40,18 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             };
             run_pipeline(&kpng_sources::kube::KINDS, feed, args.sink, &mut global).await
         }
-        SourceCommand::Api(_) => bail!("source `api` is not available in this build of kpng"),
-        SourceCommand::Local(_) => bail!("command `local` is not available in this build of kpng"),
+        SourceCommand::Api(args) => {
+            let security = args.conn.security();
+            security.validate(&args.server)?;
+            let server = args.server.clone();
+            tracing::info!(server = %server, "replicating the global model");
+            let feed = |writer| async move {
+                kpng_api::client::follow_global(server, security, writer).await;
+                Ok(())
+            };
+            run_pipeline(&kpng_model::Kind::ALL, feed, args.sink, &mut global).await
+        }
+        SourceCommand::Local(args) => run_local(args, &mut global).await,
         SourceCommand::Cleanup(_) => {
             let removed = kpng_nft::kernel::cleanup()?;
             let names: Vec<String> = removed
@@ -121,7 +131,14 @@ where
             let commands = to_local.backends(global).map_err(|e| anyhow::anyhow!("{e}"))?;
             Sink::Local { node: node_name(global)?, backends: build_backends(&commands, global)? }
         }
-        SinkCommand::ToApi(_) => bail!("sink `to-api` is not available in this build of kpng"),
+        SinkCommand::ToApi(to_api) => {
+            if global.once {
+                bail!("to-api serves until interrupted: --once does not apply to it");
+            }
+            let security = to_api.conn.security();
+            security.validate(&to_api.listen)?;
+            Sink::Api { listen: to_api.listen, security }
+        }
     };
     let once = global.once;
     let sink = async {
@@ -130,6 +147,11 @@ where
             Sink::Local { node, backends } => {
                 tracing::info!(%node, "computing the node-local state");
                 run_to_local(reader, node, backends, once, node_stats.clone()).await
+            }
+            Sink::Api { listen, security } => {
+                let hub = kpng_server::Hub::new(reader);
+                kpng_server::serve(hub, &listen, &security, std::future::pending()).await?;
+                Ok(())
             }
         }
     };
@@ -164,6 +186,30 @@ where
 enum Sink {
     File(crate::cli::ToFileArgs),
     Local { node: String, backends: Vec<Box<dyn kpng_backend::Backend>> },
+    Api { listen: kpng_api::Address, security: kpng_api::Security },
+}
+
+/// `kpng local`: backends fed by another kpng's node stream.
+async fn run_local(args: crate::cli::LocalArgs, global: &mut GlobalArgs) -> anyhow::Result<()> {
+    let security = args.conn.security();
+    security.validate(&args.server)?;
+    let commands = args.backends.backends(global).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let node = node_name(global)?;
+    let backends = build_backends(&commands, global)?;
+    let stats = Arc::new(NodeStats::default());
+    let mut options = kpng_backend::RunnerOptions::new(node.clone());
+    options.once = global.once;
+    tracing::info!(%node, server = %args.server, "following the node-local state");
+    let (changes, received) = tokio::sync::mpsc::channel(4);
+    let follow = kpng_api::client::follow_node(args.server, security, node, changes);
+    tokio::select! {
+        () = follow => Ok(()),
+        result = kpng_backend::run_remote(received, backends, options, stats) => Ok(result?),
+        () = shutdown_signal() => {
+            tracing::info!("signal received; exiting (kernel state, if any, stays in force)");
+            Ok(())
+        }
+    }
 }
 
 /// Resolves on SIGINT or SIGTERM.

@@ -210,9 +210,11 @@ fn missing_file_and_unavailable_parts_are_clear_errors() {
     assert!(out.stderr.contains("--kube-api-qps"), "{}", out.stderr);
     assert!(out.stderr.contains("not a rate"), "{}", out.stderr);
 
+    // A server address that is not one names the flag and the expected forms.
     let out = run(&["api", "--server", "x", "to-local", "to-json"]);
     assert!(!out.status.success());
-    assert!(out.stderr.contains("`api` is not available"), "{}", out.stderr);
+    assert!(out.stderr.contains("--server"), "{}", out.stderr);
+    assert!(out.stderr.contains("expected unix:///path or tcp://host:port"), "{}", out.stderr);
 
     // The kube source without any configuration says what to pass.
     let out = std::process::Command::new(support::binary())
