@@ -10,16 +10,20 @@
 //!   server, under a stream of events most of which change nothing a proxy uses: API
 //!   events vs store changes vs node-state revisions vs kernel transactions;
 //! - `memory`: the resident set of the real `kpng` binary synced to a generated cluster
-//!   served by the fake API server, against the same binary synced to an empty one.
+//!   served by the fake API server, against the same binary synced to an empty one;
+//! - `api`: one `to-api` server and N node streams: time until every node has its state,
+//!   time for one endpoint change to reach every node, memory per connected node.
 //!
 //! # Layout
 //! - [`cluster`]: the synthetic cluster as model objects, and the changes applied to it.
 //! - [`nft`]: the nftables scenario.
 //! - [`churn`]: the churn scenario: kube source to kernel under a no-op-heavy event stream.
 //! - [`memory`]: the kpng binary's resident set, loaded vs empty.
+//! - [`api`]: the gRPC API scenario.
 //! - [`probe`]: the netlink kernel, instrumented (commit time, transactions, elements).
 //! - [`table`]: percentiles and table printing.
 
+mod api;
 mod churn;
 mod cluster;
 mod memory;
@@ -64,6 +68,16 @@ struct Cli {
     /// against an empty cluster (0 skips the memory scenario; needs the kpng binary built).
     #[arg(long, value_delimiter = ',', default_value = "1000")]
     memory_services: Vec<usize>,
+    /// API: numbers of node streams to connect to one to-api server, comma-separated (0
+    /// skips the API scenario).
+    #[arg(long, value_delimiter = ',', default_value = "100,1000")]
+    api_streams: Vec<usize>,
+    /// API: cluster size (services); endpoints per service as --churn-endpoints.
+    #[arg(long, default_value_t = 1000)]
+    api_services: usize,
+    /// API: endpoint changes to time per stream count.
+    #[arg(long, default_value_t = 20)]
+    api_repeat: usize,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -109,6 +123,14 @@ fn main() -> anyhow::Result<()> {
         }
         println!();
         memory::print(&rows);
+    }
+    let mut rows = Vec::new();
+    for &streams in cli.api_streams.iter().filter(|s| **s > 0) {
+        rows.push(api::run(streams, cli.api_services, cli.churn_endpoints, cli.api_repeat)?);
+    }
+    if !rows.is_empty() {
+        println!();
+        api::print(&rows);
     }
     Ok(())
 }

@@ -1,0 +1,196 @@
+//! The API scenario: one `to-api` server and N node streams (each its own connection, as N
+//! backend processes would have), in this process. Measures the time until every node has
+//! its first state, the time from one endpoint change in the store until every node has
+//! received it, and the memory each connected node costs.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use kpng_api::client::{LocalWatch, connect};
+use kpng_api::{Address, Security};
+use kpng_model::{Kind, Object};
+use kpng_store::{SourceEvent, store};
+use kpng_testkit::generate::ClusterSpec;
+use tokio::sync::mpsc;
+
+use crate::cluster;
+use crate::table::percentiles;
+
+/// One row of the API table.
+pub struct ApiRow {
+    /// Connected node streams.
+    pub streams: usize,
+    /// Services in the cluster.
+    pub services: usize,
+    /// From the first connection to every node holding its whole state.
+    pub connect_ms: f64,
+    /// One endpoint change until every node received it: p50, p99, max (ms).
+    pub change_ms: (f64, f64, f64),
+    /// The same, until the first node received it (p50, ms).
+    pub first_ms: f64,
+    /// Resident memory per connected node (server and client ends, KiB).
+    pub kib_per_stream: f64,
+}
+
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Lets this process open a socket pair per stream.
+fn raise_file_limit(streams: usize) -> anyhow::Result<()> {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+    let wanted = (streams as u64 * 3 + 256).min(hard);
+    if soft < wanted {
+        setrlimit(Resource::RLIMIT_NOFILE, wanted, hard)?;
+    }
+    anyhow::ensure!(
+        wanted >= streams as u64 * 2 + 64,
+        "{streams} streams need {} open files; the hard limit is {hard}",
+        streams * 2 + 64
+    );
+    Ok(())
+}
+
+/// Runs the scenario with `streams` nodes over `services` services × `endpoints`, timing
+/// `repeat` endpoint changes.
+pub fn run(
+    streams: usize,
+    services: usize,
+    endpoints: usize,
+    repeat: usize,
+) -> anyhow::Result<ApiRow> {
+    raise_file_limit(streams)?;
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    runtime.block_on(scenario(streams, services, endpoints, repeat))
+}
+
+async fn scenario(
+    streams: usize,
+    services: usize,
+    endpoints: usize,
+    repeat: usize,
+) -> anyhow::Result<ApiRow> {
+    let spec = ClusterSpec { services, endpoints, nodes: streams.max(1), zones: 3 };
+    let objects = cluster::objects(&spec)?;
+    let mut slice = objects
+        .iter()
+        .find_map(|o| match o {
+            Object::EndpointSlice(s) if s.key.name.ends_with("-v4") => Some(s.clone()),
+            _ => None,
+        })
+        .context("no IPv4 slice generated")?;
+    let (mut writer, reader) = store(&Kind::ALL);
+    writer.apply(SourceEvent::relist(&Kind::ALL, objects));
+
+    let dir = tempfile::tempdir()?;
+    let address = Address::Unix(dir.path().join("kpng.sock"));
+    let hub = kpng_server::Hub::new(reader);
+    let served = address.clone();
+    let server = tokio::spawn(async move {
+        kpng_server::serve(hub, &served, &Security::default(), std::future::pending()).await
+    });
+    let Address::Unix(path) = &address else { unreachable!() };
+    let start = Instant::now();
+    while !path.exists() {
+        anyhow::ensure!(start.elapsed() < Duration::from_secs(10), "the server did not start");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let base_rss = rss_kib();
+
+    // Each client reports (its index, when) after each change set.
+    let (report, mut reports) = mpsc::unbounded_channel::<(usize, Instant)>();
+    let start = Instant::now();
+    for i in 0..streams {
+        let (address, report) = (address.clone(), report.clone());
+        tokio::spawn(async move {
+            let channel = connect(&address, &Security::default()).await?;
+            let mut watch = LocalWatch::start(channel, &format!("node-{i}"), true).await?;
+            while watch.next().await?.is_some() {
+                if report.send((i, Instant::now())).is_err() {
+                    break;
+                }
+            }
+            Ok::<_, kpng_api::client::ClientError>(())
+        });
+    }
+    let wait_all = async |reports: &mut mpsc::UnboundedReceiver<(usize, Instant)>| {
+        let mut first: Option<Instant> = None;
+        let mut last = Instant::now();
+        for _ in 0..streams {
+            let (_, at) = tokio::time::timeout(Duration::from_secs(120), reports.recv())
+                .await
+                .context("a node stream did not deliver within 120 s")?
+                .context("node streams ended")?;
+            first.get_or_insert(at);
+            last = at;
+        }
+        anyhow::Ok((first.unwrap_or(last), last))
+    };
+    wait_all(&mut reports).await?;
+    let connect_ms = start.elapsed().as_secs_f64() * 1000.0;
+    let kib_per_stream = rss_kib().saturating_sub(base_rss) as f64 / streams.max(1) as f64;
+
+    let (mut all, mut first) = (Vec::new(), Vec::new());
+    for r in 0..repeat {
+        if r % 2 == 0 {
+            slice.endpoints.push(cluster::extra_endpoint(r, "node-0"));
+        } else {
+            slice.endpoints.pop();
+        }
+        let changed = Instant::now();
+        writer.apply(vec![SourceEvent::Applied(Object::EndpointSlice(slice.clone()))]);
+        let (f, last) = wait_all(&mut reports).await?;
+        all.push(last - changed);
+        first.push(f - changed);
+    }
+    server.abort();
+    let (first_ms, _, _) = percentiles(&mut first);
+    Ok(ApiRow {
+        streams,
+        services,
+        connect_ms,
+        change_ms: percentiles(&mut all),
+        first_ms,
+        kib_per_stream,
+    })
+}
+
+/// Prints the API table.
+pub fn print(rows: &[ApiRow]) {
+    println!(
+        "api: N node streams (one connection each) on one to-api; one endpoint change reaches every node"
+    );
+    println!(
+        "{:>8} {:>9} | {:>12} | {:>10} {:>10} {:>10} {:>11} | {:>13}",
+        "streams",
+        "services",
+        "connect(ms)",
+        "all p50",
+        "all p99",
+        "all max",
+        "first p50",
+        "KiB/stream"
+    );
+    for r in rows {
+        println!(
+            "{:>8} {:>9} | {:>12.1} | {:>10.2} {:>10.2} {:>10.2} {:>11.2} | {:>13.1}",
+            r.streams,
+            r.services,
+            r.connect_ms,
+            r.change_ms.0,
+            r.change_ms.1,
+            r.change_ms.2,
+            r.first_ms,
+            r.kib_per_stream
+        );
+    }
+}
