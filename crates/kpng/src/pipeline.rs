@@ -194,6 +194,11 @@ async fn run_local(args: crate::cli::LocalArgs, global: &mut GlobalArgs) -> anyh
     let security = args.conn.security();
     security.validate(&args.server)?;
     let commands = args.backends.backends(global).map_err(|e| anyhow::anyhow!("{e}"))?;
+    if global.stats {
+        bail!(
+            "--stats reports a store's revisions; `kpng local` has none (use it on the to-api side)"
+        );
+    }
     let node = node_name(global)?;
     let backends = build_backends(&commands, global)?;
     let stats = Arc::new(NodeStats::default());
