@@ -20,6 +20,8 @@ use crate::table::percentiles;
 pub struct ApiRow {
     /// Connected node streams.
     pub streams: usize,
+    /// Distinct nodes among them (each has its own projection).
+    pub nodes: usize,
     /// Services in the cluster.
     pub services: usize,
     /// From the first connection to every node holding its whole state.
@@ -59,10 +61,11 @@ fn raise_file_limit(streams: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Runs the scenario with `streams` nodes over `services` services × `endpoints`, timing
-/// `repeat` endpoint changes.
+/// Runs the scenario with `streams` streams of `nodes` distinct nodes (round robin) over
+/// `services` services × `endpoints`, timing `repeat` endpoint changes.
 pub fn run(
     streams: usize,
+    nodes: usize,
     services: usize,
     endpoints: usize,
     repeat: usize,
@@ -70,16 +73,18 @@ pub fn run(
     raise_file_limit(streams)?;
     let runtime =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    runtime.block_on(scenario(streams, services, endpoints, repeat))
+    let nodes = nodes.clamp(1, streams.max(1));
+    runtime.block_on(scenario(streams, nodes, services, endpoints, repeat))
 }
 
 async fn scenario(
     streams: usize,
+    nodes: usize,
     services: usize,
     endpoints: usize,
     repeat: usize,
 ) -> anyhow::Result<ApiRow> {
-    let spec = ClusterSpec { services, endpoints, nodes: streams.max(1), zones: 3 };
+    let spec = ClusterSpec { services, endpoints, nodes, zones: 3 };
     let objects = cluster::objects(&spec)?;
     let mut slice = objects
         .iter()
@@ -113,7 +118,8 @@ async fn scenario(
         let (address, report) = (address.clone(), report.clone());
         tokio::spawn(async move {
             let channel = connect(&address, &Security::default()).await?;
-            let mut watch = LocalWatch::start(channel, &format!("node-{i}"), true).await?;
+            let mut watch =
+                LocalWatch::start(channel, &format!("node-{}", i % nodes), true).await?;
             while watch.next().await?.is_some() {
                 if report.send((i, Instant::now())).is_err() {
                     break;
@@ -156,6 +162,7 @@ async fn scenario(
     let (first_ms, _, _) = percentiles(&mut first);
     Ok(ApiRow {
         streams,
+        nodes,
         services,
         connect_ms,
         change_ms: percentiles(&mut all),
@@ -170,8 +177,9 @@ pub fn print(rows: &[ApiRow]) {
         "api: N node streams (one connection each) on one to-api; one endpoint change reaches every node"
     );
     println!(
-        "{:>8} {:>9} | {:>12} | {:>10} {:>10} {:>10} {:>11} | {:>13}",
+        "{:>8} {:>6} {:>9} | {:>12} | {:>10} {:>10} {:>10} {:>11} | {:>13}",
         "streams",
+        "nodes",
         "services",
         "connect(ms)",
         "all p50",
@@ -182,8 +190,9 @@ pub fn print(rows: &[ApiRow]) {
     );
     for r in rows {
         println!(
-            "{:>8} {:>9} | {:>12.1} | {:>10.2} {:>10.2} {:>10.2} {:>11.2} | {:>13.1}",
+            "{:>8} {:>6} {:>9} | {:>12.1} | {:>10.2} {:>10.2} {:>10.2} {:>11.2} | {:>13.1}",
             r.streams,
+            r.nodes,
             r.services,
             r.connect_ms,
             r.change_ms.0,

@@ -126,7 +126,12 @@ fn main() -> anyhow::Result<()> {
     }
     let mut rows = Vec::new();
     for &streams in cli.api_streams.iter().filter(|s| **s > 0) {
-        rows.push(api::run(streams, cli.api_services, cli.churn_endpoints, cli.api_repeat)?);
+        // Every stream its own node (a projection each), then all streams of one node (one
+        // projection shared): the difference is what projections cost.
+        for nodes in [streams, 1] {
+            let (services, endpoints) = (cli.api_services, cli.churn_endpoints);
+            rows.push(api::run(streams, nodes, services, endpoints, cli.api_repeat)?);
+        }
     }
     if !rows.is_empty() {
         println!();
