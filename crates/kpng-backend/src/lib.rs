@@ -18,4 +18,4 @@ pub mod runner;
 
 pub use backend::{Backend, BackendError, ChangeSet, error_chain};
 pub use json::JsonBackend;
-pub use runner::{NodeStats, RunnerError, RunnerOptions, run_node, run_remote};
+pub use runner::{Health, NodeStats, RunnerError, RunnerOptions, run_node, run_remote};

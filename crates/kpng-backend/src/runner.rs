@@ -9,6 +9,7 @@ use kpng_local::{NodeProjector, diff};
 use kpng_model::ops::ApplyError;
 use kpng_model::{LocalState, Op};
 use kpng_store::{Revision, StoreReader};
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use tokio::time::Instant;
 
 use crate::backend::{Backend, BackendError, ChangeSet};
@@ -38,12 +39,41 @@ impl RunnerOptions {
     }
 }
 
-/// Counters of one node's runner.
-#[derive(Debug, Default)]
+/// Counters and health of one node's runner.
+#[derive(Debug)]
 pub struct NodeStats {
     enls_revisions: AtomicU64,
     change_sets: AtomicU64,
     failures: AtomicU64,
+    health: std::sync::Mutex<Health>,
+    sync_durations: Histogram,
+}
+
+impl Default for NodeStats {
+    fn default() -> Self {
+        NodeStats {
+            enls_revisions: AtomicU64::new(0),
+            change_sets: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
+            health: std::sync::Mutex::new(Health::default()),
+            // 0.1 ms to about 3 s.
+            sync_durations: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
+        }
+    }
+}
+
+/// Whether the node's backends keep up, as `/healthz` reports it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Health {
+    /// Since when a change of the node's state has waited for a backend to apply it (none:
+    /// everything is applied).
+    pub pending_since: Option<std::time::Instant>,
+    /// When every backend last held the current state.
+    pub last_applied: Option<std::time::SystemTime>,
+    /// Every backend has applied a state at least once.
+    pub applied_once: bool,
+    /// The node is being deleted or is tainted for deletion.
+    pub node_draining: bool,
 }
 
 impl NodeStats {
@@ -60,6 +90,20 @@ impl NodeStats {
     /// Change sets a backend failed to apply.
     pub fn failures(&self) -> u64 {
         self.failures.load(Ordering::Relaxed)
+    }
+
+    /// The runner's health now.
+    pub fn health(&self) -> Health {
+        *self.health.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Seconds each backend took to apply a change set.
+    pub fn sync_durations(&self) -> &Histogram {
+        &self.sync_durations
+    }
+
+    fn update_health(&self, f: impl FnOnce(&mut Health)) {
+        f(&mut self.health.lock().unwrap_or_else(|e| e.into_inner()));
     }
 }
 
@@ -122,12 +166,31 @@ impl Slots {
         if changed || self.stats.enls_revisions() == 0 {
             self.stats.enls_revisions.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(node = %self.options.node, ops, "node state changed");
+            let now = std::time::Instant::now();
+            self.stats.update_health(|h| {
+                h.pending_since.get_or_insert(now);
+            });
         }
     }
 
     /// Gives each backend what it lacks: the full `state` to a backend due for one, `ops`
     /// (the changes that led to `state`) to the others.
     fn deliver(&mut self, ops: &[Op], state: &LocalState) -> Result<(), RunnerError> {
+        let result = self.deliver_each(ops, state);
+        let draining = state.node.as_ref().is_some_and(|n| n.draining);
+        let applied = self.all_applied();
+        self.stats.update_health(|h| {
+            h.node_draining = draining;
+            if applied {
+                h.pending_since = None;
+                h.last_applied = Some(std::time::SystemTime::now());
+                h.applied_once = true;
+            }
+        });
+        result
+    }
+
+    fn deliver_each(&mut self, ops: &[Op], state: &LocalState) -> Result<(), RunnerError> {
         let now = Instant::now();
         for slot in &mut self.slots {
             let changes = if slot.needs_reset {
@@ -140,7 +203,10 @@ impl Slots {
             } else {
                 continue;
             };
-            match slot.backend.apply(&changes) {
+            let started = std::time::Instant::now();
+            let result = slot.backend.apply(&changes);
+            self.stats.sync_durations.observe(started.elapsed().as_secs_f64());
+            match result {
                 Ok(()) => {
                     self.stats.change_sets.fetch_add(1, Ordering::Relaxed);
                     slot.needs_reset = false;

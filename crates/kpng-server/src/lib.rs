@@ -7,8 +7,12 @@
 //! stream (a node's ENLS, the global model) is computed once per store revision in a
 //! [`feed`] shared by all its clients, which keeps a bounded log of recent change sets: a
 //! client that falls further behind gets the whole state again, so memory per client stays
-//! bounded. Changes made while a client is busy reach it together in its next change set.
+//! bounded.
+//!
+//! [`admin`] holds the admin HTTP servers (health, readiness, metrics, state) that every
+//! long-running kpng process runs. Changes made while a client is busy reach it together in its next change set.
 
+pub mod admin;
 pub mod feed;
 mod listen;
 mod service;

@@ -43,7 +43,7 @@ pub struct Cli {
 }
 
 /// Options for the whole process, accepted anywhere on the command line.
-#[derive(Debug, Clone, Default, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct GlobalArgs {
     /// Apply the state once, then exit: 0 after the first successful sync of every backend
     /// (or the first write of `to-file`), non-zero with the error otherwise.
@@ -89,9 +89,63 @@ pub struct GlobalArgs {
     /// Only this bit is read or written.
     #[arg(long, global = true, default_value_t = 14, value_parser = clap::value_parser!(u8).range(0..32))]
     pub masquerade_bit: u8,
+
+    /// Where /healthz, /livez and /readyz are served (port 0: not at all). Not with --once.
+    #[arg(
+        long,
+        global = true,
+        env = "KPNG_HEALTHZ_BIND_ADDRESS",
+        default_value = "0.0.0.0:10256",
+        value_name = "IP:PORT"
+    )]
+    pub healthz_bind_address: std::net::SocketAddr,
+
+    /// Where /metrics (Prometheus) and /state (the model and this node's state as JSON) are
+    /// served (port 0: not at all). Not with --once.
+    #[arg(
+        long,
+        global = true,
+        env = "KPNG_METRICS_BIND_ADDRESS",
+        default_value = "127.0.0.1:10249",
+        value_name = "IP:PORT"
+    )]
+    pub metrics_bind_address: std::net::SocketAddr,
+
+    /// The sync period: /healthz and /livez fail when a change has waited unapplied for more
+    /// than twice this (`30s`, `1m`, `500ms`).
+    #[arg(long, global = true, default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
+    pub sync_period: std::time::Duration,
+}
+
+/// A duration: a number and a unit (`ms`, `s`, `m`, `h`), e.g. `30s`, `1m`, `1.5s`.
+pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    let at = text.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(text.len());
+    let (number, unit) = text.split_at(at);
+    let value: f64 = number.parse().map_err(|_| format!("{text:?} is not a duration like 30s"))?;
+    let seconds = match unit {
+        "ms" => value / 1000.0,
+        "s" => value,
+        "m" => value * 60.0,
+        "h" => value * 3600.0,
+        _ => return Err(format!("{text:?}: the unit must be ms, s, m or h")),
+    };
+    std::time::Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"))
+}
+
+/// Parses no arguments: the defaults (and environment) of [`GlobalArgs`].
+#[derive(Debug, Parser)]
+#[command(no_binary_name = true)]
+struct Defaults {
+    #[command(flatten)]
+    global: GlobalArgs,
 }
 
 impl GlobalArgs {
+    /// The values of every option left unset.
+    fn default_values() -> GlobalArgs {
+        Defaults::try_parse_from(Vec::<String>::new()).expect("the defaults parse").global
+    }
+
     /// Combines options given after a later backend with these.
     pub fn merge(&mut self, later: GlobalArgs) {
         self.once |= later.once;
@@ -112,6 +166,16 @@ impl GlobalArgs {
         }
         if later.log != "info" {
             self.log = later.log;
+        }
+        let defaults = Self::default_values();
+        if later.healthz_bind_address != defaults.healthz_bind_address {
+            self.healthz_bind_address = later.healthz_bind_address;
+        }
+        if later.metrics_bind_address != defaults.metrics_bind_address {
+            self.metrics_bind_address = later.metrics_bind_address;
+        }
+        if later.sync_period != defaults.sync_period {
+            self.sync_period = later.sync_period;
         }
     }
 }

@@ -137,9 +137,25 @@ where
             }
             let security = to_api.conn.security();
             security.validate(&to_api.listen)?;
-            Sink::Api { listen: to_api.listen, security }
+            let hub = kpng_server::Hub::new(reader.clone());
+            Sink::Api { hub, listen: to_api.listen, security }
         }
     };
+    let admin = admin_servers(
+        global,
+        kpng_server::admin::AdminSources {
+            reader: Some(reader.clone()),
+            node: match &sink {
+                Sink::Local { node, .. } => Some((node.clone(), node_stats.clone())),
+                _ => None,
+            },
+            server: match &sink {
+                Sink::Api { hub, .. } => Some(hub.stats()),
+                _ => None,
+            },
+            health_timeout: global.sync_period * 2,
+        },
+    );
     let once = global.once;
     let sink = async {
         match sink {
@@ -148,8 +164,7 @@ where
                 tracing::info!(%node, "computing the node-local state");
                 run_to_local(reader, node, backends, once, node_stats.clone()).await
             }
-            Sink::Api { listen, security } => {
-                let hub = kpng_server::Hub::new(reader);
+            Sink::Api { hub, listen, security } => {
                 kpng_server::serve(hub, &listen, &security, std::future::pending()).await?;
                 Ok(())
             }
@@ -172,6 +187,7 @@ where
         result = feed(writer) => result,
         result = sink => result,
         () = stats => Ok(()),
+        () = admin => Ok(()),
         () = shutdown_signal() => {
             tracing::info!("signal received; exiting (kernel state, if any, stays in force)");
             Ok(())
@@ -186,7 +202,41 @@ where
 enum Sink {
     File(crate::cli::ToFileArgs),
     Local { node: String, backends: Vec<Box<dyn kpng_backend::Backend>> },
-    Api { listen: kpng_api::Address, security: kpng_api::Security },
+    Api { hub: Arc<kpng_server::Hub>, listen: kpng_api::Address, security: kpng_api::Security },
+}
+
+/// The admin HTTP servers `global` asks for (none with --once; a port of 0 disables one).
+/// Never returns.
+fn admin_servers(
+    global: &GlobalArgs,
+    sources: kpng_server::admin::AdminSources,
+) -> impl std::future::Future<Output = ()> + use<> {
+    use kpng_server::admin::{Admin, serve_admin};
+    let admin = Admin::new(sources);
+    let mut servers = Vec::new();
+    if !global.once {
+        if global.healthz_bind_address.port() != 0 {
+            let router = admin.health_router();
+            servers.push(tokio::spawn(serve_admin("healthz", global.healthz_bind_address, router)));
+        }
+        if global.metrics_bind_address.port() != 0 {
+            let router = admin.metrics_router();
+            servers.push(tokio::spawn(serve_admin("metrics", global.metrics_bind_address, router)));
+        }
+    }
+    async move {
+        let _abort_on_drop: Vec<_> = servers.into_iter().map(AbortOnDrop).collect();
+        std::future::pending::<()>().await
+    }
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// `kpng local`: backends fed by another kpng's node stream.
@@ -205,9 +255,19 @@ async fn run_local(args: crate::cli::LocalArgs, global: &mut GlobalArgs) -> anyh
     let mut options = kpng_backend::RunnerOptions::new(node.clone());
     options.once = global.once;
     tracing::info!(%node, server = %args.server, "following the node-local state");
+    let admin = admin_servers(
+        global,
+        kpng_server::admin::AdminSources {
+            reader: None,
+            node: Some((node.clone(), stats.clone())),
+            server: None,
+            health_timeout: global.sync_period * 2,
+        },
+    );
     let (changes, received) = tokio::sync::mpsc::channel(4);
     let follow = kpng_api::client::follow_node(args.server, security, node, changes);
     tokio::select! {
+        () = admin => Ok(()),
         () = follow => Ok(()),
         result = kpng_backend::run_remote(received, backends, options, stats) => Ok(result?),
         () = shutdown_signal() => {

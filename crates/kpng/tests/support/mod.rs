@@ -29,7 +29,13 @@ pub struct Output {
 }
 
 pub fn run(args: &[&str]) -> Output {
-    let out = Command::new(binary()).args(args).env_remove("NODE_NAME").output().expect("run kpng");
+    let out = Command::new(binary())
+        .args(args)
+        .env_remove("NODE_NAME")
+        .env("KPNG_HEALTHZ_BIND_ADDRESS", "127.0.0.1:0")
+        .env("KPNG_METRICS_BIND_ADDRESS", "127.0.0.1:0")
+        .output()
+        .expect("run kpng");
     Output {
         status: out.status,
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -77,6 +83,9 @@ impl Kpng {
         let mut child = Command::new(binary())
             .args(args)
             .env_remove("NODE_NAME")
+            // No admin servers unless a test asks: tests run in parallel.
+            .env("KPNG_HEALTHZ_BIND_ADDRESS", "127.0.0.1:0")
+            .env("KPNG_METRICS_BIND_ADDRESS", "127.0.0.1:0")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()

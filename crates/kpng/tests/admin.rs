@@ -1,0 +1,190 @@
+//! The admin HTTP servers of the real binary: health, liveness, readiness, metrics, state.
+
+#[path = "support/mod.rs"]
+mod support;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use support::{Kpng, example, replace_file, run};
+
+const STUCK: Duration = Duration::from_secs(20);
+
+/// A port free on loopback now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// `GET path` over HTTP/1.0: the status code and the body.
+fn get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let code = response.split(' ').nth(1)?.parse().ok()?;
+    let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
+    Some((code, body))
+}
+
+/// Polls `path` until `check` accepts the answer.
+fn wait_get(port: u16, path: &str, check: impl Fn(u16, &str) -> bool) -> (u16, String) {
+    let start = Instant::now();
+    loop {
+        if let Some((code, body)) = get(port, path) {
+            if check(code, &body) {
+                return (code, body);
+            }
+            assert!(start.elapsed() < STUCK, "{path}: last answer {code} {body}");
+        }
+        assert!(start.elapsed() < STUCK, "{path} never answered");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The value of an unlabelled metric in Prometheus text.
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
+        .unwrap_or_else(|| panic!("no {name} in:\n{text}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Checks the exposition format line by line: `# TYPE/HELP/UNIT/EOF` or `name{labels} value`.
+fn assert_exposition(text: &str) {
+    assert!(text.ends_with("# EOF\n"), "{text}");
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let (series, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("bad line {line:?}"));
+        assert!(value.parse::<f64>().is_ok(), "bad value in {line:?}");
+        let name = series.split('{').next().unwrap();
+        assert!(
+            !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
+            "bad name in {line:?}"
+        );
+    }
+}
+
+#[test]
+fn health_readiness_metrics_and_state_follow_the_pipeline() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("cluster.yaml");
+    std::fs::copy(example(), &input).unwrap();
+    let input = input.to_str().unwrap().to_string();
+    let (health, metrics) = (free_port(), free_port());
+    let (h, m) = (format!("127.0.0.1:{health}"), format!("127.0.0.1:{metrics}"));
+    let args = ["file", "--input", &input, "--watch", "to-local", "--node", "node-a", "to-json"];
+    let mut args = args.to_vec();
+    args.extend(["--healthz-bind-address", &h, "--metrics-bind-address", &m]);
+    let mut kpng = Kpng::spawn(&args);
+    kpng.next_change_set();
+
+    let (code, _) = wait_get(health, "/readyz", |code, _| code == 200);
+    assert_eq!(code, 200);
+    let (_, body) = wait_get(health, "/healthz", |code, _| code == 200);
+    let body: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(body["healthy"], true);
+    assert_eq!(body["nodeEligible"], true);
+    assert!(body["lastUpdated"].as_str().unwrap().ends_with('Z'), "{body}");
+    assert!(body["currentTime"].as_str().unwrap() >= body["lastUpdated"].as_str().unwrap());
+
+    let (_, text) = wait_get(metrics, "/metrics", |code, _| code == 200);
+    assert_exposition(&text);
+    assert_eq!(metric(&text, "kpng_enls_revisions_total"), 1.0);
+    let revision = metric(&text, "kpng_store_revision");
+    assert!(metric(&text, "kpng_source_events_total") >= 15.0, "{text}");
+    assert!(text.contains("kubeproxy_sync_proxy_rules_duration_seconds_bucket"), "{text}");
+    assert!(text.contains("kubeproxy_proxy_healthz_total{code=\"200\"} 1"), "{text}");
+
+    // An edit moves the counters.
+    let text = std::fs::read_to_string(&input).unwrap();
+    replace_file(Path::new(&input), &text.replace("10.244.0.10", "10.244.0.99"));
+    kpng.next_change_set();
+    let (_, text) = wait_get(metrics, "/metrics", |_, t| t.contains("kpng_enls_revisions_total 2"));
+    assert_eq!(metric(&text, "kpng_store_revision"), revision + 1.0);
+
+    // /state holds what to-file writes, and this node's state.
+    let (_, state) = wait_get(metrics, "/state", |code, _| code == 200);
+    let state: Value = serde_json::from_str(&state).unwrap();
+    let out = dir.path().join("model.json");
+    let file = run(&[
+        "file",
+        "--input",
+        &input,
+        "to-file",
+        "--output",
+        out.to_str().unwrap(),
+        "--format",
+        "json",
+        "--once",
+    ]);
+    assert!(file.status.success(), "{}", file.stderr);
+    let written: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(state["model"], written);
+    assert_eq!(state["node"]["name"], "node-a");
+    assert!(state["node"]["state"]["services"]["shop/cart"].is_object(), "{state}");
+}
+
+#[test]
+fn healthz_fails_when_updates_wait_and_when_the_node_drains() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("cluster.yaml");
+    let text = std::fs::read_to_string(example()).unwrap();
+    std::fs::write(&input, &text).unwrap();
+    let health = free_port();
+    let h = format!("127.0.0.1:{health}");
+    // A backend that cannot write (its reader is gone) keeps failing: the update waits.
+    let mut child = Command::new(support::binary())
+        .args([
+            "file",
+            "--input",
+            input.to_str().unwrap(),
+            "--watch",
+            "to-local",
+            "--node",
+            "node-a",
+        ])
+        .args(["to-json", "--sync-period", "100ms", "--healthz-bind-address", &h])
+        .args(["--metrics-bind-address", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let (_, body) = wait_get(health, "/healthz", |code, _| code == 503);
+    assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["healthy"], false);
+    let (code, _) = wait_get(health, "/livez", |_, _| true);
+    assert_eq!(code, 503, "a stuck update fails liveness too");
+    let (code, _) = wait_get(health, "/readyz", |_, _| true);
+    assert_eq!(code, 503, "never synced: not ready");
+    let _ = child.kill();
+    let _ = child.wait();
+
+    // A node tainted for deletion: /healthz fails (load balancers drain it), /livez passes.
+    let tainted = text.replacen(
+        "  podCIDRs: [10.244.0.0/24, \"fd00:244::/64\"]",
+        "  podCIDRs: [10.244.0.0/24, \"fd00:244::/64\"]\n  taints:\n  - {key: ToBeDeletedByClusterAutoscaler, effect: NoSchedule}",
+        1,
+    );
+    assert_ne!(tainted, text, "the example's node-a has the podCIDRs line this test extends");
+    std::fs::write(&input, tainted).unwrap();
+    let health = free_port();
+    let h = format!("127.0.0.1:{health}");
+    let args =
+        ["file", "--input", input.to_str().unwrap(), "to-local", "--node", "node-a", "to-json"];
+    let mut args = args.to_vec();
+    args.extend(["--healthz-bind-address", &h, "--metrics-bind-address", "127.0.0.1:0"]);
+    let mut kpng = Kpng::spawn(&args);
+    kpng.next_change_set();
+    let (_, body) = wait_get(health, "/healthz", |code, _| code == 503);
+    let body: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(body["nodeEligible"], false);
+    let (code, body) = wait_get(health, "/livez", |_, _| true);
+    assert_eq!(code, 200, "{body}");
+    assert!(serde_json::from_str::<Value>(&body).unwrap().get("nodeEligible").is_none());
+}
