@@ -25,7 +25,13 @@ pub struct RunnerOptions {
     pub retry_min: Duration,
     /// Longest delay between retries.
     pub retry_max: Duration,
+    /// Least time between two change sets, after a burst of [`SYNC_BURST`]; changes
+    /// arriving meanwhile are applied together. Zero: every change at once.
+    pub min_sync_period: Duration,
 }
+
+/// Change sets allowed back to back before `min_sync_period` paces them.
+pub const SYNC_BURST: f64 = 2.0;
 
 impl RunnerOptions {
     /// Options for `node` with the default retry delays (0.5 s doubling up to 30 s).
@@ -35,6 +41,7 @@ impl RunnerOptions {
             once: false,
             retry_min: Duration::from_millis(500),
             retry_max: Duration::from_secs(30),
+            min_sync_period: Duration::ZERO,
         }
     }
 }
@@ -134,6 +141,36 @@ struct Slots {
     slots: Vec<Slot>,
     options: RunnerOptions,
     stats: Arc<NodeStats>,
+    pace: Pace,
+}
+
+/// A token bucket: [`SYNC_BURST`] syncs at once, then one per period.
+struct Pace {
+    period: Duration,
+    tokens: f64,
+    at: Instant,
+}
+
+impl Pace {
+    /// When the next sync may start (now if a token is left).
+    fn next(&mut self) -> Instant {
+        let now = Instant::now();
+        if self.period.is_zero() {
+            return now;
+        }
+        let refill = now.duration_since(self.at).as_secs_f64() / self.period.as_secs_f64();
+        self.tokens = (self.tokens + refill).min(SYNC_BURST);
+        self.at = now;
+        if self.tokens >= 1.0 { now } else { now + self.period.mul_f64(1.0 - self.tokens) }
+    }
+
+    /// Spends a token for a sync that starts now.
+    fn spend(&mut self) {
+        if !self.period.is_zero() {
+            let _ = self.next();
+            self.tokens -= 1.0;
+        }
+    }
 }
 
 impl Slots {
@@ -143,7 +180,8 @@ impl Slots {
             .into_iter()
             .map(|backend| Slot { backend, needs_reset: true, failures: 0, retry_at: now })
             .collect();
-        Slots { slots, options, stats }
+        let pace = Pace { period: options.min_sync_period, tokens: SYNC_BURST, at: now };
+        Slots { slots, options, stats, pace }
     }
 
     /// Whether some backend is up to date and so needs the differences, not a full state.
@@ -255,6 +293,9 @@ pub async fn run_node(
             revision = reader.wait_after(seen) => if revision.is_none() { return Ok(()) },
             _ = sleep_until(retry), if retry.is_some() => {}
         }
+        // Paced: revisions that arrive meanwhile are applied together.
+        tokio::time::sleep_until(slots.pace.next()).await;
+        slots.pace.spend();
         // While every backend waits for a full state, the differences are not needed.
         let (ops, changed) = {
             let snapshot = reader.snapshot();
@@ -301,7 +342,17 @@ pub async fn run_remote(
         let retry = slots.next_retry().filter(|_| started);
         let ops = tokio::select! {
             batch = changes.recv() => match batch {
-                Some(batch) => {
+                Some(mut batch) => {
+                    // Paced: change sets that arrive meanwhile are applied together.
+                    tokio::time::sleep_until(slots.pace.next()).await;
+                    slots.pace.spend();
+                    while let Ok(more) = changes.try_recv() {
+                        if matches!(more.first(), Some(Op::Reset)) {
+                            batch = more;
+                        } else {
+                            batch.extend(more);
+                        }
+                    }
                     let ops = match apply_remote(&mut state, batch) {
                         Ok(ops) => ops,
                         Err(error) => {

@@ -111,6 +111,11 @@ pub struct GlobalArgs {
     )]
     pub metrics_bind_address: std::net::SocketAddr,
 
+    /// Least time between two change sets applied by backends, after a burst of two;
+    /// changes arriving meanwhile are applied together (`0`: every change at once).
+    #[arg(long, global = true, default_value = "1s", value_parser = parse_duration, value_name = "DURATION")]
+    pub min_sync_period: std::time::Duration,
+
     /// The sync period: /healthz and /livez fail when a change has waited unapplied for more
     /// than twice this (`30s`, `1m`, `500ms`).
     #[arg(long, global = true, default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
@@ -123,6 +128,7 @@ pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     let (number, unit) = text.split_at(at);
     let value: f64 = number.parse().map_err(|_| format!("{text:?} is not a duration like 30s"))?;
     let seconds = match unit {
+        "" if value == 0.0 => 0.0,
         "ms" => value / 1000.0,
         "s" => value,
         "m" => value * 60.0,
@@ -173,6 +179,9 @@ impl GlobalArgs {
         }
         if later.metrics_bind_address != defaults.metrics_bind_address {
             self.metrics_bind_address = later.metrics_bind_address;
+        }
+        if later.min_sync_period != defaults.min_sync_period {
+            self.min_sync_period = later.min_sync_period;
         }
         if later.sync_period != defaults.sync_period {
             self.sync_period = later.sync_period;
@@ -512,5 +521,22 @@ mod tests {
         let SinkCommand::ToLocal(local) = file.sink else { panic!() };
         let err = local.backends(&mut global).unwrap_err().to_string();
         assert!(err.contains("to-bogus"), "{err}");
+    }
+}
+
+#[cfg(test)]
+mod duration_tests {
+    use super::parse_duration;
+    use std::time::Duration;
+
+    #[test]
+    fn durations_take_a_unit() {
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        assert!(parse_duration("30").unwrap_err().contains("unit"));
+        assert!(parse_duration("fast").unwrap_err().contains("not a duration"));
     }
 }

@@ -162,7 +162,8 @@ where
             Sink::File(to_file) => run_to_file(reader, to_file, once).await,
             Sink::Local { node, backends } => {
                 tracing::info!(%node, "computing the node-local state");
-                run_to_local(reader, node, backends, once, node_stats.clone()).await
+                let pace = global.min_sync_period;
+                run_to_local(reader, node, backends, once, pace, node_stats.clone()).await
             }
             Sink::Api { hub, listen, security } => {
                 kpng_server::serve(hub, &listen, &security, std::future::pending()).await?;
@@ -254,6 +255,7 @@ async fn run_local(args: crate::cli::LocalArgs, global: &mut GlobalArgs) -> anyh
     let stats = Arc::new(NodeStats::default());
     let mut options = kpng_backend::RunnerOptions::new(node.clone());
     options.once = global.once;
+    options.min_sync_period = global.min_sync_period;
     tracing::info!(%node, server = %args.server, "following the node-local state");
     let admin = admin_servers(
         global,

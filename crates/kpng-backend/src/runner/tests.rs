@@ -197,3 +197,48 @@ async fn remote_change_sets_reach_backends_and_a_same_state_reconnect_costs_noth
     drop(tx);
     task.await.unwrap().unwrap();
 }
+
+#[tokio::test(start_paused = true)]
+async fn min_sync_period_paces_change_sets_and_coalesces_what_waits() {
+    let (mut writer, reader) = store(&[]);
+    let recorder = Recorder::default();
+    writer.apply(objects(&[("10.0.0.1", "a")]));
+    let mut options = RunnerOptions::new("a");
+    options.min_sync_period = Duration::from_secs(1);
+    let task = tokio::spawn(run_node(
+        reader,
+        vec![Box::new(recorder.clone())],
+        options,
+        Arc::new(NodeStats::default()),
+    ));
+    settle().await;
+    // The burst: the first state and the first change go at once.
+    writer.apply(objects(&[("10.0.0.1", "a"), ("10.0.0.2", "a")]));
+    settle().await;
+    assert_eq!(recorder.log.lock().unwrap().len(), 2);
+    // Then three changes within the period wait and arrive as one change set.
+    writer.apply(objects(&[("10.0.0.1", "a"), ("10.0.0.2", "a"), ("10.0.0.3", "a")]));
+    settle().await;
+    writer.apply(objects(&[("10.0.0.2", "a"), ("10.0.0.3", "a")]));
+    settle().await;
+    writer.apply(objects(&[("10.0.0.2", "a"), ("10.0.0.3", "a"), ("10.0.0.4", "a")]));
+    settle().await;
+    assert_eq!(recorder.log.lock().unwrap().len(), 2, "paced: nothing before the period ends");
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    settle().await;
+    {
+        let log = recorder.log.lock().unwrap();
+        assert_eq!(log.len(), 3, "{log:?}");
+        let (mut sets, mut deletes) = (0, 0);
+        for op in &log[2] {
+            match op {
+                Op::Set(_) => sets += 1,
+                Op::Delete(_) => deletes += 1,
+                _ => {}
+            }
+        }
+        assert_eq!((sets, deletes), (2, 1), "10.0.0.3 and .4 set, .1 deleted: {:?}", log[2]);
+    }
+    drop(writer);
+    task.await.unwrap().unwrap();
+}

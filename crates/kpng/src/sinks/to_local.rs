@@ -67,10 +67,12 @@ pub async fn run_to_local(
     node: String,
     backends: Vec<Box<dyn Backend>>,
     once: bool,
+    min_sync_period: std::time::Duration,
     stats: Arc<NodeStats>,
 ) -> anyhow::Result<()> {
     let mut options = RunnerOptions::new(node);
     options.once = once;
+    options.min_sync_period = min_sync_period;
     run_node(reader, backends, options, stats).await?;
     Ok(())
 }
