@@ -205,6 +205,8 @@ pub enum SourceCommand {
     /// Remove every kernel object kpng installed (its `ip kpng` and `ip6 kpng` nftables
     /// tables) and nothing else, then exit.
     Cleanup(CleanupArgs),
+    /// Print the version, the git commit built from, and what this build contains.
+    Version,
 }
 
 /// `kpng kube`.

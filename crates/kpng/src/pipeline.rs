@@ -52,6 +52,15 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             run_pipeline(&kpng_model::Kind::ALL, feed, args.sink, &mut global).await
         }
         SourceCommand::Local(args) => run_local(args, &mut global).await,
+        SourceCommand::Version => {
+            println!("kpng {}", env!("CARGO_PKG_VERSION"));
+            println!("commit: {}", env!("KPNG_GIT_COMMIT"));
+            println!("sources: kube file api");
+            println!("sinks: to-file to-local to-api");
+            println!("backends: to-nft to-json");
+            println!("wire: localv1 globalv1 (kpng extensions from field 100)");
+            Ok(())
+        }
         SourceCommand::Cleanup(_) => {
             let removed = kpng_nft::kernel::cleanup()?;
             let names: Vec<String> = removed

@@ -329,3 +329,17 @@ fn nft_dry_run_is_a_ruleset_nft_accepts() {
         String::from_utf8_lossy(&check.stderr)
     );
 }
+
+#[test]
+fn version_names_the_build() {
+    let out = run(&["version"]);
+    assert!(out.status.success(), "{}", out.stderr);
+    let first = out.stdout.lines().next().unwrap();
+    assert_eq!(first, format!("kpng {}", env!("CARGO_PKG_VERSION")));
+    let commit = out.stdout.lines().find_map(|l| l.strip_prefix("commit: ")).unwrap();
+    assert!(
+        commit == "unknown" || commit.chars().take(12).all(|c| c.is_ascii_hexdigit()),
+        "{commit}"
+    );
+    assert!(out.stdout.contains("backends: to-nft to-json"), "{}", out.stdout);
+}
