@@ -116,10 +116,34 @@ pub struct GlobalArgs {
     #[arg(long, global = true, default_value = "1s", value_parser = parse_duration, value_name = "DURATION")]
     pub min_sync_period: std::time::Duration,
 
+    /// A YAML file with process-wide options keyed by flag name (`min-sync-period: 2s`);
+    /// flags win over it. `kpng config print-defaults` prints a complete one.
+    #[arg(long, global = true, value_name = "PATH")]
+    pub config: Option<PathBuf>,
+
     /// The sync period: /healthz and /livez fail when a change has waited unapplied for more
     /// than twice this (`30s`, `1m`, `500ms`).
     #[arg(long, global = true, default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
     pub sync_period: std::time::Duration,
+}
+
+/// The built-in default of process-wide option `--key`, as written on the command line.
+pub fn builtin_default(key: &str) -> Option<String> {
+    use clap::CommandFactory;
+    let command = Defaults::command();
+    let arg = command.get_arguments().find(|a| a.get_long() == Some(key))?;
+    arg.get_default_values().first().map(|v| v.to_string_lossy().into_owned())
+}
+
+/// Checks process-wide option arguments (`["--sync-period", "10s"]`) as the command line
+/// would; the error is clap's message.
+pub fn check_global_args(args: &[String]) -> Result<(), String> {
+    global_args_from(args).map(|_| ())
+}
+
+/// Process-wide options from `args` alone.
+pub fn global_args_from(args: &[String]) -> Result<GlobalArgs, String> {
+    Defaults::try_parse_from(args).map(|d| d.global).map_err(|e| e.to_string())
 }
 
 /// A duration: a number and a unit (`ms`, `s`, `m`, `h`), e.g. `30s`, `1m`, `1.5s`.
@@ -148,7 +172,7 @@ struct Defaults {
 
 impl GlobalArgs {
     /// The values of every option left unset.
-    fn default_values() -> GlobalArgs {
+    pub fn default_values() -> GlobalArgs {
         Defaults::try_parse_from(Vec::<String>::new()).expect("the defaults parse").global
     }
 
@@ -207,6 +231,23 @@ pub enum SourceCommand {
     Cleanup(CleanupArgs),
     /// Print the version, the git commit built from, and what this build contains.
     Version,
+    /// The config file (`--config PATH`).
+    Config(ConfigArgs),
+}
+
+/// `kpng config`.
+#[derive(Debug, Args)]
+pub struct ConfigArgs {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: ConfigCommand,
+}
+
+/// `kpng config` commands.
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Print a complete config file: every key at its default, each explained.
+    PrintDefaults,
 }
 
 /// `kpng kube`.

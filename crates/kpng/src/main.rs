@@ -6,6 +6,7 @@
 //!
 //! # Layout
 //! - [`cli`]: the command line (clap): a source, a sink, backends, process-wide options.
+//! - [`config`]: the config file, merged under the command line.
 //! - [`pipeline`]: wires the chosen source to the chosen sink through the store, and
 //!   handles signals and `--once`.
 //! - [`sinks`]: `to-file` and `to-local`.
@@ -13,6 +14,7 @@
 //! - [`throttle`]: the API client's request rate limit.
 
 mod cli;
+mod config;
 mod pipeline;
 mod sinks;
 mod stats;
@@ -22,7 +24,14 @@ use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
 fn main() -> std::process::ExitCode {
-    let cli = cli::Cli::parse();
+    let args = match config::expand_args(std::env::args_os().collect()) {
+        Ok(args) => args,
+        Err(e) => {
+            eprintln!("kpng: error: {e:#}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let cli = cli::Cli::parse_from(args);
     let filter = EnvFilter::try_new(&cli.global.log).unwrap_or_else(|e| {
         eprintln!("kpng: invalid --log filter {:?}: {e}; using \"info\"", cli.global.log);
         EnvFilter::new("info")

@@ -52,6 +52,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             run_pipeline(&kpng_model::Kind::ALL, feed, args.sink, &mut global).await
         }
         SourceCommand::Local(args) => run_local(args, &mut global).await,
+        SourceCommand::Config(args) => match args.command {
+            crate::cli::ConfigCommand::PrintDefaults => {
+                print!("{}", crate::config::print_defaults());
+                Ok(())
+            }
+        },
         SourceCommand::Version => {
             println!("kpng {}", env!("CARGO_PKG_VERSION"));
             println!("commit: {}", env!("KPNG_GIT_COMMIT"));

@@ -188,3 +188,50 @@ fn healthz_fails_when_updates_wait_and_when_the_node_drains() {
     assert_eq!(code, 200, "{body}");
     assert!(serde_json::from_str::<Value>(&body).unwrap().get("nodeEligible").is_none());
 }
+
+#[test]
+fn a_config_file_sets_options_and_flags_win() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("kpng.yaml");
+    let defaults = run(&["config", "print-defaults"]);
+    assert!(defaults.status.success(), "{}", defaults.stderr);
+    let (from_file, from_flag) = (free_port(), free_port());
+    let text = defaults.stdout.replace(
+        "healthz-bind-address: \"0.0.0.0:10256\"",
+        &format!("healthz-bind-address: \"127.0.0.1:{from_file}\""),
+    );
+    assert_ne!(text, defaults.stdout, "print-defaults lists healthz-bind-address");
+    std::fs::write(&config, &text).unwrap();
+    let config = config.to_str().unwrap();
+    let base = ["--config", config, "file", "--input", &example(), "to-local", "--node", "node-a"];
+
+    let mut args = base.to_vec();
+    args.push("to-json");
+    let mut kpng = Kpng::spawn(&args);
+    kpng.next_change_set();
+    let (code, _) = wait_get(from_file, "/livez", |_, _| true);
+    assert_eq!(code, 200);
+    drop(kpng);
+
+    let flag = format!("127.0.0.1:{from_flag}");
+    args.extend(["--healthz-bind-address", &flag]);
+    let mut kpng = Kpng::spawn(&args);
+    kpng.next_change_set();
+    wait_get(from_flag, "/livez", |code, _| code == 200);
+    assert!(get(from_file, "/livez").is_none(), "the flag replaced the file's address");
+
+    std::fs::write(dir.path().join("bad.yaml"), "min-sync-period: 1s\nhealthz-port: 1\n").unwrap();
+    let bad = dir.path().join("bad.yaml");
+    let out = run(&[
+        "--config",
+        bad.to_str().unwrap(),
+        "file",
+        "--input",
+        &example(),
+        "to-file",
+        "-o",
+        "/dev/null",
+    ]);
+    assert!(!out.status.success());
+    assert!(out.stderr.contains("healthz-port"), "{}", out.stderr);
+}
