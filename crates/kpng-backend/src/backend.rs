@@ -87,6 +87,14 @@ pub trait Backend: Send {
     /// Enforces a change set. On error nothing of it may be half-applied: the runner will
     /// retry later with a change set that starts with `Reset`.
     fn apply(&mut self, changes: &ChangeSet<'_>) -> Result<(), BackendError>;
+
+    /// Checks that the dataplane still holds what this backend last applied; `false` when
+    /// it drifted (someone changed it behind kpng's back): the runner then sends the whole
+    /// state again. Called once per sync period, never on the change path. By default
+    /// there is nothing to check.
+    fn verify(&mut self) -> Result<bool, BackendError> {
+        Ok(true)
+    }
 }
 
 /// An error and its sources, joined by `: `, for one-line logs.

@@ -28,6 +28,10 @@ pub struct RunnerOptions {
     /// Least time between two change sets, after a burst of [`SYNC_BURST`]; changes
     /// arriving meanwhile are applied together. Zero: every change at once.
     pub min_sync_period: Duration,
+    /// How often each backend checks that the dataplane still holds what it applied
+    /// ([`Backend::verify`]); a backend that drifted gets the whole state again. `None`:
+    /// never.
+    pub verify_period: Option<Duration>,
 }
 
 /// Change sets allowed back to back before `min_sync_period` paces them.
@@ -42,6 +46,7 @@ impl RunnerOptions {
             retry_min: Duration::from_millis(500),
             retry_max: Duration::from_secs(30),
             min_sync_period: Duration::ZERO,
+            verify_period: None,
         }
     }
 }
@@ -52,6 +57,7 @@ pub struct NodeStats {
     enls_revisions: AtomicU64,
     change_sets: AtomicU64,
     failures: AtomicU64,
+    repairs: AtomicU64,
     health: std::sync::Mutex<Health>,
     sync_durations: Histogram,
 }
@@ -62,6 +68,7 @@ impl Default for NodeStats {
             enls_revisions: AtomicU64::new(0),
             change_sets: AtomicU64::new(0),
             failures: AtomicU64::new(0),
+            repairs: AtomicU64::new(0),
             health: std::sync::Mutex::new(Health::default()),
             // 0.1 ms to about 3 s.
             sync_durations: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
@@ -97,6 +104,11 @@ impl NodeStats {
     /// Change sets a backend failed to apply.
     pub fn failures(&self) -> u64 {
         self.failures.load(Ordering::Relaxed)
+    }
+
+    /// Times a backend's dataplane was found changed behind its back and rebuilt.
+    pub fn repairs(&self) -> u64 {
+        self.repairs.load(Ordering::Relaxed)
     }
 
     /// The runner's health now.
@@ -182,6 +194,30 @@ impl Slots {
             .collect();
         let pace = Pace { period: options.min_sync_period, tokens: SYNC_BURST, at: now };
         Slots { slots, options, stats, pace }
+    }
+
+    /// Asks every up-to-date backend whether its dataplane still holds what it applied; one
+    /// that drifted (or cannot tell) is due for the whole state at once.
+    fn verify(&mut self) {
+        let now = Instant::now();
+        for slot in self.slots.iter_mut().filter(|s| !s.needs_reset) {
+            let held = match slot.backend.verify() {
+                Ok(held) => held,
+                Err(error) => {
+                    tracing::warn!(backend = slot.backend.name(), error = %crate::backend::error_chain(&error), "verification failed");
+                    false
+                }
+            };
+            if !held {
+                self.stats.repairs.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    backend = slot.backend.name(),
+                    "dataplane drifted; applying the whole state again"
+                );
+                slot.needs_reset = true;
+                slot.retry_at = now;
+            }
+        }
     }
 
     /// Whether some backend is up to date and so needs the differences, not a full state.
@@ -285,13 +321,19 @@ pub async fn run_node(
     let mut projector = NodeProjector::new(options.node.clone());
     let mut seen: Option<Revision> = None;
     let once = options.once;
+    let verify_period = options.verify_period;
     let mut slots = Slots::new(backends, options, stats);
+    let mut next_verify = verify_period.map(|p| Instant::now() + p);
 
     loop {
         let retry = slots.next_retry().filter(|_| seen.is_some());
         tokio::select! {
             revision = reader.wait_after(seen) => if revision.is_none() { return Ok(()) },
             _ = sleep_until(retry), if retry.is_some() => {}
+            _ = sleep_until(next_verify), if next_verify.is_some() && seen.is_some() => {
+                slots.verify();
+                next_verify = verify_period.map(|p| Instant::now() + p);
+            }
         }
         // Paced: revisions that arrive meanwhile are applied together.
         tokio::time::sleep_until(slots.pace.next()).await;
@@ -337,10 +379,17 @@ pub async fn run_remote(
     let mut state = LocalState::default();
     let mut started = false;
     let once = options.once;
+    let verify_period = options.verify_period;
     let mut slots = Slots::new(backends, options, stats);
+    let mut next_verify = verify_period.map(|p| Instant::now() + p);
     loop {
         let retry = slots.next_retry().filter(|_| started);
         let ops = tokio::select! {
+            _ = sleep_until(next_verify), if next_verify.is_some() && started => {
+                slots.verify();
+                next_verify = verify_period.map(|p| Instant::now() + p);
+                Vec::new()
+            }
             batch = changes.recv() => match batch {
                 Some(mut batch) => {
                     // Paced: change sets that arrive meanwhile are applied together.

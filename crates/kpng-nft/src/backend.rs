@@ -48,6 +48,10 @@ pub trait Kernel: Send {
         let _ = (checks, nodeport_addrs);
         Ok(0)
     }
+    /// Removes kpng's tables (to rebuild them from nothing after they were damaged).
+    fn drop_tables(&mut self) -> Result<(), BackendError> {
+        Ok(())
+    }
     /// What kpng's tables hold now (elements, count sets, affinity groups), when the kernel can say;
     /// `None` when it cannot (a dry run starts from nothing).
     fn current(&mut self) -> Result<Option<KernelContents>, BackendError> {
@@ -78,6 +82,8 @@ pub struct KernelContents {
     pub ladders: BTreeSet<Ladder>,
     /// Affinity groups: family, hash, number of slots, timeout (seconds).
     pub affinity: Vec<(kpng_model::Family, u64, usize, u32)>,
+    /// Rules in kpng's table of each family (none once someone flushed it).
+    pub rules: Vec<(kpng_model::Family, usize)>,
 }
 
 /// The nftables backend.
@@ -99,6 +105,9 @@ pub struct NftBackend {
     groups: HashMap<Owner, Vec<AffinityGroup>>,
     /// Affinity groups found in the kernel at a reset and not yet claimed.
     kernel_groups: HashMap<u64, AffinityGroup>,
+    /// A verification found rules or count sets missing: the next reset rebuilds the
+    /// tables from nothing instead of adopting what is left of them.
+    rebuild: bool,
 }
 
 impl NftBackend {
@@ -116,6 +125,7 @@ impl NftBackend {
             udp: HashMap::new(),
             groups: HashMap::new(),
             kernel_groups: HashMap::new(),
+            rebuild: false,
         }
     }
 
@@ -220,8 +230,56 @@ impl Backend for NftBackend {
         "to-nft"
     }
 
+    /// Reads kpng's tables back (one dump per set, only at this check) and compares them
+    /// with what was committed: every element, every count set, and the rules being there.
+    fn verify(&mut self) -> Result<bool, BackendError> {
+        if self.loaded_skeleton.is_none() {
+            return Ok(true);
+        }
+        let contents = match self.kernel.current() {
+            Ok(Some(contents)) => contents,
+            Ok(None) => return Ok(true),
+            Err(error) => {
+                tracing::warn!(error = %kpng_backend::error_chain(&error), "nftables: kpng's tables cannot be read back");
+                return Ok(false);
+            }
+        };
+        let mut held = contents.elements;
+        held.sort_unstable();
+        let mut committed: Vec<(ElementId, Value)> =
+            self.state.iter().map(|(id, value)| (*id, *value)).collect();
+        committed.sort_unstable();
+        let elements = held == committed;
+        let ladders = self.ladders.is_subset(&contents.ladders);
+        let rules = contents.rules.iter().all(|(_, n)| *n > 0);
+        self.rebuild = !(ladders && rules);
+        if !(elements && ladders && rules) {
+            tracing::warn!(
+                elements_held = held.len(),
+                elements_committed = committed.len(),
+                count_sets_missing = !ladders,
+                rules = ?contents.rules,
+                "nftables: the kernel no longer holds what kpng committed"
+            );
+        }
+        Ok(elements && ladders && rules)
+    }
+
     fn apply(&mut self, changes: &ChangeSet<'_>) -> Result<(), BackendError> {
         let start = std::time::Instant::now();
+        if changes.is_reset() && self.rebuild {
+            tracing::warn!("nftables: rebuilding kpng's tables from nothing");
+            self.kernel.drop_tables()?;
+            self.loaded_skeleton = None;
+            self.state = TableState::new();
+            self.ladders.clear();
+            self.owners.clear();
+            self.slots.clear();
+            self.udp.clear();
+            self.groups.clear();
+            self.kernel_groups.clear();
+            self.rebuild = false;
+        }
         self.load_skeleton(changes)?;
         let skeleton = start.elapsed();
         if changes.is_reset() {

@@ -16,7 +16,7 @@ use crate::conntrack::{UdpCheck, UdpTarget, stale};
 use crate::netlink::ctnetlink;
 use crate::netlink::decode;
 use crate::netlink::socket::{CommitError, NetlinkSocket};
-use crate::netlink::wire::{NFT_MSG_GETSET, NFT_MSG_GETSETELEM, dump_request};
+use crate::netlink::wire::{NFT_MSG_GETRULE, NFT_MSG_GETSET, NFT_MSG_GETSETELEM, dump_request};
 use crate::objects::{ElementId, MapName};
 use crate::skeleton::{SkeletonOptions, skeleton};
 use crate::state::TableDiff;
@@ -74,6 +74,10 @@ pub fn nft_load(text: &str) -> Result<(), BackendError> {
 }
 
 impl Kernel for NetlinkKernel {
+    fn drop_tables(&mut self) -> Result<(), BackendError> {
+        self.remove_tables().map(|_| ())
+    }
+
     fn load_skeleton(&mut self, options: &SkeletonOptions) -> Result<(), BackendError> {
         let text: String = Family::ALL.iter().map(|f| skeleton(*f, options)).collect();
         nft_load(&text)
@@ -134,7 +138,13 @@ impl Kernel for NetlinkKernel {
             .into_iter()
             .map(|((family, hash), (slots, timeout))| (family, hash, slots, timeout))
             .collect();
-        Ok(Some(KernelContents { elements, ladders, affinity }))
+        let mut rules = Vec::new();
+        for family in Family::ALL {
+            // The table attribute has the same number in rule and set requests.
+            let request = dump_request(0, NFT_MSG_GETRULE, family, None);
+            rules.push((family, self.socket.dump(&request).map_err(fail)?.len()));
+        }
+        Ok(Some(KernelContents { elements, ladders, affinity, rules }))
     }
 
     fn clear_udp(
@@ -216,19 +226,26 @@ const BULK_CHECKS: usize = 16;
 /// Removes kpng's tables (both families) and nothing else. Returns the families whose
 /// table existed.
 pub fn cleanup() -> Result<Vec<Family>, BackendError> {
-    let mut kernel = NetlinkKernel::open()?;
-    let mut removed = Vec::new();
-    for family in Family::ALL {
-        let mut batch = kernel.socket.batch();
-        batch.delete_table(family);
-        match kernel.socket.commit(batch) {
-            Ok(()) => removed.push(family),
-            Err(CommitError::Rejected { source, .. })
-                if source.raw_os_error() == Some(nix::errno::Errno::ENOENT as i32) => {}
-            Err(e) => return Err(backend_error("removing kpng's tables").with_source(e)),
+    NetlinkKernel::open()?.remove_tables()
+}
+
+impl NetlinkKernel {
+    /// Removes kpng's tables; returns the families that had one.
+    fn remove_tables(&mut self) -> Result<Vec<Family>, BackendError> {
+        let kernel = self;
+        let mut removed = Vec::new();
+        for family in Family::ALL {
+            let mut batch = kernel.socket.batch();
+            batch.delete_table(family);
+            match kernel.socket.commit(batch) {
+                Ok(()) => removed.push(family),
+                Err(CommitError::Rejected { source, .. })
+                    if source.raw_os_error() == Some(nix::errno::Errno::ENOENT as i32) => {}
+                Err(e) => return Err(backend_error("removing kpng's tables").with_source(e)),
+            }
         }
+        Ok(removed)
     }
-    Ok(removed)
 }
 
 /// Kernel features the table needs, each with a rule that uses it.

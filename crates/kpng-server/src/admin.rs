@@ -248,6 +248,12 @@ impl Collector for Metrics {
                 "Change sets a backend failed to apply.",
                 stats.failures(),
             )?;
+            counter(
+                &mut encoder,
+                "kpng_drift_repairs",
+                "Dataplanes found changed behind kpng's back and rebuilt.",
+                stats.repairs(),
+            )?;
             let last = stats
                 .health()
                 .last_applied

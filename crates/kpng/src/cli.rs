@@ -121,8 +121,10 @@ pub struct GlobalArgs {
     #[arg(long, global = true, value_name = "PATH")]
     pub config: Option<PathBuf>,
 
-    /// The sync period: /healthz and /livez fail when a change has waited unapplied for more
-    /// than twice this (`30s`, `1m`, `500ms`).
+    /// The sync period: how often backends check that the kernel still holds what they
+    /// committed and repair what changed behind their back (`0`: never); /healthz and
+    /// /livez fail when a change has waited unapplied for more than twice this (`30s`,
+    /// `1m`, `500ms`).
     #[arg(long, global = true, default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
     pub sync_period: std::time::Duration,
 }

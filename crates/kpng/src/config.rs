@@ -19,7 +19,7 @@ const KEYS: &[(&str, &str)] = &[
     ("healthz-bind-address", "Where /healthz, /livez and /readyz are served (port 0: not)."),
     ("metrics-bind-address", "Where /metrics and /state are served (port 0: not)."),
     ("min-sync-period", "Least time between two change sets, after a burst of two (0: none)."),
-    ("sync-period", "A change unapplied for twice this fails /healthz and /livez."),
+    ("sync-period", "Verify the kernel's rules this often (0: never); twice this fails health."),
 ];
 
 #[derive(Debug, Default, Deserialize)]

@@ -177,8 +177,8 @@ where
             Sink::File(to_file) => run_to_file(reader, to_file, once).await,
             Sink::Local { node, backends } => {
                 tracing::info!(%node, "computing the node-local state");
-                let pace = global.min_sync_period;
-                run_to_local(reader, node, backends, once, pace, node_stats.clone()).await
+                let periods = (global.min_sync_period, global.sync_period);
+                run_to_local(reader, node, backends, once, periods, node_stats.clone()).await
             }
             Sink::Api { hub, listen, security } => {
                 kpng_server::serve(hub, &listen, &security, std::future::pending()).await?;
@@ -271,6 +271,7 @@ async fn run_local(args: crate::cli::LocalArgs, global: &mut GlobalArgs) -> anyh
     let mut options = kpng_backend::RunnerOptions::new(node.clone());
     options.once = global.once;
     options.min_sync_period = global.min_sync_period;
+    options.verify_period = (!global.sync_period.is_zero()).then_some(global.sync_period);
     tracing::info!(%node, server = %args.server, "following the node-local state");
     let admin = admin_servers(
         global,

@@ -410,10 +410,14 @@ struct Watched {
 
 impl Watched {
     fn start(cluster: &Cluster, manifests: &str) -> Watched {
+        Watched::start_with(cluster, manifests, &[])
+    }
+
+    fn start_with(cluster: &Cluster, manifests: &str, extra: &[&str]) -> Watched {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("cluster.yaml");
         std::fs::write(&path, format!("{NODE_A}{manifests}")).unwrap();
-        let args = [
+        let mut args = vec![
             "file",
             "--input",
             path.to_str().unwrap(),
@@ -423,6 +427,7 @@ impl Watched {
             "node-a",
             "to-nft",
         ];
+        args.extend_from_slice(extra);
         let log = std::fs::File::create(dir.path().join("kpng.log")).unwrap();
         let child =
             cluster.node.command(env!("CARGO_BIN_EXE_kpng"), &args).stderr(log).spawn().unwrap();
@@ -745,4 +750,45 @@ fn masquerade_all_and_cluster_cidr() {
     assert_ne!(answer(&Cluster::tcp(pod, "10.96.0.97:80")).1, ip("10.244.0.20"));
     program(&cluster, &manifests, &["--cluster-cidr", "10.244.0.0/16"]);
     assert_eq!(answer(&Cluster::tcp(pod, "10.96.0.97:80")).1, ip("10.244.0.20"));
+}
+
+#[test]
+fn a_flushed_table_is_repaired_at_the_next_verification() {
+    if !require("a_flushed_table_is_repaired_at_the_next_verification", &["nft", "ip"]) {
+        return;
+    }
+    let mut cluster = Cluster::new();
+    cluster.add_pod("web-a", true, 10, &[8080]);
+    let manifests = [
+        service("web", "  clusterIP: 10.96.0.80\n", PORT_HTTP),
+        slice("web-1", "web", "IPv4", SLICE_HTTP, &[("10.244.0.10", "node-a", true, true, false)]),
+    ]
+    .concat();
+    let kpng = Watched::start_with(&cluster, &manifests, &["--sync-period", "1s"]);
+    let probe = || Cluster::tcp(&cluster.client, "10.96.0.80:80");
+    let answers = |o: &Outcome| matches!(o, Outcome::Answer { .. });
+    assert!(answers(&eventually(probe, answers)), "{}", kpng.log());
+
+    // Someone flushes kpng's table: its rules are gone.
+    let rules = || {
+        let out = cluster.node.output("nft", &["-a", "list", "chain", "ip", "kpng", "services"]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.lines().filter(|l| l.contains("# handle") && !l.contains("chain ")).count()
+    };
+    assert!(rules() > 0, "the services chain has rules");
+    let out = cluster.node.output("nft", &["flush", "table", "ip", "kpng"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(rules(), 0, "flushed");
+    // The next verification notices and puts everything back.
+    let start = std::time::Instant::now();
+    while !(kpng.log().contains("dataplane drifted") && rules() > 0) {
+        assert!(
+            start.elapsed().as_secs() < 30,
+            "not repaired; rules {}; log:\n{}",
+            rules(),
+            kpng.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(answers(&eventually(probe, answers)), "{}", kpng.log());
 }

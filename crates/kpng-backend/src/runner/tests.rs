@@ -6,11 +6,12 @@ use kpng_testkit::builders::{endpoint, service, slice};
 
 use super::*;
 
-/// Records every change set; fails while `fail` is set.
+/// Records every change set; fails while `fail` is set; reports drift while `drifted` is.
 #[derive(Clone, Default)]
 struct Recorder {
     log: Arc<Mutex<Vec<Vec<Op>>>>,
     fail: Arc<Mutex<bool>>,
+    drifted: Arc<Mutex<bool>>,
 }
 
 impl Backend for Recorder {
@@ -23,7 +24,12 @@ impl Backend for Recorder {
             return Err(BackendError::new("recorder", "injected failure"));
         }
         self.log.lock().unwrap().push(changes.ops().map(std::borrow::Cow::into_owned).collect());
+        *self.drifted.lock().unwrap() = false;
         Ok(())
+    }
+
+    fn verify(&mut self) -> Result<bool, BackendError> {
+        Ok(!*self.drifted.lock().unwrap())
     }
 }
 
@@ -239,6 +245,38 @@ async fn min_sync_period_paces_change_sets_and_coalesces_what_waits() {
         }
         assert_eq!((sets, deletes), (2, 1), "10.0.0.3 and .4 set, .1 deleted: {:?}", log[2]);
     }
+    drop(writer);
+    task.await.unwrap().unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_drifted_dataplane_gets_the_whole_state_at_the_next_verification() {
+    let (mut writer, reader) = store(&[]);
+    let recorder = Recorder::default();
+    writer.apply(objects(&[("10.0.0.1", "a")]));
+    let mut options = RunnerOptions::new("a");
+    options.verify_period = Some(Duration::from_secs(30));
+    let stats = Arc::new(NodeStats::default());
+    let task =
+        tokio::spawn(run_node(reader, vec![Box::new(recorder.clone())], options, stats.clone()));
+    settle().await;
+    assert_eq!(recorder.log.lock().unwrap().len(), 1);
+    // Verified and intact: nothing sent.
+    tokio::time::sleep(Duration::from_secs(31)).await;
+    settle().await;
+    assert_eq!(recorder.log.lock().unwrap().len(), 1);
+    assert_eq!(stats.repairs(), 0);
+    // Someone changed the dataplane: the next verification repairs it with a full state.
+    *recorder.drifted.lock().unwrap() = true;
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    settle().await;
+    {
+        let log = recorder.log.lock().unwrap();
+        assert_eq!(log.len(), 2);
+        assert_eq!(log[1].first(), Some(&Op::Reset));
+        assert_eq!(log[1].len(), 4, "reset, service, endpoint, sync");
+    }
+    assert_eq!(stats.repairs(), 1);
     drop(writer);
     task.await.unwrap().unwrap();
 }

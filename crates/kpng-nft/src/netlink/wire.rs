@@ -20,6 +20,8 @@ const NFNL_MSG_BATCH_BEGIN: u16 = 0x10;
 const NFNL_MSG_BATCH_END: u16 = 0x11;
 
 const NFT_MSG_DELTABLE: u16 = 2;
+/// Get rules (dumped).
+pub const NFT_MSG_GETRULE: u16 = 7;
 /// Get sets (dumped).
 pub const NFT_MSG_GETSET: u16 = 10;
 const NFT_MSG_NEWSET: u16 = 9;

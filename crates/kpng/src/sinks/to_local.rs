@@ -67,12 +67,14 @@ pub async fn run_to_local(
     node: String,
     backends: Vec<Box<dyn Backend>>,
     once: bool,
-    min_sync_period: std::time::Duration,
+    periods: (std::time::Duration, std::time::Duration),
     stats: Arc<NodeStats>,
 ) -> anyhow::Result<()> {
+    let (min_sync_period, sync_period) = periods;
     let mut options = RunnerOptions::new(node);
     options.once = once;
     options.min_sync_period = min_sync_period;
+    options.verify_period = (!sync_period.is_zero()).then_some(sync_period);
     run_node(reader, backends, options, stats).await?;
     Ok(())
 }
