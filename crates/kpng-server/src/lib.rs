@@ -14,6 +14,7 @@
 
 pub mod admin;
 pub mod feed;
+pub mod healthcheck;
 mod listen;
 mod service;
 

@@ -144,7 +144,9 @@ where
         SinkCommand::ToFile(to_file) => Sink::File(to_file),
         SinkCommand::ToLocal(to_local) => {
             let commands = to_local.backends(global).map_err(|e| anyhow::anyhow!("{e}"))?;
-            Sink::Local { node: node_name(global)?, backends: build_backends(&commands, global)? }
+            let mut backends = build_backends(&commands, global)?;
+            backends.extend(health_checks(&commands, global, &node_stats));
+            Sink::Local { node: node_name(global)?, backends }
         }
         SinkCommand::ToApi(to_api) => {
             if global.once {
@@ -255,6 +257,22 @@ impl Drop for AbortOnDrop {
     }
 }
 
+/// The health-check NodePort servers, alongside a backend that programs the kernel (not
+/// for `to-json` or a dry run).
+fn health_checks(
+    commands: &[crate::cli::BackendCommand],
+    global: &GlobalArgs,
+    stats: &Arc<NodeStats>,
+) -> Option<Box<dyn kpng_backend::Backend>> {
+    let programs = commands.iter().any(|c| matches!(c, crate::cli::BackendCommand::ToNft(_)));
+    (programs && !global.dry_run).then(|| {
+        let all = std::net::IpAddr::from(std::net::Ipv6Addr::UNSPECIFIED);
+        let proxy = (stats.clone(), global.sync_period * 2);
+        Box::new(kpng_server::healthcheck::HealthCheckBackend::new(all, Some(proxy)))
+            as Box<dyn kpng_backend::Backend>
+    })
+}
+
 /// `kpng local`: backends fed by another kpng's node stream.
 async fn run_local(args: crate::cli::LocalArgs, global: &mut GlobalArgs) -> anyhow::Result<()> {
     let security = args.conn.security();
@@ -266,8 +284,9 @@ async fn run_local(args: crate::cli::LocalArgs, global: &mut GlobalArgs) -> anyh
         );
     }
     let node = node_name(global)?;
-    let backends = build_backends(&commands, global)?;
     let stats = Arc::new(NodeStats::default());
+    let mut backends = build_backends(&commands, global)?;
+    backends.extend(health_checks(&commands, global, &stats));
     let mut options = kpng_backend::RunnerOptions::new(node.clone());
     options.once = global.once;
     options.min_sync_period = global.min_sync_period;

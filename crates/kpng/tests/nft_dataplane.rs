@@ -792,3 +792,67 @@ fn a_flushed_table_is_repaired_at_the_next_verification() {
     }
     assert!(answers(&eventually(probe, answers)), "{}", kpng.log());
 }
+
+#[test]
+fn health_check_node_ports_follow_local_endpoints_and_ports() {
+    if !require("health_check_node_ports_follow_local_endpoints_and_ports", &["nft", "ip", "curl"])
+    {
+        return;
+    }
+    let mut cluster = Cluster::new();
+    cluster.add_pod("web-a", true, 10, &[8080]);
+    cluster.add_pod("web-b", false, 10, &[8080]);
+    let web = |hc_port: u16, endpoints: &[(&str, &str, bool, bool, bool)]| {
+        service(
+            "lb",
+            &format!(
+                "  type: LoadBalancer\n  clusterIP: 10.96.0.90\n  externalTrafficPolicy: Local\n  healthCheckNodePort: {hc_port}\n"
+            ),
+            "  - {name: http, protocol: TCP, port: 80, targetPort: 8080, nodePort: 30090}\n",
+        ) + "status:\n  loadBalancer:\n    ingress: [{ip: 203.0.113.90}]\n"
+            + &slice("lb-1", "lb", "IPv4", SLICE_HTTP, endpoints)
+    };
+    let a = ("10.244.0.10", "node-a", true, true, false);
+    let b = ("10.244.1.10", "node-b", true, true, false);
+    let kpng = Watched::start(&cluster, &web(32100, &[a, b]));
+    // What a load balancer's health check sees, from outside the node.
+    let check = |port: u16| {
+        let url = format!("http://192.168.10.1:{port}/healthz");
+        let out = cluster.client.output("curl", &["-s", "-i", "--max-time", "2", &url]);
+        String::from_utf8_lossy(&out.stdout).replace("\r\n", "\n")
+    };
+    let wait = |port: u16, want: &str| {
+        let start = std::time::Instant::now();
+        loop {
+            let got = check(port);
+            if got.contains(want) {
+                return got;
+            }
+            assert!(
+                start.elapsed().as_secs() < 20,
+                "port {port}: want {want:?}, got {got:?}\n{}",
+                kpng.log()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    };
+    let ok = wait(32100, "HTTP/1.1 200");
+    assert!(ok.contains("x-load-balancing-endpoint-weight: 1"), "{ok}");
+    assert!(ok.contains("\"localEndpoints\":1"), "{ok}");
+    assert!(ok.contains("\"name\":\"lb\""), "{ok}");
+
+    // No local endpoint left: 503, weight 0.
+    kpng.write(&web(32100, &[b]));
+    let down = wait(32100, "HTTP/1.1 503");
+    assert!(down.contains("x-load-balancing-endpoint-weight: 0"), "{down}");
+    assert!(down.contains("\"localEndpoints\":0"), "{down}");
+
+    // The port moves: the new one answers, the old one is closed.
+    kpng.write(&web(32101, &[a]));
+    wait(32101, "HTTP/1.1 200");
+    let start = std::time::Instant::now();
+    while !check(32100).is_empty() {
+        assert!(start.elapsed().as_secs() < 20, "port 32100 still open");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
