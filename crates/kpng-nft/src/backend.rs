@@ -2,6 +2,8 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use ipnet::IpNet;
 use kpng_backend::{Backend, BackendError, ChangeSet};
@@ -26,6 +28,45 @@ pub struct NftOptions {
     pub nodeport_addresses: NodePortAddresses,
     /// `--cluster-cidr`: the local-traffic detector; empty means the node's pod CIDRs.
     pub cluster_cidrs: Vec<IpNet>,
+}
+
+/// Counters of the nftables backend, shared with whoever reports them (metrics).
+#[derive(Debug)]
+pub struct NftStats {
+    /// Transactions committed.
+    pub transactions: std::sync::atomic::AtomicU64,
+    /// Transactions the kernel refused.
+    pub transaction_failures: std::sync::atomic::AtomicU64,
+    /// Elements added, over all transactions.
+    pub elements_added: std::sync::atomic::AtomicU64,
+    /// Elements deleted, over all transactions.
+    pub elements_deleted: std::sync::atomic::AtomicU64,
+    /// Stale UDP conntrack entries deleted.
+    pub conntrack_deleted: std::sync::atomic::AtomicU64,
+    /// UDP conntrack cleanups that failed.
+    pub conntrack_failures: std::sync::atomic::AtomicU64,
+    /// Seconds the kernel took to commit each transaction.
+    pub commit_seconds: prometheus_client::metrics::histogram::Histogram,
+    /// Elements per committed transaction.
+    pub transaction_elements: prometheus_client::metrics::histogram::Histogram,
+}
+
+impl Default for NftStats {
+    fn default() -> Self {
+        use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+        NftStats {
+            transactions: Default::default(),
+            transaction_failures: Default::default(),
+            elements_added: Default::default(),
+            elements_deleted: Default::default(),
+            conntrack_deleted: Default::default(),
+            conntrack_failures: Default::default(),
+            // 10 µs to about 1.3 s.
+            commit_seconds: Histogram::new(exponential_buckets(0.00001, 2.0, 18)),
+            // 1 to about 260,000 elements.
+            transaction_elements: Histogram::new(exponential_buckets(1.0, 4.0, 10)),
+        }
+    }
 }
 
 /// Where transactions go: the kernel, or a printer for `--dry-run`, or a test fake.
@@ -108,9 +149,15 @@ pub struct NftBackend {
     /// A verification found rules or count sets missing: the next reset rebuilds the
     /// tables from nothing instead of adopting what is left of them.
     rebuild: bool,
+    stats: Arc<NftStats>,
 }
 
 impl NftBackend {
+    /// The backend's counters.
+    pub fn stats(&self) -> Arc<NftStats> {
+        self.stats.clone()
+    }
+
     /// A backend sending its transactions to `kernel`.
     pub fn new(options: NftOptions, kernel: Box<dyn Kernel>) -> Self {
         NftBackend {
@@ -126,6 +173,7 @@ impl NftBackend {
             groups: HashMap::new(),
             kernel_groups: HashMap::new(),
             rebuild: false,
+            stats: Arc::default(),
         }
     }
 
@@ -381,12 +429,19 @@ impl NftBackend {
         }
         let kernel_start = std::time::Instant::now();
         let result = self.kernel.commit(&diff);
-        tracing::debug!(kernel = ?kernel_start.elapsed(), "nftables commit");
+        let took = kernel_start.elapsed();
+        tracing::debug!(kernel = ?took, "nftables commit");
         if let Err(e) = result {
             // Nothing of the transaction is in force: forget it.
+            self.stats.transaction_failures.fetch_add(1, Ordering::Relaxed);
             self.state.update(previous);
             return Err(e);
         }
+        self.stats.transactions.fetch_add(1, Ordering::Relaxed);
+        self.stats.elements_added.fetch_add(diff.adds.len() as u64, Ordering::Relaxed);
+        self.stats.elements_deleted.fetch_add(diff.deletes.len() as u64, Ordering::Relaxed);
+        self.stats.commit_seconds.observe(took.as_secs_f64());
+        self.stats.transaction_elements.observe((diff.adds.len() + diff.deletes.len()) as f64);
         self.ladders.extend(diff.new_ladders.iter().copied());
         self.kernel_groups.clear();
         for update in updates {
@@ -500,10 +555,74 @@ impl NftBackend {
             .collect();
         match self.kernel.clear_udp(&checks, &nodeport_addrs) {
             Ok(0) => {}
-            Ok(n) => tracing::info!(entries = n, "deleted stale UDP conntrack entries"),
+            Ok(n) => {
+                self.stats.conntrack_deleted.fetch_add(n as u64, Ordering::Relaxed);
+                tracing::info!(entries = n, "deleted stale UDP conntrack entries")
+            }
             Err(e) => {
+                self.stats.conntrack_failures.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(error = %kpng_backend::error_chain(&e), "UDP conntrack cleanup failed")
             }
         }
+    }
+}
+
+/// The nftables backend's counters as Prometheus metrics.
+#[derive(Debug)]
+pub struct NftMetrics(pub Arc<NftStats>);
+
+impl prometheus_client::collector::Collector for NftMetrics {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric;
+        use prometheus_client::metrics::counter::ConstCounter;
+        let stats = &self.0;
+        let counters = [
+            ("kpng_nft_transactions", "nftables transactions committed.", &stats.transactions),
+            (
+                "kpng_nft_transaction_failures",
+                "nftables transactions the kernel refused.",
+                &stats.transaction_failures,
+            ),
+            ("kpng_nft_elements_added", "Set and map elements added.", &stats.elements_added),
+            ("kpng_nft_elements_deleted", "Set and map elements deleted.", &stats.elements_deleted),
+            (
+                "kpng_conntrack_entries_deleted",
+                "Stale UDP conntrack entries deleted.",
+                &stats.conntrack_deleted,
+            ),
+            (
+                "kpng_conntrack_cleanup_failures",
+                "UDP conntrack cleanups that failed.",
+                &stats.conntrack_failures,
+            ),
+        ];
+        for (name, help, value) in counters {
+            let metric = ConstCounter::new(value.load(Ordering::Relaxed));
+            metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)?;
+        }
+        let histograms = [
+            (
+                "kpng_nft_commit_duration_seconds",
+                "Time the kernel took to commit one transaction.",
+                &stats.commit_seconds,
+            ),
+            (
+                "kpng_nft_transaction_elements",
+                "Elements added or deleted per transaction.",
+                &stats.transaction_elements,
+            ),
+        ];
+        for (name, help, histogram) in histograms {
+            histogram.encode(encoder.encode_descriptor(
+                name,
+                help,
+                None,
+                histogram.metric_type(),
+            )?)?;
+        }
+        Ok(())
     }
 }

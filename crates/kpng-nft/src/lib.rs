@@ -87,6 +87,6 @@ pub mod slots;
 pub mod state;
 pub mod text;
 
-pub use backend::{Kernel, NftBackend, NftOptions};
+pub use backend::{Kernel, NftBackend, NftMetrics, NftOptions, NftStats};
 pub use dry_run::DryRunKernel;
 pub use kernel::NetlinkKernel;

@@ -33,6 +33,8 @@ pub struct AdminSources {
     /// An update pending for longer than this makes `/healthz` and `/livez` fail (twice
     /// the sync period, as kube-proxy).
     pub health_timeout: Duration,
+    /// Further metrics (a backend's own).
+    pub collectors: Vec<Box<dyn Collector>>,
 }
 
 impl std::fmt::Debug for AdminSources {
@@ -53,7 +55,8 @@ pub struct Admin {
 
 impl Admin {
     /// The admin state for `sources`.
-    pub fn new(sources: AdminSources) -> Arc<Self> {
+    pub fn new(mut sources: AdminSources) -> Arc<Self> {
+        let collectors = std::mem::take(&mut sources.collectors);
         let sources = Arc::new(sources);
         let healthz = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
         let mut registry = Registry::default();
@@ -61,6 +64,9 @@ impl Admin {
             sources: sources.clone(),
             healthz: healthz.clone(),
         }));
+        for collector in collectors {
+            registry.register_collector(collector);
+        }
         Arc::new(Admin { sources, healthz, registry })
     }
 
@@ -203,11 +209,33 @@ impl Collector for Metrics {
     fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
         if let Some(reader) = &self.sources.reader {
             let store = reader.stats().snapshot();
+            let stats = reader.stats();
+            let kinds = [
+                (kpng_model::Kind::Service, "service"),
+                (kpng_model::Kind::EndpointSlice, "endpointslice"),
+                (kpng_model::Kind::Node, "node"),
+            ];
+            let mut family = encoder.encode_descriptor(
+                "kpng_source_events",
+                "Object events from the source (API events, file objects), by kind.",
+                None,
+                prometheus_client::metrics::MetricType::Counter,
+            )?;
+            for (kind, label) in kinds {
+                let metric = ConstCounter::new(stats.by_kind(kind).0);
+                metric.encode(family.encode_family(&[("kind", label)])?)?;
+            }
             counter(
                 &mut encoder,
-                "kpng_source_events",
-                "Object events from the source.",
-                store.events,
+                "kubeproxy_sync_proxy_rules_service_changes",
+                "Service changes that reached the model.",
+                stats.by_kind(kpng_model::Kind::Service).1,
+            )?;
+            counter(
+                &mut encoder,
+                "kubeproxy_sync_proxy_rules_endpoint_changes",
+                "EndpointSlice changes that reached the model.",
+                stats.by_kind(kpng_model::Kind::EndpointSlice).1,
             )?;
             counter(
                 &mut encoder,

@@ -2,6 +2,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use kpng_model::Kind;
+
 /// Counters shared by the store and whoever reports on it. Source events count every
 /// `Applied` and `Deleted` event; changes count only those that changed a value.
 #[derive(Debug, Default)]
@@ -9,6 +11,15 @@ pub struct StoreStats {
     events: AtomicU64,
     changes: AtomicU64,
     revisions: AtomicU64,
+    events_by_kind: [AtomicU64; 3],
+    changes_by_kind: [AtomicU64; 3],
+}
+
+/// Events and changes of one batch, by kind (indexed by `Kind as usize`).
+#[derive(Debug, Default)]
+pub(crate) struct KindCounts {
+    pub events: [u64; 3],
+    pub changes: [u64; 3],
 }
 
 /// The counters at one moment.
@@ -29,6 +40,22 @@ impl StoreStats {
         if revision {
             self.revisions.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    pub(crate) fn record_kinds(&self, counts: &KindCounts) {
+        for i in 0..3 {
+            self.events_by_kind[i].fetch_add(counts.events[i], Ordering::Relaxed);
+            self.changes_by_kind[i].fetch_add(counts.changes[i], Ordering::Relaxed);
+        }
+    }
+
+    /// Source events and model changes of `kind` so far.
+    pub fn by_kind(&self, kind: Kind) -> (u64, u64) {
+        let i = kind as usize;
+        (
+            self.events_by_kind[i].load(Ordering::Relaxed),
+            self.changes_by_kind[i].load(Ordering::Relaxed),
+        )
     }
 
     /// The counters now.

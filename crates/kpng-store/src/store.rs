@@ -7,7 +7,7 @@ use kpng_model::{Changes, GlobalModel, Kind, ObjectRef, Touched};
 use tokio::sync::watch;
 
 use crate::events::SourceEvent;
-use crate::stats::StoreStats;
+use crate::stats::{KindCounts, StoreStats};
 
 /// A store revision. Revision 0 is the empty store; each batch with real changes adds one.
 pub type Revision = u64;
@@ -78,25 +78,31 @@ impl StoreWriter {
         let mut inner = self.shared.inner.write().unwrap_or_else(|e| e.into_inner());
         let mut touched = Vec::new();
         let (mut object_events, mut changes) = (0u64, 0u64);
+        let mut by_kind = KindCounts::default();
         for event in events {
             match event {
                 SourceEvent::Applied(object) => {
                     object_events += 1;
+                    let kind = object.object_ref().kind();
+                    by_kind.events[kind as usize] += 1;
                     if let Some(listing) = inner.listing.get_mut(&object.object_ref().kind()) {
                         listing.insert(object.object_ref());
                     }
                     if let Some(t) = inner.model.apply(object) {
                         changes += 1;
+                        by_kind.changes[kind as usize] += 1;
                         touched.extend(t);
                     }
                 }
                 SourceEvent::Deleted(key) => {
                     object_events += 1;
+                    by_kind.events[key.kind() as usize] += 1;
                     if let Some(listing) = inner.listing.get_mut(&key.kind()) {
                         listing.remove(&key);
                     }
                     if let Some(t) = inner.model.delete(&key) {
                         changes += 1;
+                        by_kind.changes[key.kind() as usize] += 1;
                         touched.extend(t);
                     }
                 }
@@ -111,6 +117,7 @@ impl StoreWriter {
                         }
                         if let Some(t) = inner.model.delete(&key) {
                             changes += 1;
+                            by_kind.changes[kind as usize] += 1;
                             touched.extend(t);
                         }
                     }
@@ -120,6 +127,7 @@ impl StoreWriter {
         }
         let revision = (!touched.is_empty()).then(|| inner.record(touched));
         self.shared.stats.record(object_events, changes, revision.is_some());
+        self.shared.stats.record_kinds(&by_kind);
         let published = Published { revision: inner.revision, ready: inner.is_ready() };
         drop(inner);
         self.published.send_if_modified(|p| {

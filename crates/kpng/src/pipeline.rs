@@ -139,13 +139,16 @@ where
     let store_stats = reader.stats();
     let node_stats = Arc::new(NodeStats::default());
 
+    let mut collectors = Vec::new();
     // Validate the sink fully before starting anything.
     let sink = match sink {
         SinkCommand::ToFile(to_file) => Sink::File(to_file),
         SinkCommand::ToLocal(to_local) => {
             let commands = to_local.backends(global).map_err(|e| anyhow::anyhow!("{e}"))?;
-            let mut backends = build_backends(&commands, global)?;
+            let built = build_backends(&commands, global)?;
+            let mut backends = built.backends;
             backends.extend(health_checks(&commands, global, &node_stats));
+            collectors = built.collectors;
             Sink::Local { node: node_name(global)?, backends }
         }
         SinkCommand::ToApi(to_api) => {
@@ -171,6 +174,7 @@ where
                 _ => None,
             },
             health_timeout: global.sync_period * 2,
+            collectors,
         },
     );
     let once = global.once;
@@ -285,7 +289,8 @@ async fn run_local(args: crate::cli::LocalArgs, global: &mut GlobalArgs) -> anyh
     }
     let node = node_name(global)?;
     let stats = Arc::new(NodeStats::default());
-    let mut backends = build_backends(&commands, global)?;
+    let built = build_backends(&commands, global)?;
+    let mut backends = built.backends;
     backends.extend(health_checks(&commands, global, &stats));
     let mut options = kpng_backend::RunnerOptions::new(node.clone());
     options.once = global.once;
@@ -299,6 +304,7 @@ async fn run_local(args: crate::cli::LocalArgs, global: &mut GlobalArgs) -> anyh
             node: Some((node.clone(), stats.clone())),
             server: None,
             health_timeout: global.sync_period * 2,
+            collectors: built.collectors,
         },
     );
     let (changes, received) = tokio::sync::mpsc::channel(4);

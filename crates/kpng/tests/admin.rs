@@ -97,7 +97,10 @@ fn health_readiness_metrics_and_state_follow_the_pipeline() {
     assert_exposition(&text);
     assert_eq!(metric(&text, "kpng_enls_revisions_total"), 1.0);
     let revision = metric(&text, "kpng_store_revision");
-    assert!(metric(&text, "kpng_source_events_total") >= 15.0, "{text}");
+    // The example has 3 nodes and 6 EndpointSlices (some of them not proxied).
+    assert_eq!(metric(&text, "kpng_source_events_total{kind=\"node\"}"), 3.0, "{text}");
+    assert!(metric(&text, "kpng_source_events_total{kind=\"endpointslice\"}") >= 5.0, "{text}");
+    let endpoint_changes = metric(&text, "kubeproxy_sync_proxy_rules_endpoint_changes_total");
     assert!(text.contains("kubeproxy_sync_proxy_rules_duration_seconds_bucket"), "{text}");
     assert!(text.contains("kubeproxy_proxy_healthz_total{code=\"200\"} 1"), "{text}");
 
@@ -107,6 +110,10 @@ fn health_readiness_metrics_and_state_follow_the_pipeline() {
     kpng.next_change_set();
     let (_, text) = wait_get(metrics, "/metrics", |_, t| t.contains("kpng_enls_revisions_total 2"));
     assert_eq!(metric(&text, "kpng_store_revision"), revision + 1.0);
+    assert_eq!(
+        metric(&text, "kubeproxy_sync_proxy_rules_endpoint_changes_total"),
+        endpoint_changes + 1.0
+    );
 
     // /state holds what to-file writes, and this node's state.
     let (_, state) = wait_get(metrics, "/state", |code, _| code == 200);

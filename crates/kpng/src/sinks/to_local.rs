@@ -11,26 +11,38 @@ use kpng_store::StoreReader;
 
 use crate::cli::{BackendCommand, GlobalArgs};
 
+/// The backends named on the command line, and their metrics.
+pub struct Backends {
+    /// The backends, in command-line order.
+    pub backends: Vec<Box<dyn Backend>>,
+    /// Metrics of their own.
+    pub collectors: Vec<Box<dyn prometheus_client::collector::Collector>>,
+}
+
 /// Builds the backends named on the command line. Backends this build lacks are an error.
 pub fn build_backends(
     commands: &[BackendCommand],
     global: &GlobalArgs,
-) -> anyhow::Result<Vec<Box<dyn Backend>>> {
-    let mut backends: Vec<Box<dyn Backend>> = Vec::new();
+) -> anyhow::Result<Backends> {
+    let mut built = Backends { backends: Vec::new(), collectors: Vec::new() };
     for command in commands {
         match command {
             BackendCommand::ToJson(_) => {
-                backends.push(Box::new(JsonBackend::new(std::io::stdout())))
+                built.backends.push(Box::new(JsonBackend::new(std::io::stdout())))
             }
-            BackendCommand::ToNft(_) => backends.push(nft_backend(global)?),
+            BackendCommand::ToNft(_) => {
+                let backend = nft_backend(global)?;
+                built.collectors.push(Box::new(kpng_nft::NftMetrics(backend.stats())));
+                built.backends.push(Box::new(backend));
+            }
             other => bail!("backend {} is not available in this build of kpng", other.name()),
         }
     }
-    Ok(backends)
+    Ok(built)
 }
 
 /// The nftables backend as the options describe it.
-fn nft_backend(global: &GlobalArgs) -> anyhow::Result<Box<dyn Backend>> {
+fn nft_backend(global: &GlobalArgs) -> anyhow::Result<NftBackend> {
     let nodeport_addresses = match global.nodeport_addresses.trim() {
         "primary" | "" => NodePortAddresses::Primary,
         list => NodePortAddresses::Cidrs(
@@ -58,7 +70,7 @@ fn nft_backend(global: &GlobalArgs) -> anyhow::Result<Box<dyn Backend>> {
     } else {
         Box::new(NetlinkKernel::open()?)
     };
-    Ok(Box::new(NftBackend::new(options, kernel)))
+    Ok(NftBackend::new(options, kernel))
 }
 
 /// Runs the node's backends until the source ends (or once, with `once`).
