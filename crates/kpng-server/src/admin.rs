@@ -300,6 +300,24 @@ impl Collector for Metrics {
                 None,
                 durations.metric_type(),
             )?)?;
+            let programming = stats.network_programming();
+            programming.encode(encoder.encode_descriptor(
+                "kubeproxy_network_programming_duration_seconds",
+                "From an EndpointSlice's last-change-trigger-time to every backend applying it.",
+                None,
+                programming.metric_type(),
+            )?)?;
+            let (internal, external) = stats.no_local_endpoints();
+            let mut family = encoder.encode_descriptor(
+                "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+                "Services with a Local traffic policy and no endpoint on this node.",
+                None,
+                prometheus_client::metrics::MetricType::Gauge,
+            )?;
+            for (policy, n) in [("internal", internal), ("external", external)] {
+                let metric = ConstGauge::new(n as i64);
+                metric.encode(family.encode_family(&[("traffic_policy", policy)])?)?;
+            }
             let mut family = encoder.encode_descriptor(
                 "kubeproxy_proxy_healthz",
                 "/healthz answers by HTTP code.",

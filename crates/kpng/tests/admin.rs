@@ -103,6 +103,10 @@ fn health_readiness_metrics_and_state_follow_the_pipeline() {
     let endpoint_changes = metric(&text, "kubeproxy_sync_proxy_rules_endpoint_changes_total");
     assert!(text.contains("kubeproxy_sync_proxy_rules_duration_seconds_bucket"), "{text}");
     assert!(text.contains("kubeproxy_proxy_healthz_total{code=\"200\"} 1"), "{text}");
+    assert!(text.contains("kubeproxy_network_programming_duration_seconds_count"), "{text}");
+    let no_local =
+        "kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=\"internal\"}";
+    assert!(metric(&text, no_local) >= 0.0, "{text}");
 
     // An edit moves the counters.
     let text = std::fs::read_to_string(&input).unwrap();

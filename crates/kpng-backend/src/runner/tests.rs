@@ -280,3 +280,43 @@ async fn a_drifted_dataplane_gets_the_whole_state_at_the_next_verification() {
     drop(writer);
     task.await.unwrap().unwrap();
 }
+
+#[test]
+fn trigger_times_parse_as_rfc3339() {
+    let at = |s: &str| parse_rfc3339(s).map(|t| t.duration_since(std::time::UNIX_EPOCH).unwrap());
+    assert_eq!(at("2026-11-22T04:35:06Z"), Some(Duration::from_secs(1_795_322_106)));
+    assert_eq!(
+        at("2026-11-22T04:35:06.123456789Z"),
+        Some(Duration::new(1_795_322_106, 123_456_789))
+    );
+    assert_eq!(at("2026-11-22T06:35:06+02:00"), Some(Duration::from_secs(1_795_322_106)));
+    assert_eq!(at("2000-02-29T00:00:00Z"), Some(Duration::from_secs(951_782_400)));
+    assert_eq!(at("2026-13-01T00:00:00Z"), None);
+    assert_eq!(at("yesterday"), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn services_with_a_local_policy_and_no_local_endpoint_are_counted() {
+    let (mut writer, reader) = store(&[]);
+    let with_policy = |endpoints: &[(&str, &str)]| {
+        let mut events = objects(endpoints);
+        let SourceEvent::Applied(Object::Service(s)) = &mut events[0] else { unreachable!() };
+        s.internal_traffic_policy = kpng_model::global::TrafficPolicy::Local;
+        events
+    };
+    writer.apply(with_policy(&[("10.0.0.1", "b")]));
+    let stats = Arc::new(NodeStats::default());
+    let task = tokio::spawn(run_node(
+        reader,
+        vec![Box::new(Recorder::default())],
+        RunnerOptions::new("a"),
+        stats.clone(),
+    ));
+    settle().await;
+    assert_eq!(stats.no_local_endpoints(), (1, 0), "the only endpoint is on node b");
+    writer.apply(with_policy(&[("10.0.0.1", "b"), ("10.0.0.2", "a")]));
+    settle().await;
+    assert_eq!(stats.no_local_endpoints(), (0, 0));
+    drop(writer);
+    task.await.unwrap().unwrap();
+}
