@@ -46,7 +46,10 @@ fn main() -> std::process::ExitCode {
                 return std::process::ExitCode::FAILURE;
             }
         };
-    match runtime.block_on(pipeline::run(cli)) {
+    let result = runtime.block_on(pipeline::run(cli));
+    // Whatever is still running (watchers, servers) gets a moment, not a veto.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(2));
+    match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("kpng: error: {e:#}");

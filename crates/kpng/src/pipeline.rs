@@ -320,8 +320,22 @@ async fn run_local(args: crate::cli::LocalArgs, global: &mut GlobalArgs) -> anyh
     }
 }
 
-/// Resolves on SIGINT or SIGTERM.
+/// Resolves on SIGINT or SIGTERM. A kernel transaction in flight is finished first (a
+/// backend applies a change set without yielding). From then on a second signal ends the
+/// process at once, whatever is still winding down.
 async fn shutdown_signal() {
+    first_signal().await;
+    std::thread::spawn(|| {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
+        if let Ok(runtime) = runtime {
+            runtime.block_on(first_signal());
+            eprintln!("kpng: second signal; exiting now");
+            std::process::exit(130);
+        }
+    });
+}
+
+async fn first_signal() {
     let terminate = async {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
             Ok(mut s) => {

@@ -343,3 +343,23 @@ fn version_names_the_build() {
     );
     assert!(out.stdout.contains("backends: to-nft to-json"), "{}", out.stdout);
 }
+
+#[test]
+fn sigterm_ends_a_running_pipeline_cleanly() {
+    let mut kpng = Kpng::spawn(&[
+        "file",
+        "--input",
+        &example(),
+        "--watch",
+        "to-local",
+        "--node",
+        "node-a",
+        "to-json",
+    ]);
+    kpng.next_change_set();
+    let pid = nix::unistd::Pid::from_raw(kpng.pid() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let status = kpng.wait_exit(Duration::from_secs(10));
+    assert_eq!(status.code(), Some(0), "{}", kpng.stderr());
+    assert!(kpng.stderr().contains("signal received"), "{}", kpng.stderr());
+}

@@ -136,6 +136,22 @@ impl Kpng {
         }
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits for the process to exit, at most `limit`.
+    pub fn wait_exit(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(start.elapsed() < limit, "still running; stderr:\n{}", self.stderr());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     pub fn stderr(&self) -> String {
         self.stderr.lock().unwrap().clone()
     }
