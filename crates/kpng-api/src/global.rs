@@ -11,7 +11,7 @@ use std::net::IpAddr;
 
 use kpng_model::global::{
     Endpoint, EndpointSlice, IpMode, LoadBalancerIngress, NodeAddress, NodeAddressKind,
-    ServicePort, ServiceType, SessionAffinity, SlicePort, TargetPort, TrafficPolicy,
+    ServicePort, SessionAffinity, SlicePort, TargetPort, TrafficPolicy,
 };
 use kpng_model::{
     Family, GlobalModel, Kind, Node, Object, ObjectRef, Service, ServiceKey, SliceKey,
@@ -21,7 +21,10 @@ use prost::Message;
 
 use crate::globalv1;
 use crate::localv1;
-use crate::wire::{WireError, ip_set, parse_ip, parse_ips, parse_nets, protocol, wire_protocol};
+use crate::wire::{
+    WireError, affinity_timeout, client_ip, decode, ip_filters, ip_set, optional_port, parse_ip,
+    parse_ips, parse_nets, port, protocol, service_type, source_ranges, wire_protocol,
+};
 
 /// The 64-bit FNV-1a hash of `bytes`: stable across versions and platforms.
 pub fn hash(bytes: &[u8]) -> u64 {
@@ -101,26 +104,11 @@ pub fn service_item(service: &Service) -> GlobalItem {
         external_traffic_to_local: service.external_traffic_policy == TrafficPolicy::Local,
         labels: Default::default(),
         annotations: Default::default(),
-        ip_filters: if service.load_balancer_source_ranges.is_empty() {
-            Vec::new()
-        } else {
-            vec![localv1::IpFilter {
-                target_ips: Some(ip_set(&all_lb)),
-                source_ranges: service
-                    .load_balancer_source_ranges
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect(),
-            }]
-        },
-        session_affinity: match service.session_affinity {
+        ip_filters: ip_filters(&service.load_balancer_source_ranges, &ip_set(&all_lb)),
+        session_affinity: client_ip(match service.session_affinity {
             SessionAffinity::None => None,
-            SessionAffinity::ClientIP { timeout_seconds } => {
-                Some(localv1::service::SessionAffinity::ClientIp(localv1::ClientIpAffinity {
-                    timeout_seconds: i32::try_from(timeout_seconds).unwrap_or(i32::MAX),
-                }))
-            }
-        },
+            SessionAffinity::ClientIP { timeout_seconds } => Some(timeout_seconds),
+        }),
         internal_traffic_to_local: service.internal_traffic_policy == TrafficPolicy::Local,
         health_check_node_port: service.health_check_node_port.map_or(0, i32::from),
         port_endpoints: Vec::new(),
@@ -147,19 +135,6 @@ pub fn service_item(service: &Service) -> GlobalItem {
     }
 }
 
-fn port(value: i32, path: &str, field: &str) -> Result<u16, WireError> {
-    u16::try_from(value)
-        .map_err(|_| WireError::new(path, field, format!("port {value} out of range")))
-}
-
-fn optional_port(value: i32, path: &str, field: &str) -> Result<Option<u16>, WireError> {
-    Ok(if value == 0 { None } else { Some(port(value, path, field)?) })
-}
-
-fn decode<M: Message + Default>(bytes: &[u8], path: &str) -> Result<M, WireError> {
-    M::decode(bytes).map_err(|e| WireError::new(path, "bytes", e.to_string()))
-}
-
 /// A service from its item.
 pub fn decode_service(bytes: &[u8], path: &str) -> Result<Service, WireError> {
     let info: globalv1::ServiceInfo = decode(bytes, path)?;
@@ -167,12 +142,7 @@ pub fn decode_service(bytes: &[u8], path: &str) -> Result<Service, WireError> {
     let key: ServiceKey = path
         .parse()
         .map_err(|e: kpng_model::global::InvalidKey| WireError::new(path, "path", e.0))?;
-    let service_type = match wire.r#type.as_str() {
-        "ClusterIP" | "" => ServiceType::ClusterIP,
-        "NodePort" => ServiceType::NodePort,
-        "LoadBalancer" => ServiceType::LoadBalancer,
-        other => return Err(WireError::new(path, "type", format!("unknown type {other:?}"))),
-    };
+    let service_type = service_type(&wire.r#type, path)?;
     let ips = wire.ips.clone().unwrap_or_default();
     let mut ports = Vec::with_capacity(wire.ports.len());
     for (i, p) in wire.ports.iter().enumerate() {
@@ -211,17 +181,9 @@ pub fn decode_service(bytes: &[u8], path: &str) -> Result<Service, WireError> {
         ports,
         external_ips: parse_ips(ips.external_ips.as_ref(), path, "ips.externalIPs")?,
         load_balancer_ingress,
-        load_balancer_source_ranges: parse_nets(
-            wire.ip_filters.iter().flat_map(|f| &f.source_ranges),
-            path,
-            "ipFilters.sourceRanges",
-        )?,
-        session_affinity: match &wire.session_affinity {
-            Some(localv1::service::SessionAffinity::ClientIp(a)) => SessionAffinity::ClientIP {
-                timeout_seconds: u32::try_from(a.timeout_seconds).map_err(|_| {
-                    WireError::new(path, "clientIP.timeoutSeconds", "negative timeout")
-                })?,
-            },
+        load_balancer_source_ranges: source_ranges(&wire.ip_filters, path)?,
+        session_affinity: match affinity_timeout(&wire.session_affinity, path)? {
+            Some(timeout_seconds) => SessionAffinity::ClientIP { timeout_seconds },
             None => SessionAffinity::None,
         },
         internal_traffic_policy: policy(wire.internal_traffic_to_local),

@@ -8,7 +8,7 @@
 
 use std::net::IpAddr;
 
-use kpng_model::global::{InvalidKey, ServiceType};
+use kpng_model::global::InvalidKey;
 use kpng_model::local::{EndpointPort, LocalServicePort};
 use kpng_model::{
     Family, Item, ItemRef, LocalEndpoint, LocalNode, LocalService, Op, PerFamily, ServiceKey,
@@ -16,7 +16,10 @@ use kpng_model::{
 use prost::Message;
 
 use crate::localv1::{self, op_item};
-use crate::wire::{WireError, ip_set, parse_ip, parse_ips, parse_nets, protocol, wire_protocol};
+use crate::wire::{
+    WireError, affinity_timeout, client_ip, decode, ip_filters, ip_set, optional_port, parse_ip,
+    parse_ips, parse_nets, port, protocol, service_type, source_ranges, wire_protocol,
+};
 
 /// The path of service `key`: `namespace/name`.
 pub fn service_path(key: &ServiceKey) -> String {
@@ -86,19 +89,16 @@ pub fn decode_op(item: &localv1::OpItem) -> Result<Op, WireError> {
             let path = reference.path.as_str();
             match set_of(reference, path)? {
                 localv1::Set::ServicesSet => {
-                    let wire = localv1::Service::decode(value.bytes.as_slice())
-                        .map_err(|e| WireError::new(path, "bytes", e.to_string()))?;
+                    let wire: localv1::Service = decode(&value.bytes, path)?;
                     Op::Set(Item::Service(decode_service(&wire, path)?))
                 }
                 localv1::Set::EndpointsSet => {
                     let (service, _) = split_endpoint_path(path)?;
-                    let wire = localv1::Endpoint::decode(value.bytes.as_slice())
-                        .map_err(|e| WireError::new(path, "bytes", e.to_string()))?;
+                    let wire: localv1::Endpoint = decode(&value.bytes, path)?;
                     Op::Set(Item::Endpoint { service, endpoint: decode_endpoint(&wire, path)? })
                 }
                 localv1::Set::NodeSet => {
-                    let wire = localv1::Node::decode(value.bytes.as_slice())
-                        .map_err(|e| WireError::new(path, "bytes", e.to_string()))?;
+                    let wire: localv1::Node = decode(&value.bytes, path)?;
                     Op::Set(Item::Node(decode_node(&wire, path)?))
                 }
                 other => return Err(unexpected_set(other, path)),
@@ -170,23 +170,8 @@ pub fn encode_service(service: &LocalService) -> localv1::Service {
         external_traffic_to_local: service.external_local,
         labels: Default::default(),
         annotations: Default::default(),
-        ip_filters: if service.load_balancer_source_ranges.is_empty() {
-            Vec::new()
-        } else {
-            vec![localv1::IpFilter {
-                target_ips: Some(lb_ips),
-                source_ranges: service
-                    .load_balancer_source_ranges
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect(),
-            }]
-        },
-        session_affinity: service.affinity_timeout_seconds.map(|t| {
-            localv1::service::SessionAffinity::ClientIp(localv1::ClientIpAffinity {
-                timeout_seconds: i32::try_from(t).unwrap_or(i32::MAX),
-            })
-        }),
+        ip_filters: ip_filters(&service.load_balancer_source_ranges, &lb_ips),
+        session_affinity: client_ip(service.affinity_timeout_seconds),
         internal_traffic_to_local: service.internal_local,
         health_check_node_port: service.health_check_node_port.map_or(0, i32::from),
         port_endpoints: service
@@ -202,23 +187,9 @@ pub fn encode_service(service: &LocalService) -> localv1::Service {
     }
 }
 
-fn port_number(value: i32, path: &str, field: &str) -> Result<u16, WireError> {
-    u16::try_from(value)
-        .map_err(|_| WireError::new(path, field, format!("port {value} out of range")))
-}
-
-fn optional_port(value: i32, path: &str, field: &str) -> Result<Option<u16>, WireError> {
-    Ok(if value == 0 { None } else { Some(port_number(value, path, field)?) })
-}
-
 /// A service from its wire form.
 pub fn decode_service(wire: &localv1::Service, path: &str) -> Result<LocalService, WireError> {
-    let service_type = match wire.r#type.as_str() {
-        "ClusterIP" | "" => ServiceType::ClusterIP,
-        "NodePort" => ServiceType::NodePort,
-        "LoadBalancer" => ServiceType::LoadBalancer,
-        other => return Err(WireError::new(path, "type", format!("unknown type {other:?}"))),
-    };
+    let service_type = service_type(&wire.r#type, path)?;
     let ips = wire.ips.clone().unwrap_or_default();
     let mut ports = Vec::with_capacity(wire.ports.len());
     for (i, p) in wire.ports.iter().enumerate() {
@@ -231,29 +202,20 @@ pub fn decode_service(wire: &localv1::Service, path: &str) -> Result<LocalServic
         ports.push(LocalServicePort {
             name: p.name.clone(),
             protocol: proto,
-            port: port_number(p.port, path, &format!("ports[{i}].port"))?,
+            port: port(p.port, path, &format!("ports[{i}].port"))?,
             node_port: optional_port(p.node_port, path, &format!("ports[{i}].nodePort"))?,
             has_endpoints,
         });
     }
-    let source_ranges: Vec<&String> =
-        wire.ip_filters.iter().flat_map(|f| &f.source_ranges).collect();
     Ok(LocalService {
         key: service_key(path)?,
         service_type,
         cluster_ips: parse_ips(ips.cluster_ips.as_ref(), path, "ips.clusterIPs")?,
         external_ips: parse_ips(ips.external_ips.as_ref(), path, "ips.externalIPs")?,
         load_balancer_ips: parse_ips(ips.load_balancer_ips.as_ref(), path, "ips.loadBalancerIPs")?,
-        load_balancer_source_ranges: parse_nets(source_ranges, path, "ipFilters.sourceRanges")?,
+        load_balancer_source_ranges: source_ranges(&wire.ip_filters, path)?,
         ports,
-        affinity_timeout_seconds: match &wire.session_affinity {
-            Some(localv1::service::SessionAffinity::ClientIp(a)) => {
-                Some(u32::try_from(a.timeout_seconds).map_err(|_| {
-                    WireError::new(path, "clientIP.timeoutSeconds", "negative timeout")
-                })?)
-            }
-            None => None,
-        },
+        affinity_timeout_seconds: affinity_timeout(&wire.session_affinity, path)?,
         internal_local: wire.internal_traffic_to_local,
         external_local: wire.external_traffic_to_local,
         health_check_node_port: optional_port(
@@ -313,7 +275,7 @@ pub fn decode_endpoint(wire: &localv1::Endpoint, path: &str) -> Result<LocalEndp
         ports.push(EndpointPort {
             name: p.name.clone(),
             protocol: protocol(p.protocol, path, &format!("ports[{i}].protocol"))?,
-            port: port_number(p.port, path, &format!("ports[{i}].port"))?,
+            port: port(p.port, path, &format!("ports[{i}].port"))?,
             cluster: p.cluster,
             local: p.local,
         });

@@ -101,3 +101,68 @@ pub fn protocol(value: i32, path: &str, field: &str) -> Result<Protocol, WireErr
         _ => Err(WireError::new(path, field, format!("unknown protocol {value}"))),
     }
 }
+
+/// A port number (1-65535 in practice; 0 is "none" for optional ports).
+pub fn port(value: i32, path: &str, field: &str) -> Result<u16, WireError> {
+    u16::try_from(value)
+        .map_err(|_| WireError::new(path, field, format!("port {value} out of range")))
+}
+
+/// An optional port: 0 is none.
+pub fn optional_port(value: i32, path: &str, field: &str) -> Result<Option<u16>, WireError> {
+    Ok(if value == 0 { None } else { Some(port(value, path, field)?) })
+}
+
+/// A message from its encoding, for the object at `path`.
+pub fn decode<M: prost::Message + Default>(bytes: &[u8], path: &str) -> Result<M, WireError> {
+    M::decode(bytes).map_err(|e| WireError::new(path, "bytes", e.to_string()))
+}
+
+/// A service type from its name.
+pub fn service_type(text: &str, path: &str) -> Result<kpng_model::global::ServiceType, WireError> {
+    use kpng_model::global::ServiceType;
+    match text {
+        "ClusterIP" | "" => Ok(ServiceType::ClusterIP),
+        "NodePort" => Ok(ServiceType::NodePort),
+        "LoadBalancer" => Ok(ServiceType::LoadBalancer),
+        other => Err(WireError::new(path, "type", format!("unknown type {other:?}"))),
+    }
+}
+
+/// Source ranges as the original's IP filters: one filter on the load-balancer IPs.
+pub fn ip_filters(ranges: &[IpNet], lb_ips: &localv1::IpSet) -> Vec<localv1::IpFilter> {
+    if ranges.is_empty() {
+        return Vec::new();
+    }
+    vec![localv1::IpFilter {
+        target_ips: Some(lb_ips.clone()),
+        source_ranges: ranges.iter().map(ToString::to_string).collect(),
+    }]
+}
+
+/// The source ranges of every IP filter.
+pub fn source_ranges(filters: &[localv1::IpFilter], path: &str) -> Result<Vec<IpNet>, WireError> {
+    parse_nets(filters.iter().flat_map(|f| &f.source_ranges), path, "ipFilters.sourceRanges")
+}
+
+/// ClientIP affinity with `timeout` seconds, if any.
+pub fn client_ip(timeout: Option<u32>) -> Option<localv1::service::SessionAffinity> {
+    timeout.map(|t| {
+        localv1::service::SessionAffinity::ClientIp(localv1::ClientIpAffinity {
+            timeout_seconds: i32::try_from(t).unwrap_or(i32::MAX),
+        })
+    })
+}
+
+/// The ClientIP affinity timeout, if the service has affinity.
+pub fn affinity_timeout(
+    affinity: &Option<localv1::service::SessionAffinity>,
+    path: &str,
+) -> Result<Option<u32>, WireError> {
+    match affinity {
+        Some(localv1::service::SessionAffinity::ClientIp(a)) => u32::try_from(a.timeout_seconds)
+            .map(Some)
+            .map_err(|_| WireError::new(path, "clientIP.timeoutSeconds", "negative timeout")),
+        None => Ok(None),
+    }
+}

@@ -67,7 +67,7 @@ proptest! {
 fn services_and_nodes_round_trip_exactly() {
     let service = Service {
         key: ServiceKey::new("ns", "lb"),
-        service_type: ServiceType::LoadBalancer,
+        service_type: kpng_model::global::ServiceType::LoadBalancer,
         cluster_ips: vec!["10.96.0.5".parse().unwrap(), "fd00::5".parse().unwrap()],
         ports: vec![ServicePort {
             name: "http".into(),
