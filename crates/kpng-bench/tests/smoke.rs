@@ -1,0 +1,74 @@
+//! A smoke run of the benchmark at a small size: every scenario runs and prints a table
+//! that parses. No timing is judged here; the numbers belong to BENCHMARKS.md.
+
+use std::process::Command;
+
+/// The rows of the table that follows the line starting with `title`, split on spaces
+/// and `|`, up to the next blank line.
+fn table(out: &str, title: &str) -> Vec<Vec<String>> {
+    let mut lines = out.lines().skip_while(|l| !l.starts_with(title)).skip(1);
+    let header = lines.next().unwrap_or_else(|| panic!("no {title:?} table in:\n{out}"));
+    assert!(!header.trim().is_empty(), "{title}: no header");
+    lines
+        .take_while(|l| !l.trim().is_empty() && !l.starts_with('*'))
+        .map(|l| l.split(['|', ' ']).filter(|f| !f.is_empty()).map(String::from).collect())
+        .collect()
+}
+
+fn number(field: &str) -> f64 {
+    field.parse().unwrap_or_else(|_| panic!("not a number: {field:?}"))
+}
+
+#[test]
+fn every_scenario_runs_and_prints_its_table() {
+    if !kpng_testkit::privileged::require(
+        "every_scenario_runs_and_prints_its_table",
+        &["nft", "ip"],
+    ) {
+        return;
+    }
+    let kpng = std::path::Path::new(env!("CARGO_BIN_EXE_kpng-bench")).with_file_name("kpng");
+    let memory = if kpng.exists() { "300" } else { "0" };
+    let out = Command::new(env!("CARGO_BIN_EXE_kpng-bench"))
+        .args(["--services", "300", "--repeat", "5", "--reloads", "1"])
+        .args(["--churn-rates", "100", "--churn-seconds", "1", "--churn-services", "300"])
+        .args(["--memory-services", memory, "--api-streams", "10", "--api-services", "300"])
+        .args(["--api-repeat", "2"])
+        .output()
+        .expect("run kpng-bench");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+
+    let changes: Vec<_> = table(&stdout, "nftables backend")
+        .into_iter()
+        .filter(|r| r.len() > 10 && r[0] != "services")
+        .collect();
+    let kinds: Vec<String> = changes.iter().map(|r| format!("{} {}", r[6], r[7])).collect();
+    assert_eq!(
+        kinds,
+        ["endpoint add", "endpoint remove", "endpoint replace", "service add", "service delete"]
+    );
+    for row in &changes {
+        assert_eq!(row[0], "300");
+        row[8..].iter().for_each(|f| assert!(number(f) >= 0.0));
+    }
+
+    let churn = table(&stdout, "churn:");
+    assert_eq!(churn.len(), 1, "{churn:?}");
+    let dropped = number(&churn[0][churn[0].len() - 2]);
+    assert!((0.0..=100.0).contains(&dropped), "{dropped}");
+
+    if memory != "0" {
+        let memory = table(&stdout, "memory:");
+        assert_eq!(memory.iter().map(|r| r[0].as_str()).collect::<Vec<_>>(), ["0", "300"]);
+    }
+
+    let api = table(&stdout, "api:");
+    assert_eq!(
+        api.iter().map(|r| (r[0].as_str(), r[1].as_str())).collect::<Vec<_>>(),
+        [("10", "10"), ("10", "1")]
+    );
+    for row in &api {
+        row[3..].iter().for_each(|f| assert!(number(f) >= 0.0));
+    }
+}
