@@ -5,7 +5,8 @@
 //! - `nft`: cold start of the whole table, then one change at a time (endpoint added and
 //!   removed, service added and deleted) from the model update to the committed netlink
 //!   transaction, with the kernel's commit time alone, against a full `nft -f` reload of the
-//!   same ruleset (the resync-per-change approach);
+//!   same ruleset (the resync-per-change approach), and against kube-proxy's iptables mode
+//!   (the whole nat table through `iptables-restore`);
 //! - `churn`: the kube source, store, projection and nftables backend against the fake API
 //!   server, under a stream of events most of which change nothing a proxy uses: API
 //!   events vs store changes vs node-state revisions vs kernel transactions;
@@ -19,6 +20,7 @@
 //! - [`nft`]: the nftables scenario.
 //! - [`churn`]: the churn scenario: kube source to kernel under a no-op-heavy event stream.
 //! - [`memory`]: the kpng binary's resident set, loaded vs empty.
+//! - [`iptables`]: kube-proxy's iptables layout for the same cluster, for comparison.
 //! - [`api`]: the gRPC API scenario.
 //! - [`probe`]: the netlink kernel, instrumented (commit time, transactions, elements).
 //! - [`table`]: percentiles and table printing.
@@ -26,6 +28,7 @@
 mod api;
 mod churn;
 mod cluster;
+mod iptables;
 mod memory;
 mod nft;
 mod probe;

@@ -136,6 +136,8 @@ pub fn run(
     let chains = STATIC_CHAINS * 2;
     let rules = bench.backend.ladders().len();
     let reload_ms = full_reload(&bench, reloads)?;
+    let iptables_ms =
+        crate::iptables::restore(&crate::iptables::ruleset(bench.projector.state()), reloads)?;
     Ok(NftRow {
         services,
         endpoints,
@@ -146,6 +148,7 @@ pub fn run(
         cold_kernel_ms,
         changes,
         reload_ms,
+        iptables_ms,
     })
 }
 

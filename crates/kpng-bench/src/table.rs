@@ -46,6 +46,9 @@ pub struct NftRow {
     pub changes: Vec<ChangeStats>,
     /// Full `nft -f` reload of the whole ruleset (ms, median).
     pub reload_ms: f64,
+    /// kube-proxy's iptables mode: the whole nat table through `iptables-restore` (ms,
+    /// median); `None` without `iptables-restore`.
+    pub iptables_ms: Option<f64>,
 }
 
 /// Prints the nftables table.
@@ -59,7 +62,7 @@ pub fn print_nft(rows: &[NftRow]) {
         );
     }
     println!(
-        "{:>8} {:>4} {:>9} {:>6} {:>5} {:>10} | {:<16} {:>8} {:>8} {:>8} {:>10} {:>10} {:>8} | {:>10} {:>12}",
+        "{:>8} {:>4} {:>9} {:>6} {:>5} {:>10} | {:<16} {:>8} {:>8} {:>8} {:>10} {:>10} {:>8} | {:>10} {:>12} | {:>10} {:>10}",
         "services",
         "eps",
         "elements",
@@ -74,12 +77,14 @@ pub fn print_nft(rows: &[NftRow]) {
         "kern99(ms)",
         "cpu(ms)",
         "reload(ms)",
-        "reload/p50"
+        "reload/p50",
+        "ipt(ms)",
+        "ipt/p50"
     );
     for row in rows {
         for ChangeStats { name, wall: (p50, p99, max), kernel: (k50, k99), cpu } in &row.changes {
             println!(
-                "{:>8} {:>4} {:>9} {:>6} {:>5} {:>10.1} | {:<16} {:>8.3} {:>8.3} {:>8.3} {:>10.3} {:>10.3} {:>8.3} | {:>10.1} {:>12.0}",
+                "{:>8} {:>4} {:>9} {:>6} {:>5} {:>10.1} | {:<16} {:>8.3} {:>8.3} {:>8.3} {:>10.3} {:>10.3} {:>8.3} | {:>10.1} {:>12.0} | {:>10} {:>10}",
                 row.services,
                 row.endpoints,
                 row.elements,
@@ -94,7 +99,11 @@ pub fn print_nft(rows: &[NftRow]) {
                 k99,
                 cpu,
                 row.reload_ms,
-                if *p50 > 0.0 { row.reload_ms / p50 } else { 0.0 }
+                if *p50 > 0.0 { row.reload_ms / p50 } else { 0.0 },
+                row.iptables_ms.map_or("n/a".into(), |ms| format!("{ms:.1}")),
+                row.iptables_ms
+                    .filter(|_| *p50 > 0.0)
+                    .map_or("n/a".into(), |ms| format!("{:.0}", ms / p50)),
             );
         }
     }
