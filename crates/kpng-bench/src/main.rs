@@ -12,6 +12,8 @@
 //!   events vs store changes vs node-state revisions vs kernel transactions;
 //! - `memory`: the resident set of the real `kpng` binary synced to a generated cluster
 //!   served by the fake API server, against the same binary synced to an empty one;
+//! - `cold`: the real `kpng` binary, kube source to nftables, from process start to its first
+//!   committed sync, with its peak resident set;
 //! - `api`: one `to-api` server and N node streams: time until every node has its state,
 //!   time for one endpoint change to reach every node, memory per connected node.
 //!
@@ -21,6 +23,7 @@
 //! - [`churn`]: the churn scenario: kube source to kernel under a no-op-heavy event stream.
 //! - [`memory`]: the kpng binary's resident set, loaded vs empty.
 //! - [`iptables`]: kube-proxy's iptables layout for the same cluster, for comparison.
+//! - [`cold`]: the kpng binary's cold start through the kube source into nftables.
 //! - [`api`]: the gRPC API scenario.
 //! - [`probe`]: the netlink kernel, instrumented (commit time, transactions, elements).
 //! - [`table`]: percentiles and table printing.
@@ -28,6 +31,7 @@
 mod api;
 mod churn;
 mod cluster;
+mod cold;
 mod iptables;
 mod memory;
 mod nft;
@@ -71,6 +75,10 @@ struct Cli {
     /// against an empty cluster (0 skips the memory scenario; needs the kpng binary built).
     #[arg(long, value_delimiter = ',', default_value = "1000")]
     memory_services: Vec<usize>,
+    /// Cold start of the kpng binary (kube source to nftables): cluster sizes (0 skips it;
+    /// needs the kpng binary built).
+    #[arg(long, value_delimiter = ',', default_value = "1000")]
+    cold_services: Vec<usize>,
     /// API: numbers of node streams to connect to one to-api server, comma-separated (0
     /// skips the API scenario).
     #[arg(long, value_delimiter = ',', default_value = "100,1000")]
@@ -126,6 +134,14 @@ fn main() -> anyhow::Result<()> {
         }
         println!();
         memory::print(&rows);
+    }
+    let mut rows = Vec::new();
+    for &services in cli.cold_services.iter().filter(|s| **s > 0) {
+        rows.push(cold::run(services, cli.endpoints)?);
+    }
+    if !rows.is_empty() {
+        println!();
+        cold::print(&rows);
     }
     let mut rows = Vec::new();
     for &streams in cli.api_streams.iter().filter(|s| **s > 0) {

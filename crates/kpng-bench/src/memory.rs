@@ -22,7 +22,7 @@ pub struct MemoryRow {
 }
 
 /// The `kpng` binary next to this one.
-fn kpng_binary() -> anyhow::Result<PathBuf> {
+pub fn kpng_binary() -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe()?;
     let path = exe.with_file_name("kpng");
     anyhow::ensure!(

@@ -33,7 +33,7 @@ fn every_scenario_runs_and_prints_its_table() {
         .args(["--services", "300", "--repeat", "5", "--reloads", "1"])
         .args(["--churn-rates", "100", "--churn-seconds", "1", "--churn-services", "300"])
         .args(["--memory-services", memory, "--api-streams", "10", "--api-services", "300"])
-        .args(["--api-repeat", "2"])
+        .args(["--api-repeat", "2", "--cold-services", memory])
         .output()
         .expect("run kpng-bench");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -61,6 +61,12 @@ fn every_scenario_runs_and_prints_its_table() {
     if memory != "0" {
         let memory = table(&stdout, "memory:");
         assert_eq!(memory.iter().map(|r| r[0].as_str()).collect::<Vec<_>>(), ["0", "300"]);
+    }
+
+    if memory != "0" {
+        let cold = table(&stdout, "cold start:");
+        assert_eq!(cold.len(), 1, "{cold:?}");
+        assert!(number(&cold[0][2]) > 0.0 && number(&cold[0][3]) > 0.0, "{cold:?}");
     }
 
     let api = table(&stdout, "api:");

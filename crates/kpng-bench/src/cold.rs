@@ -1,0 +1,73 @@
+//! The cold-start scenario with the whole pipeline: the real `kpng` binary (`kube` source
+//! against the fake API server, `to-local ... to-nft --once`) from process start to its
+//! first committed sync and exit, with its peak resident set, over empty kpng tables.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use kpng_testkit::apiserver::FakeApiServer;
+use kpng_testkit::generate::{ClusterSpec, generate};
+
+/// One cold start.
+pub struct ColdRow {
+    /// Services in the cluster.
+    pub services: usize,
+    /// Endpoints per service.
+    pub endpoints: usize,
+    /// Process start to exit after the first committed sync (ms).
+    pub total_ms: f64,
+    /// Peak resident set of the kpng process (KiB).
+    pub peak_kib: u64,
+}
+
+/// Runs kpng once over a fresh table for a generated cluster of `services` × `endpoints`.
+pub fn run(services: usize, endpoints: usize) -> anyhow::Result<ColdRow> {
+    let binary = crate::memory::kpng_binary()?;
+    let cleanup = Command::new(&binary).arg("cleanup").stderr(Stdio::null()).status()?;
+    anyhow::ensure!(cleanup.success(), "kpng cleanup failed before the cold start");
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
+    let server = runtime.block_on(FakeApiServer::start(Duration::from_secs(60)))?;
+    for object in generate(&ClusterSpec { services, endpoints, nodes: 3, zones: 2 }) {
+        server.apply(object);
+    }
+    let url = server.url();
+    let start = Instant::now();
+    let child = Command::new(&binary)
+        .args(["kube", "--server", url.as_str(), "--kube-api-qps", "0"])
+        .args(["to-local", "--node", "node-0", "to-nft", "--once"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("cannot run {}", binary.display()))?;
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    // Waited for here (not by std) so that its resource usage can be read.
+    let status = nix::sys::wait::waitpid(pid, None)?;
+    let total_ms = start.elapsed().as_secs_f64() * 1000.0;
+    let usage = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN)?;
+    drop(server);
+    anyhow::ensure!(
+        matches!(status, nix::sys::wait::WaitStatus::Exited(_, 0)),
+        "kpng did not sync: {status:?}"
+    );
+    Ok(ColdRow { services, endpoints, total_ms, peak_kib: usage.max_rss() as u64 })
+}
+
+/// Prints the cold-start table.
+pub fn print(rows: &[ColdRow]) {
+    println!(
+        "cold start: kpng kube --server <fake> to-local --node node-0 to-nft --once, empty tables"
+    );
+    println!("{:>8} {:>4} | {:>14} {:>15}", "services", "eps", "to-sync(ms)", "peak rss(MiB)");
+    for r in rows {
+        println!(
+            "{:>8} {:>4} | {:>14.1} {:>15.1}",
+            r.services,
+            r.endpoints,
+            r.total_ms,
+            r.peak_kib as f64 / 1024.0
+        );
+    }
+    println!("* peak rss: the largest of this and earlier kpng processes of the run (getrusage)");
+}
