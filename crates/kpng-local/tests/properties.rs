@@ -2,23 +2,11 @@
 
 use kpng_local::{NodeProjector, diff, full_state_ops, project_node_state};
 use kpng_model::{Changes, GlobalModel, LocalState, Op, Touched};
-use kpng_testkit::strategies::{Mutation, NODES, arb_mutation};
+use kpng_testkit::strategies::{Mutation, NODES, arb_mutation, build};
 use proptest::prelude::*;
 
-fn build(mutations: &[Mutation]) -> GlobalModel {
-    let mut model = GlobalModel::new();
-    for m in mutations {
-        apply(&mut model, m);
-    }
-    model
-}
-
 fn apply(model: &mut GlobalModel, m: &Mutation) -> Vec<Touched> {
-    match m {
-        Mutation::Apply(o) => model.apply(o.clone()),
-        Mutation::Delete(k) => model.delete(k),
-    }
-    .unwrap_or_default()
+    m.apply_to(model)
 }
 
 fn replay(mut state: LocalState, ops: &[Op]) -> LocalState {

@@ -30,6 +30,26 @@ pub enum Mutation {
     Delete(ObjectRef),
 }
 
+impl Mutation {
+    /// Applies the mutation to `model`; returns what it touched.
+    pub fn apply_to(&self, model: &mut kpng_model::GlobalModel) -> Vec<kpng_model::Touched> {
+        match self {
+            Mutation::Apply(o) => model.apply(o.clone()),
+            Mutation::Delete(k) => model.delete(k),
+        }
+        .unwrap_or_default()
+    }
+}
+
+/// The model `mutations` build from nothing.
+pub fn build(mutations: &[Mutation]) -> kpng_model::GlobalModel {
+    let mut model = kpng_model::GlobalModel::new();
+    for m in mutations {
+        m.apply_to(&mut model);
+    }
+    model
+}
+
 fn ip(family: Family, n: u8) -> IpAddr {
     match family {
         Family::V4 => IpAddr::from([10, 0, 0, n]),

@@ -1,20 +1,9 @@
 use kpng_local::project_node_state;
 use kpng_store::store;
-use kpng_testkit::strategies::{Mutation, NODES, arb_mutation};
+use kpng_testkit::strategies::{NODES, arb_mutation, build};
 use proptest::prelude::*;
 
 use super::*;
-
-fn build(mutations: &[Mutation]) -> GlobalModel {
-    let mut model = GlobalModel::new();
-    for m in mutations {
-        match m {
-            Mutation::Apply(o) => model.apply(o.clone()),
-            Mutation::Delete(k) => model.delete(k),
-        };
-    }
-    model
-}
 
 fn set_ops(items: &[GlobalItem]) -> Vec<localv1::OpItem> {
     items.iter().map(GlobalItem::set_op).collect()

@@ -1,6 +1,6 @@
 use kpng_local::{full_state_ops, project_node_state};
-use kpng_model::{GlobalModel, LocalState};
-use kpng_testkit::strategies::{Mutation, NODES, arb_mutation};
+use kpng_model::LocalState;
+use kpng_testkit::strategies::{NODES, arb_mutation, build};
 use proptest::prelude::*;
 
 use super::*;
@@ -8,17 +8,6 @@ use super::*;
 fn roundtrip(op: &Op) -> Op {
     let bytes = encode_op(op).encode_to_vec();
     decode_op(&localv1::OpItem::decode(bytes.as_slice()).unwrap()).unwrap()
-}
-
-fn build(mutations: &[Mutation]) -> GlobalModel {
-    let mut model = GlobalModel::new();
-    for m in mutations {
-        match m {
-            Mutation::Apply(o) => model.apply(o.clone()),
-            Mutation::Delete(k) => model.delete(k),
-        };
-    }
-    model
 }
 
 proptest! {
