@@ -156,6 +156,21 @@ fn cluster_ip_node_port_and_rejects() {
 const SLICE_HTTP: &str = "- {name: http, protocol: TCP, port: 8080}\n";
 const PORT_HTTP: &str = "  - {name: http, protocol: TCP, port: 80, targetPort: 8080}\n";
 
+/// An endpoint: address, node, ready, serving, terminating.
+type Ep<'a> = (&'a str, &'a str, bool, bool, bool);
+/// The ready pod `web-a` on node-a, and `web-b` on node-b.
+const WEB_A: Ep<'static> = ("10.244.0.10", "node-a", true, true, false);
+const WEB_B: Ep<'static> = ("10.244.1.10", "node-b", true, true, false);
+
+/// Service `web` on `cluster_ip`, port 80 to 8080, with `endpoints` in one IPv4 slice.
+fn web(cluster_ip: &str, endpoints: &[Ep<'_>]) -> String {
+    [
+        service("web", &format!("  clusterIP: {cluster_ip}\n"), PORT_HTTP),
+        slice("web-1", "web", "IPv4", SLICE_HTTP, endpoints),
+    ]
+    .concat()
+}
+
 fn ip(text: &str) -> IpAddr {
     text.parse().unwrap()
 }
@@ -167,11 +182,7 @@ fn restart_changes_nothing_and_keeps_established_connections() {
     }
     let mut cluster = Cluster::new();
     cluster.add_pod("web-a", true, 10, &[8080]);
-    let manifests = [
-        service("web", "  clusterIP: 10.96.0.10\n", PORT_HTTP),
-        slice("web-1", "web", "IPv4", SLICE_HTTP, &[("10.244.0.10", "node-a", true, true, false)]),
-    ]
-    .concat();
+    let manifests = web("10.96.0.10", &[WEB_A]);
     program(&cluster, &manifests, &[]);
     // Hold a connection open through the service.
     let (to_conn, from_test) = std::sync::mpsc::channel::<()>();
@@ -537,15 +548,8 @@ fn updates_apply_while_traffic_flows() {
     let mut cluster = Cluster::new();
     cluster.add_pod("web-a", true, 10, &[8080]);
     cluster.add_pod("web-b", false, 10, &[8080]);
-    let a = ("10.244.0.10", "node-a", true, true, false);
-    let b = ("10.244.1.10", "node-b", true, true, false);
-    let web = |eps: &[(&str, &str, bool, bool, bool)]| {
-        [
-            service("web", "  clusterIP: 10.96.0.60\n", PORT_HTTP),
-            slice("web-1", "web", "IPv4", SLICE_HTTP, eps),
-        ]
-        .concat()
-    };
+    let (a, b) = (WEB_A, WEB_B);
+    let web = |eps: &[Ep<'_>]| web("10.96.0.60", eps);
     let kpng = Watched::start(&cluster, &web(&[a]));
     let probe = || Cluster::tcp(&cluster.client, "10.96.0.60:80");
     let is = |name: &'static str| move |o: &Outcome| matches!(o, Outcome::Answer { name: n, .. } if n == name);
@@ -612,15 +616,8 @@ fn a_rejected_transaction_is_retried_and_the_table_rebuilt() {
     let mut cluster = Cluster::new();
     cluster.add_pod("web-a", true, 10, &[8080]);
     cluster.add_pod("web-b", false, 10, &[8080]);
-    let a = ("10.244.0.10", "node-a", true, true, false);
-    let b = ("10.244.1.10", "node-b", true, true, false);
-    let web = |eps: &[(&str, &str, bool, bool, bool)]| {
-        [
-            service("web", "  clusterIP: 10.96.0.80\n", PORT_HTTP),
-            slice("web-1", "web", "IPv4", SLICE_HTTP, eps),
-        ]
-        .concat()
-    };
+    let (a, b) = (WEB_A, WEB_B);
+    let web = |eps: &[Ep<'_>]| web("10.96.0.80", eps);
     let kpng = Watched::start(&cluster, &web(&[a, b]));
     let probe = || Cluster::tcp(&cluster.client, "10.96.0.80:80");
     assert!(matches!(
@@ -733,11 +730,7 @@ fn masquerade_all_and_cluster_cidr() {
     let mut cluster = Cluster::new();
     cluster.add_pod("client-pod", true, 20, &[9999]);
     cluster.add_pod("web-b", false, 10, &[8080]);
-    let manifests = [
-        service("web", "  clusterIP: 10.96.0.97\n", PORT_HTTP),
-        slice("web-1", "web", "IPv4", SLICE_HTTP, &[("10.244.1.10", "node-b", true, true, false)]),
-    ]
-    .concat();
+    let manifests = web("10.96.0.97", &[WEB_B]);
     let pod = &cluster.pod("client-pod").ns;
     // Default detector (the node's podCIDRs): a local pod keeps its address.
     program(&cluster, &manifests, &[]);
@@ -759,11 +752,7 @@ fn a_flushed_table_is_repaired_at_the_next_verification() {
     }
     let mut cluster = Cluster::new();
     cluster.add_pod("web-a", true, 10, &[8080]);
-    let manifests = [
-        service("web", "  clusterIP: 10.96.0.80\n", PORT_HTTP),
-        slice("web-1", "web", "IPv4", SLICE_HTTP, &[("10.244.0.10", "node-a", true, true, false)]),
-    ]
-    .concat();
+    let manifests = web("10.96.0.80", &[WEB_A]);
     let kpng = Watched::start_with(&cluster, &manifests, &["--sync-period", "1s"]);
     let probe = || Cluster::tcp(&cluster.client, "10.96.0.80:80");
     let answers = |o: &Outcome| matches!(o, Outcome::Answer { .. });
