@@ -14,6 +14,9 @@
 //!   served by the fake API server, against the same binary synced to an empty one;
 //! - `cold`: the real `kpng` binary, kube source to nftables, from process start to its first
 //!   committed sync, with its peak resident set;
+//! - `nftlb`: the nftlb daemon (Debian package) driven through its REST API as kube-nftlb
+//!   drives it, against kpng's nftables backend: the same cluster loaded, services of 10, 50
+//!   and 100 endpoints created and deleted, one endpoint added and removed;
 //! - `api`: one `to-api` server and N node streams: time until every node has its state,
 //!   time for one endpoint change to reach every node, memory per connected node.
 //!
@@ -25,6 +28,7 @@
 //! - [`iptables`]: kube-proxy's iptables layout for the same cluster, for comparison.
 //! - [`cold`]: the kpng binary's cold start through the kube source into nftables.
 //! - [`api`]: the gRPC API scenario.
+//! - [`nftlb`]: nftlb through its REST API, side by side with kpng.
 //! - [`probe`]: the netlink kernel, instrumented (commit time, transactions, elements).
 //! - [`table`]: percentiles and table printing.
 
@@ -35,6 +39,7 @@ mod cold;
 mod iptables;
 mod memory;
 mod nft;
+mod nftlb;
 mod probe;
 mod table;
 
@@ -79,6 +84,13 @@ struct Cli {
     /// needs the kpng binary built).
     #[arg(long, value_delimiter = ',', default_value = "1000")]
     cold_services: Vec<usize>,
+    /// nftlb side by side: cluster sizes (services) to load into nftlb and kpng, comma-separated
+    /// (0 skips it; needs the `nftlb` daemon on PATH). nftlb takes minutes to load 1,000.
+    #[arg(long, value_delimiter = ',', default_value = "100")]
+    nftlb_services: Vec<usize>,
+    /// nftlb side by side: repetitions of each operation.
+    #[arg(long, default_value_t = 5)]
+    nftlb_repeat: usize,
     /// API: numbers of node streams to connect to one to-api server, comma-separated (0
     /// skips the API scenario).
     #[arg(long, value_delimiter = ',', default_value = "100,1000")]
@@ -142,6 +154,14 @@ fn main() -> anyhow::Result<()> {
     if !rows.is_empty() {
         println!();
         cold::print(&rows);
+    }
+    let mut rows = Vec::new();
+    for &services in cli.nftlb_services.iter().filter(|s| **s > 0) {
+        rows.push(nftlb::run(services, cli.endpoints, cli.nftlb_repeat)?);
+    }
+    if !rows.is_empty() {
+        println!();
+        nftlb::print(&rows);
     }
     let mut rows = Vec::new();
     for &streams in cli.api_streams.iter().filter(|s| **s > 0) {

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use kpng_backend::{Backend, ChangeSet};
 use kpng_local::NodeProjector;
-use kpng_model::{Changes, GlobalModel, Object, ObjectRef, Touched};
+use kpng_model::{Changes, GlobalModel, Object, Touched};
 use kpng_nft::skeleton::SkeletonOptions;
 use kpng_nft::{NftBackend, NftOptions};
 use kpng_testkit::generate::ClusterSpec;
@@ -27,16 +27,36 @@ pub(crate) fn cpu() -> Duration {
         .unwrap_or_default()
 }
 
-struct Bench {
-    model: GlobalModel,
+/// A generated cluster loaded into the nftables backend on the real kernel, for node
+/// `node-0`.
+pub(crate) struct Bench {
+    pub(crate) model: GlobalModel,
     projector: NodeProjector,
     backend: NftBackend,
     probe: Arc<Probe>,
 }
 
 impl Bench {
+    /// Generates the cluster of `spec` and loads it into fresh tables in one transaction.
+    /// Returns the bench, the whole cold start and the kernel's commit alone (ms).
+    pub(crate) fn load(spec: &ClusterSpec) -> anyhow::Result<(Bench, f64, f64)> {
+        let mut model = GlobalModel::new();
+        for object in cluster::objects(spec)? {
+            model.apply(object);
+        }
+        let mut projector = NodeProjector::new("node-0");
+        projector.update(&model, &Changes::All);
+        let (kernel, probe) = ProbedKernel::open()?;
+        let mut backend = NftBackend::new(NftOptions::default(), Box::new(kernel));
+        let start = Instant::now();
+        backend.apply(&ChangeSet::full(projector.state())).context("cold start")?;
+        let cold_start_ms = start.elapsed().as_secs_f64() * 1000.0;
+        let cold_kernel_ms = probe.last_commit().as_secs_f64() * 1000.0;
+        Ok((Bench { model, projector, backend, probe }, cold_start_ms, cold_kernel_ms))
+    }
+
     /// Applies one model change and pushes the resulting change set to the backend.
-    fn change(
+    pub(crate) fn change(
         &mut self,
         touched: std::collections::BTreeSet<Touched>,
     ) -> anyhow::Result<Option<Duration>> {
@@ -51,7 +71,7 @@ impl Bench {
 }
 
 /// Times `repeat` rounds of `step`, returning wall times, kernel times and CPU per round.
-fn measure(
+pub(crate) fn measure(
     bench: &mut Bench,
     repeat: usize,
     name: &'static str,
@@ -78,19 +98,7 @@ pub fn run(
     reloads: usize,
 ) -> anyhow::Result<NftRow> {
     let spec = ClusterSpec { services, endpoints, nodes: 3, zones: 2 };
-    let mut model = GlobalModel::new();
-    for object in cluster::objects(&spec)? {
-        model.apply(object);
-    }
-    let mut projector = NodeProjector::new("node-0");
-    projector.update(&model, &Changes::All);
-    let (kernel, probe) = ProbedKernel::open()?;
-    let mut backend = NftBackend::new(NftOptions::default(), Box::new(kernel));
-    let start = Instant::now();
-    backend.apply(&ChangeSet::full(projector.state())).context("cold start")?;
-    let cold_start_ms = start.elapsed().as_secs_f64() * 1000.0;
-    let cold_kernel_ms = probe.last_commit().as_secs_f64() * 1000.0;
-    let mut bench = Bench { model, projector, backend, probe };
+    let (mut bench, cold_start_ms, cold_kernel_ms) = Bench::load(&spec)?;
 
     let mut changes = Vec::new();
     let pick = |r: usize| (r * 7919) % services.max(1);
@@ -117,20 +125,9 @@ pub fn run(
         b.change(touched)
     })?;
     changes.push(replace);
-    let create = measure(&mut bench, repeat, "service add", |b, r| {
-        let (service, slice) = cluster::extra_service(&b.model, r, endpoints);
-        let mut touched = cluster::apply(&mut b.model, service);
-        touched.extend(cluster::apply(&mut b.model, slice));
-        b.change(touched)
-    })?;
-    changes.push(create);
-    let delete = measure(&mut bench, repeat, "service delete", |b, r| {
-        let (service, slice) = cluster::extra_service(&b.model, r, endpoints);
-        let mut touched = cluster::delete(&mut b.model, &slice_ref(&slice));
-        touched.extend(cluster::delete(&mut b.model, &service_ref(&service)));
-        b.change(touched)
-    })?;
-    changes.push(delete);
+    changes.push(measure(&mut bench, repeat, "service add", |b, r| b.add_service(r, endpoints))?);
+    let delete = |b: &mut Bench, r| b.delete_service(r, endpoints);
+    changes.push(measure(&mut bench, repeat, "service delete", delete)?);
 
     let elements = bench.backend.state().len();
     let chains = STATIC_CHAINS * 2;
@@ -152,16 +149,34 @@ pub fn run(
     })
 }
 
+impl Bench {
+    /// Adds the extra service `bench/extra-<n>` with `endpoints` endpoints.
+    pub(crate) fn add_service(
+        &mut self,
+        n: usize,
+        endpoints: usize,
+    ) -> anyhow::Result<Option<Duration>> {
+        let (service, slice) = cluster::extra_service(&self.model, n, endpoints);
+        let mut touched = cluster::apply(&mut self.model, service);
+        touched.extend(cluster::apply(&mut self.model, slice));
+        self.change(touched)
+    }
+
+    /// Deletes the extra service `bench/extra-<n>` and its slice.
+    pub(crate) fn delete_service(
+        &mut self,
+        n: usize,
+        endpoints: usize,
+    ) -> anyhow::Result<Option<Duration>> {
+        let (service, slice) = cluster::extra_service(&self.model, n, endpoints);
+        let mut touched = cluster::delete(&mut self.model, &slice.object_ref());
+        touched.extend(cluster::delete(&mut self.model, &service.object_ref()));
+        self.change(touched)
+    }
+}
+
 /// Chains per family table (static: the same at any size).
 const STATIC_CHAINS: usize = 20;
-
-fn slice_ref(object: &Object) -> ObjectRef {
-    object.object_ref()
-}
-
-fn service_ref(object: &Object) -> ObjectRef {
-    object.object_ref()
-}
 
 /// Median time of replacing both tables with the whole ruleset through `nft -f`.
 fn full_reload(bench: &Bench, reloads: usize) -> anyhow::Result<f64> {

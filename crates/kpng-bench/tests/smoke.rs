@@ -23,7 +23,7 @@ fn number(field: &str) -> f64 {
 fn every_scenario_runs_and_prints_its_table() {
     if !kpng_testkit::privileged::require(
         "every_scenario_runs_and_prints_its_table",
-        &["nft", "ip"],
+        &["nft", "ip", "nftlb"],
     ) {
         return;
     }
@@ -34,6 +34,7 @@ fn every_scenario_runs_and_prints_its_table() {
         .args(["--churn-rates", "100", "--churn-seconds", "1", "--churn-services", "300"])
         .args(["--memory-services", memory, "--api-streams", "10", "--api-services", "300"])
         .args(["--api-repeat", "2", "--cold-services", memory])
+        .args(["--nftlb-services", "20", "--nftlb-repeat", "2"])
         .output()
         .expect("run kpng-bench");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -67,6 +68,27 @@ fn every_scenario_runs_and_prints_its_table() {
         let cold = table(&stdout, "cold start:");
         assert_eq!(cold.len(), 1, "{cold:?}");
         assert!(number(&cold[0][2]) > 0.0 && number(&cold[0][3]) > 0.0, "{cold:?}");
+    }
+
+    let nftlb = table(&stdout, "nftlb:");
+    let operations: Vec<String> = nftlb.iter().map(|r| r[2..r.len() - 7].join(" ")).collect();
+    assert_eq!(
+        operations,
+        [
+            "load 20 services",
+            "create svc, 10 eps",
+            "delete svc, 10 eps",
+            "create svc, 50 eps",
+            "delete svc, 50 eps",
+            "create svc, 100 eps",
+            "delete svc, 100 eps",
+            "endpoint add",
+            "endpoint remove"
+        ]
+    );
+    for row in nftlb.iter() {
+        assert_eq!(row[0], "20");
+        row[row.len() - 7..].iter().for_each(|f| assert!(number(f) >= 0.0, "{row:?}"));
     }
 
     let api = table(&stdout, "api:");
