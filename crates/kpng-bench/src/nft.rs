@@ -27,6 +27,16 @@ pub(crate) fn cpu() -> Duration {
         .unwrap_or_default()
 }
 
+/// The cold start of a bench: the whole table in one transaction.
+pub(crate) struct Cold {
+    /// Node state to committed transaction (ms).
+    pub(crate) total_ms: f64,
+    /// The kernel's commit alone (ms).
+    pub(crate) kernel_ms: f64,
+    /// Netlink bytes of the transaction.
+    pub(crate) bytes: u64,
+}
+
 /// A generated cluster loaded into the nftables backend on the real kernel, for node
 /// `node-0`.
 pub(crate) struct Bench {
@@ -38,8 +48,8 @@ pub(crate) struct Bench {
 
 impl Bench {
     /// Generates the cluster of `spec` and loads it into fresh tables in one transaction.
-    /// Returns the bench, the whole cold start and the kernel's commit alone (ms).
-    pub(crate) fn load(spec: &ClusterSpec) -> anyhow::Result<(Bench, f64, f64)> {
+    /// Returns the bench and the cold start's costs.
+    pub(crate) fn load(spec: &ClusterSpec) -> anyhow::Result<(Bench, Cold)> {
         let mut model = GlobalModel::new();
         for object in cluster::objects(spec)? {
             model.apply(object);
@@ -50,24 +60,35 @@ impl Bench {
         let mut backend = NftBackend::new(NftOptions::default(), Box::new(kernel));
         let start = Instant::now();
         backend.apply(&ChangeSet::full(projector.state())).context("cold start")?;
-        let cold_start_ms = start.elapsed().as_secs_f64() * 1000.0;
-        let cold_kernel_ms = probe.last_commit().as_secs_f64() * 1000.0;
-        Ok((Bench { model, projector, backend, probe }, cold_start_ms, cold_kernel_ms))
+        let cold = Cold {
+            total_ms: start.elapsed().as_secs_f64() * 1000.0,
+            kernel_ms: probe.last_commit().as_secs_f64() * 1000.0,
+            bytes: probe.last_bytes(),
+        };
+        Ok((Bench { model, projector, backend, probe }, cold))
     }
 
     /// Applies one model change and pushes the resulting change set to the backend.
     pub(crate) fn change(
         &mut self,
         touched: std::collections::BTreeSet<Touched>,
-    ) -> anyhow::Result<Option<Duration>> {
+    ) -> anyhow::Result<Option<Commit>> {
         self.probe.reset_last();
         let ops = self.projector.update(&self.model, &Changes::Touched(touched));
         if ops.is_empty() {
             return Ok(None);
         }
         self.backend.apply(&ChangeSet::changes(&ops, self.projector.state()))?;
-        Ok(Some(self.probe.last_commit()))
+        Ok(Some(Commit { kernel: self.probe.last_commit(), bytes: self.probe.last_bytes() }))
     }
+}
+
+/// What one change cost the kernel.
+pub(crate) struct Commit {
+    /// The commit alone.
+    kernel: Duration,
+    /// Netlink bytes sent.
+    bytes: u64,
 }
 
 /// Times `repeat` rounds of `step`, returning wall times, kernel times and CPU per round.
@@ -75,19 +96,24 @@ pub(crate) fn measure(
     bench: &mut Bench,
     repeat: usize,
     name: &'static str,
-    mut step: impl FnMut(&mut Bench, usize) -> anyhow::Result<Option<Duration>>,
+    mut step: impl FnMut(&mut Bench, usize) -> anyhow::Result<Option<Commit>>,
 ) -> anyhow::Result<ChangeStats> {
-    let (mut wall, mut kernel) = (Vec::new(), Vec::new());
+    let (mut wall, mut kernel, mut bytes) = (Vec::new(), Vec::new(), Vec::new());
     let cpu_start = cpu();
     for r in 0..repeat {
         let start = Instant::now();
-        let k = step(bench, r)?;
+        let commit = step(bench, r)?;
         wall.push(start.elapsed());
-        kernel.extend(k);
+        if let Some(commit) = commit {
+            kernel.push(commit.kernel);
+            bytes.push(commit.bytes);
+        }
     }
     let cpu_per = (cpu() - cpu_start).as_secs_f64() * 1000.0 / repeat.max(1) as f64;
     let (k50, k99, _) = percentiles(&mut kernel);
-    Ok(ChangeStats { name, wall: percentiles(&mut wall), kernel: (k50, k99), cpu: cpu_per })
+    bytes.sort_unstable();
+    let bytes = bytes.get(bytes.len() / 2).copied().unwrap_or(0);
+    Ok(ChangeStats { name, wall: percentiles(&mut wall), kernel: (k50, k99), cpu: cpu_per, bytes })
 }
 
 /// Builds the cluster, loads it, and measures single changes and the full reload.
@@ -98,7 +124,7 @@ pub fn run(
     reloads: usize,
 ) -> anyhow::Result<NftRow> {
     let spec = ClusterSpec { services, endpoints, nodes: 3, zones: 2 };
-    let (mut bench, cold_start_ms, cold_kernel_ms) = Bench::load(&spec)?;
+    let (mut bench, cold) = Bench::load(&spec)?;
 
     let mut changes = Vec::new();
     let pick = |r: usize| (r * 7919) % services.max(1);
@@ -141,8 +167,9 @@ pub fn run(
         elements,
         chains,
         pick_rules: rules,
-        cold_start_ms,
-        cold_kernel_ms,
+        cold_start_ms: cold.total_ms,
+        cold_kernel_ms: cold.kernel_ms,
+        cold_bytes: cold.bytes,
         changes,
         reload_ms,
         iptables_ms,
@@ -155,7 +182,7 @@ impl Bench {
         &mut self,
         n: usize,
         endpoints: usize,
-    ) -> anyhow::Result<Option<Duration>> {
+    ) -> anyhow::Result<Option<Commit>> {
         let (service, slice) = cluster::extra_service(&self.model, n, endpoints);
         let mut touched = cluster::apply(&mut self.model, service);
         touched.extend(cluster::apply(&mut self.model, slice));
@@ -167,7 +194,7 @@ impl Bench {
         &mut self,
         n: usize,
         endpoints: usize,
-    ) -> anyhow::Result<Option<Duration>> {
+    ) -> anyhow::Result<Option<Commit>> {
         let (service, slice) = cluster::extra_service(&self.model, n, endpoints);
         let mut touched = cluster::delete(&mut self.model, &slice.object_ref());
         touched.extend(cluster::delete(&mut self.model, &service.object_ref()));

@@ -279,7 +279,8 @@ fn time(
 /// each, on both.
 pub fn run(services: usize, endpoints: usize, repeat: usize) -> anyhow::Result<NftlbRow> {
     let spec = ClusterSpec { services, endpoints, nodes: 3, zones: 2 };
-    let (mut bench, kpng_cold_ms, _) = Bench::load(&spec)?;
+    let (mut bench, cold) = Bench::load(&spec)?;
+    let kpng_cold_ms = cold.total_ms;
     let all: Vec<Farm> = bench
         .model
         .services()

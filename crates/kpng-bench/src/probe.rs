@@ -15,6 +15,7 @@ use kpng_nft::state::TableDiff;
 #[derive(Debug, Default)]
 pub struct Probe {
     last_commit: Mutex<Duration>,
+    last_bytes: AtomicU64,
     transactions: AtomicU64,
     elements: AtomicU64,
 }
@@ -25,9 +26,15 @@ impl Probe {
         *self.last_commit.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Forgets the last commit's duration.
+    /// Netlink bytes the last commit sent (zero after [`Probe::reset_last`]).
+    pub fn last_bytes(&self) -> u64 {
+        self.last_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Forgets the last commit's duration and size.
     pub fn reset_last(&self) {
         *self.last_commit.lock().unwrap_or_else(|e| e.into_inner()) = Duration::ZERO;
+        self.last_bytes.store(0, Ordering::Relaxed);
     }
 
     /// Transactions committed so far.
@@ -61,9 +68,10 @@ impl Kernel for ProbedKernel {
     }
 
     fn commit(&mut self, diff: &TableDiff) -> Result<(), BackendError> {
-        let start = Instant::now();
+        let (start, bytes) = (Instant::now(), self.inner.bytes_sent());
         let result = self.inner.commit(diff);
         *self.probe.last_commit.lock().unwrap_or_else(|e| e.into_inner()) = start.elapsed();
+        self.probe.last_bytes.store(self.inner.bytes_sent() - bytes, Ordering::Relaxed);
         self.probe.transactions.fetch_add(1, Ordering::Relaxed);
         let elements = (diff.adds.len() + diff.deletes.len()) as u64;
         self.probe.elements.fetch_add(elements, Ordering::Relaxed);

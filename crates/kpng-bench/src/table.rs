@@ -24,6 +24,8 @@ pub struct ChangeStats {
     pub kernel: (f64, f64),
     /// CPU time (user + system) per change (ms).
     pub cpu: f64,
+    /// Netlink bytes per change (median).
+    pub bytes: u64,
 }
 
 /// One size's results.
@@ -42,6 +44,8 @@ pub struct NftRow {
     pub cold_start_ms: f64,
     /// The kernel's part of the cold start: the one big commit (ms).
     pub cold_kernel_ms: f64,
+    /// Netlink bytes of the cold start's transaction.
+    pub cold_bytes: u64,
     /// Per kind of change.
     pub changes: Vec<ChangeStats>,
     /// Full `nft -f` reload of the whole ruleset (ms, median).
@@ -54,15 +58,22 @@ pub struct NftRow {
 /// Prints the nftables table.
 pub fn print_nft(rows: &[NftRow]) {
     println!("nftables backend (one atomic netlink transaction per change)");
-    println!("{:>8} {:>4} {:>12} {:>14}", "services", "eps", "cold(ms)", "cold-kern(ms)");
+    println!(
+        "{:>8} {:>4} {:>12} {:>14} {:>14}",
+        "services", "eps", "cold(ms)", "cold-kern(ms)", "netlink(KiB)"
+    );
     for row in rows {
         println!(
-            "{:>8} {:>4} {:>12.1} {:>14.1}",
-            row.services, row.endpoints, row.cold_start_ms, row.cold_kernel_ms
+            "{:>8} {:>4} {:>12.1} {:>14.1} {:>14.1}",
+            row.services,
+            row.endpoints,
+            row.cold_start_ms,
+            row.cold_kernel_ms,
+            row.cold_bytes as f64 / 1024.0
         );
     }
     println!(
-        "{:>8} {:>4} {:>9} {:>6} {:>5} {:>10} | {:<16} {:>8} {:>8} {:>8} {:>10} {:>10} {:>8} | {:>10} {:>12} | {:>10} {:>10}",
+        "{:>8} {:>4} {:>9} {:>6} {:>5} {:>10} | {:<16} {:>8} {:>8} {:>8} {:>10} {:>10} {:>8} {:>7} | {:>10} {:>12} | {:>10} {:>10}",
         "services",
         "eps",
         "elements",
@@ -76,15 +87,18 @@ pub fn print_nft(rows: &[NftRow]) {
         "kern50(ms)",
         "kern99(ms)",
         "cpu(ms)",
+        "bytes",
         "reload(ms)",
         "reload/p50",
         "ipt(ms)",
         "ipt/p50"
     );
     for row in rows {
-        for ChangeStats { name, wall: (p50, p99, max), kernel: (k50, k99), cpu } in &row.changes {
+        for ChangeStats { name, wall: (p50, p99, max), kernel: (k50, k99), cpu, bytes } in
+            &row.changes
+        {
             println!(
-                "{:>8} {:>4} {:>9} {:>6} {:>5} {:>10.1} | {:<16} {:>8.3} {:>8.3} {:>8.3} {:>10.3} {:>10.3} {:>8.3} | {:>10.1} {:>12.0} | {:>10} {:>10}",
+                "{:>8} {:>4} {:>9} {:>6} {:>5} {:>10.1} | {:<16} {:>8.3} {:>8.3} {:>8.3} {:>10.3} {:>10.3} {:>8.3} {:>7} | {:>10.1} {:>12.0} | {:>10} {:>10}",
                 row.services,
                 row.endpoints,
                 row.elements,
@@ -98,6 +112,7 @@ pub fn print_nft(rows: &[NftRow]) {
                 k50,
                 k99,
                 cpu,
+                bytes,
                 row.reload_ms,
                 if *p50 > 0.0 { row.reload_ms / p50 } else { 0.0 },
                 row.iptables_ms.map_or("n/a".into(), |ms| format!("{ms:.1}")),

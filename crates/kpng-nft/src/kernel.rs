@@ -40,6 +40,12 @@ impl NetlinkKernel {
         })?;
         Ok(NetlinkKernel { socket })
     }
+
+    /// Bytes sent to the kernel over netlink so far (the skeleton, loaded through `nft`,
+    /// is not counted).
+    pub fn bytes_sent(&self) -> u64 {
+        self.socket.bytes_sent()
+    }
 }
 
 /// Runs `nft <args> -f -` on `text`; an error carries what nft printed.

@@ -50,6 +50,8 @@ pub enum CommitError {
 pub struct NetlinkSocket {
     socket: Socket,
     seq: u32,
+    /// Bytes handed to the kernel so far.
+    sent: u64,
 }
 
 fn io_error(op: &'static str) -> impl FnOnce(io::Error) -> CommitError {
@@ -71,7 +73,19 @@ impl NetlinkSocket {
         let seq = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(1, |d| d.as_secs() as u32);
-        Ok(NetlinkSocket { socket, seq })
+        Ok(NetlinkSocket { socket, seq, sent: 0 })
+    }
+
+    /// Bytes sent to the kernel since the socket was opened (requests and transactions).
+    pub fn bytes_sent(&self) -> u64 {
+        self.sent
+    }
+
+    /// Sends one datagram, counting its bytes.
+    fn send(&mut self, bytes: &[u8]) -> Result<usize, CommitError> {
+        let sent = self.socket.send(bytes, 0).map_err(io_error("send"))?;
+        self.sent += sent as u64;
+        Ok(sent)
     }
 
     /// A new batch numbered after the previous one.
@@ -89,7 +103,7 @@ impl NetlinkSocket {
         }
         // A batch must fit in the socket's send buffer in one datagram.
         let _ = setsockopt(&self.socket, sockopt::SndBufForce, &(bytes.len() + (1 << 16)));
-        let sent = self.socket.send(&bytes, 0).map_err(io_error("send"))?;
+        let sent = self.send(&bytes)?;
         if sent != bytes.len() {
             return Err(CommitError::Io { op: "send", source: io::Error::other("short write") });
         }
@@ -132,7 +146,7 @@ impl NetlinkSocket {
         self.seq = self.seq.wrapping_add(1);
         let mut request = request.to_vec();
         request[8..12].copy_from_slice(&self.seq.to_ne_bytes());
-        self.socket.send(&request, 0).map_err(io_error("send"))?;
+        self.send(&request)?;
         let mut payloads = Vec::new();
         loop {
             let (datagram, _) = self.socket.recv_from_full().map_err(io_error("receive"))?;
@@ -185,7 +199,7 @@ impl NetlinkSocket {
                 request[8..12].copy_from_slice(&self.seq.to_ne_bytes());
                 datagram.extend_from_slice(&request);
             }
-            self.socket.send(&datagram, 0).map_err(io_error("send"))?;
+            self.send(&datagram)?;
             let mut answers_by_seq = vec![None; chunk.len()];
             let mut pending = chunk.len();
             while pending > 0 {
