@@ -17,6 +17,9 @@
 //! - `nftlb`: the nftlb daemon (Debian package) driven through its REST API as kube-nftlb
 //!   drives it, against kpng's nftables backend: the same cluster loaded, services of 10, 50
 //!   and 100 endpoints created and deleted, one endpoint added and removed;
+//! - `dataplane`: real TCP connections from a client namespace to cluster IPs of a node
+//!   namespace holding N services, time to connect (the first packet walks the rules), at
+//!   each size against the first;
 //! - `api`: one `to-api` server and N node streams: time until every node has its state,
 //!   time for one endpoint change to reach every node, memory per connected node.
 //!
@@ -28,6 +31,7 @@
 //! - [`iptables`]: kube-proxy's iptables layout for the same cluster, for comparison.
 //! - [`cold`]: the kpng binary's cold start through the kube source into nftables.
 //! - [`api`]: the gRPC API scenario.
+//! - [`dataplane`]: first-packet latency through the node's rules.
 //! - [`nftlb`]: nftlb through its REST API, side by side with kpng.
 //! - [`probe`]: the netlink kernel, instrumented (commit time, transactions, elements).
 //! - [`table`]: percentiles and table printing.
@@ -36,6 +40,7 @@ mod api;
 mod churn;
 mod cluster;
 mod cold;
+mod dataplane;
 mod iptables;
 mod memory;
 mod nft;
@@ -91,6 +96,13 @@ struct Cli {
     /// nftlb side by side: repetitions of each operation.
     #[arg(long, default_value_t = 5)]
     nftlb_repeat: usize,
+    /// Dataplane: cluster sizes (services) in the node's table, comma-separated; the ratios
+    /// compare each size with the first (0 skips the scenario).
+    #[arg(long, value_delimiter = ',', default_value = "100")]
+    dataplane_services: Vec<usize>,
+    /// Dataplane: connections timed per size and path.
+    #[arg(long, default_value_t = 1000)]
+    dataplane_connections: usize,
     /// API: numbers of node streams to connect to one to-api server, comma-separated (0
     /// skips the API scenario).
     #[arg(long, value_delimiter = ',', default_value = "100,1000")]
@@ -154,6 +166,14 @@ fn main() -> anyhow::Result<()> {
     if !rows.is_empty() {
         println!();
         cold::print(&rows);
+    }
+    let mut rows = Vec::new();
+    for &services in cli.dataplane_services.iter().filter(|s| **s > 0) {
+        rows.push(dataplane::run(services, cli.endpoints, cli.dataplane_connections)?);
+    }
+    if !rows.is_empty() {
+        println!();
+        dataplane::print(&rows);
     }
     let mut rows = Vec::new();
     for &services in cli.nftlb_services.iter().filter(|s| **s > 0) {

@@ -35,6 +35,7 @@ fn every_scenario_runs_and_prints_its_table() {
         .args(["--memory-services", memory, "--api-streams", "10", "--api-services", "300"])
         .args(["--api-repeat", "2", "--cold-services", memory])
         .args(["--nftlb-services", "20", "--nftlb-repeat", "2"])
+        .args(["--dataplane-services", "20,40", "--dataplane-connections", "50"])
         .output()
         .expect("run kpng-bench");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -89,6 +90,13 @@ fn every_scenario_runs_and_prints_its_table() {
     for row in nftlb.iter() {
         assert_eq!(row[0], "20");
         row[row.len() - 7..].iter().for_each(|f| assert!(number(f) >= 0.0, "{row:?}"));
+    }
+
+    let dataplane = table(&stdout, "dataplane:");
+    assert_eq!(dataplane.iter().map(|r| r[0].as_str()).collect::<Vec<_>>(), ["20", "40"]);
+    for row in &dataplane {
+        assert_eq!(row[1], "50");
+        row[2..].iter().for_each(|f| assert!(number(f) > 0.0, "{row:?}"));
     }
 
     let api = table(&stdout, "api:");
