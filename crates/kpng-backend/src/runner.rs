@@ -229,6 +229,15 @@ impl Pace {
         if self.tokens >= 1.0 { now } else { now + self.period.mul_f64(1.0 - self.tokens) }
     }
 
+    /// Waits until the next sync may start. With a token left it returns at once: a
+    /// timer, even one already due, would wait for the timer's next tick (up to 1 ms).
+    async fn ready(&mut self) {
+        let at = self.next();
+        if at > Instant::now() {
+            tokio::time::sleep_until(at).await;
+        }
+    }
+
     /// Spends a token for a sync that starts now.
     fn spend(&mut self) {
         if !self.period.is_zero() {
@@ -395,7 +404,7 @@ pub async fn run_node(
             }
         }
         // Paced: revisions that arrive meanwhile are applied together.
-        tokio::time::sleep_until(slots.pace.next()).await;
+        slots.pace.ready().await;
         slots.pace.spend();
         // While every backend waits for a full state, the differences are not needed.
         let (ops, changed) = {
@@ -548,7 +557,7 @@ pub async fn run_remote(
             batch = changes.recv() => match batch {
                 Some(mut batch) => {
                     // Paced: change sets that arrive meanwhile are applied together.
-                    tokio::time::sleep_until(slots.pace.next()).await;
+                    slots.pace.ready().await;
                     slots.pace.spend();
                     while let Ok(more) = changes.try_recv() {
                         if matches!(more.first(), Some(Op::Reset)) {

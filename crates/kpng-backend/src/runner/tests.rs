@@ -320,3 +320,16 @@ async fn services_with_a_local_policy_and_no_local_endpoint_are_counted() {
     drop(writer);
     task.await.unwrap().unwrap();
 }
+
+#[tokio::test]
+async fn a_sync_with_a_token_left_starts_without_waiting_for_a_timer_tick() {
+    let mut pace = Pace { period: Duration::from_secs(1), tokens: SYNC_BURST, at: Instant::now() };
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    let mut ready = std::pin::pin!(pace.ready());
+    assert!(ready.as_mut().poll(&mut cx).is_ready(), "a token was left: no wait");
+
+    // Without tokens the sync waits for the refill.
+    let mut pace = Pace { period: Duration::from_secs(1), tokens: 0.0, at: Instant::now() };
+    let mut ready = std::pin::pin!(pace.ready());
+    assert!(ready.as_mut().poll(&mut cx).is_pending(), "no token: wait for the refill");
+}
