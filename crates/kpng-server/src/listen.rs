@@ -77,10 +77,13 @@ pub async fn serve(
             let local = listener.local_addr().map_err(|e| listen_error(e.to_string()))?;
             let bound = Address::Tcp { host: local.ip().to_string(), port: local.port() };
             tracing::info!(address = %bound, tls = security.tls.is_some(), "serving the kpng API");
-            router
-                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
-                .await
-                .map_err(serve_error)
+            // Changes leave at once, not after the client acknowledges the previous frame.
+            let incoming = tokio_stream::StreamExt::map(TcpListenerStream::new(listener), |conn| {
+                conn.inspect(|tcp| {
+                    let _ = tcp.set_nodelay(true);
+                })
+            });
+            router.serve_with_incoming_shutdown(incoming, shutdown).await.map_err(serve_error)
         }
     }
 }

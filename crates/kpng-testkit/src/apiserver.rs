@@ -145,6 +145,11 @@ impl FakeApiServer {
             .with_state(shared.clone());
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
         let addr = listener.local_addr()?;
+        // Like the real API server: watch events leave at once, not after the client's
+        // delayed acknowledgement of the previous write (Nagle's algorithm).
+        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
         let task = tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
         });
