@@ -2,17 +2,12 @@
 //! against the fake API server, under a stream of API events of which most change
 //! nothing a proxy uses.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kpng_backend::{NodeStats, RunnerOptions, run_node};
-use kpng_nft::{NftBackend, NftOptions};
-use kpng_sources::ConvertOptions;
-use kpng_sources::kube::{KINDS, KubeSource, NodeSelection};
-use kpng_testkit::apiserver::{FakeApiServer, Resource};
-use kpng_testkit::generate::{ClusterSpec, generate};
+use kpng_testkit::apiserver::Resource;
+use kpng_testkit::generate::ClusterSpec;
 
-use crate::probe::ProbedKernel;
+use crate::kube::Pipeline;
 
 /// One churn run's results.
 pub struct ChurnRow {
@@ -63,34 +58,8 @@ pub fn run(
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     runtime.block_on(async {
         let spec = ClusterSpec { services, endpoints, nodes: 3, zones: 2 };
-        let server = FakeApiServer::start(Duration::from_secs(5)).await?;
-        let objects = generate(&spec);
-        // Each service's IPv4 slice, to change later.
-        let slices: Vec<serde_json::Value> = objects
-            .iter()
-            .filter(|o| o["kind"] == "EndpointSlice" && o["addressType"] == "IPv4")
-            .cloned()
-            .collect();
-        for object in objects {
-            server.apply(object);
-        }
-        let client = kube::Client::try_from(kube::Config::new(server.url().parse()?))?;
-        let (writer, reader) = kpng_store::store(&KINDS);
-        let store_stats = reader.stats();
-        let source =
-            KubeSource::new(client, ConvertOptions::default(), NodeSelection::One("node-0".into()));
-        tokio::spawn(source.run(writer));
-        let (kernel, probe) = ProbedKernel::open()?;
-        let backend = NftBackend::new(NftOptions::default(), Box::new(kernel));
-        let node_stats = Arc::new(NodeStats::default());
-        let options = RunnerOptions::new("node-0");
-        tokio::spawn(run_node(reader, vec![Box::new(backend)], options, node_stats.clone()));
-
-        // Wait for the initial load to be committed, then take the baseline.
-        while probe.transactions() == 0 {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        let Pipeline { server, probe, store: store_stats, node: node_stats, slices } =
+            Pipeline::start(&spec).await?;
         let base = (
             store_stats.snapshot(),
             node_stats.enls_revisions(),

@@ -7,6 +7,8 @@
 //!   transaction, with the kernel's commit time alone, against a full `nft -f` reload of the
 //!   same ruleset (the resync-per-change approach), and against kube-proxy's iptables mode
 //!   (the whole nat table through `iptables-restore`);
+//! - `kube`: one change at a time again, now from the fake API server's event through the
+//!   kube source, store, node projection and runner to the committed transaction;
 //! - `churn`: the kube source, store, projection and nftables backend against the fake API
 //!   server, under a stream of events most of which change nothing a proxy uses: API
 //!   events vs store changes vs node-state revisions vs kernel transactions;
@@ -26,6 +28,7 @@
 //! # Layout
 //! - [`cluster`]: the synthetic cluster as model objects, and the changes applied to it.
 //! - [`nft`]: the nftables scenario.
+//! - [`kube`]: the in-process pipeline against the fake API server, and one change through it.
 //! - [`churn`]: the churn scenario: kube source to kernel under a no-op-heavy event stream.
 //! - [`memory`]: the kpng binary's resident set, loaded vs empty.
 //! - [`iptables`]: kube-proxy's iptables layout for the same cluster, for comparison.
@@ -42,6 +45,7 @@ mod cluster;
 mod cold;
 mod dataplane;
 mod iptables;
+mod kube;
 mod memory;
 mod nft;
 mod nftlb;
@@ -66,6 +70,10 @@ struct Cli {
     /// Full `nft -f` reloads to time per size (they are slow at large sizes).
     #[arg(long, default_value_t = 5)]
     reloads: usize,
+    /// One change through the kube source (API event to commit): cluster sizes, comma-separated
+    /// (0 skips it); repetitions as --repeat, endpoints as --endpoints.
+    #[arg(long, value_delimiter = ',', default_value = "1000")]
+    kube_services: Vec<usize>,
     /// Churn: API events per second (comma-separated rates; 0 skips the churn scenario).
     #[arg(long, value_delimiter = ',', default_value = "100,1000")]
     churn_rates: Vec<u64>,
@@ -135,6 +143,14 @@ fn main() -> anyhow::Result<()> {
     }
     if !rows.is_empty() {
         table::print_nft(&rows);
+    }
+    let mut rows = Vec::new();
+    for &services in cli.kube_services.iter().filter(|s| **s > 0) {
+        rows.push(kube::run(services, cli.endpoints, cli.repeat)?);
+    }
+    if !rows.is_empty() {
+        println!();
+        kube::print(&rows);
     }
     let mut churn = Vec::new();
     for &rate in cli.churn_rates.iter().filter(|r| **r > 0) {

@@ -12,15 +12,34 @@ use kpng_nft::skeleton::SkeletonOptions;
 use kpng_nft::state::TableDiff;
 
 /// What the probed kernel has seen; shared with the scenario.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Probe {
     last_commit: Mutex<Duration>,
+    /// Transactions so far and when the last one ended, published after each commit.
+    committed: tokio::sync::watch::Sender<(u64, Option<Instant>)>,
     last_bytes: AtomicU64,
     transactions: AtomicU64,
     elements: AtomicU64,
 }
 
+impl Default for Probe {
+    fn default() -> Self {
+        Probe {
+            last_commit: Mutex::default(),
+            committed: tokio::sync::watch::Sender::new((0, None)),
+            last_bytes: AtomicU64::default(),
+            transactions: AtomicU64::default(),
+            elements: AtomicU64::default(),
+        }
+    }
+}
+
 impl Probe {
+    /// Follows commits: the count of transactions and the end of the last one.
+    pub fn commits(&self) -> tokio::sync::watch::Receiver<(u64, Option<Instant>)> {
+        self.committed.subscribe()
+    }
+
     /// The duration of the last commit (zero after [`Probe::reset_last`]).
     pub fn last_commit(&self) -> Duration {
         *self.last_commit.lock().unwrap_or_else(|e| e.into_inner())
@@ -72,7 +91,8 @@ impl Kernel for ProbedKernel {
         let result = self.inner.commit(diff);
         *self.probe.last_commit.lock().unwrap_or_else(|e| e.into_inner()) = start.elapsed();
         self.probe.last_bytes.store(self.inner.bytes_sent() - bytes, Ordering::Relaxed);
-        self.probe.transactions.fetch_add(1, Ordering::Relaxed);
+        let count = self.probe.transactions.fetch_add(1, Ordering::Relaxed) + 1;
+        self.probe.committed.send_replace((count, Some(Instant::now())));
         let elements = (diff.adds.len() + diff.deletes.len()) as u64;
         self.probe.elements.fetch_add(elements, Ordering::Relaxed);
         result

@@ -36,6 +36,7 @@ fn every_scenario_runs_and_prints_its_table() {
         .args(["--api-repeat", "2", "--cold-services", memory])
         .args(["--nftlb-services", "20", "--nftlb-repeat", "2"])
         .args(["--dataplane-services", "20,40", "--dataplane-connections", "50"])
+        .args(["--kube-services", "300"])
         .output()
         .expect("run kpng-bench");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -53,6 +54,19 @@ fn every_scenario_runs_and_prints_its_table() {
     for row in &changes {
         assert_eq!(row[0], "300");
         row[8..].iter().for_each(|f| assert!(number(f) >= 0.0));
+    }
+
+    let kube: Vec<_> = table(&stdout, "one change through the kube source")
+        .into_iter()
+        .map(|r| (r[0].clone(), format!("{} {}", r[2], r[3]), r[4..].to_vec()))
+        .collect();
+    assert_eq!(
+        kube.iter().map(|(_, kind, _)| kind.as_str()).collect::<Vec<_>>(),
+        ["endpoint add", "endpoint remove", "service add", "service delete"]
+    );
+    for (services, _, numbers) in &kube {
+        assert_eq!(services, "300");
+        numbers.iter().for_each(|f| assert!(number(f) > 0.0, "{numbers:?}"));
     }
 
     let churn = table(&stdout, "churn:");
