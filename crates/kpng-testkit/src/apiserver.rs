@@ -22,6 +22,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::ops::Bound;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -316,29 +317,33 @@ fn serve(shared: Arc<Shared>, resource: Resource, params: Params) -> Response {
         return watch_stream(shared, resource, params);
     }
     let inner = shared.lock();
-    // A continue token is "<list resourceVersion>:<items already sent>"; later pages show
-    // the objects as they are now, not as they were at the first page.
+    // A continue token is "<list resourceVersion>:<namespace>/<name>" of the last object
+    // sent; later pages show the objects after it as they are now, not as they were at the
+    // first page. Each page starts where the last ended: listing is linear in its size.
     let token = params.continue_token.as_deref().map(|t| {
-        let (rv, skip) = t.split_once(':')?;
-        Some((rv.parse::<u64>().ok()?, skip.parse::<usize>().ok()?))
+        let (rv, last) = t.split_once(':')?;
+        let (namespace, name) = last.split_once('/')?;
+        Some((rv.parse::<u64>().ok()?, (resource, namespace.to_string(), name.to_string())))
     });
-    let (revision, skip) = match token {
-        None => (inner.revision, 0),
-        Some(Some(position)) => position,
+    let (revision, from) = match token {
+        None => (inner.revision, Bound::Included((resource, String::new(), String::new()))),
+        Some(Some((rv, last))) => (rv, Bound::Excluded(last)),
         Some(None) => return (StatusCode::BAD_REQUEST, "malformed continue token").into_response(),
     };
     let limit = params.limit.filter(|l| *l > 0).unwrap_or(usize::MAX);
     let mut matching = inner
         .objects
-        .iter()
-        .filter(|((r, _, _), object)| *r == resource && selected(object, &params))
-        .skip(skip);
-    let items: Vec<Value> = matching.by_ref().take(limit).map(|(_, o)| o.clone()).collect();
+        .range((from, Bound::Unbounded))
+        .take_while(|((r, _, _), _)| *r == resource)
+        .filter(|(_, object)| selected(object, &params));
+    let page: Vec<(&ObjectKey, &Value)> = matching.by_ref().take(limit).collect();
     let more = matching.next().is_some();
+    let last = page.last().map(|((_, namespace, name), _)| format!("{namespace}/{name}"));
+    let items: Vec<Value> = page.into_iter().map(|(_, o)| o.clone()).collect();
     let (api_version, kind) = resource.list_kind();
     let mut metadata = json!({ "resourceVersion": revision.to_string() });
-    if more {
-        metadata["continue"] = json!(format!("{revision}:{}", skip + items.len()));
+    if let Some(last) = last.filter(|_| more) {
+        metadata["continue"] = json!(format!("{revision}:{last}"));
     }
     let body = json!({
         "apiVersion": api_version,
