@@ -416,7 +416,7 @@ impl NftBackend {
     /// Commits what `updates` change, if anything. On failure the state is rolled back.
     fn commit(&mut self, updates: &mut [OwnerUpdate]) -> Result<bool, BackendError> {
         let previous: Vec<(Owner, Vec<(ElementId, Value)>)> =
-            updates.iter().map(|u| (u.owner, self.state.owned(u.owner).to_vec())).collect();
+            updates.iter().map(|u| (u.owner, self.state.owned(u.owner).collect())).collect();
         let mut diff = self.state.update(
             updates.iter_mut().map(|u| (u.owner, std::mem::take(&mut u.elements))).collect(),
         );
@@ -543,7 +543,6 @@ impl NftBackend {
         let nodeport_addrs: Vec<IpAddr> = self
             .state
             .owned(NODE_OWNER)
-            .iter()
             .filter_map(|(id, _)| match id.key {
                 crate::objects::Key::Addr(ip)
                     if id.map == crate::objects::MapName::NodePortAddrs =>

@@ -71,6 +71,14 @@ impl Owners {
         }
     }
 
+    /// The value `owner` wants.
+    fn value_of(&self, owner: Owner) -> Option<Value> {
+        match self {
+            Owners::One((o, v)) => (*o == owner).then_some(*v),
+            Owners::Many(list) => list.iter().find(|(o, _)| *o == owner).map(|(_, v)| *v),
+        }
+    }
+
     fn add(&mut self, owner: Owner, value: Value) {
         match self {
             Owners::One(pair) => {
@@ -111,7 +119,8 @@ fn list_is_empty(owners: &Owners) -> bool {
 #[derive(Debug, Clone, Default)]
 pub struct TableState {
     elements: HashMap<ElementId, Owners>,
-    owned: HashMap<Owner, Vec<(ElementId, Value)>>,
+    /// Each owner's elements; their values are in `elements`.
+    owned: HashMap<Owner, Vec<ElementId>>,
 }
 
 impl TableState {
@@ -130,7 +139,7 @@ impl TableState {
             state.elements.insert(*id, Owners::One((KERNEL_OWNER, *value)));
         }
         if !elements.is_empty() {
-            state.owned.insert(KERNEL_OWNER, elements);
+            state.owned.insert(KERNEL_OWNER, elements.into_iter().map(|(id, _)| id).collect());
         }
         state
     }
@@ -155,22 +164,28 @@ impl TableState {
         self.elements.is_empty()
     }
 
-    /// The elements `owner` wants now.
-    pub fn owned(&self, owner: Owner) -> &[(ElementId, Value)] {
-        self.owned.get(&owner).map(Vec::as_slice).unwrap_or_default()
+    /// The elements `owner` wants now, with the values it wants.
+    pub fn owned(&self, owner: Owner) -> impl Iterator<Item = (ElementId, Value)> + '_ {
+        let ids = self.owned.get(&owner).map(Vec::as_slice).unwrap_or_default();
+        ids.iter().filter_map(move |id| {
+            self.elements.get(id).and_then(|owners| owners.value_of(owner)).map(|v| (*id, v))
+        })
     }
 
     /// Replaces the elements of several owners at once and returns what changed in the
     /// effective state, grouped by set (elements of one set are adjacent). `updates` maps an
     /// owner to its new elements (empty: the owner is gone).
     pub fn update(&mut self, updates: Vec<(Owner, Vec<(ElementId, Value)>)>) -> TableDiff {
+        if self.elements.is_empty() {
+            return self.load(updates);
+        }
         let size: usize = updates.iter().map(|(_, new)| new.len()).sum();
         let mut touched: HashMap<ElementId, Option<Value>> =
             HashMap::with_capacity_and_hasher(size, Default::default());
         self.elements.reserve(size);
         for (owner, new) in updates {
             let old = self.owned.remove(&owner).unwrap_or_default();
-            for (id, _) in &old {
+            for id in &old {
                 touched.entry(*id).or_insert_with(|| self.get(id).copied());
                 if self.elements.get_mut(id).is_some_and(|owners| owners.remove(owner)) {
                     self.elements.remove(id);
@@ -186,7 +201,7 @@ impl TableState {
                 }
             }
             if !new.is_empty() {
-                self.owned.insert(owner, new);
+                self.owned.insert(owner, new.into_iter().map(|(id, _)| id).collect());
             }
         }
         let mut diff = TableDiff::default();
@@ -202,10 +217,42 @@ impl TableState {
                 diff.adds.push((id, v));
             }
         }
-        // Elements of one set must be adjacent (one netlink message per set); their order
-        // within a set does not matter.
-        diff.deletes.sort_unstable_by_key(|(id, _)| (id.family, id.map));
-        diff.adds.sort_unstable_by_key(|(id, _)| (id.family, id.map));
+        diff.group_by_set();
         diff
+    }
+
+    /// [`TableState::update`] from nothing: every effective element is an addition, so no
+    /// record of what each update touched is needed (at a cold start, that record would be
+    /// as large as the table).
+    fn load(&mut self, updates: Vec<(Owner, Vec<(ElementId, Value)>)>) -> TableDiff {
+        let size: usize = updates.iter().map(|(_, new)| new.len()).sum();
+        self.elements.reserve(size);
+        for (owner, new) in updates {
+            for (id, value) in &new {
+                match self.elements.get_mut(id) {
+                    Some(owners) => owners.add(owner, *value),
+                    None => {
+                        self.elements.insert(*id, Owners::One((owner, *value)));
+                    }
+                }
+            }
+            if !new.is_empty() {
+                self.owned.insert(owner, new.into_iter().map(|(id, _)| id).collect());
+            }
+        }
+        let mut adds = Vec::with_capacity(self.elements.len());
+        adds.extend(self.iter().map(|(id, value)| (*id, *value)));
+        let mut diff = TableDiff { adds, ..TableDiff::default() };
+        diff.group_by_set();
+        diff
+    }
+}
+
+impl TableDiff {
+    /// Puts the elements of one set next to each other (one netlink message per set);
+    /// their order within a set does not matter.
+    fn group_by_set(&mut self) {
+        self.deletes.sort_unstable_by_key(|(id, _)| (id.family, id.map));
+        self.adds.sort_unstable_by_key(|(id, _)| (id.family, id.map));
     }
 }
