@@ -176,7 +176,7 @@ impl TableState {
     /// effective state, grouped by set (elements of one set are adjacent). `updates` maps an
     /// owner to its new elements (empty: the owner is gone).
     pub fn update(&mut self, updates: Vec<(Owner, Vec<(ElementId, Value)>)>) -> TableDiff {
-        if self.elements.is_empty() {
+        if self.elements.is_empty() && distinct_owners(&updates) {
             return self.load(updates);
         }
         let size: usize = updates.iter().map(|(_, new)| new.len()).sum();
@@ -221,9 +221,9 @@ impl TableState {
         diff
     }
 
-    /// [`TableState::update`] from nothing: every effective element is an addition, so no
-    /// record of what each update touched is needed (at a cold start, that record would be
-    /// as large as the table).
+    /// [`TableState::update`] from nothing, each owner updated once: every effective element
+    /// is an addition, so no record of what each update touched is needed (at a cold start,
+    /// that record would be as large as the table).
     fn load(&mut self, updates: Vec<(Owner, Vec<(ElementId, Value)>)>) -> TableDiff {
         let size: usize = updates.iter().map(|(_, new)| new.len()).sum();
         self.elements.reserve(size);
@@ -248,11 +248,134 @@ impl TableState {
     }
 }
 
+/// Whether no owner appears twice in `updates`.
+fn distinct_owners(updates: &[(Owner, Vec<(ElementId, Value)>)]) -> bool {
+    let mut owners: Vec<Owner> = updates.iter().map(|(owner, _)| *owner).collect();
+    owners.sort_unstable();
+    owners.windows(2).all(|pair| pair[0] != pair[1])
+}
+
 impl TableDiff {
     /// Puts the elements of one set next to each other (one netlink message per set);
     /// their order within a set does not matter.
     fn group_by_set(&mut self) {
         self.deletes.sort_unstable_by_key(|(id, _)| (id.family, id.map));
         self.adds.sort_unstable_by_key(|(id, _)| (id.family, id.map));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::net::IpAddr;
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::objects::Key;
+
+    /// A small space of elements, so owners often want the same ones with other values.
+    fn element() -> impl Strategy<Value = (ElementId, Value)> {
+        (0u8..6, 0u8..3, 0u16..3).prop_map(|(host, map, port)| {
+            let map =
+                [MapName::ClusterIps, MapName::ClusterDests, MapName::LocalDests][map as usize];
+            let id = ElementId {
+                family: Family::V4,
+                map,
+                key: Key::Addr(IpAddr::from([10, 0, 0, host])),
+            };
+            let value = if map == MapName::ClusterIps {
+                Value::None
+            } else {
+                Value::Endpoint(IpAddr::from([10, 1, 0, host]), 8000 + port)
+            };
+            (id, value)
+        })
+    }
+
+    /// Owner updates; an owner wants each element once, with one value (as rendered).
+    fn update() -> impl Strategy<Value = Vec<(Owner, Vec<(ElementId, Value)>)>> {
+        let wanted = prop::collection::btree_map(
+            element().prop_map(|(id, _)| id),
+            element().prop_map(|(_, v)| v),
+            0..6,
+        );
+        prop::collection::vec((1u32..5, wanted.prop_map(|m| m.into_iter().collect())), 1..4)
+    }
+
+    /// Replays a diff on a simulated kernel, as a transaction would.
+    fn replay(kernel: &mut BTreeMap<ElementId, Value>, diff: &TableDiff) {
+        for (id, value) in &diff.deletes {
+            assert_eq!(kernel.remove(id), Some(*value), "deleted what the kernel did not hold");
+        }
+        for (id, value) in &diff.adds {
+            assert!(kernel.insert(*id, *value).is_none(), "added an element twice");
+        }
+    }
+
+    fn effective(state: &TableState) -> BTreeMap<ElementId, Value> {
+        state.iter().map(|(id, v)| (*id, *v)).collect()
+    }
+
+    proptest! {
+        #[test]
+        fn diffs_keep_the_kernel_equal_to_the_effective_state(
+            updates in prop::collection::vec(update(), 1..8)
+        ) {
+            let mut state = TableState::new();
+            let mut kernel = BTreeMap::new();
+            // Each owner's latest wish, to check who wins.
+            let mut wishes: BTreeMap<Owner, Vec<(ElementId, Value)>> = BTreeMap::new();
+            for update in updates {
+                for (owner, new) in &update {
+                    wishes.insert(*owner, new.clone());
+                }
+                let diff = state.update(update);
+                replay(&mut kernel, &diff);
+                prop_assert_eq!(&kernel, &effective(&state));
+                // The lowest owner wanting an element sets its value.
+                let mut expected = BTreeMap::new();
+                for (_, wanted) in wishes.iter().rev() {
+                    for (id, value) in wanted {
+                        expected.insert(*id, *value);
+                    }
+                }
+                prop_assert_eq!(&kernel, &expected);
+                for (owner, wanted) in &wishes {
+                    let mut owned: Vec<_> = state.owned(*owner).collect();
+                    owned.sort();
+                    prop_assert_eq!(&owned, wanted);
+                }
+            }
+        }
+
+        #[test]
+        fn loading_from_nothing_equals_updating(update in update()) {
+            prop_assume!(distinct_owners(&update));
+            let mut loaded = TableState::new();
+            let diff = loaded.update(update.clone());
+            // The general path: a state holding one element nothing else touches.
+            let mut general = TableState::new();
+            general.update(vec![(9, vec![element_at(0)])]);
+            let general_diff = general.update(update);
+            let sorted = |d: &TableDiff| {
+                let mut adds = d.adds.clone();
+                adds.sort();
+                (adds, d.deletes.clone())
+            };
+            prop_assert_eq!(sorted(&diff), sorted(&general_diff));
+            let mut rest = effective(&general);
+            rest.remove(&element_at(0).0);
+            prop_assert_eq!(effective(&loaded), rest);
+        }
+    }
+
+    fn element_at(host: u8) -> (ElementId, Value) {
+        let id = ElementId {
+            family: Family::V4,
+            map: MapName::ClusterIps,
+            key: Key::Addr(IpAddr::from([10, 9, 9, host])),
+        };
+        (id, Value::None)
     }
 }
