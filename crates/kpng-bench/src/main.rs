@@ -38,6 +38,7 @@
 //! - [`nftlb`]: nftlb through its REST API, side by side with kpng.
 //! - [`probe`]: the netlink kernel, instrumented (commit time, transactions, elements).
 //! - [`table`]: percentiles and table printing.
+//! - [`plot`]: the run as an SVG bar chart (`--plot`).
 
 mod api;
 mod churn;
@@ -49,6 +50,7 @@ mod kube;
 mod memory;
 mod nft;
 mod nftlb;
+mod plot;
 mod probe;
 mod table;
 
@@ -121,6 +123,10 @@ struct Cli {
     /// API: endpoint changes to time per stream count.
     #[arg(long, default_value_t = 20)]
     api_repeat: usize,
+    /// Also draw the run as an SVG bar chart into this file (log time axis: kpng against
+    /// full reloads, nftlb, and the dataplane without a service).
+    #[arg(long, value_name = "FILE")]
+    plot: Option<std::path::PathBuf>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -137,20 +143,20 @@ fn main() -> anyhow::Result<()> {
     // The churn scenario's fake API server listens on this namespace's loopback.
     let lo = std::process::Command::new("ip").args(["link", "set", "lo", "up"]).status()?;
     anyhow::ensure!(lo.success(), "cannot bring loopback up in the bench namespace: {lo}");
-    let mut rows = Vec::new();
+    let mut nft_rows = Vec::new();
     for &services in cli.services.iter().filter(|s| **s > 0) {
-        rows.push(nft::run(services, cli.endpoints, cli.repeat, cli.reloads)?);
+        nft_rows.push(nft::run(services, cli.endpoints, cli.repeat, cli.reloads)?);
     }
-    if !rows.is_empty() {
-        table::print_nft(&rows);
+    if !nft_rows.is_empty() {
+        table::print_nft(&nft_rows);
     }
-    let mut rows = Vec::new();
+    let mut kube_rows = Vec::new();
     for &services in cli.kube_services.iter().filter(|s| **s > 0) {
-        rows.push(kube::run(services, cli.endpoints, cli.repeat)?);
+        kube_rows.push(kube::run(services, cli.endpoints, cli.repeat)?);
     }
-    if !rows.is_empty() {
+    if !kube_rows.is_empty() {
         println!();
-        kube::print(&rows);
+        kube::print(&kube_rows);
     }
     let mut churn = Vec::new();
     for &rate in cli.churn_rates.iter().filter(|r| **r > 0) {
@@ -175,29 +181,29 @@ fn main() -> anyhow::Result<()> {
         println!();
         memory::print(&rows);
     }
-    let mut rows = Vec::new();
+    let mut cold_rows = Vec::new();
     for &services in cli.cold_services.iter().filter(|s| **s > 0) {
-        rows.push(cold::run(services, cli.endpoints)?);
+        cold_rows.push(cold::run(services, cli.endpoints)?);
     }
-    if !rows.is_empty() {
+    if !cold_rows.is_empty() {
         println!();
-        cold::print(&rows);
+        cold::print(&cold_rows);
     }
-    let mut rows = Vec::new();
+    let mut dataplane_rows = Vec::new();
     for &services in cli.dataplane_services.iter().filter(|s| **s > 0) {
-        rows.push(dataplane::run(services, cli.endpoints, cli.dataplane_connections)?);
+        dataplane_rows.push(dataplane::run(services, cli.endpoints, cli.dataplane_connections)?);
     }
-    if !rows.is_empty() {
+    if !dataplane_rows.is_empty() {
         println!();
-        dataplane::print(&rows);
+        dataplane::print(&dataplane_rows);
     }
-    let mut rows = Vec::new();
+    let mut nftlb_rows = Vec::new();
     for &services in cli.nftlb_services.iter().filter(|s| **s > 0) {
-        rows.push(nftlb::run(services, cli.endpoints, cli.nftlb_repeat)?);
+        nftlb_rows.push(nftlb::run(services, cli.endpoints, cli.nftlb_repeat)?);
     }
-    if !rows.is_empty() {
+    if !nftlb_rows.is_empty() {
         println!();
-        nftlb::print(&rows);
+        nftlb::print(&nftlb_rows);
     }
     let mut rows = Vec::new();
     for &streams in cli.api_streams.iter().filter(|s| **s > 0) {
@@ -212,5 +218,82 @@ fn main() -> anyhow::Result<()> {
         println!();
         api::print(&rows);
     }
+    if let Some(path) = &cli.plot {
+        let sections = chart(&nft_rows, &kube_rows, &cold_rows, &dataplane_rows, &nftlb_rows);
+        let title = format!(
+            "kpng-bench, {} cores, Linux {} (p50 unless noted)",
+            std::thread::available_parallelism().map_or(0, |n| n.get()),
+            kernel_release()
+        );
+        std::fs::write(path, plot::svg(&title, &sections))
+            .map_err(|e| anyhow::anyhow!("writing the plot to {}: {e}", path.display()))?;
+    }
     Ok(())
+}
+
+/// The running kernel's release.
+fn kernel_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease").map_or("?".into(), |s| s.trim().into())
+}
+
+/// The chart's sections from the run's results (scenarios not run are left out).
+fn chart(
+    nft: &[table::NftRow],
+    kube: &[kube::KubeRow],
+    cold: &[cold::ColdRow],
+    dataplane: &[dataplane::DataplaneRow],
+    nftlb: &[nftlb::NftlbRow],
+) -> Vec<plot::Section> {
+    use plot::{Bar, Section};
+    let bar = |label: String, ms: f64, kpng: bool| Bar { label, ms, kpng };
+    let mut sections = Vec::new();
+    if !nft.is_empty() {
+        let mut bars = Vec::new();
+        for row in nft {
+            let n = row.services;
+            let p50 = row.changes.first().map_or(0.0, |c| c.wall.0);
+            bars.push(bar(format!("{n} svc: kpng, model to commit"), p50, true));
+            if let Some(k) = kube.iter().find(|k| k.services == n) {
+                let p50 = k.changes.first().map_or(0.0, |c| c.wall.0);
+                bars.push(bar(format!("{n} svc: kpng, API event to commit"), p50, true));
+            }
+            bars.push(bar(format!("{n} svc: nft -f whole table"), row.reload_ms, false));
+            if let Some(ms) = row.iptables_ms {
+                bars.push(bar(format!("{n} svc: iptables-restore nat table"), ms, false));
+            }
+        }
+        sections
+            .push(Section { title: "One endpoint added vs the whole table reloaded".into(), bars });
+    }
+    if !nft.is_empty() || !cold.is_empty() {
+        let mut bars = Vec::new();
+        for row in nft {
+            let label = format!("{} svc: node state to kernel", row.services);
+            bars.push(bar(label, row.cold_start_ms, true));
+        }
+        for row in cold {
+            let label = format!("{} svc: kpng binary, kube source", row.services);
+            bars.push(bar(label, row.total_ms, true));
+        }
+        sections.push(Section { title: "Cold start (one run)".into(), bars });
+    }
+    if let Some(row) = nftlb.last() {
+        let mut bars = Vec::new();
+        for op in &row.ops {
+            bars.push(bar(format!("nftlb: {}", op.name), op.nftlb.0, false));
+            bars.push(bar(format!("kpng: {}", op.name), op.kpng.0, true));
+        }
+        let title = format!("nftlb's REST API vs kpng, {} services", row.services);
+        sections.push(Section { title, bars });
+    }
+    if !dataplane.is_empty() {
+        let mut bars = Vec::new();
+        for row in dataplane {
+            let n = row.services;
+            bars.push(bar(format!("{n} svc: connect to a cluster IP"), row.service.0, true));
+            bars.push(bar(format!("{n} svc: connect to the pod"), row.direct.0, false));
+        }
+        sections.push(Section { title: "First packet: TCP connect from a client".into(), bars });
+    }
+    sections
 }

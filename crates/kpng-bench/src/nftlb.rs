@@ -278,9 +278,45 @@ fn time(
 /// service of 10, 50 and 100 endpoints and adds and removes one endpoint, `repeat` times
 /// each, on both.
 pub fn run(services: usize, endpoints: usize, repeat: usize) -> anyhow::Result<NftlbRow> {
+    const SIZES: [usize; 3] = [10, 50, 100];
     let spec = ClusterSpec { services, endpoints, nodes: 3, zones: 2 };
     let (mut bench, cold) = Bench::load(&spec)?;
-    let kpng_cold_ms = cold.total_ms;
+    // One endpoint added to, then removed from, existing services.
+    let pick = |r: usize| (r * 7919) % services.max(1);
+    let targets: Vec<_> = (0..repeat)
+        .map(|r| {
+            let slice = cluster::slice_of(&bench.model, pick(r));
+            let service =
+                bench.model.service(&slice.service_key()).cloned().expect("generated service");
+            (service, slice)
+        })
+        .collect();
+    let added = |r: usize| cluster::extra_endpoint(60_000 + r, "node-1");
+
+    // kpng first, before nftlb runs: nftlb's daemon must not share the cores meanwhile.
+    let mut kpng = vec![(cold.total_ms, cold.total_ms, cold.total_ms)];
+    for size in SIZES {
+        // Distinct services per size, so no create meets a leftover of another.
+        let base = size * 1000;
+        kpng.push(
+            measure(&mut bench, repeat, "create", |b, r| b.add_service(base + r, size))?.wall,
+        );
+        let delete = |b: &mut Bench, r| b.delete_service(base + r, size);
+        kpng.push(measure(&mut bench, repeat, "delete", delete)?.wall);
+    }
+    let add = measure(&mut bench, repeat, "endpoint add", |b, r| {
+        let mut slice = targets[r].1.clone();
+        slice.endpoints.push(added(r));
+        let touched = cluster::apply(&mut b.model, Object::EndpointSlice(slice));
+        b.change(touched)
+    })?;
+    kpng.push(add.wall);
+    let remove = measure(&mut bench, repeat, "endpoint remove", |b, r| {
+        let touched = cluster::apply(&mut b.model, Object::EndpointSlice(targets[r].1.clone()));
+        b.change(touched)
+    })?;
+    kpng.push(remove.wall);
+
     let all: Vec<Farm> = bench
         .model
         .services()
@@ -293,71 +329,40 @@ pub fn run(services: usize, endpoints: usize, repeat: usize) -> anyhow::Result<N
     nftlb.post(all).context("loading the cluster into nftlb")?;
     let load_ms = start.elapsed().as_secs_f64() * 1000.0;
     nftlb.check_loaded(&vips).context("after loading the cluster into nftlb")?;
-    let mut ops = vec![OpRow {
-        name: format!("load {services} services"),
-        nftlb: (load_ms, load_ms, load_ms),
-        kpng: (kpng_cold_ms, kpng_cold_ms, kpng_cold_ms),
-    }];
-
-    for size in [10, 50, 100] {
-        // Distinct services per size, so no create meets a leftover of another.
+    let mut names = vec![format!("load {services} services")];
+    let mut theirs = vec![(load_ms, load_ms, load_ms)];
+    for size in SIZES {
         let base = size * 1000;
-        let nftlb_times = time(repeat, |r| nftlb.post(extra_farms(&bench, base + r, size)))?;
-        let kpng = measure(&mut bench, repeat, "create", |b, r| b.add_service(base + r, size))?;
-        ops.push(OpRow {
-            name: format!("create svc, {size} eps"),
-            nftlb: nftlb_times,
-            kpng: kpng.wall,
-        });
-        let nftlb_times = time(repeat, |r| {
+        theirs.push(time(repeat, |r| nftlb.post(extra_farms(&bench, base + r, size)))?);
+        theirs.push(time(repeat, |r| {
             for farm in extra_farms(&bench, base + r, size) {
                 nftlb.call("DELETE", &format!("/farms/{}", farm.name), "")?;
             }
             Ok(())
-        })?;
-        let kpng = measure(&mut bench, repeat, "delete", |b, r| b.delete_service(base + r, size))?;
-        ops.push(OpRow {
-            name: format!("delete svc, {size} eps"),
-            nftlb: nftlb_times,
-            kpng: kpng.wall,
-        });
+        })?);
+        names.push(format!("create svc, {size} eps"));
+        names.push(format!("delete svc, {size} eps"));
     }
-
-    // One endpoint added to, then removed from, an existing service.
-    let pick = |r: usize| (r * 7919) % services.max(1);
-    let target = |r: usize| {
-        let slice = cluster::slice_of(&bench.model, pick(r));
-        let service =
-            bench.model.service(&slice.service_key()).cloned().expect("generated service");
-        (service, slice)
-    };
-    let targets: Vec<_> = (0..repeat).map(target).collect();
-    let added = |r: usize| cluster::extra_endpoint(60_000 + r, "node-1");
-    let nftlb_times = time(repeat, |r| {
+    theirs.push(time(repeat, |r| {
         let (service, slice) = &targets[r];
         let mut slice = slice.clone();
         slice.endpoints = vec![added(r)];
         slice.endpoints[0].pod_name = Some(format!("bench-added-{r}"));
         let farm = farms(service, &[&slice]).swap_remove(0);
         nftlb.post(vec![Farm { vip: None, ..farm }])
-    })?;
-    let kpng = measure(&mut bench, repeat, "endpoint add", |b, r| {
-        let mut slice = targets[r].1.clone();
-        slice.endpoints.push(added(r));
-        let touched = cluster::apply(&mut b.model, Object::EndpointSlice(slice));
-        b.change(touched)
-    })?;
-    ops.push(OpRow { name: "endpoint add".into(), nftlb: nftlb_times, kpng: kpng.wall });
-    let nftlb_times = time(repeat, |r| {
+    })?);
+    theirs.push(time(repeat, |r| {
         let farm = farm_name(&targets[r].0, &targets[r].0.ports[0].name);
         nftlb.call("DELETE", &format!("/farms/{farm}/backends/bench-added-{r}"), "").map(drop)
-    })?;
-    let kpng = measure(&mut bench, repeat, "endpoint remove", |b, r| {
-        let touched = cluster::apply(&mut b.model, Object::EndpointSlice(targets[r].1.clone()));
-        b.change(touched)
-    })?;
-    ops.push(OpRow { name: "endpoint remove".into(), nftlb: nftlb_times, kpng: kpng.wall });
+    })?);
+    names.extend(["endpoint add".to_string(), "endpoint remove".to_string()]);
     drop(nftlb);
+    let ops = names
+        .into_iter()
+        .zip(theirs)
+        .zip(kpng)
+        .map(|((name, nftlb), kpng)| OpRow { name, nftlb, kpng })
+        .collect();
     Ok(NftlbRow { services, endpoints, ops })
 }
 

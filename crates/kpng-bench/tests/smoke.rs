@@ -29,6 +29,7 @@ fn every_scenario_runs_and_prints_its_table() {
     }
     let kpng = std::path::Path::new(env!("CARGO_BIN_EXE_kpng-bench")).with_file_name("kpng");
     let memory = if kpng.exists() { "300" } else { "0" };
+    let plot = tempfile::NamedTempFile::new().expect("temporary file");
     let out = Command::new(env!("CARGO_BIN_EXE_kpng-bench"))
         .args(["--services", "300", "--repeat", "5", "--reloads", "1"])
         .args(["--churn-rates", "100", "--churn-seconds", "1", "--churn-services", "300"])
@@ -37,6 +38,8 @@ fn every_scenario_runs_and_prints_its_table() {
         .args(["--nftlb-services", "20", "--nftlb-repeat", "2"])
         .args(["--dataplane-services", "20,40", "--dataplane-connections", "50"])
         .args(["--kube-services", "300"])
+        .arg("--plot")
+        .arg(plot.path())
         .output()
         .expect("run kpng-bench");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -111,6 +114,11 @@ fn every_scenario_runs_and_prints_its_table() {
     for row in &dataplane {
         assert_eq!(row[1], "50");
         row[2..].iter().for_each(|f| assert!(number(f) > 0.0, "{row:?}"));
+    }
+
+    let svg = std::fs::read_to_string(plot.path()).expect("the plot was written");
+    for section in ["One endpoint added", "Cold start", "nftlb's REST API", "First packet"] {
+        assert!(svg.contains(section), "no {section:?} section in the plot");
     }
 
     let api = table(&stdout, "api:");
