@@ -6,7 +6,8 @@
 //! From the client, TCP connections to those services' cluster IPs are timed from `connect`
 //! to the established socket (SYN, NAT lookup, SYN-ACK): each connection's first packet
 //! misses conntrack and walks kpng's rules. The same number of connections straight to the
-//! pods' addresses gives the path without any service lookup.
+//! pods' addresses gives the path without any service lookup. Sizes are measured in
+//! interleaved rounds, each loading its table afresh.
 
 use std::io::Read;
 use std::net::{IpAddr, SocketAddr, TcpStream};
@@ -41,22 +42,24 @@ pub struct DataplaneRow {
     pub direct: (f64, f64, f64),
 }
 
-/// Loads `services` generated services into a namespace node and times `connections`
-/// connections from the client to cluster IPs and to the pods.
-pub fn run(services: usize, endpoints: usize, connections: usize) -> anyhow::Result<DataplaneRow> {
-    anyhow::ensure!(services >= PROBED, "the dataplane scenario needs at least {PROBED} services");
-    let mut net = Cluster::new();
-    let pods: Vec<(IpAddr, &str)> =
-        [("pod-a", true, 10), ("pod-b", true, 11), ("pod-c", false, 10)]
-            .into_iter()
-            .map(|(name, local, n)| {
-                let pod = net.add_pod(name, local, n, &[POD_PORT]);
-                (pod.ipv4, if local { "node-0" } else { "node-1" })
-            })
-            .collect();
-    // The client reaches pods directly too, for the path without a service.
-    net.client.ip(&["route", "add", "10.244.0.0/16", "via", "192.168.10.1"]);
+/// Rounds per run: every size is measured in each round, so drift in the machine's state
+/// (caches, conntrack entries, other load) falls on all sizes alike.
+const ROUNDS: usize = 5;
 
+/// A size's node state and probe targets.
+struct Size {
+    services: usize,
+    state: kpng_model::LocalState,
+    targets: Vec<SocketAddr>,
+}
+
+/// The node state for `services` generated services, a few of them pointed at `pods`.
+fn size(
+    services: usize,
+    endpoints: usize,
+    pods: &[(IpAddr, &'static str)],
+) -> anyhow::Result<Size> {
+    anyhow::ensure!(services >= PROBED, "the dataplane scenario needs at least {PROBED} services");
     let spec = ClusterSpec { services, endpoints, nodes: 3, zones: 2 };
     let mut model = GlobalModel::new();
     for object in cluster::objects(&spec)? {
@@ -73,33 +76,80 @@ pub fn run(services: usize, endpoints: usize, connections: usize) -> anyhow::Res
     }
     let mut projector = NodeProjector::new("node-0");
     projector.update(&model, &Changes::All);
-    let state = projector.state().clone();
-    drop((model, projector));
-    // The backend talks to the node's kernel: its socket (and the `nft` it runs for the
-    // skeleton) must be created inside the node's namespace.
+    let targets = probed
+        .iter()
+        .map(|&i| format!("{}:80", service_ip(i)).parse())
+        .collect::<Result<_, _>>()?;
+    Ok(Size { services, state: projector.state().clone(), targets })
+}
+
+/// Replaces the node's tables with `state`. The backend's socket (and the `nft` it runs
+/// for the skeleton) must be created inside the node's namespace.
+fn load(net: &Cluster, state: &kpng_model::LocalState) -> anyhow::Result<()> {
+    let state = state.clone();
     in_netns(&net.node, move || -> Result<(), String> {
+        kpng_nft::kernel::cleanup().map_err(|e| e.to_string())?;
         let kernel = NetlinkKernel::open().map_err(|e| e.to_string())?;
         let mut backend = NftBackend::new(NftOptions::default(), Box::new(kernel));
         backend.apply(&ChangeSet::full(&state)).map_err(|e| e.to_string())
     })
-    .map_err(|e| anyhow::anyhow!("loading the node's table: {e}"))?;
+    .map_err(|e| anyhow::anyhow!("loading the node's table: {e}"))
+}
 
-    let targets: Vec<SocketAddr> = probed
-        .iter()
-        .map(|&i| format!("{}:80", service_ip(i)).parse())
-        .collect::<Result<_, _>>()?;
+/// For each of `sizes` (services in the node's table), times `connections` connections
+/// from the client to cluster IPs and as many to the pods, over interleaved rounds.
+pub fn run(
+    sizes: &[usize],
+    endpoints: usize,
+    connections: usize,
+) -> anyhow::Result<Vec<DataplaneRow>> {
+    let mut net = Cluster::new();
+    let pods: Vec<(IpAddr, &'static str)> =
+        [("pod-a", true, 10), ("pod-b", true, 11), ("pod-c", false, 10)]
+            .into_iter()
+            .map(|(name, local, n)| {
+                let pod = net.add_pod(name, local, n, &[POD_PORT]);
+                (pod.ipv4, if local { "node-0" } else { "node-1" })
+            })
+            .collect();
+    // The client reaches pods directly too, for the path without a service.
+    net.client.ip(&["route", "add", "10.244.0.0/16", "via", "192.168.10.1"]);
     let direct: Vec<SocketAddr> =
         pods.iter().map(|(ip, _)| SocketAddr::new(*ip, POD_PORT)).collect();
-    let service = in_netns(&net.client, move || time_connects(&targets, connections))
-        .context("connections to cluster IPs")?;
-    let direct = in_netns(&net.client, move || time_connects(&direct, connections))
-        .context("connections to the pods")?;
-    Ok(DataplaneRow { services, connections, service, direct })
+    let sizes: Vec<Size> =
+        sizes.iter().map(|&n| size(n, endpoints, &pods)).collect::<Result<_, _>>()?;
+    let per_round = connections.div_ceil(ROUNDS);
+    let mut samples: Vec<(Vec<Duration>, Vec<Duration>)> = vec![Default::default(); sizes.len()];
+    for _ in 0..ROUNDS {
+        for (size, (service, pod)) in sizes.iter().zip(&mut samples) {
+            load(&net, &size.state)?;
+            let targets = size.targets.clone();
+            service.extend(
+                in_netns(&net.client, move || time_connects(&targets, per_round))
+                    .context("connections to cluster IPs")?,
+            );
+            let direct = direct.clone();
+            pod.extend(
+                in_netns(&net.client, move || time_connects(&direct, per_round))
+                    .context("connections to the pods")?,
+            );
+        }
+    }
+    Ok(sizes
+        .iter()
+        .zip(samples)
+        .map(|(size, (mut service, mut pod))| DataplaneRow {
+            services: size.services,
+            connections: service.len(),
+            service: percentiles(&mut service),
+            direct: percentiles(&mut pod),
+        })
+        .collect())
 }
 
 /// Connects `count` times, cycling over `targets`; every connection must reach a pod (its
-/// answer is read, untimed). Returns p50, p99 and max of the time to connect (ms).
-fn time_connects(targets: &[SocketAddr], count: usize) -> anyhow::Result<(f64, f64, f64)> {
+/// answer is read, untimed). Returns the times to connect.
+fn time_connects(targets: &[SocketAddr], count: usize) -> anyhow::Result<Vec<Duration>> {
     // Warm up neighbour tables and routes first.
     for target in targets {
         answer(target, TcpStream::connect_timeout(target, Duration::from_secs(2))?)?;
@@ -113,7 +163,7 @@ fn time_connects(targets: &[SocketAddr], count: usize) -> anyhow::Result<(f64, f
         samples.push(start.elapsed());
         answer(target, stream)?;
     }
-    Ok(percentiles(&mut samples))
+    Ok(samples)
 }
 
 /// Reads the pod's greeting: the connection reached a pod, not something else.

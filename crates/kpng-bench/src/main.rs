@@ -189,10 +189,12 @@ fn main() -> anyhow::Result<()> {
         println!();
         cold::print(&cold_rows);
     }
-    let mut dataplane_rows = Vec::new();
-    for &services in cli.dataplane_services.iter().filter(|s| **s > 0) {
-        dataplane_rows.push(dataplane::run(services, cli.endpoints, cli.dataplane_connections)?);
-    }
+    let sizes: Vec<usize> = cli.dataplane_services.iter().copied().filter(|s| *s > 0).collect();
+    let dataplane_rows = if sizes.is_empty() {
+        Vec::new()
+    } else {
+        dataplane::run(&sizes, cli.endpoints, cli.dataplane_connections)?
+    };
     if !dataplane_rows.is_empty() {
         println!();
         dataplane::print(&dataplane_rows);
