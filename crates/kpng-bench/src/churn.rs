@@ -44,6 +44,15 @@ impl ChurnRow {
         let leaked = self.revisions.saturating_sub(self.real_events);
         if noops == 0 { 100.0 } else { 100.0 * (1.0 - leaked as f64 / noops as f64) }
     }
+
+    /// Node-state revisions per API event, in percent.
+    pub fn revisions_per_event(&self) -> f64 {
+        if self.api_events == 0 {
+            0.0
+        } else {
+            100.0 * self.enls_revisions as f64 / self.api_events as f64
+        }
+    }
 }
 
 /// Runs `seconds` of churn at `rate` events/s with `noop_percent` % no-ops.
@@ -113,7 +122,7 @@ pub fn run(
 pub fn print(rows: &[ChurnRow]) {
     println!("churn: kube source -> store -> node state -> nftables, against the fake API server");
     println!(
-        "{:>8} {:>9} {:>8} {:>7} | {:>10} {:>6} {:>10} {:>10} {:>10} {:>12} {:>10} | {:>17} {:>8}",
+        "{:>8} {:>9} {:>8} {:>7} | {:>10} {:>6} {:>10} {:>10} {:>10} {:>12} {:>10} | {:>14} {:>17} {:>8}",
         "services",
         "endpoints",
         "events/s",
@@ -125,12 +134,13 @@ pub fn print(rows: &[ChurnRow]) {
         "enls revs",
         "transactions",
         "elem ops",
+        "revs/events(%)",
         "no-ops dropped(%)",
         "cpu(%)*"
     );
     for r in rows {
         println!(
-            "{:>8} {:>9} {:>8} {:>7.1} | {:>10} {:>6} {:>10} {:>10} {:>10} {:>12} {:>10} | {:>17.2} {:>8.1}",
+            "{:>8} {:>9} {:>8} {:>7.1} | {:>10} {:>6} {:>10} {:>10} {:>10} {:>12} {:>10} | {:>14.2} {:>17.2} {:>8.1}",
             r.services,
             r.endpoints,
             r.rate,
@@ -142,6 +152,7 @@ pub fn print(rows: &[ChurnRow]) {
             r.enls_revisions,
             r.transactions,
             r.element_ops,
+            r.revisions_per_event(),
             r.noops_dropped(),
             r.cpu_percent
         );

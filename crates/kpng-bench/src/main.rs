@@ -85,9 +85,9 @@ struct Cli {
     /// Churn: seconds per rate.
     #[arg(long, default_value_t = 5)]
     churn_seconds: u64,
-    /// Churn: cluster size (services).
-    #[arg(long, default_value_t = 1000)]
-    churn_services: usize,
+    /// Churn: cluster sizes (services), comma-separated; every rate runs at every size.
+    #[arg(long, value_delimiter = ',', default_value = "1000")]
+    churn_services: Vec<usize>,
     /// Churn and memory: endpoints per service.
     #[arg(long, default_value_t = 2)]
     churn_endpoints: usize,
@@ -100,7 +100,9 @@ struct Cli {
     #[arg(long, value_delimiter = ',', default_value = "1000")]
     cold_services: Vec<usize>,
     /// nftlb side by side: cluster sizes (services) to load into nftlb and kpng, comma-separated
-    /// (0 skips it; needs the `nftlb` daemon on PATH). nftlb takes minutes to load 1,000.
+    /// (0 skips it; needs the `nftlb` daemon on PATH). nftlb holds at most 1,024 farms (one
+    /// per service port) or 4,096 backends, 800 services of 4 endpoints, and needs a minute
+    /// or more to load them.
     #[arg(long, value_delimiter = ',', default_value = "100")]
     nftlb_services: Vec<usize>,
     /// nftlb side by side: repetitions of each operation.
@@ -159,14 +161,12 @@ fn main() -> anyhow::Result<()> {
         kube::print(&kube_rows);
     }
     let mut churn = Vec::new();
-    for &rate in cli.churn_rates.iter().filter(|r| **r > 0) {
-        churn.push(churn::run(
-            cli.churn_services,
-            cli.churn_endpoints,
-            rate,
-            cli.churn_noop,
-            cli.churn_seconds,
-        )?);
+    for &services in cli.churn_services.iter().filter(|s| **s > 0) {
+        for &rate in cli.churn_rates.iter().filter(|r| **r > 0) {
+            let (endpoints, noop, seconds) =
+                (cli.churn_endpoints, cli.churn_noop, cli.churn_seconds);
+            churn.push(churn::run(services, endpoints, rate, noop, seconds)?);
+        }
     }
     if !churn.is_empty() {
         println!();

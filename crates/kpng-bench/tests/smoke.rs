@@ -76,6 +76,8 @@ fn every_scenario_runs_and_prints_its_table() {
     assert_eq!(churn.len(), 1, "{churn:?}");
     let dropped = number(&churn[0][churn[0].len() - 2]);
     assert!((0.0..=100.0).contains(&dropped), "{dropped}");
+    let revisions_per_event = number(&churn[0][churn[0].len() - 3]);
+    assert!((0.0..=100.0).contains(&revisions_per_event), "{revisions_per_event}");
 
     if memory != "0" {
         let memory = table(&stdout, "memory:");
