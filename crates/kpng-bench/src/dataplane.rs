@@ -135,6 +135,9 @@ pub fn run(
             );
         }
     }
+    // Leave the namespaces light to tear down.
+    in_netns(&net.node, || kpng_nft::kernel::cleanup().map(drop).map_err(|e| e.to_string()))
+        .map_err(|e| anyhow::anyhow!("removing the node's tables: {e}"))?;
     Ok(sizes
         .iter()
         .zip(samples)

@@ -189,16 +189,6 @@ fn main() -> anyhow::Result<()> {
         println!();
         cold::print(&cold_rows);
     }
-    let sizes: Vec<usize> = cli.dataplane_services.iter().copied().filter(|s| *s > 0).collect();
-    let dataplane_rows = if sizes.is_empty() {
-        Vec::new()
-    } else {
-        dataplane::run(&sizes, cli.endpoints, cli.dataplane_connections)?
-    };
-    if !dataplane_rows.is_empty() {
-        println!();
-        dataplane::print(&dataplane_rows);
-    }
     let mut nftlb_rows = Vec::new();
     for &services in cli.nftlb_services.iter().filter(|s| **s > 0) {
         nftlb_rows.push(nftlb::run(services, cli.endpoints, cli.nftlb_repeat)?);
@@ -219,6 +209,18 @@ fn main() -> anyhow::Result<()> {
     if !rows.is_empty() {
         println!();
         api::print(&rows);
+    }
+    // Last: tearing down its namespaces (large tables, many conntrack entries) keeps the
+    // kernel busy for a while, which would disturb any scenario after it.
+    let sizes: Vec<usize> = cli.dataplane_services.iter().copied().filter(|s| *s > 0).collect();
+    let dataplane_rows = if sizes.is_empty() {
+        Vec::new()
+    } else {
+        dataplane::run(&sizes, cli.endpoints, cli.dataplane_connections)?
+    };
+    if !dataplane_rows.is_empty() {
+        println!();
+        dataplane::print(&dataplane_rows);
     }
     if let Some(path) = &cli.plot {
         let sections = chart(&nft_rows, &kube_rows, &cold_rows, &dataplane_rows, &nftlb_rows);
