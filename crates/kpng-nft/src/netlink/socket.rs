@@ -81,6 +81,22 @@ impl NetlinkSocket {
         self.sent
     }
 
+    /// Receives one datagram. The buffer is larger than any datagram the kernel sends: the
+    /// kernel sizes dump datagrams after the largest read so far (up to 32 KiB), and a set's
+    /// dump restarts its walk from the first element for every datagram, so small reads make
+    /// reading a large set back quadratic in the number of datagrams.
+    fn receive(&mut self) -> Result<Vec<u8>, CommitError> {
+        let mut buf = Vec::with_capacity(RECEIVE_BUFFER);
+        let len = self.socket.recv(&mut buf, libc_msg_trunc()).map_err(io_error("receive"))?;
+        if len > buf.len() {
+            return Err(CommitError::Io {
+                op: "receive",
+                source: io::Error::other(format!("a {len}-byte datagram did not fit the buffer")),
+            });
+        }
+        Ok(buf)
+    }
+
     /// Sends one datagram, counting its bytes.
     fn send(&mut self, bytes: &[u8]) -> Result<usize, CommitError> {
         let sent = self.socket.send(bytes, 0).map_err(io_error("send"))?;
@@ -111,7 +127,7 @@ impl NetlinkSocket {
         let mut answered = 0usize;
         let mut failure: Option<(u32, i32)> = None;
         while answered < messages.len() {
-            let (datagram, _) = self.socket.recv_from_full().map_err(io_error("receive"))?;
+            let datagram = self.receive()?;
             for (seq, code) in answers(&datagram) {
                 if seq < first_seq || seq > last_seq {
                     continue;
@@ -149,7 +165,7 @@ impl NetlinkSocket {
         self.send(&request)?;
         let mut payloads = Vec::new();
         loop {
-            let (datagram, _) = self.socket.recv_from_full().map_err(io_error("receive"))?;
+            let datagram = self.receive()?;
             let mut at = 0;
             while at + NLMSG_HDRLEN <= datagram.len() {
                 let word = |i: usize| {
@@ -203,7 +219,7 @@ impl NetlinkSocket {
             let mut answers_by_seq = vec![None; chunk.len()];
             let mut pending = chunk.len();
             while pending > 0 {
-                let (reply, _) = self.socket.recv_from_full().map_err(io_error("receive"))?;
+                let reply = self.receive()?;
                 for (seq, code) in answers(&reply) {
                     let index = seq.wrapping_sub(first) as usize;
                     if index < chunk.len() && answers_by_seq[index].is_none() {
@@ -219,6 +235,14 @@ impl NetlinkSocket {
 }
 
 const NLMSG_DONE: u16 = 3;
+
+/// Bytes read at once: above the kernel's largest datagram.
+const RECEIVE_BUFFER: usize = 64 * 1024;
+
+/// `MSG_TRUNC`: `recv` returns a datagram's whole length even when it did not fit.
+fn libc_msg_trunc() -> i32 {
+    nix::sys::socket::MsgFlags::MSG_TRUNC.bits()
+}
 
 fn libc_enoent() -> i32 {
     nix::errno::Errno::ENOENT as i32
