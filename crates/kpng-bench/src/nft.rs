@@ -56,6 +56,8 @@ impl Bench {
         }
         let mut projector = NodeProjector::new("node-0");
         projector.update(&model, &Changes::All);
+        // A cold start: no table left by an earlier scenario.
+        kpng_nft::kernel::cleanup().context("removing earlier tables")?;
         let (kernel, probe) = ProbedKernel::open()?;
         let mut backend = NftBackend::new(NftOptions::default(), Box::new(kernel));
         let start = Instant::now();
