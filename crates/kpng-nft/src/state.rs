@@ -191,18 +191,10 @@ impl TableState {
                     self.elements.remove(id);
                 }
             }
-            for (id, value) in &new {
+            for (id, _) in &new {
                 touched.entry(*id).or_insert_with(|| self.get(id).copied());
-                match self.elements.get_mut(id) {
-                    Some(owners) => owners.add(owner, *value),
-                    None => {
-                        self.elements.insert(*id, Owners::One((owner, *value)));
-                    }
-                }
             }
-            if !new.is_empty() {
-                self.owned.insert(owner, new.into_iter().map(|(id, _)| id).collect());
-            }
+            self.insert(owner, new);
         }
         let mut diff = TableDiff::default();
         for (id, before) in touched {
@@ -221,6 +213,21 @@ impl TableState {
         diff
     }
 
+    /// Records that `owner` (holding nothing now) wants `new`.
+    fn insert(&mut self, owner: Owner, new: Vec<(ElementId, Value)>) {
+        for (id, value) in &new {
+            match self.elements.get_mut(id) {
+                Some(owners) => owners.add(owner, *value),
+                None => {
+                    self.elements.insert(*id, Owners::One((owner, *value)));
+                }
+            }
+        }
+        if !new.is_empty() {
+            self.owned.insert(owner, new.into_iter().map(|(id, _)| id).collect());
+        }
+    }
+
     /// [`TableState::update`] from nothing, each owner updated once: every effective element
     /// is an addition, so no record of what each update touched is needed (at a cold start,
     /// that record would be as large as the table).
@@ -228,17 +235,7 @@ impl TableState {
         let size: usize = updates.iter().map(|(_, new)| new.len()).sum();
         self.elements.reserve(size);
         for (owner, new) in updates {
-            for (id, value) in &new {
-                match self.elements.get_mut(id) {
-                    Some(owners) => owners.add(owner, *value),
-                    None => {
-                        self.elements.insert(*id, Owners::One((owner, *value)));
-                    }
-                }
-            }
-            if !new.is_empty() {
-                self.owned.insert(owner, new.into_iter().map(|(id, _)| id).collect());
-            }
+            self.insert(owner, new);
         }
         let mut adds = Vec::with_capacity(self.elements.len());
         adds.extend(self.iter().map(|(id, value)| (*id, *value)));
