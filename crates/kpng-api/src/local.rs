@@ -11,7 +11,8 @@ use std::net::IpAddr;
 use kpng_model::global::InvalidKey;
 use kpng_model::local::{EndpointPort, LocalServicePort};
 use kpng_model::{
-    Family, Item, ItemRef, LocalEndpoint, LocalNode, LocalService, Op, PerFamily, ServiceKey,
+    Family, Item, ItemRef, LocalEndpoint, LocalNode, LocalService, NodePortAddresses, Op,
+    PerFamily, ServiceKey,
 };
 use prost::Message;
 
@@ -307,6 +308,10 @@ pub fn encode_node(node: &LocalNode) -> localv1::Node {
         primary_ips: Some(ip_set(&node.primary_ips)),
         pod_cidrs: node.pod_cidrs.iter().map(ToString::to_string).collect(),
         draining: node.draining,
+        nodeport_addresses: Some(ip_set(&node.nodeport_addresses.addresses)),
+        nodeports_on_all_local_v4: node.nodeport_addresses.all_local.v4,
+        nodeports_on_all_local_v6: node.nodeport_addresses.all_local.v6,
+        service_cidrs: node.service_cidrs.iter().map(ToString::to_string).collect(),
     }
 }
 
@@ -321,6 +326,17 @@ pub fn decode_node(wire: &localv1::Node, path: &str) -> Result<LocalNode, WireEr
         primary_ips,
         pod_cidrs: parse_nets(&wire.pod_cidrs, path, "podCIDRs")?,
         draining: wire.draining,
+        nodeport_addresses: {
+            let mut addresses =
+                parse_ips(wire.nodeport_addresses.as_ref(), path, "nodeportAddresses")?;
+            addresses.sort();
+            let all_local = PerFamily {
+                v4: wire.nodeports_on_all_local_v4,
+                v6: wire.nodeports_on_all_local_v6,
+            };
+            NodePortAddresses { all_local, addresses }
+        },
+        service_cidrs: parse_nets(&wire.service_cidrs, path, "serviceCIDRs")?,
     })
 }
 

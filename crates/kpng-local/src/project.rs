@@ -8,26 +8,63 @@ use kpng_model::global::{
 };
 use kpng_model::local::{EndpointPort, LocalServicePort, LocalServiceState};
 use kpng_model::{
-    Family, GlobalModel, LocalEndpoint, LocalNode, LocalService, LocalState, ServiceKey,
+    Family, GlobalModel, LocalEndpoint, LocalNode, LocalService, LocalState, Protocol, ServiceKey,
 };
 
+use crate::nodeports::{NodePortSelection, nodeport_addresses};
 use crate::select::{NodeView, SetsUsed, select_endpoints};
 
-/// What the node knows about itself, from its Node object (`None` until the model has one).
-pub fn project_node(model: &GlobalModel, name: &str) -> Option<LocalNode> {
-    let node = model.node(name)?;
-    Some(LocalNode {
-        name: node.name.clone(),
-        zone: node.zone().map(str::to_string),
-        primary_ips: Family::ALL.iter().filter_map(|f| node.primary_ip(*f)).collect(),
-        pod_cidrs: node.pod_cidrs.clone(),
-        draining: node.deleting || node.to_be_deleted,
-    })
+/// What only the node itself knows: where it accepts NodePorts, and its own addresses.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeLocal {
+    /// The `--nodeport-addresses` option.
+    pub nodeports: NodePortSelection,
+    /// The node's addresses (only needed for a CIDR selection).
+    pub addresses: Vec<IpAddr>,
 }
 
-/// The whole ENLS of node `name`.
+impl NodeLocal {
+    /// Fills in what the node itself decides (its NodePort addresses) in `node`.
+    pub fn complete(&self, node: &mut LocalNode) {
+        node.nodeport_addresses =
+            nodeport_addresses(&self.nodeports, &node.primary_ips, &self.addresses);
+    }
+}
+
+/// What the node knows about itself, from its Node object (`None` until the model has one),
+/// with NodePorts on its primary IPs.
+pub fn project_node(model: &GlobalModel, name: &str) -> Option<LocalNode> {
+    project_node_with(model, name, &NodeLocal::default())
+}
+
+/// [`project_node`], with what only the node knows.
+pub fn project_node_with(model: &GlobalModel, name: &str, local: &NodeLocal) -> Option<LocalNode> {
+    let node = model.node(name)?;
+    let mut projected = LocalNode {
+        name: node.name.clone(),
+        zone: node.zone().map(str::to_string),
+        primary_ips: primary_ips(node),
+        pod_cidrs: node.pod_cidrs.clone(),
+        draining: node.deleting || node.to_be_deleted,
+        nodeport_addresses: Default::default(),
+        service_cidrs: Vec::new(),
+    };
+    local.complete(&mut projected);
+    Some(projected)
+}
+
+fn primary_ips(node: &kpng_model::Node) -> Vec<IpAddr> {
+    Family::ALL.iter().filter_map(|f| node.primary_ip(*f)).collect()
+}
+
+/// The whole ENLS of node `name` (NodePorts on its primary IPs).
 pub fn project_node_state(model: &GlobalModel, name: &str) -> LocalState {
-    let node = project_node(model, name);
+    project_node_state_with(model, name, &NodeLocal::default())
+}
+
+/// [`project_node_state`], with what only the node knows.
+pub fn project_node_state_with(model: &GlobalModel, name: &str, local: &NodeLocal) -> LocalState {
+    let node = project_node_with(model, name, local);
     let view = NodeView { name, zone: node.as_ref().and_then(|n| n.zone.as_deref()) };
     let services = model
         .services()
@@ -62,7 +99,11 @@ pub fn project_service(
             *local_port.has_endpoints.get_mut(family) = selection.has_endpoints;
             for (i, (endpoint, number)) in candidates.iter().enumerate() {
                 let (cluster, local) = (selection.cluster[i], selection.local[i]);
-                if !(cluster || local) {
+                // A UDP endpoint this node does not pick but that still serves stays in
+                // the state: its conntrack entries must outlive topology and policy changes.
+                let serving =
+                    port.protocol == Protocol::Udp && (endpoint.ready || endpoint.serving);
+                if !(cluster || local || serving) {
                     continue;
                 }
                 let draft = endpoints

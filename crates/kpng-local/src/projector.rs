@@ -3,7 +3,7 @@
 use kpng_model::{Changes, GlobalModel, LocalState, Op, ServiceKey, Touched};
 
 use crate::diff::{diff, diff_services};
-use crate::project::{project_node, project_node_state, project_service};
+use crate::project::{NodeLocal, project_node_state_with, project_node_with, project_service};
 use crate::select::NodeView;
 
 /// One node's ENLS, updated incrementally. Only the services a revision touched are
@@ -11,13 +11,37 @@ use crate::select::NodeView;
 #[derive(Debug, Clone)]
 pub struct NodeProjector {
     name: String,
+    local: NodeLocal,
     state: LocalState,
 }
 
 impl NodeProjector {
     /// A projector for node `name`, starting from an empty state.
     pub fn new(name: impl Into<String>) -> Self {
-        NodeProjector { name: name.into(), state: LocalState::default() }
+        NodeProjector {
+            name: name.into(),
+            local: NodeLocal::default(),
+            state: LocalState::default(),
+        }
+    }
+
+    /// A projector for node `name` with what only the node knows.
+    pub fn with_local(name: impl Into<String>, local: NodeLocal) -> Self {
+        NodeProjector { name: name.into(), local, state: LocalState::default() }
+    }
+
+    /// The node's own addresses changed: returns the ops (the node, if its NodePort
+    /// addresses changed).
+    pub fn set_addresses(&mut self, addresses: Vec<std::net::IpAddr>) -> Vec<Op> {
+        self.local.addresses = addresses;
+        let Some(node) = &self.state.node else { return Vec::new() };
+        let mut updated = node.clone();
+        self.local.complete(&mut updated);
+        if updated == *node {
+            return Vec::new();
+        }
+        self.state.node = Some(updated.clone());
+        vec![Op::Set(kpng_model::Item::Node(updated))]
     }
 
     /// The node's name.
@@ -40,8 +64,11 @@ impl NodeProjector {
         };
         let old_node = self.state.node.clone();
         let node_touched = touched.contains(&Touched::Node(self.name.clone()));
-        let new_node =
-            if node_touched { project_node(model, &self.name) } else { old_node.clone() };
+        let new_node = if node_touched {
+            project_node_with(model, &self.name, &self.local)
+        } else {
+            old_node.clone()
+        };
         let zone = |n: &Option<kpng_model::LocalNode>| n.as_ref().and_then(|n| n.zone.clone());
         if zone(&old_node) != zone(&new_node) {
             // Topology depends on the node's zone: every service may change.
@@ -85,14 +112,14 @@ impl NodeProjector {
     /// states instead of listing every difference.
     pub fn refresh(&mut self, model: &GlobalModel, changes: &Changes) -> bool {
         let Changes::All = changes else { return !self.update(model, changes).is_empty() };
-        let new = project_node_state(model, &self.name);
+        let new = project_node_state_with(model, &self.name, &self.local);
         let changed = new != self.state;
         self.state = new;
         changed
     }
 
     fn recompute(&mut self, model: &GlobalModel) -> Vec<Op> {
-        let new = project_node_state(model, &self.name);
+        let new = project_node_state_with(model, &self.name, &self.local);
         let ops = diff(&self.state, &new);
         self.state = new;
         ops

@@ -79,9 +79,33 @@ pub struct GlobalArgs {
     #[arg(long, global = true)]
     pub masquerade_all: bool,
 
+    /// How traffic from this node's pods is recognised: `ClusterCIDR` (sources in
+    /// --cluster-cidr), `NodeCIDR` (sources in the Node's podCIDRs), `BridgeInterface`
+    /// (arriving on --pod-bridge-interface) or `InterfaceNamePrefix` (arriving on an
+    /// interface named --pod-interface-name-prefix*). Default: ClusterCIDR when
+    /// --cluster-cidr is given, else NodeCIDR.
+    #[arg(long, global = true, value_parser = ["ClusterCIDR", "NodeCIDR", "BridgeInterface", "InterfaceNamePrefix"], value_name = "MODE")]
+    pub detect_local_mode: Option<String>,
+
+    /// The bridge pods are attached to (with --detect-local-mode BridgeInterface).
+    #[arg(long, global = true, value_name = "INTERFACE")]
+    pub pod_bridge_interface: Option<String>,
+
+    /// The name prefix of pods' interfaces on the node (with --detect-local-mode
+    /// InterfaceNamePrefix).
+    #[arg(long, global = true, value_name = "PREFIX")]
+    pub pod_interface_name_prefix: Option<String>,
+
+    /// The cluster's service CIDRs (comma-separated), for clusters without ServiceCIDR
+    /// objects: new connections to an address in them that no service holds are dropped
+    /// (an allocated ClusterIP on a port it does not define is still rejected).
+    #[arg(long, global = true, value_delimiter = ',', value_name = "CIDRS")]
+    pub service_cidr: Vec<ipnet::IpNet>,
+
     /// Where NodePorts are accepted: `primary` (the Node object's primary IPs) or
-    /// comma-separated CIDRs (local addresses inside them; `0.0.0.0/0,::/0` for all but
-    /// loopback).
+    /// comma-separated CIDRs: the node's addresses inside them, followed as addresses come
+    /// and go; a zero CIDR (`0.0.0.0/0`, `::/0`) means every local address of its family but
+    /// loopback; a family without a CIDR in the list uses its primary IP.
     #[arg(long, global = true, default_value = "primary", value_name = "primary|CIDRS")]
     pub nodeport_addresses: String,
 
@@ -184,6 +208,18 @@ impl GlobalArgs {
         self.stats |= later.stats;
         self.dry_run |= later.dry_run;
         self.masquerade_all |= later.masquerade_all;
+        if later.detect_local_mode.is_some() {
+            self.detect_local_mode = later.detect_local_mode;
+        }
+        if later.pod_bridge_interface.is_some() {
+            self.pod_bridge_interface = later.pod_bridge_interface;
+        }
+        if later.pod_interface_name_prefix.is_some() {
+            self.pod_interface_name_prefix = later.pod_interface_name_prefix;
+        }
+        if !later.service_cidr.is_empty() {
+            self.service_cidr = later.service_cidr;
+        }
         if !later.cluster_cidr.is_empty() {
             self.cluster_cidr = later.cluster_cidr;
         }

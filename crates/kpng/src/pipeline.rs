@@ -12,7 +12,7 @@ use kpng_store::store;
 
 use crate::cli::{Cli, GlobalArgs, KubeArgs, SinkCommand, SourceCommand};
 use crate::sinks::to_file::run_to_file;
-use crate::sinks::to_local::{build_backends, run_to_local};
+use crate::sinks::to_local::{build_backends, node_local, run_to_local, runner_options};
 use crate::stats::{StatsPrinter, StatsSources, print_stats};
 use crate::throttle::ThrottleLayer;
 
@@ -149,7 +149,9 @@ where
             let mut backends = built.backends;
             backends.extend(health_checks(&commands, global, &node_stats));
             collectors = built.collectors;
-            Sink::Local { node: node_name(global)?, backends }
+            let (local, addresses) = node_local(global)?;
+            let options = runner_options(global, node_name(global)?, local);
+            Sink::Local { options, backends, addresses }
         }
         SinkCommand::ToApi(to_api) => {
             if global.once {
@@ -166,7 +168,7 @@ where
         kpng_server::admin::AdminSources {
             reader: Some(reader.clone()),
             node: match &sink {
-                Sink::Local { node, .. } => Some((node.clone(), node_stats.clone())),
+                Sink::Local { options, .. } => Some((options.node.clone(), node_stats.clone())),
                 _ => None,
             },
             server: match &sink {
@@ -181,10 +183,9 @@ where
     let sink = async {
         match sink {
             Sink::File(to_file) => run_to_file(reader, to_file, once).await,
-            Sink::Local { node, backends } => {
-                tracing::info!(%node, "computing the node-local state");
-                let periods = (global.min_sync_period, global.sync_period);
-                run_to_local(reader, node, backends, once, periods, node_stats.clone()).await
+            Sink::Local { options, backends, addresses } => {
+                tracing::info!(node = %options.node, "computing the node-local state");
+                run_to_local(reader, backends, options, addresses, node_stats.clone()).await
             }
             Sink::Api { hub, listen, security } => {
                 kpng_server::serve(hub, &listen, &security, std::future::pending()).await?;
@@ -223,8 +224,16 @@ where
 
 enum Sink {
     File(crate::cli::ToFileArgs),
-    Local { node: String, backends: Vec<Box<dyn kpng_backend::Backend>> },
-    Api { hub: Arc<kpng_server::Hub>, listen: kpng_api::Address, security: kpng_api::Security },
+    Local {
+        options: kpng_backend::RunnerOptions,
+        backends: Vec<Box<dyn kpng_backend::Backend>>,
+        addresses: Option<kpng_backend::runner::AddressUpdates>,
+    },
+    Api {
+        hub: Arc<kpng_server::Hub>,
+        listen: kpng_api::Address,
+        security: kpng_api::Security,
+    },
 }
 
 /// The admin HTTP servers `global` asks for (none with --once; a port of 0 disables one).
@@ -292,10 +301,8 @@ async fn run_local(args: crate::cli::LocalArgs, global: &mut GlobalArgs) -> anyh
     let built = build_backends(&commands, global)?;
     let mut backends = built.backends;
     backends.extend(health_checks(&commands, global, &stats));
-    let mut options = kpng_backend::RunnerOptions::new(node.clone());
-    options.once = global.once;
-    options.min_sync_period = global.min_sync_period;
-    options.verify_period = (!global.sync_period.is_zero()).then_some(global.sync_period);
+    let (local, addresses) = node_local(global)?;
+    let options = runner_options(global, node.clone(), local);
     tracing::info!(%node, server = %args.server, "following the node-local state");
     let admin = admin_servers(
         global,
@@ -312,7 +319,7 @@ async fn run_local(args: crate::cli::LocalArgs, global: &mut GlobalArgs) -> anyh
     tokio::select! {
         () = admin => Ok(()),
         () = follow => Ok(()),
-        result = kpng_backend::run_remote(received, backends, options, stats) => Ok(result?),
+        result = kpng_backend::run_remote(received, backends, options, stats, addresses) => Ok(result?),
         () = shutdown_signal() => {
             tracing::info!("signal received; exiting (kernel state, if any, stays in force)");
             Ok(())

@@ -18,6 +18,25 @@ fn ops_of(stdout: &str) -> Vec<Value> {
 fn endpoint_ips(ops: &[Value], service: &str) -> Vec<String> {
     ops.iter()
         .filter(|op| op["op"] == "set" && op["endpoint"]["service"] == service)
+        .filter(|op| {
+            let ports = op["endpoint"]["endpoint"]["ports"].as_array().unwrap();
+            ports.iter().any(|p| p["cluster"] == true || p["local"] == true)
+        })
+        .map(|op| op["endpoint"]["endpoint"]["ip"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Endpoints of `service` listed only because they still serve a UDP port (kept so that
+/// conntrack entries towards them survive).
+fn serving_only_ips(ops: &[Value], service: &str) -> Vec<String> {
+    ops.iter()
+        .filter(|op| op["op"] == "set" && op["endpoint"]["service"] == service)
+        .filter(|op| {
+            let ports = op["endpoint"]["endpoint"]["ports"].as_array().unwrap();
+            ports
+                .iter()
+                .all(|p| p["cluster"] == false && p["local"] == false && p["protocol"] == "UDP")
+        })
         .map(|op| op["endpoint"]["endpoint"]["ip"].as_str().unwrap().to_string())
         .collect()
 }
@@ -43,8 +62,10 @@ fn example_op_stream_for_node_a() {
             "shop/web"
         ]
     );
-    // Zone hints: node-a (zone-1) uses the zone-1 DNS pod only.
+    // Zone hints: node-a (zone-1) uses the zone-1 DNS pod only; the other zone's pod still
+    // serves, so it is listed for its UDP port without being picked.
     assert_eq!(endpoint_ips(&ops, "kube-system/kube-dns"), ["10.244.0.5"]);
+    assert_eq!(serving_only_ips(&ops, "kube-system/kube-dns"), ["10.244.2.7"]);
     // internalTrafficPolicy Local: only the local cart pod.
     assert_eq!(endpoint_ips(&ops, "shop/cart"), ["10.244.0.30"]);
     // The terminating web pod is not used while others are ready; both families are present.
@@ -300,9 +321,9 @@ fn nft_dry_run_is_a_ruleset_nft_accepts() {
     ]);
     assert!(out.status.success(), "{}", out.stderr);
     for needle in [
-        "table ip kpng {",
-        "table ip6 kpng {",
-        "add element ip kpng cluster_count_2 { 10.96.1.20 . tcp . 443 }",
+        "add table ip kpng\n",
+        "add table ip6 kpng\n",
+        "add element ip kpng cluster_bit_0 { 10.96.1.20 . tcp . 443 }",
         "add element ip kpng external_local_dests { 203.0.113.10 . tcp . 443 }",
         "add element ip kpng reject_dests { 10.96.1.60 . tcp . 80 }",
     ] {
