@@ -84,6 +84,7 @@ pub struct BackendError {
     /// The backend's name.
     pub backend: &'static str,
     error: Box<dyn std::error::Error + Send + Sync>,
+    permanent: bool,
 }
 
 impl BackendError {
@@ -92,13 +93,25 @@ impl BackendError {
         backend: &'static str,
         error: impl Into<Box<dyn std::error::Error + Send + Sync>>,
     ) -> Self {
-        BackendError { backend, error: error.into() }
+        BackendError { backend, error: error.into(), permanent: false }
     }
 
     /// Says what was being done when `source` failed.
     pub fn with_source(self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
         let context = Context { text: self.error.to_string(), source: Box::new(source) };
-        BackendError { backend: self.backend, error: Box::new(context) }
+        BackendError { backend: self.backend, error: Box::new(context), permanent: self.permanent }
+    }
+
+    /// Marks the failure as one retrying cannot mend (the output is gone): the runner then
+    /// stops with it instead of retrying.
+    pub fn permanent(mut self) -> Self {
+        self.permanent = true;
+        self
+    }
+
+    /// Whether retrying cannot mend this failure.
+    pub fn is_permanent(&self) -> bool {
+        self.permanent
     }
 
     /// The backend's own error, to downcast.

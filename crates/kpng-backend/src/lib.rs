@@ -9,8 +9,9 @@
 //! - [`backend`]: the [`Backend`] trait and [`ChangeSet`].
 //! - [`conntrack`]: which UDP conntrack entries are stale, and [`conntrack::ConntrackCleaner`],
 //!   the backend that deletes them after the dataplanes applied a state.
-//! - [`runner`]: [`run_node`], the loop from store revisions to backend change sets, and
-//!   its counters ([`NodeStats`]).
+//! - [`runner`]: [`run_node`], the loop from store revisions to backend change sets, its
+//!   counters ([`NodeStats`]), and [`runner::Stop`], which a process that is shutting down
+//!   sets so that no change set is applied after it.
 //! - [`proxy`]: proxy facts every dataplane shares (local-traffic detection, service CIDRs).
 //! - [`json`]: [`JsonBackend`], which writes each op as one JSON line: the debugging
 //!   backend, and a readable proof of what the diff emits.

@@ -14,6 +14,9 @@ use tokio::time::Instant;
 
 use crate::backend::{Backend, BackendError, ChangeSet};
 
+mod stop;
+pub use stop::Stop;
+
 /// How the runner behaves.
 #[derive(Debug, Clone)]
 pub struct RunnerOptions {
@@ -34,6 +37,8 @@ pub struct RunnerOptions {
     pub verify_period: Option<Duration>,
     /// What only this node knows (where it accepts NodePorts, its addresses).
     pub local: NodeLocal,
+    /// Once set, the runner applies nothing more and returns.
+    pub stop: Stop,
 }
 
 /// Updates of the node's own addresses (each the whole list), from whoever watches them.
@@ -53,6 +58,7 @@ impl RunnerOptions {
             min_sync_period: Duration::ZERO,
             verify_period: None,
             local: NodeLocal::default(),
+            stop: Stop::new(),
         }
     }
 }
@@ -197,6 +203,29 @@ pub enum RunnerError {
         #[source]
         source: BackendError,
     },
+    /// A backend failed in a way retrying cannot mend ([`BackendError::is_permanent`]).
+    #[error("applying the state for node {node}: the backend cannot continue")]
+    Permanent {
+        /// The node.
+        node: String,
+        /// The failure.
+        #[source]
+        source: BackendError,
+    },
+    /// The [`Stop`] flag was set (the runner functions return `Ok` for it).
+    #[error("stopped")]
+    Stopped,
+}
+
+/// A runner's result, where being told to stop is a normal end.
+fn stopped_is_ok(result: Result<(), RunnerError>) -> Result<(), RunnerError> {
+    match result {
+        Err(RunnerError::Stopped) => {
+            tracing::info!("stopped before the next change set");
+            Ok(())
+        }
+        other => other,
+    }
 }
 
 struct Slot {
@@ -372,6 +401,9 @@ impl Slots {
         state: &LocalState,
         now: Instant,
     ) -> Result<(), RunnerError> {
+        if self.options.stop.is_stopped() {
+            return Err(RunnerError::Stopped);
+        }
         let slot = &mut self.slots[i];
         let changes = if slot.needs_reset {
             if slot.retry_at > now {
@@ -394,6 +426,10 @@ impl Slots {
             }
             Err(source) => {
                 self.stats.failures.fetch_add(1, Ordering::Relaxed);
+                if source.is_permanent() {
+                    let node = self.options.node.clone();
+                    return Err(RunnerError::Permanent { node, source });
+                }
                 if self.options.once {
                     let node = self.options.node.clone();
                     return Err(RunnerError::Once { node, source });
@@ -417,7 +453,20 @@ impl Slots {
 /// with `once`, until every backend applied it once). Each backend gets `Reset` and the full
 /// state first, then only the changes; a failed backend is retried with backoff and gets the
 /// full state again. A revision that does not change this node's ENLS reaches no backend.
+///
+/// Once `options.stop` is set, nothing more is applied and it returns `Ok`; a backend that
+/// fails permanently ends it with an error.
 pub async fn run_node(
+    reader: StoreReader,
+    backends: Vec<Box<dyn Backend>>,
+    options: RunnerOptions,
+    stats: Arc<NodeStats>,
+    addresses: Option<AddressUpdates>,
+) -> Result<(), RunnerError> {
+    stopped_is_ok(follow_store(reader, backends, options, stats, addresses).await)
+}
+
+async fn follow_store(
     mut reader: StoreReader,
     backends: Vec<Box<dyn Backend>>,
     options: RunnerOptions,
@@ -593,8 +642,19 @@ async fn sleep_until(at: Option<Instant>) {
 /// stream) until `changes` ends. Each item is the ops of one change set without `Sync`; one
 /// that starts with `Reset` describes the whole state again (after a reconnection): it is
 /// compared with the state already held, and only the differences reach the backends, so
-/// a reconnection that finds nothing new costs them nothing.
+/// a reconnection that finds nothing new costs them nothing. It stops as
+/// [`run_node`] does.
 pub async fn run_remote(
+    changes: tokio::sync::mpsc::Receiver<Vec<Op>>,
+    backends: Vec<Box<dyn Backend>>,
+    options: RunnerOptions,
+    stats: Arc<NodeStats>,
+    addresses: Option<AddressUpdates>,
+) -> Result<(), RunnerError> {
+    stopped_is_ok(follow_changes(changes, backends, options, stats, addresses).await)
+}
+
+async fn follow_changes(
     mut changes: tokio::sync::mpsc::Receiver<Vec<Op>>,
     backends: Vec<Box<dyn Backend>>,
     options: RunnerOptions,

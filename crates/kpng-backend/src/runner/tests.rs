@@ -344,3 +344,54 @@ async fn a_sync_with_a_token_left_starts_without_waiting_for_a_timer_tick() {
     let mut ready = std::pin::pin!(pace.ready());
     assert!(ready.as_mut().poll(&mut cx).is_pending(), "no token: wait for the refill");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_stopped_runner_applies_nothing_more() {
+    let (mut writer, reader) = store(&[]);
+    let recorder = Recorder::default();
+    let options = RunnerOptions::new("a");
+    let stop = options.stop.clone();
+    writer.apply(objects(&[("10.0.0.1", "a")]));
+    let task = tokio::spawn(run_node(
+        reader,
+        vec![Box::new(recorder.clone())],
+        options,
+        Arc::new(NodeStats::default()),
+        None,
+    ));
+    settle().await;
+    assert_eq!(recorder.log.lock().unwrap().len(), 1, "the first state is applied");
+    stop.stop();
+    writer.apply(objects(&[("10.0.0.1", "a"), ("10.0.0.2", "b")]));
+    let result = tokio::time::timeout(Duration::from_secs(5), task).await;
+    assert!(matches!(result, Ok(Ok(Ok(())))), "it returns Ok: {result:?}");
+    assert_eq!(recorder.log.lock().unwrap().len(), 1, "the change after the stop is not applied");
+}
+
+/// Fails with a permanent error.
+struct Broken;
+
+impl Backend for Broken {
+    fn name(&self) -> &'static str {
+        "broken"
+    }
+
+    fn apply(&mut self, _: &ChangeSet<'_>) -> Result<(), BackendError> {
+        Err(BackendError::new("broken", "output closed").permanent())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_permanent_failure_ends_the_runner_instead_of_retrying() {
+    let (mut writer, reader) = store(&[]);
+    writer.apply(objects(&[("10.0.0.1", "a")]));
+    let stats = Arc::new(NodeStats::default());
+    let run =
+        run_node(reader, vec![Box::new(Broken)], RunnerOptions::new("a"), stats.clone(), None);
+    let result = tokio::time::timeout(Duration::from_secs(5), run).await.expect("no retry loop");
+    let error = result.expect_err("a permanent failure is an error");
+    assert!(matches!(error, RunnerError::Permanent { .. }), "{error:?}");
+    assert_eq!(stats.failures(), 1, "tried once");
+    let text = crate::backend::error_chain(&error);
+    assert!(text.contains("output closed"), "{text}");
+}
