@@ -19,7 +19,7 @@ use prost::Message;
 use crate::localv1::{self, op_item};
 use crate::wire::{
     WireError, affinity_timeout, client_ip, decode, ip_filters, ip_set, optional_port, parse_ip,
-    parse_ips, parse_nets, port, protocol, service_type, source_ranges, wire_protocol,
+    parse_ips, parse_nets, port_at, protocol_at, service_type, source_ranges, wire_protocol,
 };
 
 /// The path of service `key`: `namespace/name`.
@@ -191,10 +191,10 @@ pub fn encode_service(service: &LocalService) -> localv1::Service {
 /// A service from its wire form.
 pub fn decode_service(wire: &localv1::Service, path: &str) -> Result<LocalService, WireError> {
     let service_type = service_type(&wire.r#type, path)?;
-    let ips = wire.ips.clone().unwrap_or_default();
+    let ips = wire.ips.as_ref();
     let mut ports = Vec::with_capacity(wire.ports.len());
     for (i, p) in wire.ports.iter().enumerate() {
-        let proto = protocol(p.protocol, path, &format!("ports[{i}].protocol"))?;
+        let proto = protocol_at(p.protocol, path, || format!("ports[{i}].protocol"))?;
         let has_endpoints = wire
             .port_endpoints
             .iter()
@@ -203,17 +203,25 @@ pub fn decode_service(wire: &localv1::Service, path: &str) -> Result<LocalServic
         ports.push(LocalServicePort {
             name: p.name.clone(),
             protocol: proto,
-            port: port(p.port, path, &format!("ports[{i}].port"))?,
-            node_port: optional_port(p.node_port, path, &format!("ports[{i}].nodePort"))?,
+            port: port_at(p.port, path, || format!("ports[{i}].port"))?,
+            node_port: match p.node_port {
+                0 => None,
+                n => Some(port_at(n, path, || format!("ports[{i}].nodePort"))?),
+            },
             has_endpoints,
         });
     }
+    let set = |f: fn(&localv1::ServiceIPs) -> Option<&localv1::IpSet>| ips.and_then(f);
     Ok(LocalService {
         key: service_key(path)?,
         service_type,
-        cluster_ips: parse_ips(ips.cluster_ips.as_ref(), path, "ips.clusterIPs")?,
-        external_ips: parse_ips(ips.external_ips.as_ref(), path, "ips.externalIPs")?,
-        load_balancer_ips: parse_ips(ips.load_balancer_ips.as_ref(), path, "ips.loadBalancerIPs")?,
+        cluster_ips: parse_ips(set(|i| i.cluster_ips.as_ref()), path, "ips.clusterIPs")?,
+        external_ips: parse_ips(set(|i| i.external_ips.as_ref()), path, "ips.externalIPs")?,
+        load_balancer_ips: parse_ips(
+            set(|i| i.load_balancer_ips.as_ref()),
+            path,
+            "ips.loadBalancerIPs",
+        )?,
         load_balancer_source_ranges: source_ranges(&wire.ip_filters, path)?,
         ports,
         affinity_timeout_seconds: affinity_timeout(&wire.session_affinity, path)?,
@@ -262,8 +270,7 @@ pub fn encode_endpoint(endpoint: &LocalEndpoint) -> localv1::Endpoint {
 
 /// An endpoint from its wire form (kpng's fields required: they say which sets it is in).
 pub fn decode_endpoint(wire: &localv1::Endpoint, path: &str) -> Result<LocalEndpoint, WireError> {
-    let ips = wire.ips.clone().unwrap_or_default();
-    let all = parse_ips(Some(&ips), path, "ips")?;
+    let all = parse_ips(wire.ips.as_ref(), path, "ips")?;
     let [ip] = all[..] else {
         return Err(WireError::new(
             path,
@@ -275,8 +282,8 @@ pub fn decode_endpoint(wire: &localv1::Endpoint, path: &str) -> Result<LocalEndp
     for (i, p) in wire.ports.iter().enumerate() {
         ports.push(EndpointPort {
             name: p.name.clone(),
-            protocol: protocol(p.protocol, path, &format!("ports[{i}].protocol"))?,
-            port: port(p.port, path, &format!("ports[{i}].port"))?,
+            protocol: protocol_at(p.protocol, path, || format!("ports[{i}].protocol"))?,
+            port: port_at(p.port, path, || format!("ports[{i}].port"))?,
             cluster: p.cluster,
             local: p.local,
         });

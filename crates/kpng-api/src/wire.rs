@@ -55,19 +55,22 @@ pub fn parse_ips(
     let mut out = Vec::with_capacity(set.v4.len() + set.v6.len());
     for (family, texts, name) in [(Family::V4, &set.v4, "v4"), (Family::V6, &set.v6, "v6")] {
         for text in texts {
-            let ip = parse_ip(text, path, &format!("{field}.{name}"))?;
+            // The field's name is made only for an error: this runs for every address of
+            // every item a client receives.
+            let at = || format!("{field}.{name}");
+            let ip: IpAddr = text
+                .parse()
+                .map_err(|_| WireError::new(path, &at(), format!("invalid IP {text:?}")))?;
             if Family::of(&ip) != family {
-                return Err(WireError::new(
-                    path,
-                    &format!("{field}.{name}"),
-                    format!("{ip} is not {family:?}"),
-                ));
+                return Err(WireError::new(path, &at(), format!("{ip} is not {family:?}")));
             }
             out.push(ip);
         }
     }
-    out.sort();
-    out.dedup();
+    if out.len() > 1 {
+        out.sort();
+        out.dedup();
+    }
     Ok(out)
 }
 
@@ -94,18 +97,32 @@ pub fn wire_protocol(protocol: Protocol) -> localv1::Protocol {
 
 /// A protocol from the wire.
 pub fn protocol(value: i32, path: &str, field: &str) -> Result<Protocol, WireError> {
+    protocol_at(value, path, || field.to_string())
+}
+
+/// [`protocol`], naming the field (made by `field`) only when the value is wrong.
+pub fn protocol_at(
+    value: i32,
+    path: &str,
+    field: impl FnOnce() -> String,
+) -> Result<Protocol, WireError> {
     match localv1::Protocol::try_from(value) {
         Ok(localv1::Protocol::Tcp) => Ok(Protocol::Tcp),
         Ok(localv1::Protocol::Udp) => Ok(Protocol::Udp),
         Ok(localv1::Protocol::Sctp) => Ok(Protocol::Sctp),
-        _ => Err(WireError::new(path, field, format!("unknown protocol {value}"))),
+        _ => Err(WireError::new(path, &field(), format!("unknown protocol {value}"))),
     }
 }
 
 /// A port number (1-65535 in practice; 0 is "none" for optional ports).
 pub fn port(value: i32, path: &str, field: &str) -> Result<u16, WireError> {
+    port_at(value, path, || field.to_string())
+}
+
+/// [`port`], naming the field (made by `field`) only when the value is wrong.
+pub fn port_at(value: i32, path: &str, field: impl FnOnce() -> String) -> Result<u16, WireError> {
     u16::try_from(value)
-        .map_err(|_| WireError::new(path, field, format!("port {value} out of range")))
+        .map_err(|_| WireError::new(path, &field(), format!("port {value} out of range")))
 }
 
 /// An optional port: 0 is none.
