@@ -1,7 +1,11 @@
 //! The API scenario: one `to-api` server and N node streams (each its own connection, as N
 //! backend processes would have), in this process. Measures the time until every node has
-//! its first state, the time from one endpoint change in the store until every node has
-//! received it, and the memory each connected node costs.
+//! received its first state, the time from one endpoint change in the store until every
+//! node has received it, the memory each connected node costs, and what decoding a state
+//! costs one client.
+//!
+//! # Layout
+//! - `raw`: the streams' clients, which count items rather than decode them.
 
 use std::time::{Duration, Instant};
 
@@ -11,10 +15,13 @@ use kpng_api::{Address, Security};
 use kpng_model::{Kind, Object};
 use kpng_store::{SourceEvent, store};
 use kpng_testkit::generate::ClusterSpec;
+use raw::RawWatch;
 use tokio::sync::mpsc;
 
 use crate::cluster;
 use crate::table::percentiles;
+
+mod raw;
 
 /// One row of the API table.
 pub struct ApiRow {
@@ -30,8 +37,14 @@ pub struct ApiRow {
     pub change_ms: (f64, f64, f64),
     /// The same, until the first node received it (p50, ms).
     pub first_ms: f64,
-    /// Resident memory per connected node (server and client ends, KiB).
+    /// CPU time of the process (server and clients) per stream and change (µs): what the
+    /// latencies cost, whatever else the machine runs.
+    pub cpu_us: f64,
+    /// Resident memory per connected node (server and client ends, KiB): at most this
+    /// much is the server's per node.
     pub kib_per_stream: f64,
+    /// One client that decodes its state into ops, alone: connection to whole state (ms).
+    pub decoded_ms: f64,
 }
 
 fn rss_kib() -> u64 {
@@ -43,6 +56,14 @@ fn rss_kib() -> u64 {
                 .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         })
         .unwrap_or(0)
+}
+
+/// The CPU time this process has used so far (user and system).
+fn cpu_time() -> Duration {
+    use nix::sys::resource::{UsageWho, getrusage};
+    let Ok(usage) = getrusage(UsageWho::RUSAGE_SELF) else { return Duration::ZERO };
+    let micros = |t: nix::sys::time::TimeVal| t.tv_sec() as u64 * 1_000_000 + t.tv_usec() as u64;
+    Duration::from_micros(micros(usage.user_time()) + micros(usage.system_time()))
 }
 
 /// Lets this process open a socket pair per stream.
@@ -74,7 +95,10 @@ pub fn run(
     let runtime =
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let nodes = nodes.clamp(1, streams.max(1));
-    runtime.block_on(scenario(streams, nodes, services, endpoints, repeat))
+    // On a worker, like the clients: the reports that the scenario waits for are then
+    // handed over within the runtime, not to a thread woken for each.
+    let scenario = runtime.spawn(scenario(streams, nodes, services, endpoints, repeat));
+    runtime.block_on(scenario)?
 }
 
 async fn scenario(
@@ -100,8 +124,15 @@ async fn scenario(
     let address = Address::Unix(dir.path().join("kpng.sock"));
     let hub = kpng_server::Hub::new(reader);
     let served = address.clone();
+    // Every stream its own connection: room for all of them, and no client dropped while
+    // the bench process is busy with the others.
+    let options = kpng_server::ServeOptions {
+        max_clients: streams + 64,
+        client_timeout: Duration::from_secs(600),
+    };
     let server = tokio::spawn(async move {
-        kpng_server::serve(hub, &served, &Security::default(), std::future::pending()).await
+        kpng_server::serve(hub, &served, &Security::default(), options, std::future::pending())
+            .await
     });
     let Address::Unix(path) = &address else { unreachable!() };
     let start = Instant::now();
@@ -118,14 +149,13 @@ async fn scenario(
         let (address, report) = (address.clone(), report.clone());
         tokio::spawn(async move {
             let channel = connect(&address, &Security::default()).await?;
-            let mut watch =
-                LocalWatch::start(channel, &format!("node-{}", i % nodes), true).await?;
+            let mut watch = RawWatch::start(channel, &format!("node-{}", i % nodes)).await?;
             while watch.next().await?.is_some() {
                 if report.send((i, Instant::now())).is_err() {
                     break;
                 }
             }
-            Ok::<_, kpng_api::client::ClientError>(())
+            anyhow::Ok(())
         });
     }
     let wait_all = async |reports: &mut mpsc::UnboundedReceiver<(usize, Instant)>| {
@@ -146,6 +176,7 @@ async fn scenario(
     let kib_per_stream = rss_kib().saturating_sub(base_rss) as f64 / streams.max(1) as f64;
 
     let (mut all, mut first) = (Vec::new(), Vec::new());
+    let cpu_before = cpu_time();
     for r in 0..repeat {
         if r % 2 == 0 {
             slice.endpoints.push(cluster::extra_endpoint(r, "node-0"));
@@ -158,6 +189,14 @@ async fn scenario(
         all.push(last - changed);
         first.push(f - changed);
     }
+    let changes = (repeat * streams).max(1) as f64;
+    let cpu_us = (cpu_time() - cpu_before).as_secs_f64() * 1e6 / changes;
+    // What the streams' clients skip: decoding a whole state, for one client alone.
+    let started = Instant::now();
+    let channel = connect(&address, &Security::default()).await?;
+    let mut decoding = LocalWatch::start(channel, "node-0", true).await?;
+    decoding.next().await?.context("the decoding client's stream ended")?;
+    let decoded_ms = started.elapsed().as_secs_f64() * 1000.0;
     server.abort();
     let (first_ms, _, _) = percentiles(&mut first);
     Ok(ApiRow {
@@ -167,7 +206,9 @@ async fn scenario(
         connect_ms,
         change_ms: percentiles(&mut all),
         first_ms,
+        cpu_us,
         kib_per_stream,
+        decoded_ms,
     })
 }
 
@@ -177,7 +218,7 @@ pub fn print(rows: &[ApiRow]) {
         "api: N node streams (one connection each) on one to-api; one endpoint change reaches every node"
     );
     println!(
-        "{:>8} {:>6} {:>9} | {:>12} | {:>10} {:>10} {:>10} {:>11} | {:>13}",
+        "{:>8} {:>6} {:>9} | {:>12} | {:>10} {:>10} {:>10} {:>11} | {:>11} | {:>11} | {:>12}",
         "streams",
         "nodes",
         "services",
@@ -186,11 +227,13 @@ pub fn print(rows: &[ApiRow]) {
         "all p99",
         "all max",
         "first p50",
-        "KiB/stream"
+        "cpu/chg(us)",
+        "KiB/stream",
+        "decoded(ms)"
     );
     for r in rows {
         println!(
-            "{:>8} {:>6} {:>9} | {:>12.1} | {:>10.2} {:>10.2} {:>10.2} {:>11.2} | {:>13.1}",
+            "{:>8} {:>6} {:>9} | {:>12.1} | {:>10.2} {:>10.2} {:>10.2} {:>11.2} | {:>11.1} | {:>11.1} | {:>12.1}",
             r.streams,
             r.nodes,
             r.services,
@@ -199,7 +242,14 @@ pub fn print(rows: &[ApiRow]) {
             r.change_ms.1,
             r.change_ms.2,
             r.first_ms,
-            r.kib_per_stream
+            r.cpu_us,
+            r.kib_per_stream,
+            r.decoded_ms
         );
     }
+    println!(
+        "* clients count items (decoded: one client alone decoding its whole state into ops); \
+         cpu/chg: process CPU per stream and change, server and client ends; KiB/stream: both \
+         ends, an upper bound of the server's memory per node"
+    );
 }

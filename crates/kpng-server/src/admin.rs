@@ -15,12 +15,12 @@ use kpng_backend::NodeStats;
 use kpng_model::global::ModelDocument;
 use kpng_store::StoreReader;
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
-use prometheus_client::metrics::counter::ConstCounter;
-use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 
 use crate::ServerStats;
+use crate::http::{BindProblems, Binder, HttpLimits, bind_retrying, serve_http};
+
+mod metrics;
 
 /// What the admin servers report on.
 pub struct AdminSources {
@@ -35,6 +35,10 @@ pub struct AdminSources {
     pub health_timeout: Duration,
     /// Further metrics (a backend's own).
     pub collectors: Vec<Box<dyn Collector>>,
+    /// Addresses the process's servers cannot bind: `/readyz` names them.
+    pub bind_problems: BindProblems,
+    /// The HTTP servers' connection budget, for the metrics.
+    pub http: Option<HttpLimits>,
 }
 
 impl std::fmt::Debug for AdminSources {
@@ -60,7 +64,7 @@ impl Admin {
         let sources = Arc::new(sources);
         let healthz = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
         let mut registry = Registry::default();
-        registry.register_collector(Box::new(Metrics {
+        registry.register_collector(Box::new(metrics::Metrics {
             sources: sources.clone(),
             healthz: healthz.clone(),
         }));
@@ -110,17 +114,23 @@ impl Admin {
         (code, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
     }
 
+    /// 200 once the initial lists are complete, every backend has applied the state once,
+    /// and every server could bind its address; otherwise 503 with one line per reason.
     fn ready(&self) -> Response {
         let listed = self.sources.reader.as_ref().is_none_or(StoreReader::is_ready);
         let applied = self.sources.node.as_ref().is_none_or(|(_, s)| s.health().applied_once);
-        match (listed, applied) {
-            (true, true) => (StatusCode::OK, "ready\n").into_response(),
-            (false, _) => {
-                (StatusCode::SERVICE_UNAVAILABLE, "initial lists not complete\n").into_response()
-            }
-            (true, false) => {
-                (StatusCode::SERVICE_UNAVAILABLE, "backends not synced yet\n").into_response()
-            }
+        let mut reasons = Vec::new();
+        if !listed {
+            reasons.push("initial lists not complete".to_string());
+        } else if !applied {
+            reasons.push("backends not synced yet".to_string());
+        }
+        for (address, problem) in self.sources.bind_problems.list() {
+            reasons.push(format!("cannot listen on {address} ({problem})"));
+        }
+        match reasons.is_empty() {
+            true => (StatusCode::OK, "ready\n").into_response(),
+            false => (StatusCode::SERVICE_UNAVAILABLE, reasons.join("\n") + "\n").into_response(),
         }
     }
 
@@ -183,183 +193,19 @@ fn rfc3339(time: SystemTime) -> String {
     )
 }
 
-/// Reads the counters at each scrape.
-#[derive(Debug)]
-struct Metrics {
-    sources: Arc<AdminSources>,
-    healthz: Arc<[AtomicU64; 2]>,
-}
-
-fn counter(
-    encoder: &mut DescriptorEncoder,
-    name: &str,
-    help: &str,
-    value: u64,
-) -> std::fmt::Result {
-    let metric = ConstCounter::new(value);
-    metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
-}
-
-fn gauge(encoder: &mut DescriptorEncoder, name: &str, help: &str, value: f64) -> std::fmt::Result {
-    let metric = ConstGauge::new(value);
-    metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
-}
-
-impl Collector for Metrics {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
-        if let Some(reader) = &self.sources.reader {
-            let store = reader.stats().snapshot();
-            let stats = reader.stats();
-            let kinds = [
-                (kpng_model::Kind::Service, "service"),
-                (kpng_model::Kind::EndpointSlice, "endpointslice"),
-                (kpng_model::Kind::Node, "node"),
-            ];
-            let mut family = encoder.encode_descriptor(
-                "kpng_source_events",
-                "Object events from the source (API events, file objects), by kind.",
-                None,
-                prometheus_client::metrics::MetricType::Counter,
-            )?;
-            for (kind, label) in kinds {
-                let metric = ConstCounter::new(stats.by_kind(kind).0);
-                metric.encode(family.encode_family(&[("kind", label)])?)?;
-            }
-            counter(
-                &mut encoder,
-                "kubeproxy_sync_proxy_rules_service_changes",
-                "Service changes that reached the model.",
-                stats.by_kind(kpng_model::Kind::Service).1,
-            )?;
-            counter(
-                &mut encoder,
-                "kubeproxy_sync_proxy_rules_endpoint_changes",
-                "EndpointSlice changes that reached the model.",
-                stats.by_kind(kpng_model::Kind::EndpointSlice).1,
-            )?;
-            counter(
-                &mut encoder,
-                "kpng_store_changes",
-                "Source events that changed the model.",
-                store.changes,
-            )?;
-            gauge(
-                &mut encoder,
-                "kpng_store_revision",
-                "Revisions of the global model.",
-                store.revisions as f64,
-            )?;
-            let ready = if reader.is_ready() { 1.0 } else { 0.0 };
-            gauge(
-                &mut encoder,
-                "kpng_store_ready",
-                "1 once every initial list is complete.",
-                ready,
-            )?;
-        }
-        if let Some((_, stats)) = &self.sources.node {
-            counter(
-                &mut encoder,
-                "kpng_enls_revisions",
-                "Changes of this node's state.",
-                stats.enls_revisions(),
-            )?;
-            counter(
-                &mut encoder,
-                "kpng_change_sets",
-                "Change sets applied by backends.",
-                stats.change_sets(),
-            )?;
-            counter(
-                &mut encoder,
-                "kpng_sync_failures",
-                "Change sets a backend failed to apply.",
-                stats.failures(),
-            )?;
-            counter(
-                &mut encoder,
-                "kpng_drift_repairs",
-                "Dataplanes found changed behind kpng's back and rebuilt.",
-                stats.repairs(),
-            )?;
-            let last = stats
-                .health()
-                .last_applied
-                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-                .map_or(0.0, |d| d.as_secs_f64());
-            gauge(
-                &mut encoder,
-                "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
-                "When the backends last held the node's whole current state.",
-                last,
-            )?;
-            let durations = stats.sync_durations();
-            durations.encode(encoder.encode_descriptor(
-                "kubeproxy_sync_proxy_rules_duration_seconds",
-                "Time a backend took to apply one change set.",
-                None,
-                durations.metric_type(),
-            )?)?;
-            let programming = stats.network_programming();
-            programming.encode(encoder.encode_descriptor(
-                "kubeproxy_network_programming_duration_seconds",
-                "From an EndpointSlice's last-change-trigger-time to every backend applying it.",
-                None,
-                programming.metric_type(),
-            )?)?;
-            let (internal, external) = stats.no_local_endpoints();
-            let mut family = encoder.encode_descriptor(
-                "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
-                "Services with a Local traffic policy and no endpoint on this node.",
-                None,
-                prometheus_client::metrics::MetricType::Gauge,
-            )?;
-            for (policy, n) in [("internal", internal), ("external", external)] {
-                let metric = ConstGauge::new(n as i64);
-                metric.encode(family.encode_family(&[("traffic_policy", policy)])?)?;
-            }
-            let mut family = encoder.encode_descriptor(
-                "kubeproxy_proxy_healthz",
-                "/healthz answers by HTTP code.",
-                None,
-                prometheus_client::metrics::MetricType::Counter,
-            )?;
-            for (i, code) in ["200", "503"].iter().enumerate() {
-                let labels = [("code", *code)];
-                let metric = ConstCounter::new(self.healthz[i].load(Ordering::Relaxed));
-                metric.encode(family.encode_family(&labels)?)?;
-            }
-        }
-        if let Some(server) = &self.sources.server {
-            gauge(
-                &mut encoder,
-                "kpng_api_clients",
-                "Connected to-api stream clients.",
-                server.connected() as f64,
-            )?;
-            counter(&mut encoder, "kpng_api_streams", "to-api streams served.", server.streams())?;
-        }
-        Ok(())
-    }
-}
-
-/// Serves `router` on `address` until the process ends. A port that cannot be bound is
-/// reported and retried every 5 s: the proxy keeps working without its admin server.
-pub async fn serve_admin(name: &'static str, address: SocketAddr, router: Router) {
-    loop {
-        match tokio::net::TcpListener::bind(address).await {
-            Ok(listener) => {
-                tracing::info!(server = name, %address, "admin server listening");
-                if let Err(error) = axum::serve(listener, router.clone()).await {
-                    tracing::error!(server = name, %address, %error, "admin server failed");
-                }
-            }
-            Err(error) => {
-                tracing::error!(server = name, %address, %error, "cannot listen; retrying in 5 s");
-            }
-        }
-        tokio::time::sleep(Duration::from_secs(5)).await;
-    }
+/// Serves `router` on `address` within `limits` until the task is dropped. While the
+/// address cannot be bound, that is logged, reported in `problems` (so `/readyz` names it)
+/// and retried every 5 s: the proxy keeps working without its admin server.
+pub async fn serve_admin(
+    name: &'static str,
+    address: SocketAddr,
+    router: Router,
+    limits: HttpLimits,
+    problems: BindProblems,
+    bind: Binder,
+) {
+    let listener = bind_retrying(name, address, &problems, &bind).await;
+    serve_http(name, listener, router, limits).await
 }
 
 #[cfg(test)]

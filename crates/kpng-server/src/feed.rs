@@ -1,29 +1,33 @@
-//! [`Feed`]: one stream's content computed once per store revision and shared by every
-//! client of that stream, with a bounded log of recent change sets.
+//! [`Feed`]: one stream's content, kept current once per store revision and shared by
+//! every client of that stream, with a bounded log of recent change sets.
+//!
+//! A client is answered from the log (the change sets since its previous answer) or, when
+//! it is new or fell further behind than the log reaches, with `Reset` and the whole state
+//! read through a cursor over the content's current snapshot. Nothing is copied per
+//! client: log entries and snapshots are shared, frames are reference-counted bytes.
 
-use std::collections::{BTreeMap, VecDeque};
-use std::sync::{Arc, Mutex, Weak};
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard};
 
-use kpng_api::global::{GlobalItem, delete_op, model_items, node_item, service_items};
-use kpng_api::localv1::{self, OpItem};
-use kpng_local::{NodeProjector, full_state_ops};
-use kpng_model::{Changes, GlobalModel, ServiceKey, Touched};
-use kpng_store::{Revision, StoreReader};
 use tokio::sync::watch;
+
+use crate::frame::Frame;
 
 /// Items kept in a feed's log; a client further behind gets the whole state again.
 const LOG_ITEMS: usize = 16 * 1024;
 
-/// What a feed serves: brought up to each store revision, it says what changed.
+/// What a feed serves.
 pub trait Content: Send + 'static {
-    /// Brings the content to `model`; returns the ops (without `Sync`) that changed it.
-    fn update(&mut self, model: &GlobalModel, changes: &Changes) -> Vec<OpItem>;
-    /// Every item of the content as `Set` ops (without `Reset` and `Sync`).
-    fn full(&self) -> Vec<OpItem>;
+    /// Reads a whole state: `Reset` and every item. It holds what it reads (an `Arc` of a
+    /// snapshot), so the content may move on meanwhile.
+    type Cursor: Iterator<Item = Frame> + Send + 'static;
+
+    /// A cursor over the current state.
+    fn full(&mut self) -> Self::Cursor;
 }
 
-/// The published version of a feed: 0 before the first revision; `closed` once the store
-/// is gone.
+/// The published version of a feed: 0 before its first state; `closed` once the store is
+/// gone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Version {
     /// Increases with each change of the content.
@@ -34,31 +38,89 @@ pub struct Version {
 
 /// A feed's content and its recent change sets.
 pub struct Log<C> {
-    content: C,
+    /// The content, at [`version`](Self::version).
+    pub content: C,
     version: u64,
-    entries: VecDeque<(u64, Arc<Vec<OpItem>>)>,
+    entries: VecDeque<(u64, Arc<[Frame]>)>,
     items: usize,
 }
 
 impl<C: Content> Log<C> {
-    /// The version and the ops that bring a client from `sent` (none: nothing yet) to it:
-    /// the logged change sets in order, or `Reset` and everything.
-    pub fn since(&self, sent: Option<u64>) -> (u64, Vec<OpItem>) {
+    /// The current version.
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// Records the change set that brought the content to a new state: a new version when
+    /// it holds something, or when it is the first state. Returns the version.
+    pub fn record(&mut self, frames: Vec<Frame>) -> u64 {
+        if frames.is_empty() {
+            if self.version == 0 {
+                self.version = 1;
+            }
+            return self.version;
+        }
+        self.version += 1;
+        self.items += frames.len();
+        self.entries.push_back((self.version, frames.into()));
+        while self.items > LOG_ITEMS && self.entries.len() > 1 {
+            if let Some((_, dropped)) = self.entries.pop_front() {
+                self.items -= dropped.len();
+            }
+        }
+        self.version
+    }
+
+    /// The version and what brings a client from `sent` (none: nothing yet) to it: the
+    /// logged change sets in order, or `Reset` and everything.
+    pub fn since(&mut self, sent: Option<u64>) -> (u64, Answer<C::Cursor>) {
         if let Some(sent) = sent {
             let first = self.entries.front().map_or(self.version + 1, |(v, _)| *v);
             if sent + 1 >= first {
-                let items = self
+                let entries: Vec<Arc<[Frame]>> = self
                     .entries
                     .iter()
                     .filter(|(v, _)| *v > sent)
-                    .flat_map(|(_, items)| items.iter().cloned())
+                    .map(|(_, frames)| frames.clone())
                     .collect();
-                return (self.version, items);
+                return (self.version, Answer::Changes { entries, entry: 0, item: 0 });
             }
         }
-        let mut items = vec![OpItem { op: Some(localv1::op_item::Op::Reset(localv1::EmptyOp {})) }];
-        items.extend(self.content.full());
-        (self.version, items)
+        (self.version, Answer::Full(self.content.full()))
+    }
+}
+
+/// The frames of one answer (without the closing `Sync`).
+pub enum Answer<Cursor> {
+    /// `Reset` and the whole state.
+    Full(Cursor),
+    /// Logged change sets, in order.
+    Changes {
+        /// The change sets.
+        entries: Vec<Arc<[Frame]>>,
+        /// The change set being sent.
+        entry: usize,
+        /// The next item in it.
+        item: usize,
+    },
+}
+
+impl<Cursor: Iterator<Item = Frame>> Iterator for Answer<Cursor> {
+    type Item = Frame;
+
+    fn next(&mut self) -> Option<Frame> {
+        match self {
+            Answer::Full(cursor) => cursor.next(),
+            Answer::Changes { entries, entry, item } => loop {
+                let frames = entries.get(*entry)?;
+                if let Some(frame) = frames.get(*item) {
+                    *item += 1;
+                    return Some(frame.clone());
+                }
+                *entry += 1;
+                *item = 0;
+            },
+        }
     }
 }
 
@@ -69,14 +131,11 @@ pub struct Feed<C> {
 }
 
 impl<C: Content> Feed<C> {
-    /// A feed of `content`, kept current from `reader` by a task that ends when the last
-    /// `Arc` of the feed is dropped (at the next revision) or the store closes.
-    pub fn start(content: C, reader: StoreReader) -> Arc<Self> {
+    /// A feed of `content`, at version 0 (no state yet).
+    pub fn new(content: C) -> Arc<Self> {
         let log = Log { content, version: 0, entries: VecDeque::new(), items: 0 };
         let (version, _) = watch::channel(Version { number: 0, closed: false });
-        let feed = Arc::new(Feed { log: Mutex::new(log), version });
-        tokio::spawn(follow(Arc::downgrade(&feed), reader));
-        feed
+        Arc::new(Feed { log: Mutex::new(log), version })
     }
 
     /// Watches the published version.
@@ -84,154 +143,79 @@ impl<C: Content> Feed<C> {
         self.version.subscribe()
     }
 
+    /// The published version now.
+    pub fn current(&self) -> Version {
+        *self.version.borrow()
+    }
+
     /// The log, locked.
-    pub fn lock(&self) -> std::sync::MutexGuard<'_, Log<C>> {
+    pub fn lock(&self) -> MutexGuard<'_, Log<C>> {
         self.log.lock().unwrap_or_else(|e| e.into_inner())
     }
-}
 
-async fn follow<C: Content>(feed: Weak<Feed<C>>, mut reader: StoreReader) {
-    let mut seen: Option<Revision> = None;
-    loop {
-        let revision = reader.wait_after(seen).await;
-        let Some(feed) = feed.upgrade() else { return };
-        if revision.is_none() {
-            feed.version.send_modify(|v| v.closed = true);
-            return;
-        }
-        let number = {
-            let snapshot = reader.snapshot();
-            let changes = snapshot.changes_since(seen);
-            seen = Some(snapshot.revision());
-            let mut log = feed.lock();
-            let items = log.content.update(snapshot.model(), &changes);
-            if !items.is_empty() || log.version == 0 {
-                log.version += 1;
-            }
-            if !items.is_empty() {
-                let version = log.version;
-                log.items += items.len();
-                log.entries.push_back((version, Arc::new(items)));
-                while log.items > LOG_ITEMS && log.entries.len() > 1 {
-                    let (_, dropped) = log.entries.pop_front().expect("more than one entry");
-                    log.items -= dropped.len();
-                }
-            }
-            log.version
-        };
-        feed.version.send_if_modified(|v| {
+    /// Tells the clients that version `number` is there.
+    pub fn publish(&self, number: u64) {
+        self.version.send_if_modified(|v| {
             let changed = v.number != number;
             v.number = number;
             changed
         });
     }
-}
 
-/// One node's ENLS.
-pub struct NodeContent(pub NodeProjector);
-
-impl Content for NodeContent {
-    fn update(&mut self, model: &GlobalModel, changes: &Changes) -> Vec<OpItem> {
-        self.0.update(model, changes).iter().map(kpng_api::local::encode_op).collect()
-    }
-
-    fn full(&self) -> Vec<OpItem> {
-        full_state_ops(self.0.state()).skip(1).map(|op| kpng_api::local::encode_op(&op)).collect()
+    /// Tells the clients that no further version will come.
+    pub fn close(&self) {
+        self.version.send_modify(|v| v.closed = true);
     }
 }
 
-/// The whole global model, as items.
-#[derive(Default)]
-pub struct GlobalContent {
-    items: BTreeMap<(localv1::Set, String), Vec<u8>>,
-    /// The items each service owns: its own and its slices' endpoints.
-    owned: BTreeMap<ServiceKey, Vec<(localv1::Set, String)>>,
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-impl GlobalContent {
-    fn replace(
-        &mut self,
-        old: Vec<(localv1::Set, String)>,
-        new: Vec<GlobalItem>,
-        ops: &mut Vec<OpItem>,
-    ) {
-        let keys: std::collections::BTreeSet<(localv1::Set, String)> =
-            new.iter().map(|i| (i.set, i.path.clone())).collect();
-        for key in old.into_iter().filter(|k| !keys.contains(k)) {
-            if self.items.remove(&key).is_some() {
-                ops.push(delete_op(key.0, &key.1));
-            }
-        }
-        for item in new {
-            let key = (item.set, item.path.clone());
-            if self.items.get(&key) != Some(&item.bytes) {
-                ops.push(item.set_op());
-                self.items.insert(key, item.bytes);
-            }
+    struct Items(Vec<Frame>);
+
+    impl Content for Items {
+        type Cursor = std::iter::Chain<std::iter::Once<Frame>, std::vec::IntoIter<Frame>>;
+
+        fn full(&mut self) -> Self::Cursor {
+            std::iter::once(Frame::reset()).chain(self.0.clone())
         }
     }
-}
 
-impl Content for GlobalContent {
-    fn update(&mut self, model: &GlobalModel, changes: &Changes) -> Vec<OpItem> {
-        let mut ops = Vec::new();
-        match changes {
-            Changes::All => {
-                let old: Vec<_> = self.items.keys().cloned().collect();
-                self.replace(old, model_items(model), &mut ops);
-                self.owned.clear();
-                for service in model.services() {
-                    let keys = service_items(model, &service.key)
-                        .into_iter()
-                        .map(|i| (i.set, i.path))
-                        .collect();
-                    self.owned.insert(service.key.clone(), keys);
-                }
-                // Slices of services the model lacks are served too.
-                for slice in model.slices() {
-                    let key = slice.service_key();
-                    if model.service(&key).is_none() {
-                        let keys = service_items(model, &key).into_iter().map(|i| (i.set, i.path));
-                        self.owned.insert(key, keys.collect());
-                    }
-                }
-            }
-            Changes::Touched(touched) => {
-                // One replacement for everything touched: an item that moved between two
-                // touched services (a slice re-pointed) is updated, never deleted.
-                let (mut old, mut new) = (Vec::new(), Vec::new());
-                let mut by_service = Vec::new();
-                for t in touched {
-                    match t {
-                        Touched::Service(key) => {
-                            old.extend(self.owned.remove(key).unwrap_or_default());
-                            let items = service_items(model, key);
-                            let keys: Vec<_> =
-                                items.iter().map(|i| (i.set, i.path.clone())).collect();
-                            by_service.push((key.clone(), keys));
-                            new.extend(items);
-                        }
-                        Touched::Node(name) => {
-                            old.push((localv1::Set::GlobalNodeInfos, name.clone()));
-                            new.extend(model.node(name).map(node_item));
-                        }
-                    }
-                }
-                self.replace(old, new, &mut ops);
-                for (key, keys) in by_service.into_iter().filter(|(_, k)| !k.is_empty()) {
-                    self.owned.insert(key, keys);
-                }
-            }
-        }
-        ops
+    fn frame(n: i32) -> Frame {
+        let reference = kpng_api::localv1::Ref { set: 1, path: n.to_string() };
+        let op = kpng_api::localv1::op_item::Op::Delete(reference);
+        Frame::of_item(&kpng_api::localv1::OpItem { op: Some(op) })
     }
 
-    fn full(&self) -> Vec<OpItem> {
-        self.items
-            .iter()
-            .map(|((set, path), bytes)| {
-                GlobalItem { set: *set, path: path.clone(), bytes: bytes.clone() }.set_op()
-            })
-            .collect()
+    #[test]
+    fn clients_get_the_log_or_the_whole_state() {
+        let feed = Feed::new(Items(vec![frame(1)]));
+        let mut log = feed.lock();
+        assert_eq!(log.record(Vec::new()), 1, "the first state is a version");
+        assert_eq!(log.record(Vec::new()), 1, "an empty change set is not");
+        assert_eq!(log.record(vec![frame(2), frame(3)]), 2);
+        assert_eq!(log.record(vec![frame(4)]), 3);
+        let (v, answer) = log.since(Some(1));
+        assert_eq!((v, answer.collect::<Vec<_>>()), (3, vec![frame(2), frame(3), frame(4)]));
+        let (_, answer) = log.since(Some(2));
+        assert_eq!(answer.collect::<Vec<_>>(), vec![frame(4)]);
+        let (_, answer) = log.since(None);
+        assert_eq!(answer.collect::<Vec<_>>(), vec![Frame::reset(), frame(1)]);
+    }
+
+    #[test]
+    fn a_client_behind_the_log_gets_the_whole_state() {
+        let feed = Feed::new(Items(Vec::new()));
+        let mut log = feed.lock();
+        log.record(Vec::new());
+        for _ in 0..3 {
+            log.record((0..LOG_ITEMS as i32 / 2 + 1).map(frame).collect());
+        }
+        let (v, answer) = log.since(Some(1));
+        assert_eq!(v, 4);
+        assert!(matches!(answer, Answer::Full(_)), "the oldest change sets were dropped");
+        let (_, answer) = log.since(Some(3));
+        assert_eq!(answer.count(), LOG_ITEMS / 2 + 1);
     }
 }

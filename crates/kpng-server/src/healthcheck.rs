@@ -3,7 +3,10 @@
 //! the load balancer whether this node has a local endpoint to send traffic to.
 //!
 //! It runs as a backend: each change set says which services need a server and how many
-//! local endpoints each has; servers open and close as services change.
+//! local endpoints each has; servers open and close as services change. The servers run
+//! on the runtime they are given (the backend itself may run on a thread of its own),
+//! within the process's HTTP limits; a port that cannot be bound is logged, reported to
+//! `/readyz` and retried every 5 s.
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
@@ -16,6 +19,8 @@ use axum::response::{IntoResponse, Response};
 use kpng_backend::{Backend, BackendError, ChangeSet, NodeStats};
 use kpng_model::ServiceKey;
 
+use crate::http::{BindProblems, Binder, HttpLimits, bind_retrying, serve_http};
+
 /// What one port answers for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Entry {
@@ -26,19 +31,40 @@ struct Entry {
 
 type Table = Arc<Mutex<HashMap<u16, Entry>>>;
 
+/// Where and how the health-check NodePort servers run.
+pub struct HealthCheckOptions {
+    /// The address they listen on (all addresses: `::`).
+    pub address: IpAddr,
+    /// With this, a node whose backends have had an update pending for longer than the
+    /// duration answers 503 too.
+    pub proxy: Option<(Arc<NodeStats>, Duration)>,
+    /// The runtime the servers run on.
+    pub runtime: tokio::runtime::Handle,
+    /// The process's HTTP limits, shared with its other HTTP servers.
+    pub limits: HttpLimits,
+    /// Where ports that cannot be bound are reported.
+    pub problems: BindProblems,
+    /// How ports are bound.
+    pub bind: Binder,
+}
+
+impl std::fmt::Debug for HealthCheckOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HealthCheckOptions").field("address", &self.address).finish_non_exhaustive()
+    }
+}
+
 /// The health-check NodePort servers of one node.
 pub struct HealthCheckBackend {
     table: Table,
     servers: HashMap<u16, tokio::task::JoinHandle<()>>,
-    proxy: Option<(Arc<NodeStats>, Duration)>,
-    address: IpAddr,
+    options: HealthCheckOptions,
 }
 
 impl HealthCheckBackend {
-    /// Servers listening on `address` (all addresses: `::`); with `proxy`, a node whose
-    /// backends have an update pending for longer than the duration answers 503 too.
-    pub fn new(address: IpAddr, proxy: Option<(Arc<NodeStats>, Duration)>) -> Self {
-        HealthCheckBackend { table: Table::default(), servers: HashMap::new(), proxy, address }
+    /// Servers as `options` say; none until a change set asks for them.
+    pub fn new(options: HealthCheckOptions) -> Self {
+        HealthCheckBackend { table: Table::default(), servers: HashMap::new(), options }
     }
 }
 
@@ -76,14 +102,15 @@ impl Backend for HealthCheckBackend {
             }
             keep
         });
-        let handle = tokio::runtime::Handle::try_current().map_err(|e| {
-            BackendError::new("health-check-nodeports", "no async runtime").with_source(e)
-        })?;
         for port in wanted.keys() {
             if !self.servers.contains_key(port) {
-                let address = SocketAddr::new(self.address, *port);
-                let router = router(self.table.clone(), *port, self.proxy.clone());
-                self.servers.insert(*port, handle.spawn(serve(address, router)));
+                let options = &self.options;
+                let address = SocketAddr::new(options.address, *port);
+                let router = router(self.table.clone(), *port, options.proxy.clone());
+                let (limits, problems) = (options.limits.clone(), options.problems.clone());
+                let bind = options.bind.clone();
+                let server = serve(address, router, limits, problems, bind);
+                self.servers.insert(*port, options.runtime.spawn(server));
             }
         }
         Ok(())
@@ -118,20 +145,18 @@ fn answer(table: &Table, port: u16, proxy: Option<&(Arc<NodeStats>, Duration)>) 
     (code, headers, body.to_string()).into_response()
 }
 
-/// Serves one port; a port that cannot be bound is reported and retried every 5 s.
-async fn serve(address: SocketAddr, router: Router) {
-    loop {
-        match tokio::net::TcpListener::bind(address).await {
-            Ok(listener) => {
-                tracing::info!(%address, "health-check NodePort listening");
-                if let Err(error) = axum::serve(listener, router.clone()).await {
-                    tracing::error!(%address, %error, "health-check NodePort failed");
-                }
-            }
-            Err(error) => {
-                tracing::error!(%address, %error, "cannot listen on a health-check NodePort; retrying in 5 s");
-            }
-        }
-        tokio::time::sleep(Duration::from_secs(5)).await;
-    }
+/// Serves one port; a port that cannot be bound is reported and retried every 5 s (the
+/// report is withdrawn when the server is closed).
+async fn serve(
+    address: SocketAddr,
+    router: Router,
+    limits: HttpLimits,
+    problems: BindProblems,
+    bind: Binder,
+) {
+    let listener = bind_retrying("health-check NodePort", address, &problems, &bind).await;
+    serve_http("health-check NodePort", listener, router, limits).await
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,22 +1,44 @@
-//! kpng's `to-api` server: `/localv1.Sets/Watch` (one node's ENLS) and
-//! `/globalv1.Sets/Watch` (the global model) over gRPC, on a Unix socket or TCP with
-//! optional mutual TLS.
+//! kpng's servers: the `to-api` gRPC server (`/localv1.Sets/Watch`, one node's ENLS, and
+//! `/globalv1.Sets/Watch`, the global model) on a Unix socket or TCP with optional mutual
+//! TLS; and the HTTP servers every long-running kpng runs (health, readiness, metrics,
+//! state, health-check NodePorts), bounded so that slow or greedy clients cannot take the
+//! process's descriptors or memory.
 //!
-//! Each stream is pull-based: a client asks for the next change set when it is ready; it
-//! gets `Reset`, everything and `Sync` first, then only differences. The content of a
-//! stream (a node's ENLS, the global model) is computed once per store revision in a
-//! [`feed`] shared by all its clients, which keeps a bounded log of recent change sets: a
-//! client that falls further behind gets the whole state again, so memory per client stays
-//! bounded.
+//! Each watch stream is pull-based: a client asks for the next change set when it is
+//! ready; it gets `Reset`, everything and `Sync` first, then only differences, and changes
+//! made while it is busy reach it together in its next change set. What a stream carries
+//! is computed once per store revision for all its clients and encoded once: each
+//! connected node costs the server a pointer per service, not a copy of its state, and a
+//! client that stops reading holds a cursor, not a buffer.
 //!
-//! [`admin`] holds the admin HTTP servers (health, readiness, metrics, state) that every
-//! long-running kpng process runs. Changes made while a client is busy reach it together in its next change set.
+//! # Layout
+//! - [`listen`](serve): [`serve`], the gRPC server on its listener, with the client cap.
+//! - `connection`: admission of connections up to `--max-clients`, and the watchdog that
+//!   cuts those whose client stopped reading.
+//! - `service`: the hand-written gRPC services and the [`Hub`] they share.
+//! - `answer`: one stream's pull protocol, frame by frame.
+//! - [`feed`]: a stream's content shared by its clients, with a bounded log of change sets.
+//! - `nodes`: every node's ENLS, brought up to each revision by one fan-out task.
+//! - `variants`: a service's projection, encoded once per class of nodes that get the same.
+//! - `global`: the global stream's content.
+//! - [`frame`]: items encoded once, and the codec that writes them as they are.
+//! - [`http`]: the bounded HTTP server (header timeout, shared connection budget) and
+//!   binding with retries, reported to `/readyz`.
+//! - [`admin`]: `/healthz`, `/livez`, `/readyz`, `/metrics`, `/state`.
+//! - [`healthcheck`]: the health-check NodePort servers, run as a backend.
 
 pub mod admin;
+mod answer;
+mod connection;
 pub mod feed;
+pub mod frame;
+mod global;
 pub mod healthcheck;
+pub mod http;
 mod listen;
+mod nodes;
 mod service;
+mod variants;
 
-pub use listen::{ServeError, serve};
-pub use service::{Hub, ServerStats};
+pub use listen::{ServeError, ServeOptions, serve};
+pub use service::{GlobalSets, Hub, LocalSets, ServerStats};

@@ -1,15 +1,23 @@
-//! Listening on a Unix socket or TCP, with optional mutual TLS.
+//! Listening on a Unix socket or TCP, with optional mutual TLS, a cap on clients and a
+//! watchdog over them.
 
 use std::future::Future;
-use std::os::unix::fs::PermissionsExt;
+use std::io;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use kpng_api::addr::{Address, Security, SecurityError, tls_material};
-use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio_stream::Stream;
+use tonic::transport::server::Router;
 use tonic::transport::{Server, ServerTlsConfig};
 
+use crate::connection::{Admission, Guarded};
 use crate::service::Hub;
+
+/// Streams one connection may carry at once (a kpng client opens one).
+const STREAMS_PER_CONNECTION: u32 = 16;
 
 /// Why the server could not start or stopped.
 #[derive(Debug, thiserror::Error)]
@@ -36,21 +44,45 @@ pub enum ServeError {
     },
 }
 
-/// Serves `hub`'s streams on `address` until `shutdown` resolves. Logs the address it
-/// listens on (with the port chosen when 0 was given). A Unix socket is created with mode
-/// 0600 (its directory too if missing) and removed at the end; a stale socket left by a
-/// previous run is replaced, one still in use is an error.
+/// How the server bounds what its clients may hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServeOptions {
+    /// Connections served at once; one more is closed as soon as it is accepted, and its
+    /// client retries later.
+    pub max_clients: usize,
+    /// A connection whose client leaves an answer unread this long (it takes none of the
+    /// answer's bytes), or that carries no stream this long, is closed; so is a TLS
+    /// handshake that takes longer.
+    pub client_timeout: Duration,
+}
+
+impl Default for ServeOptions {
+    /// 1,024 clients, 30 s.
+    fn default() -> Self {
+        ServeOptions { max_clients: 1024, client_timeout: Duration::from_secs(30) }
+    }
+}
+
+/// Serves `hub`'s streams on `address` until `shutdown` resolves, and keeps its node
+/// streams current meanwhile. Logs the address it listens on (with the port chosen when 0
+/// was given). A Unix socket is created with mode 0600 (its directory too if missing) and
+/// removed at the end; a stale socket left by a previous run is replaced, one still in use
+/// is an error.
 pub async fn serve(
     hub: Arc<Hub>,
     address: &Address,
     security: &Security,
+    options: ServeOptions,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
     security.check(address)?;
-    let mut builder = Server::builder();
+    let mut builder = Server::builder().max_concurrent_streams(STREAMS_PER_CONNECTION);
     if let Some(files) = &security.tls {
         let (identity, ca) = tls_material(files)?;
-        let config = ServerTlsConfig::new().identity(identity).client_ca_root(ca);
+        let config = ServerTlsConfig::new()
+            .identity(identity)
+            .client_ca_root(ca)
+            .timeout(options.client_timeout);
         builder = builder.tls_config(config).map_err(|e| SecurityError::File {
             what: "TLS certificate or key",
             path: files.cert.clone(),
@@ -58,42 +90,117 @@ pub async fn serve(
         })?;
     }
     let router = builder.add_service(hub.local_service()).add_service(hub.global_service());
+    let admission = Admission::new(options.max_clients, options.client_timeout, hub.stats());
     let listen_error = |message: String| ServeError::Listen { address: address.clone(), message };
     let serve_error = |source| ServeError::Serve { address: address.clone(), source };
+    let log = |bound: &Address| {
+        tracing::info!(
+            address = %bound,
+            tls = security.tls.is_some(),
+            max_clients = options.max_clients,
+            client_timeout = ?options.client_timeout,
+            "serving the kpng API"
+        )
+    };
     match address {
         Address::Unix(path) => {
             let listener = bind_unix(path).await.map_err(listen_error)?;
             let _socket = SocketFile(path.to_path_buf());
-            tracing::info!(address = %address, "serving the kpng API");
-            router
-                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), shutdown)
-                .await
-                .map_err(serve_error)
+            log(address);
+            run(router, listener, admission, &hub, shutdown).await.map_err(serve_error)
         }
         Address::Tcp { host, port } => {
             let listener = tokio::net::TcpListener::bind((host.as_str(), *port))
                 .await
                 .map_err(|e| listen_error(e.to_string()))?;
             let local = listener.local_addr().map_err(|e| listen_error(e.to_string()))?;
-            let bound = Address::Tcp { host: local.ip().to_string(), port: local.port() };
-            tracing::info!(address = %bound, tls = security.tls.is_some(), "serving the kpng API");
-            // Changes leave at once, not after the client acknowledges the previous frame.
-            let incoming = tokio_stream::StreamExt::map(TcpListenerStream::new(listener), |conn| {
-                conn.inspect(|tcp| {
-                    let _ = tcp.set_nodelay(true);
-                })
-            });
-            router.serve_with_incoming_shutdown(incoming, shutdown).await.map_err(serve_error)
+            log(&Address::Tcp { host: local.ip().to_string(), port: local.port() });
+            run(router, listener, admission, &hub, shutdown).await.map_err(serve_error)
         }
     }
 }
 
-/// Removes the socket file when the server stops, however it stops.
+/// Serves `listener`'s admitted connections, the node streams' fan-out and the watchdog,
+/// until `shutdown`.
+async fn run<L: Listener>(
+    router: Router,
+    listener: L,
+    admission: Arc<Admission>,
+    hub: &Hub,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), tonic::transport::Error> {
+    // Once the store closes, the fan-out has told the node streams' clients so; the
+    // server itself keeps running until shut down.
+    let fan_out = hub.fan_out();
+    let feeds = async move {
+        fan_out.await;
+        std::future::pending::<()>().await
+    };
+    let watchdog = admission.watch();
+    let incoming = incoming(listener, admission.clone());
+    tokio::select! {
+        result = router.serve_with_incoming_shutdown(incoming, shutdown) => result,
+        () = feeds => Ok(()),
+        () = watchdog => Ok(()),
+    }
+}
+
+/// A listener of client connections.
+trait Listener: Send + 'static {
+    type Io: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+    fn next_client(&self) -> impl Future<Output = io::Result<Self::Io>> + Send;
+}
+
+impl Listener for tokio::net::TcpListener {
+    type Io = tokio::net::TcpStream;
+
+    async fn next_client(&self) -> io::Result<tokio::net::TcpStream> {
+        let (stream, _) = self.accept().await?;
+        // Changes leave at once, not after the client acknowledges the previous frame.
+        let _ = stream.set_nodelay(true);
+        Ok(stream)
+    }
+}
+
+impl Listener for tokio::net::UnixListener {
+    type Io = tokio::net::UnixStream;
+
+    async fn next_client(&self) -> io::Result<tokio::net::UnixStream> {
+        Ok(self.accept().await?.0)
+    }
+}
+
+/// The admitted connections of `listener`. An accept that fails (no descriptor left, for
+/// instance) is logged and retried after a pause, never in a tight loop.
+fn incoming<L: Listener>(
+    listener: L,
+    admission: Arc<Admission>,
+) -> impl Stream<Item = Result<Guarded<L::Io>, io::Error>> + Send {
+    futures::stream::unfold((listener, admission), |(listener, admission)| async move {
+        loop {
+            match listener.next_client().await {
+                Ok(io) => {
+                    if let Some(guarded) = admission.admit(io) {
+                        return Some((Ok(guarded), (listener, admission)));
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "accepting a to-api client failed; retrying in 100 ms");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    })
+}
+
+/// Removes the socket file when the server stops, however it stops (nothing for TCP).
 struct SocketFile(std::path::PathBuf);
 
 impl Drop for SocketFile {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+        if !self.0.as_os_str().is_empty() {
+            let _ = std::fs::remove_file(&self.0);
+        }
     }
 }
 
@@ -112,8 +219,37 @@ async fn bind_unix(path: &Path) -> Result<tokio::net::UnixListener, String> {
         std::fs::remove_file(path)
             .map_err(|e| format!("removing stale {}: {e}", path.display()))?;
     }
-    let listener = tokio::net::UnixListener::bind(path).map_err(|e| e.to_string())?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-        .map_err(|e| format!("setting the mode of {}: {e}", path.display()))?;
-    Ok(listener)
+    bind_private(path)
+}
+
+/// Binds a socket that is mode 0600 from the moment it exists: the process umask is 0177
+/// for the duration of the bind (a chmod afterwards would leave a moment when others may
+/// connect). The umask is process-wide, but the window is this one call.
+fn bind_private(path: &Path) -> Result<tokio::net::UnixListener, String> {
+    use nix::sys::stat::{Mode, umask};
+    let previous = umask(Mode::from_bits_truncate(0o177));
+    let bound = tokio::net::UnixListener::bind(path);
+    umask(previous);
+    bound.map_err(|e| format!("binding {}: {e}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn the_socket_is_private_from_the_start() {
+        use nix::sys::stat::{Mode, umask};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kpng.sock");
+        // Even when the process would create files open to everyone.
+        let previous = umask(Mode::empty());
+        let listener = bind_private(&path);
+        umask(previous);
+        let _listener = listener.unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "mode {mode:o} at bind time");
+    }
 }

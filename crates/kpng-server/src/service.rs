@@ -1,23 +1,37 @@
-//! The gRPC services.
+//! The gRPC services `/localv1.Sets/Watch` and `/globalv1.Sets/Watch`, and the [`Hub`]
+//! they share.
+//!
+//! They are written against tonic's server machinery directly (not generated) so that
+//! answers are [`Frame`](crate::frame::Frame)s, encoded once for every client; the paths,
+//! messages and framing are those of the generated services.
 
-use std::collections::HashMap;
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
+use std::task::{Context, Poll};
 
 use kpng_api::{globalv1, localv1};
-use kpng_local::NodeProjector;
 use kpng_store::StoreReader;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
+use tonic::body::Body;
+use tonic::server::NamedService;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::feed::{Content, Feed, GlobalContent, NodeContent};
+use crate::answer::{Answers, Progress};
+use crate::connection;
+use crate::feed::Feed;
+use crate::frame::FrameCodec;
+use crate::global::{GlobalContent, follow};
+use crate::nodes::{NodeContent, NodeRegistry, fan_out};
 
 /// Counters of a server.
 #[derive(Debug, Default)]
 pub struct ServerStats {
     connected: AtomicU64,
     streams: AtomicU64,
+    pub(crate) refused: AtomicU64,
+    pub(crate) dropped: AtomicU64,
 }
 
 impl ServerStats {
@@ -30,22 +44,33 @@ impl ServerStats {
     pub fn streams(&self) -> u64 {
         self.streams.load(Ordering::Relaxed)
     }
+
+    /// Connections refused because every client slot was taken.
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+
+    /// Connections cut because their client stopped reading or opened no stream.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
 }
 
 /// What the services share: the store and the live feeds.
 pub struct Hub {
     reader: StoreReader,
-    nodes: Mutex<HashMap<String, Weak<Feed<NodeContent>>>>,
+    nodes: Arc<NodeRegistry>,
     global: Mutex<Weak<Feed<GlobalContent>>>,
     stats: Arc<ServerStats>,
 }
 
 impl Hub {
-    /// A hub serving from `reader`.
+    /// A hub serving from `reader`. Its node streams are kept current by
+    /// [`serve`](crate::serve), which runs the fan-out while it serves.
     pub fn new(reader: StoreReader) -> Arc<Self> {
         Arc::new(Hub {
             reader,
-            nodes: Mutex::new(HashMap::new()),
+            nodes: Arc::default(),
             global: Mutex::new(Weak::new()),
             stats: Arc::default(),
         })
@@ -56,16 +81,14 @@ impl Hub {
         self.stats.clone()
     }
 
-    fn node_feed(&self, node: &str) -> Arc<Feed<NodeContent>> {
-        let mut nodes = self.nodes.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(feed) = nodes.get(node).and_then(Weak::upgrade) {
-            return feed;
-        }
-        nodes.retain(|_, feed| feed.strong_count() > 0);
-        let content = NodeContent(NodeProjector::new(node));
-        let feed = Feed::start(content, self.reader.clone());
-        nodes.insert(node.to_string(), Arc::downgrade(&feed));
-        feed
+    /// Distinct nodes whose state is kept for connected clients.
+    pub fn nodes(&self) -> usize {
+        self.nodes.nodes()
+    }
+
+    /// Keeps every node stream current until the store closes.
+    pub(crate) fn fan_out(&self) -> impl Future<Output = ()> + Send + 'static {
+        fan_out(self.reader.clone(), self.nodes.clone())
     }
 
     fn global_feed(&self) -> Arc<Feed<GlobalContent>> {
@@ -73,28 +96,72 @@ impl Hub {
         if let Some(feed) = global.upgrade() {
             return feed;
         }
-        let feed = Feed::start(GlobalContent::default(), self.reader.clone());
+        let feed = Feed::new(GlobalContent::default());
+        // Follows the store while some client holds the feed.
+        tokio::spawn(follow(Arc::downgrade(&feed), self.reader.clone()));
         *global = Arc::downgrade(&feed);
         feed
     }
 
     /// The `/localv1.Sets/Watch` service.
-    pub fn local_service(self: &Arc<Self>) -> localv1::sets_server::SetsServer<LocalSets> {
-        localv1::sets_server::SetsServer::new(LocalSets(self.clone()))
-            .max_encoding_message_size(usize::MAX)
+    pub fn local_service(self: &Arc<Self>) -> LocalSets {
+        LocalSets(self.clone())
     }
 
     /// The `/globalv1.Sets/Watch` service.
-    pub fn global_service(self: &Arc<Self>) -> globalv1::sets_server::SetsServer<GlobalSets> {
-        globalv1::sets_server::SetsServer::new(GlobalSets(self.clone()))
-            .max_encoding_message_size(usize::MAX)
+    pub fn global_service(self: &Arc<Self>) -> GlobalSets {
+        GlobalSets(self.clone())
+    }
+
+    async fn watch_node(
+        self: Arc<Self>,
+        request: Request<Streaming<localv1::WatchReq>>,
+    ) -> Result<Response<Answers<NodeContent, localv1::WatchReq>>, Status> {
+        let connection = connection::of_request(&request);
+        let mut requests = request.into_inner();
+        let first = requests
+            .message()
+            .await?
+            .ok_or_else(|| Status::invalid_argument("no WatchReq before the stream ended"))?;
+        if first.node_name.is_empty() {
+            return Err(Status::invalid_argument("WatchReq.node_name is empty"));
+        }
+        tracing::debug!(node = %first.node_name, "node stream opened");
+        let progress = track(connection);
+        let feed = self.nodes.feed(&first.node_name);
+        let client = Connected::new(&self.stats);
+        Ok(Response::new(Answers::new(feed, requests, first.with_node, progress, client)))
+    }
+
+    async fn watch_global(
+        self: Arc<Self>,
+        request: Request<Streaming<globalv1::GlobalWatchReq>>,
+    ) -> Result<Response<Answers<GlobalContent, globalv1::GlobalWatchReq>>, Status> {
+        let connection = connection::of_request(&request);
+        let mut requests = request.into_inner();
+        requests
+            .message()
+            .await?
+            .ok_or_else(|| Status::invalid_argument("no GlobalWatchReq before the stream ended"))?;
+        let progress = track(connection);
+        let feed = self.global_feed();
+        let client = Connected::new(&self.stats);
+        Ok(Response::new(Answers::new(feed, requests, true, progress, client)))
     }
 }
 
-type Items = ReceiverStream<Result<localv1::OpItem, Status>>;
+/// The progress of a new stream, followed by its connection's watchdog when it has one.
+/// Until its first request, a stream does not count: a connection whose streams never ask
+/// is idle.
+fn track(connection: Option<connection::Connection>) -> Arc<Progress> {
+    match connection {
+        Some(connection) => connection.track(),
+        None => Arc::default(),
+    }
+}
 
 /// Counts a connected client while alive.
-struct Connected(Arc<ServerStats>);
+pub struct Connected(Arc<ServerStats>);
 
 impl Connected {
     fn new(stats: &Arc<ServerStats>) -> Self {
@@ -110,116 +177,73 @@ impl Drop for Connected {
     }
 }
 
-/// Serves one pull-based stream of `feed` until the client goes or the store closes.
-async fn pull<C: Content, R>(
-    feed: Arc<Feed<C>>,
-    mut requests: Streaming<R>,
-    out: mpsc::Sender<Result<localv1::OpItem, Status>>,
-    keep: impl Fn(&localv1::OpItem) -> bool,
-) {
-    let mut versions = feed.subscribe();
-    let mut sent: Option<u64> = None;
-    loop {
-        // Wait until there is something new for this client (or, first, anything at all).
-        let closed = tokio::select! {
-            ready = versions.wait_for(|v| v.closed || (v.number > 0 && Some(v.number) != sent)) => {
-                ready.map(|v| v.closed).unwrap_or(true)
-            }
-            request = requests.message() => match request {
-                // An early request: the client is waiting already.
-                Ok(Some(_)) => continue,
-                _ => return,
-            },
-        };
-        if closed {
-            let _ = out.send(Err(Status::unavailable("the server's store closed"))).await;
-            return;
-        }
-        let (version, items) = feed.lock().since(sent);
-        for item in items.into_iter().filter(|i| keep(i)) {
-            if out.send(Ok(item)).await.is_err() {
-                return;
-            }
-        }
-        let sync = localv1::OpItem { op: Some(localv1::op_item::Op::Sync(localv1::EmptyOp {})) };
-        if out.send(Ok(sync)).await.is_err() {
-            return;
-        }
-        sent = Some(version);
-        match requests.message().await {
-            Ok(Some(_)) => {}
-            _ => return,
-        }
-    }
+type BoxFuture = Pin<Box<dyn Future<Output = Result<http::Response<Body>, Infallible>> + Send>>;
+
+/// The answer to a path this service does not have.
+fn unimplemented() -> http::Response<Body> {
+    let mut response = http::Response::new(Body::default());
+    let headers = response.headers_mut();
+    headers.insert(Status::GRPC_STATUS, (tonic::Code::Unimplemented as i32).into());
+    headers.insert(http::header::CONTENT_TYPE, tonic::metadata::GRPC_CONTENT_TYPE);
+    response
 }
 
 /// `/localv1.Sets/Watch`.
+#[derive(Clone)]
 pub struct LocalSets(Arc<Hub>);
 
-#[tonic::async_trait]
-impl localv1::sets_server::Sets for LocalSets {
-    type WatchStream = Items;
+impl NamedService for LocalSets {
+    const NAME: &'static str = "localv1.Sets";
+}
 
-    async fn watch(
-        &self,
-        request: Request<Streaming<localv1::WatchReq>>,
-    ) -> Result<Response<Items>, Status> {
-        let mut requests = request.into_inner();
-        let first = requests
-            .message()
-            .await?
-            .ok_or_else(|| Status::invalid_argument("no WatchReq before the stream ended"))?;
-        if first.node_name.is_empty() {
-            return Err(Status::invalid_argument("WatchReq.node_name is empty"));
-        }
+impl tower::Service<http::Request<Body>> for LocalSets {
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = BoxFuture;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<Body>) -> BoxFuture {
         let hub = self.0.clone();
-        let (out, rx) = mpsc::channel(256);
-        tokio::spawn(async move {
-            let _connected = Connected::new(&hub.stats);
-            tracing::debug!(node = %first.node_name, "node stream opened");
-            let feed = hub.node_feed(&first.node_name);
-            let with_node = first.with_node;
-            let keep = move |item: &localv1::OpItem| with_node || !is_node_item(item);
-            pull(feed, requests, out, keep).await;
-            tracing::debug!(node = %first.node_name, "node stream closed");
-        });
-        Ok(Response::new(ReceiverStream::new(rx)))
+        Box::pin(async move {
+            if request.uri().path() != "/localv1.Sets/Watch" {
+                return Ok(unimplemented());
+            }
+            let method = tower::service_fn(move |r| hub.clone().watch_node(r));
+            let mut grpc = tonic::server::Grpc::new(FrameCodec::<localv1::WatchReq>::default());
+            Ok(grpc.streaming(method, request).await)
+        })
     }
 }
 
-fn is_node_item(item: &localv1::OpItem) -> bool {
-    use localv1::op_item::Op;
-    let set = match &item.op {
-        Some(Op::Set(value)) => value.r#ref.as_ref().map(|r| r.set),
-        Some(Op::Delete(reference)) => Some(reference.set),
-        _ => None,
-    };
-    set == Some(localv1::Set::NodeSet as i32)
-}
-
 /// `/globalv1.Sets/Watch`.
+#[derive(Clone)]
 pub struct GlobalSets(Arc<Hub>);
 
-#[tonic::async_trait]
-impl globalv1::sets_server::Sets for GlobalSets {
-    type WatchStream = Items;
+impl NamedService for GlobalSets {
+    const NAME: &'static str = "globalv1.Sets";
+}
 
-    async fn watch(
-        &self,
-        request: Request<Streaming<globalv1::GlobalWatchReq>>,
-    ) -> Result<Response<Items>, Status> {
-        let mut requests = request.into_inner();
-        requests
-            .message()
-            .await?
-            .ok_or_else(|| Status::invalid_argument("no GlobalWatchReq before the stream ended"))?;
+impl tower::Service<http::Request<Body>> for GlobalSets {
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = BoxFuture;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<Body>) -> BoxFuture {
         let hub = self.0.clone();
-        let (out, rx) = mpsc::channel(256);
-        tokio::spawn(async move {
-            let _connected = Connected::new(&hub.stats);
-            let feed = hub.global_feed();
-            pull(feed, requests, out, |_| true).await;
-        });
-        Ok(Response::new(ReceiverStream::new(rx)))
+        Box::pin(async move {
+            if request.uri().path() != "/globalv1.Sets/Watch" {
+                return Ok(unimplemented());
+            }
+            let method = tower::service_fn(move |r| hub.clone().watch_global(r));
+            let codec = FrameCodec::<globalv1::GlobalWatchReq>::default();
+            Ok(tonic::server::Grpc::new(codec).streaming(method, request).await)
+        })
     }
 }

@@ -8,7 +8,7 @@ use kpng_api::global::Mirror;
 use kpng_api::{Address, Security};
 use kpng_local::{full_state_ops, project_node_state};
 use kpng_model::{GlobalModel, Object, Op, Protocol};
-use kpng_server::{Hub, serve};
+use kpng_server::{Hub, ServeOptions, serve};
 use kpng_store::{SourceEvent, StoreWriter, store};
 use kpng_testkit::builders::{endpoint, node, service, slice};
 use prost::Message;
@@ -57,7 +57,7 @@ async fn start(objects: Vec<Object>) -> Server {
         let shutdown = async {
             let _ = stopped.await;
         };
-        serve(hub, &served, &Security::default(), shutdown).await.unwrap();
+        serve(hub, &served, &Security::default(), ServeOptions::default(), shutdown).await.unwrap();
     });
     let Address::Unix(path) = &address else { unreachable!() };
     for _ in 0..100 {

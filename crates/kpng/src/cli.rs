@@ -426,6 +426,14 @@ pub struct ToApiArgs {
     /// tcp://host:port (port 0: any; the address is logged).
     #[arg(long, value_name = "ADDR", default_value = kpng_api::addr::DEFAULT_ADDRESS, value_parser = parse_address)]
     pub listen: kpng_api::Address,
+    /// Clients (connections) served at once; one more is closed at once and retries later
+    /// (default: a quarter of the open-file limit).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_clients: Option<u32>,
+    /// A client that leaves an answer unread this long, or a connection that opens no
+    /// stream for this long, is disconnected (its slot and memory are freed).
+    #[arg(long, default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
+    pub client_timeout: std::time::Duration,
     /// Connection security.
     #[command(flatten)]
     pub conn: ConnArgs,

@@ -7,15 +7,20 @@
 //! # Layout
 //! - [`cli`]: the command line (clap): a source, a sink, backends, process-wide options.
 //! - [`config`]: the config file, merged under the command line.
+//! - [`limits`]: the open-file limit, raised at start and shared between clients and
+//!   kpng's own work.
 //! - [`pipeline`]: wires the chosen source to the chosen sink through the store, and
 //!   handles signals and `--once`.
+//! - [`servers`]: the admin and health-check HTTP servers.
 //! - [`sinks`]: `to-file` and `to-local`.
 //! - [`stats`]: the `--stats` line.
 //! - [`throttle`]: the API client's request rate limit.
 
 mod cli;
 mod config;
+mod limits;
 mod pipeline;
+mod servers;
 mod sinks;
 mod stats;
 mod throttle;
@@ -37,6 +42,7 @@ fn main() -> std::process::ExitCode {
         EnvFilter::new("info")
     });
     tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter(filter).init();
+    let process = pipeline::Process::new(limits::raise_and_share());
 
     let runtime =
         match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
@@ -46,7 +52,7 @@ fn main() -> std::process::ExitCode {
                 return std::process::ExitCode::FAILURE;
             }
         };
-    let result = runtime.block_on(pipeline::run(cli));
+    let result = runtime.block_on(pipeline::run(cli, process));
     // Whatever is still running (watchers, servers) gets a moment, not a veto.
     runtime.shutdown_timeout(std::time::Duration::from_secs(2));
     match result {

@@ -5,26 +5,47 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use kpng_backend::NodeStats;
+use kpng_server::http::{BindProblems, HttpLimits};
 use kpng_sources::ConvertOptions;
 use kpng_sources::file::FileSource;
 use kpng_sources::kube::{KubeSource, NodeSelection};
 use kpng_store::store;
 
 use crate::cli::{Cli, GlobalArgs, KubeArgs, SinkCommand, SourceCommand};
+use crate::limits::DescriptorBudget;
+use crate::servers::{admin_servers, health_checks};
 use crate::sinks::to_file::run_to_file;
 use crate::sinks::to_local::{build_backends, node_local, run_to_local, runner_options};
 use crate::stats::{StatsPrinter, StatsSources, print_stats};
 use crate::throttle::ThrottleLayer;
 
+/// What every long-running pipeline shares.
+pub struct Process {
+    /// How the open-file limit is shared.
+    pub budget: DescriptorBudget,
+    /// The connection budget of every HTTP server.
+    pub http: HttpLimits,
+    /// Addresses that cannot be bound, for `/readyz`.
+    pub problems: BindProblems,
+}
+
+impl Process {
+    /// The shared state of a process with `budget`.
+    pub fn new(budget: DescriptorBudget) -> Self {
+        let http = HttpLimits::new(budget.http_connections, kpng_server::http::HEADER_TIMEOUT);
+        Process { budget, http, problems: BindProblems::default() }
+    }
+}
+
 /// Runs the pipeline the command line describes until it ends, fails, or a signal arrives.
-pub async fn run(cli: Cli) -> anyhow::Result<()> {
+pub async fn run(cli: Cli, process: Process) -> anyhow::Result<()> {
     let mut global = cli.global;
     match cli.source {
         SourceCommand::File(args) => {
             let options = ConvertOptions { service_proxy_name: args.service_proxy_name.clone() };
             let source = FileSource::new(&args.input, args.watch, options);
             let feed = |writer| async move { source.run(writer).await.context("file source") };
-            run_pipeline(&FileSource::KINDS, feed, args.sink, &mut global).await
+            run_pipeline(&FileSource::KINDS, feed, args.sink, &mut global, &process).await
         }
         SourceCommand::Kube(args) => {
             let client = kube_client(&args).await?;
@@ -38,7 +59,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 source.run(writer).await;
                 Ok(())
             };
-            run_pipeline(&kpng_sources::kube::KINDS, feed, args.sink, &mut global).await
+            run_pipeline(&kpng_sources::kube::KINDS, feed, args.sink, &mut global, &process).await
         }
         SourceCommand::Api(args) => {
             let security = args.conn.security();
@@ -49,9 +70,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 kpng_api::client::follow_global(server, security, writer).await;
                 Ok(())
             };
-            run_pipeline(&kpng_model::Kind::ALL, feed, args.sink, &mut global).await
+            run_pipeline(&kpng_model::Kind::ALL, feed, args.sink, &mut global, &process).await
         }
-        SourceCommand::Local(args) => run_local(args, &mut global).await,
+        SourceCommand::Local(args) => run_local(args, &mut global, &process).await,
         SourceCommand::Config(args) => match args.command {
             crate::cli::ConfigCommand::PrintDefaults => {
                 print!("{}", crate::config::print_defaults());
@@ -130,6 +151,7 @@ async fn run_pipeline<F, Fut>(
     feed: F,
     sink: SinkCommand,
     global: &mut GlobalArgs,
+    process: &Process,
 ) -> anyhow::Result<()>
 where
     F: FnOnce(kpng_store::StoreWriter) -> Fut,
@@ -147,7 +169,7 @@ where
             let commands = to_local.backends(global).map_err(|e| anyhow::anyhow!("{e}"))?;
             let built = build_backends(&commands, global)?;
             let mut backends = built.backends;
-            backends.extend(health_checks(&commands, global, &node_stats));
+            backends.extend(health_checks(&commands, global, &node_stats, process));
             collectors = built.collectors;
             let (local, addresses) = node_local(global)?;
             let options = runner_options(global, node_name(global)?, local);
@@ -157,10 +179,17 @@ where
             if global.once {
                 bail!("to-api serves until interrupted: --once does not apply to it");
             }
+            if to_api.client_timeout.is_zero() {
+                bail!("--client-timeout must be longer than 0");
+            }
             let security = to_api.conn.security();
             security.validate(&to_api.listen)?;
             let hub = kpng_server::Hub::new(reader.clone());
-            Sink::Api { hub, listen: to_api.listen, security }
+            let options = kpng_server::ServeOptions {
+                max_clients: to_api.max_clients.map_or(process.budget.api_clients, |n| n as usize),
+                client_timeout: to_api.client_timeout,
+            };
+            Sink::Api { hub, listen: to_api.listen, security, options }
         }
     };
     let admin = admin_servers(
@@ -177,7 +206,10 @@ where
             },
             health_timeout: global.sync_period * 2,
             collectors,
+            bind_problems: process.problems.clone(),
+            http: Some(process.http.clone()),
         },
+        process,
     );
     let once = global.once;
     let sink = async {
@@ -187,8 +219,9 @@ where
                 tracing::info!(node = %options.node, "computing the node-local state");
                 run_to_local(reader, backends, options, addresses, node_stats.clone()).await
             }
-            Sink::Api { hub, listen, security } => {
-                kpng_server::serve(hub, &listen, &security, std::future::pending()).await?;
+            Sink::Api { hub, listen, security, options } => {
+                kpng_server::serve(hub, &listen, &security, options, std::future::pending())
+                    .await?;
                 Ok(())
             }
         }
@@ -233,61 +266,16 @@ enum Sink {
         hub: Arc<kpng_server::Hub>,
         listen: kpng_api::Address,
         security: kpng_api::Security,
+        options: kpng_server::ServeOptions,
     },
 }
 
-/// The admin HTTP servers `global` asks for (none with --once; a port of 0 disables one).
-/// Never returns.
-fn admin_servers(
-    global: &GlobalArgs,
-    sources: kpng_server::admin::AdminSources,
-) -> impl std::future::Future<Output = ()> + use<> {
-    use kpng_server::admin::{Admin, serve_admin};
-    let admin = Admin::new(sources);
-    let mut servers = Vec::new();
-    if !global.once {
-        if global.healthz_bind_address.port() != 0 {
-            let router = admin.health_router();
-            servers.push(tokio::spawn(serve_admin("healthz", global.healthz_bind_address, router)));
-        }
-        if global.metrics_bind_address.port() != 0 {
-            let router = admin.metrics_router();
-            servers.push(tokio::spawn(serve_admin("metrics", global.metrics_bind_address, router)));
-        }
-    }
-    async move {
-        let _abort_on_drop: Vec<_> = servers.into_iter().map(AbortOnDrop).collect();
-        std::future::pending::<()>().await
-    }
-}
-
-/// Aborts a task when dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-/// The health-check NodePort servers, alongside a backend that programs the kernel (not
-/// for `to-json` or a dry run).
-fn health_checks(
-    commands: &[crate::cli::BackendCommand],
-    global: &GlobalArgs,
-    stats: &Arc<NodeStats>,
-) -> Option<Box<dyn kpng_backend::Backend>> {
-    let programs = commands.iter().any(|c| matches!(c, crate::cli::BackendCommand::ToNft(_)));
-    (programs && !global.dry_run).then(|| {
-        let all = std::net::IpAddr::from(std::net::Ipv6Addr::UNSPECIFIED);
-        let proxy = (stats.clone(), global.sync_period * 2);
-        Box::new(kpng_server::healthcheck::HealthCheckBackend::new(all, Some(proxy)))
-            as Box<dyn kpng_backend::Backend>
-    })
-}
-
 /// `kpng local`: backends fed by another kpng's node stream.
-async fn run_local(args: crate::cli::LocalArgs, global: &mut GlobalArgs) -> anyhow::Result<()> {
+async fn run_local(
+    args: crate::cli::LocalArgs,
+    global: &mut GlobalArgs,
+    process: &Process,
+) -> anyhow::Result<()> {
     let security = args.conn.security();
     security.validate(&args.server)?;
     let commands = args.backends.backends(global).map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -300,7 +288,7 @@ async fn run_local(args: crate::cli::LocalArgs, global: &mut GlobalArgs) -> anyh
     let stats = Arc::new(NodeStats::default());
     let built = build_backends(&commands, global)?;
     let mut backends = built.backends;
-    backends.extend(health_checks(&commands, global, &stats));
+    backends.extend(health_checks(&commands, global, &stats, process));
     let (local, addresses) = node_local(global)?;
     let options = runner_options(global, node.clone(), local);
     tracing::info!(%node, server = %args.server, "following the node-local state");
@@ -312,7 +300,10 @@ async fn run_local(args: crate::cli::LocalArgs, global: &mut GlobalArgs) -> anyh
             server: None,
             health_timeout: global.sync_period * 2,
             collectors: built.collectors,
+            bind_problems: process.problems.clone(),
+            http: Some(process.http.clone()),
         },
+        process,
     );
     let (changes, received) = tokio::sync::mpsc::channel(4);
     let follow = kpng_api::client::follow_node(args.server, security, node, changes);

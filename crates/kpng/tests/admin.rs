@@ -146,27 +146,21 @@ fn healthz_fails_when_updates_wait_and_when_the_node_drains() {
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("cluster.yaml");
     let text = std::fs::read_to_string(example()).unwrap();
-    std::fs::write(&input, &text).unwrap();
+    // A backend whose output nobody reads is stuck in its first write: the update waits.
+    // The state must be larger than a pipe holds.
+    let big = dir.path().join("big.yaml");
+    support::write_cluster(&big, 2000);
     let health = free_port();
     let h = format!("127.0.0.1:{health}");
-    // A backend that cannot write (its reader is gone) keeps failing: the update waits.
     let mut child = Command::new(support::binary())
-        .args([
-            "file",
-            "--input",
-            input.to_str().unwrap(),
-            "--watch",
-            "to-local",
-            "--node",
-            "node-a",
-        ])
-        .args(["to-json", "--sync-period", "100ms", "--healthz-bind-address", &h])
-        .args(["--metrics-bind-address", "127.0.0.1:0"])
+        .args(["file", "--input", big.to_str().unwrap(), "--watch", "to-local"])
+        .args(["--node", "node-0", "to-json", "--sync-period", "100ms"])
+        .args(["--healthz-bind-address", &h, "--metrics-bind-address", "127.0.0.1:0"])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    drop(child.stdout.take());
+    let _unread = child.stdout.take();
     let (_, body) = wait_get(health, "/healthz", |code, _| code == 503);
     assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["healthy"], false);
     let (code, _) = wait_get(health, "/livez", |_, _| true);
@@ -245,4 +239,96 @@ fn a_config_file_sets_options_and_flags_win() {
     ]);
     assert!(!out.status.success());
     assert!(out.stderr.contains("healthz-port"), "{}", out.stderr);
+}
+
+/// Raises this test process's soft open-file limit to its hard one: it holds many sockets.
+fn raise_own_file_limit() -> u64 {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+    if soft < hard {
+        setrlimit(Resource::RLIMIT_NOFILE, hard, hard).unwrap();
+    }
+    hard
+}
+
+#[test]
+fn slow_clients_are_cut_and_healthz_answers_under_a_low_descriptor_limit() {
+    const SLOW: usize = 1000;
+    assert!(raise_own_file_limit() > SLOW as u64 + 100, "this test needs more open files");
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("cluster.yaml");
+    std::fs::copy(example(), &input).unwrap();
+    let health = free_port();
+    let h = format!("127.0.0.1:{health}");
+    // 256 descriptors in all (soft and hard): fewer than the slow clients.
+    let script = "ulimit -n 256 && exec \"$0\" \"$@\"";
+    let input_arg = input.to_str().unwrap();
+    let args = ["file", "--input", input_arg, "--watch", "to-local", "--node", "node-a", "to-json"];
+    let mut kpng = Kpng::spawn_with(
+        Command::new("sh").args(["-c", script, support::binary()]).args(args).args([
+            "--healthz-bind-address",
+            &h,
+            "--metrics-bind-address",
+            "127.0.0.1:0",
+        ]),
+    );
+    kpng.next_change_set();
+    wait_get(health, "/readyz", |code, _| code == 200);
+
+    // Clients that send part of a request head, then nothing.
+    let slow: Vec<TcpStream> = (0..SLOW)
+        .map(|_| {
+            let mut stream = TcpStream::connect(("127.0.0.1", health)).unwrap();
+            let _ = stream.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n");
+            stream
+        })
+        .collect();
+    // While they are all connected, a prompt client is answered...
+    let (code, _) = get(health, "/healthz").expect("an answer while 1,000 slow clients wait");
+    assert_eq!(code, 200);
+    // ...and kpng's own work still gets descriptors: an edit of its input is read.
+    let text = std::fs::read_to_string(&input).unwrap();
+    replace_file(&input, &text.replace("10.244.0.10", "10.244.0.99"));
+    let ops = kpng.next_change_set();
+    assert!(ops.iter().any(|op| op.to_string().contains("10.244.0.99")), "{ops:?}");
+    assert!(!kpng.stderr().contains("Too many open files"), "{}", kpng.stderr());
+
+    // A slow client alone is cut by the header timeout.
+    drop(slow);
+    let mut last = TcpStream::connect(("127.0.0.1", health)).unwrap();
+    last.write_all(b"GET /healthz HTTP/1.1\r\n").unwrap();
+    last.set_read_timeout(Some(STUCK)).unwrap();
+    let mut buffer = Vec::new();
+    match last.read_to_end(&mut buffer) {
+        Ok(_) => assert!(buffer.is_empty(), "no answer to an unfinished request"),
+        Err(e) => assert!(
+            !matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut),
+            "the server never cut the slow client"
+        ),
+    }
+}
+
+#[test]
+fn an_admin_address_in_use_is_named_by_readyz_until_it_is_free() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let metrics = taken.local_addr().unwrap().port();
+    let health = free_port();
+    let (h, m) = (format!("127.0.0.1:{health}"), format!("127.0.0.1:{metrics}"));
+    let args = ["file", "--input", &example(), "to-local", "--node", "node-a", "to-json"];
+    let mut args = args.to_vec();
+    args.extend(["--healthz-bind-address", &h, "--metrics-bind-address", &m]);
+    let mut kpng = Kpng::spawn(&args);
+    kpng.next_change_set();
+    let (code, body) = wait_get(health, "/readyz", |_, body| body.contains(&m));
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("metrics"), "names the server: {body}");
+    kpng.wait_stderr(&m);
+    // The rest keeps working.
+    let (code, _) = wait_get(health, "/healthz", |_, _| true);
+    assert_eq!(code, 200);
+    // Once the address is free, it is bound and readiness comes back.
+    drop(taken);
+    wait_get(health, "/readyz", |code, _| code == 200);
+    let (code, _) = wait_get(metrics, "/metrics", |_, _| true);
+    assert_eq!(code, 200);
 }

@@ -78,10 +78,24 @@ pub struct Kpng {
     stderr: Arc<Mutex<String>>,
 }
 
+/// Writes a generated cluster of `services` services (4 endpoints each, nodes `node-0` to
+/// `node-2`) to `path`.
+pub fn write_cluster(path: &Path, services: usize) {
+    use kpng_testkit::generate::{ClusterSpec, generate, to_yaml};
+    let spec = ClusterSpec { services, endpoints: 4, nodes: 3, zones: 2 };
+    std::fs::write(path, to_yaml(&generate(&spec)).unwrap()).unwrap();
+}
+
 impl Kpng {
     pub fn spawn(args: &[&str]) -> Kpng {
-        let mut child = Command::new(binary())
-            .args(args)
+        let mut command = Command::new(binary());
+        command.args(args);
+        Kpng::spawn_with(&mut command)
+    }
+
+    /// Runs `command` (kpng itself, or a shell that ends by running it).
+    pub fn spawn_with(command: &mut Command) -> Kpng {
+        let mut child = command
             .env_remove("NODE_NAME")
             // No admin servers unless a test asks: tests run in parallel.
             .env("KPNG_HEALTHZ_BIND_ADDRESS", "127.0.0.1:0")

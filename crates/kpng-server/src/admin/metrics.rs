@@ -1,0 +1,198 @@
+//! The admin servers' metrics, read from their sources at each scrape.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::UNIX_EPOCH;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+
+use super::AdminSources;
+
+/// Reads the counters at each scrape.
+#[derive(Debug)]
+pub(super) struct Metrics {
+    pub(super) sources: Arc<AdminSources>,
+    pub(super) healthz: Arc<[AtomicU64; 2]>,
+}
+
+fn counter(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    value: u64,
+) -> std::fmt::Result {
+    let metric = ConstCounter::new(value);
+    metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
+}
+
+fn gauge(encoder: &mut DescriptorEncoder, name: &str, help: &str, value: f64) -> std::fmt::Result {
+    let metric = ConstGauge::new(value);
+    metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
+}
+
+impl Collector for Metrics {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+        if let Some(reader) = &self.sources.reader {
+            let store = reader.stats().snapshot();
+            let stats = reader.stats();
+            let kinds = [
+                (kpng_model::Kind::Service, "service"),
+                (kpng_model::Kind::EndpointSlice, "endpointslice"),
+                (kpng_model::Kind::Node, "node"),
+            ];
+            let mut family = encoder.encode_descriptor(
+                "kpng_source_events",
+                "Object events from the source (API events, file objects), by kind.",
+                None,
+                prometheus_client::metrics::MetricType::Counter,
+            )?;
+            for (kind, label) in kinds {
+                let metric = ConstCounter::new(stats.by_kind(kind).0);
+                metric.encode(family.encode_family(&[("kind", label)])?)?;
+            }
+            counter(
+                &mut encoder,
+                "kubeproxy_sync_proxy_rules_service_changes",
+                "Service changes that reached the model.",
+                stats.by_kind(kpng_model::Kind::Service).1,
+            )?;
+            counter(
+                &mut encoder,
+                "kubeproxy_sync_proxy_rules_endpoint_changes",
+                "EndpointSlice changes that reached the model.",
+                stats.by_kind(kpng_model::Kind::EndpointSlice).1,
+            )?;
+            counter(
+                &mut encoder,
+                "kpng_store_changes",
+                "Source events that changed the model.",
+                store.changes,
+            )?;
+            gauge(
+                &mut encoder,
+                "kpng_store_revision",
+                "Revisions of the global model.",
+                store.revisions as f64,
+            )?;
+            let ready = if reader.is_ready() { 1.0 } else { 0.0 };
+            gauge(
+                &mut encoder,
+                "kpng_store_ready",
+                "1 once every initial list is complete.",
+                ready,
+            )?;
+        }
+        if let Some((_, stats)) = &self.sources.node {
+            counter(
+                &mut encoder,
+                "kpng_enls_revisions",
+                "Changes of this node's state.",
+                stats.enls_revisions(),
+            )?;
+            counter(
+                &mut encoder,
+                "kpng_change_sets",
+                "Change sets applied by backends.",
+                stats.change_sets(),
+            )?;
+            counter(
+                &mut encoder,
+                "kpng_sync_failures",
+                "Change sets a backend failed to apply.",
+                stats.failures(),
+            )?;
+            counter(
+                &mut encoder,
+                "kpng_drift_repairs",
+                "Dataplanes found changed behind kpng's back and rebuilt.",
+                stats.repairs(),
+            )?;
+            let last = stats
+                .health()
+                .last_applied
+                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+                .map_or(0.0, |d| d.as_secs_f64());
+            gauge(
+                &mut encoder,
+                "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+                "When the backends last held the node's whole current state.",
+                last,
+            )?;
+            let durations = stats.sync_durations();
+            durations.encode(encoder.encode_descriptor(
+                "kubeproxy_sync_proxy_rules_duration_seconds",
+                "Time a backend took to apply one change set.",
+                None,
+                durations.metric_type(),
+            )?)?;
+            let programming = stats.network_programming();
+            programming.encode(encoder.encode_descriptor(
+                "kubeproxy_network_programming_duration_seconds",
+                "From an EndpointSlice's last-change-trigger-time to every backend applying it.",
+                None,
+                programming.metric_type(),
+            )?)?;
+            let (internal, external) = stats.no_local_endpoints();
+            let mut family = encoder.encode_descriptor(
+                "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+                "Services with a Local traffic policy and no endpoint on this node.",
+                None,
+                prometheus_client::metrics::MetricType::Gauge,
+            )?;
+            for (policy, n) in [("internal", internal), ("external", external)] {
+                let metric = ConstGauge::new(n as i64);
+                metric.encode(family.encode_family(&[("traffic_policy", policy)])?)?;
+            }
+            let mut family = encoder.encode_descriptor(
+                "kubeproxy_proxy_healthz",
+                "/healthz answers by HTTP code.",
+                None,
+                prometheus_client::metrics::MetricType::Counter,
+            )?;
+            for (i, code) in ["200", "503"].iter().enumerate() {
+                let labels = [("code", *code)];
+                let metric = ConstCounter::new(self.healthz[i].load(Ordering::Relaxed));
+                metric.encode(family.encode_family(&labels)?)?;
+            }
+        }
+        if let Some(server) = &self.sources.server {
+            gauge(
+                &mut encoder,
+                "kpng_api_clients",
+                "Connected to-api stream clients.",
+                server.connected() as f64,
+            )?;
+            counter(&mut encoder, "kpng_api_streams", "to-api streams served.", server.streams())?;
+            counter(
+                &mut encoder,
+                "kpng_api_clients_refused",
+                "to-api connections refused because every client slot was taken.",
+                server.refused(),
+            )?;
+            counter(
+                &mut encoder,
+                "kpng_api_clients_dropped",
+                "to-api connections closed because their client stopped reading or opened no stream.",
+                server.dropped(),
+            )?;
+        }
+        if let Some(http) = &self.sources.http {
+            gauge(
+                &mut encoder,
+                "kpng_http_connections",
+                "Connections held by the HTTP servers (health, metrics, health-check NodePorts).",
+                http.open_connections() as f64,
+            )?;
+            counter(
+                &mut encoder,
+                "kpng_http_connections_evicted",
+                "HTTP connections without a request in progress closed to make room for a new one.",
+                http.evicted(),
+            )?;
+        }
+        Ok(())
+    }
+}
