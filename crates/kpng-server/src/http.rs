@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -48,6 +48,8 @@ struct Budget {
 #[derive(Debug, Default)]
 struct Slots {
     open: usize,
+    /// Connections told to close to make room, not closed yet: the room is coming.
+    closing: usize,
     next_id: u64,
     /// Connections without a request in progress, by when they became so.
     idle: BTreeMap<(Instant, u64), Weak<Held>>,
@@ -92,7 +94,9 @@ impl Budget {
     async fn admit(self: &Arc<Self>) -> Arc<Held> {
         loop {
             let freed = self.freed.notified();
-            {
+            // Dropped once the lock is released: it may be the last reference, and a
+            // slot's drop takes the lock.
+            let evicted = {
                 let mut slots = self.lock();
                 if slots.open < self.max {
                     slots.open += 1;
@@ -102,21 +106,36 @@ impl Budget {
                         budget: self.clone(),
                         close: Notify::new(),
                         idle_since: Mutex::new(None),
+                        evicted: AtomicBool::new(false),
                     });
                     held.set_idle(&mut slots, true);
                     return held;
                 }
-                while let Some((_, oldest)) = slots.idle.pop_first() {
-                    if let Some(oldest) = oldest.upgrade() {
-                        *oldest.idle_since.lock().unwrap_or_else(|e| e.into_inner()) = None;
-                        oldest.close.notify_one();
-                        self.evicted.fetch_add(1, Ordering::Relaxed);
-                        break;
-                    }
+                // One connection closing at a time: room comes when it has closed.
+                match slots.closing {
+                    0 => self.evict_oldest(&mut slots),
+                    _ => None,
                 }
+            };
+            if let Some(evicted) = evicted {
+                evicted.close.notify_one();
+                self.evicted.fetch_add(1, Ordering::Relaxed);
             }
             freed.await;
         }
+    }
+
+    /// Marks the connection that has waited longest without a request as closing.
+    fn evict_oldest(&self, slots: &mut Slots) -> Option<Arc<Held>> {
+        while let Some((_, oldest)) = slots.idle.pop_first() {
+            if let Some(oldest) = oldest.upgrade() {
+                *oldest.idle_since.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                oldest.evicted.store(true, Ordering::Relaxed);
+                slots.closing += 1;
+                return Some(oldest);
+            }
+        }
+        None
     }
 }
 
@@ -128,6 +147,8 @@ struct Held {
     /// Told when the connection must close to make room.
     close: Notify,
     idle_since: Mutex<Option<Instant>>,
+    /// Told to close (counted in [`Slots::closing`] until dropped).
+    evicted: AtomicBool,
 }
 
 impl Held {
@@ -137,7 +158,8 @@ impl Held {
         if let Some(at) = since.take() {
             slots.idle.remove(&(at, self.id));
         }
-        if idle {
+        // A connection told to close is not offered again.
+        if idle && !self.evicted.load(Ordering::Relaxed) {
             let now = Instant::now();
             slots.idle.insert((now, self.id), Arc::downgrade(self));
             *since = Some(now);
@@ -157,6 +179,9 @@ impl Drop for Held {
             slots.idle.remove(&(at, self.id));
         }
         slots.open -= 1;
+        if *self.evicted.get_mut() {
+            slots.closing -= 1;
+        }
         drop(slots);
         self.budget.freed.notify_one();
     }

@@ -116,3 +116,34 @@ async fn an_address_in_use_is_reported_until_it_is_bound() {
     assert_eq!(tries.load(Ordering::Relaxed), 3);
     assert!(problems.list().is_empty(), "cleared once bound");
 }
+
+/// Connections end by themselves (their clients leave, or they time out) while others
+/// are closed to make room: the two must not trip over each other. A plain test with a
+/// runtime of its own: a stalled runtime cannot be shut down, so it is left behind.
+#[test]
+fn evictions_racing_closing_connections_never_stall_the_server() {
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let limits = HttpLimits::new(4, Duration::from_millis(5));
+    let address = runtime.block_on(server(&limits));
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::Write;
+        let mut kept = std::collections::VecDeque::new();
+        for _ in 0..10_000 {
+            let Ok(mut stream) = std::net::TcpStream::connect(address) else { return };
+            let _ = stream.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n");
+            // A few stay a little longer: the budget stays full.
+            kept.push_back(stream);
+            if kept.len() > 8 {
+                kept.pop_front();
+            }
+        }
+        let answer = runtime.block_on(get_healthz(address));
+        let _ = done.send(answer);
+    });
+    match finished.recv_timeout(Duration::from_secs(60)) {
+        Ok(answer) => assert!(answer.starts_with("HTTP/1.0 200"), "{answer}"),
+        Err(_) => panic!("the server stopped accepting connections"),
+    }
+}
