@@ -1,4 +1,6 @@
-//! The client end: connecting to a `to-api` server and pulling change sets.
+//! The client end: connecting to a `to-api` server and pulling change sets. The followers
+//! ([`follow_node`], [`follow_global`]) reconnect with backoff; under [`Retry::UntilPermanent`]
+//! (`--once`) they give up on an error that retrying cannot mend and return it.
 
 use std::time::Duration;
 
@@ -32,6 +34,49 @@ pub enum ClientError {
     /// The server sent something that is not a valid object.
     #[error("server sent an invalid op: {0}")]
     Wire(#[from] WireError),
+}
+
+impl ClientError {
+    /// Whether retrying cannot help: the security settings refuse the address, the socket
+    /// or its directory may not be used (permission denied, not a directory), the TLS
+    /// handshake refused a certificate, the server lacks the service or refused the
+    /// request, or it sent something invalid. An unreachable or restarting server is not
+    /// permanent.
+    pub fn is_permanent(&self) -> bool {
+        match self {
+            ClientError::Security(_) | ClientError::Wire(_) => true,
+            ClientError::Connect { source, .. } => io_kinds(source).any(|kind| {
+                use std::io::ErrorKind::*;
+                matches!(kind, PermissionDenied | NotADirectory | InvalidData | InvalidInput)
+            }),
+            ClientError::Status(status) => {
+                use tonic::Code::*;
+                let refused = matches!(
+                    status.code(),
+                    Unimplemented | PermissionDenied | Unauthenticated | InvalidArgument
+                );
+                refused || io_kinds(status).any(|kind| kind == std::io::ErrorKind::PermissionDenied)
+            }
+        }
+    }
+}
+
+/// The kinds of the I/O errors among `error`'s sources.
+fn io_kinds<'a>(
+    error: &'a (dyn std::error::Error + 'static),
+) -> impl Iterator<Item = std::io::ErrorKind> + 'a {
+    std::iter::successors(Some(error), |e| e.source())
+        .filter_map(|e| e.downcast_ref::<std::io::Error>().map(std::io::Error::kind))
+}
+
+/// What a follower does when a stream fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retry {
+    /// Retry every failure, with backoff (a long-running process).
+    Always,
+    /// Retry until a failure is permanent ([`ClientError::is_permanent`]), then return it
+    /// (`--once`: an error that will not go away is an exit, not a wait).
+    UntilPermanent,
 }
 
 /// A channel to the `to-api` server at `address`. Certificate and key problems are reported
@@ -92,22 +137,37 @@ struct Pull<R> {
 }
 
 impl<R: Clone> Pull<R> {
-    /// The items of the next change set, without the closing `Sync`; `None` when the server
-    /// ended the stream.
-    async fn next_items(&mut self) -> Result<Option<Vec<localv1::OpItem>>, ClientError> {
+    /// Hands each item of the next change set (without the closing `Sync`) to `each` as it
+    /// arrives; `false` when the server ended the stream.
+    async fn next_each(
+        &mut self,
+        mut each: impl FnMut(localv1::OpItem) -> Result<(), ClientError>,
+    ) -> Result<bool, ClientError> {
         if !self.pending && self.requests.send(self.request.clone()).await.is_err() {
-            return Ok(None);
+            return Ok(false);
         }
         self.pending = true;
-        let mut items = Vec::new();
         while let Some(item) = self.responses.message().await? {
             if matches!(item.op, Some(op_item::Op::Sync(_))) {
                 self.pending = false;
-                return Ok(Some(items));
+                return Ok(true);
             }
-            items.push(item);
+            each(item)?;
         }
-        Ok(None)
+        Ok(false)
+    }
+
+    /// The items of the next change set, without the closing `Sync`; `None` when the server
+    /// ended the stream.
+    async fn next_items(&mut self) -> Result<Option<Vec<localv1::OpItem>>, ClientError> {
+        let mut items = Vec::new();
+        let more = self
+            .next_each(|item| {
+                items.push(item);
+                Ok(())
+            })
+            .await?;
+        Ok(more.then_some(items))
     }
 }
 
@@ -129,8 +189,16 @@ impl LocalWatch {
     /// The ops of the next change set (without `Sync`; the first starts with `Reset`), or
     /// `None` when the server ended the stream.
     pub async fn next(&mut self) -> Result<Option<Vec<Op>>, ClientError> {
-        let Some(items) = self.0.next_items().await? else { return Ok(None) };
-        Ok(Some(items.iter().map(local::decode_op).collect::<Result<_, _>>()?))
+        // Each item is decoded as it arrives: a whole state is never held twice.
+        let mut ops = Vec::new();
+        let more = self
+            .0
+            .next_each(|item| {
+                ops.push(local::decode_op(&item)?);
+                Ok(())
+            })
+            .await?;
+        Ok(more.then_some(ops))
     }
 }
 
@@ -169,16 +237,17 @@ impl Backoff {
     }
 }
 
-/// Follows node `node`'s stream from the server at `address`, forever: each change set
-/// (ops without `Sync`; after each (re)connection one starting with `Reset`) goes to
-/// `changes`. Returns when `changes` is closed. Connection failures are logged and retried
-/// with backoff.
+/// Follows node `node`'s stream from the server at `address`: each change set (ops without
+/// `Sync`; after each (re)connection one starting with `Reset`) goes to `changes`. Returns
+/// `Ok` when `changes` is closed. Failures are logged and retried with backoff, except a
+/// permanent one under [`Retry::UntilPermanent`], which is returned.
 pub async fn follow_node(
     address: Address,
     security: Security,
     node: String,
     changes: mpsc::Sender<Vec<Op>>,
-) {
+    retry: Retry,
+) -> Result<(), ClientError> {
     let mut backoff = Backoff(Backoff::MIN);
     loop {
         let stream = async {
@@ -193,29 +262,34 @@ pub async fn follow_node(
             Ok::<_, ClientError>(false)
         };
         match stream.await {
-            Ok(true) => return,
+            Ok(true) => return Ok(()),
             Ok(false) => {
                 tracing::warn!(server = %address, retry_in = ?backoff.0, "the server ended the stream")
+            }
+            Err(error) if retry == Retry::UntilPermanent && error.is_permanent() => {
+                return Err(error);
             }
             Err(error) => {
                 tracing::warn!(server = %address, error = %chain(&error), retry_in = ?backoff.0, "node stream failed")
             }
         }
         if changes.is_closed() {
-            return;
+            return Ok(());
         }
         backoff.wait().await;
     }
 }
 
-/// Follows the global stream of the server at `address` into `writer`, forever: each
-/// (re)connection starts with a relist, so objects that vanished meanwhile are deleted. An
-/// invalid item is reported (naming the object and field) and the stream restarted.
+/// Follows the global stream of the server at `address` into `writer`: each (re)connection
+/// starts with a relist, so objects that vanished meanwhile are deleted. An invalid item is
+/// reported (naming the object and field) and the stream restarted. Failures are retried
+/// with backoff, except a permanent one under [`Retry::UntilPermanent`], which is returned.
 pub async fn follow_global(
     address: Address,
     security: Security,
     mut writer: kpng_store::StoreWriter,
-) {
+    retry: Retry,
+) -> Result<(), ClientError> {
     let mut backoff = Backoff(Backoff::MIN);
     loop {
         let stream = async {
@@ -231,6 +305,9 @@ pub async fn follow_global(
         match stream.await {
             Ok(()) => {
                 tracing::warn!(server = %address, retry_in = ?backoff.0, "the server ended the stream")
+            }
+            Err(error) if retry == Retry::UntilPermanent && error.is_permanent() => {
+                return Err(error);
             }
             Err(error) => {
                 tracing::warn!(server = %address, error = %chain(&error), retry_in = ?backoff.0, "global stream failed")

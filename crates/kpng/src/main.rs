@@ -10,8 +10,9 @@
 //! - [`limits`]: the open-file limit, raised at start and shared between clients and
 //!   kpng's own work.
 //! - [`pipeline`]: wires the chosen source to the chosen sink through the store, and
-//!   handles signals and `--once`.
+//!   handles `--once`.
 //! - [`servers`]: the admin and health-check HTTP servers.
+//! - [`signals`]: SIGTERM and SIGINT (stop between two transactions), SIGHUP (ignored).
 //! - [`sinks`]: `to-file` and `to-local`.
 //! - [`stats`]: the `--stats` line.
 //! - [`throttle`]: the API client's request rate limit.
@@ -21,6 +22,7 @@ mod config;
 mod limits;
 mod pipeline;
 mod servers;
+mod signals;
 mod sinks;
 mod stats;
 mod throttle;
@@ -53,7 +55,8 @@ fn main() -> std::process::ExitCode {
             }
         };
     let result = runtime.block_on(pipeline::run(cli, process));
-    // Whatever is still running (watchers, servers) gets a moment, not a veto.
+    // Whatever is still running (watchers, servers) gets a moment, not a veto; the
+    // runner's thread, if any, is not waited for.
     runtime.shutdown_timeout(std::time::Duration::from_secs(2));
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -4,7 +4,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use kpng_api::client::Retry;
 use kpng_backend::NodeStats;
+use kpng_backend::runner::Stop;
 use kpng_server::http::{BindProblems, HttpLimits};
 use kpng_sources::ConvertOptions;
 use kpng_sources::file::FileSource;
@@ -14,8 +16,11 @@ use kpng_store::store;
 use crate::cli::{Cli, GlobalArgs, KubeArgs, SinkCommand, SourceCommand};
 use crate::limits::DescriptorBudget;
 use crate::servers::{admin_servers, health_checks};
+use crate::signals;
 use crate::sinks::to_file::run_to_file;
-use crate::sinks::to_local::{build_backends, node_local, run_to_local, runner_options};
+use crate::sinks::to_local::{
+    build_backends, node_local, on_own_thread, run_to_local, runner_options,
+};
 use crate::stats::{StatsPrinter, StatsSources, print_stats};
 use crate::throttle::ThrottleLayer;
 
@@ -27,19 +32,23 @@ pub struct Process {
     pub http: HttpLimits,
     /// Addresses that cannot be bound, for `/readyz`.
     pub problems: BindProblems,
+    /// Set on SIGTERM or SIGINT: the runner applies nothing more.
+    pub stop: Stop,
 }
 
 impl Process {
     /// The shared state of a process with `budget`.
     pub fn new(budget: DescriptorBudget) -> Self {
         let http = HttpLimits::new(budget.http_connections, kpng_server::http::HEADER_TIMEOUT);
-        Process { budget, http, problems: BindProblems::default() }
+        Process { budget, http, problems: BindProblems::default(), stop: Stop::new() }
     }
 }
 
 /// Runs the pipeline the command line describes until it ends, fails, or a signal arrives.
 pub async fn run(cli: Cli, process: Process) -> anyhow::Result<()> {
+    let _hangups = signals::ignore_hangups();
     let mut global = cli.global;
+    let retry = if global.once { Retry::UntilPermanent } else { Retry::Always };
     match cli.source {
         SourceCommand::File(args) => {
             let options = ConvertOptions { service_proxy_name: args.service_proxy_name.clone() };
@@ -67,12 +76,14 @@ pub async fn run(cli: Cli, process: Process) -> anyhow::Result<()> {
             let server = args.server.clone();
             tracing::info!(server = %server, "replicating the global model");
             let feed = |writer| async move {
-                kpng_api::client::follow_global(server, security, writer).await;
-                Ok(())
+                let context = format!("replicating the global model of {server}");
+                kpng_api::client::follow_global(server, security, writer, retry)
+                    .await
+                    .context(context)
             };
             run_pipeline(&kpng_model::Kind::ALL, feed, args.sink, &mut global, &process).await
         }
-        SourceCommand::Local(args) => run_local(args, &mut global, &process).await,
+        SourceCommand::Local(args) => run_local(args, &mut global, &process, retry).await,
         SourceCommand::Config(args) => match args.command {
             crate::cli::ConfigCommand::PrintDefaults => {
                 print!("{}", crate::config::print_defaults());
@@ -172,7 +183,8 @@ where
             backends.extend(health_checks(&commands, global, &node_stats, process));
             collectors = built.collectors;
             let (local, addresses) = node_local(global)?;
-            let options = runner_options(global, node_name(global)?, local);
+            let mut options = runner_options(global, node_name(global)?, local);
+            options.stop = process.stop.clone();
             Sink::Local { options, backends, addresses }
         }
         SinkCommand::ToApi(to_api) => {
@@ -244,7 +256,8 @@ where
         result = sink => result,
         () = stats => Ok(()),
         () = admin => Ok(()),
-        () = shutdown_signal() => {
+        () = signals::shutdown() => {
+            process.stop.stop();
             tracing::info!("signal received; exiting (kernel state, if any, stays in force)");
             Ok(())
         }
@@ -275,6 +288,7 @@ async fn run_local(
     args: crate::cli::LocalArgs,
     global: &mut GlobalArgs,
     process: &Process,
+    retry: Retry,
 ) -> anyhow::Result<()> {
     let security = args.conn.security();
     security.validate(&args.server)?;
@@ -290,7 +304,8 @@ async fn run_local(
     let mut backends = built.backends;
     backends.extend(health_checks(&commands, global, &stats, process));
     let (local, addresses) = node_local(global)?;
-    let options = runner_options(global, node.clone(), local);
+    let mut options = runner_options(global, node.clone(), local);
+    options.stop = process.stop.clone();
     tracing::info!(%node, server = %args.server, "following the node-local state");
     let admin = admin_servers(
         global,
@@ -306,44 +321,23 @@ async fn run_local(
         process,
     );
     let (changes, received) = tokio::sync::mpsc::channel(4);
-    let follow = kpng_api::client::follow_node(args.server, security, node, changes);
+    let context = format!("following node {node}'s state from {}", args.server);
+    let follow = kpng_api::client::follow_node(args.server, security, node, changes, retry);
+    let mut runner = std::pin::pin!(on_own_thread(move || {
+        kpng_backend::run_remote(received, backends, options, stats, addresses)
+    }));
     tokio::select! {
         () = admin => Ok(()),
-        () = follow => Ok(()),
-        result = kpng_backend::run_remote(received, backends, options, stats, addresses) => Ok(result?),
-        () = shutdown_signal() => {
+        result = follow => match result {
+            // The runner stopped taking change sets: its own result says why.
+            Ok(()) => Ok((&mut runner).await??),
+            Err(error) => Err(error).context(context),
+        },
+        result = &mut runner => Ok(result??),
+        () = signals::shutdown() => {
+            process.stop.stop();
             tracing::info!("signal received; exiting (kernel state, if any, stays in force)");
             Ok(())
         }
-    }
-}
-
-/// Resolves on SIGINT or SIGTERM. A kernel transaction in flight is finished first (a
-/// backend applies a change set without yielding). From then on a second signal ends the
-/// process at once, whatever is still winding down.
-async fn shutdown_signal() {
-    first_signal().await;
-    std::thread::spawn(|| {
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
-        if let Ok(runtime) = runtime {
-            runtime.block_on(first_signal());
-            eprintln!("kpng: second signal; exiting now");
-            std::process::exit(130);
-        }
-    });
-}
-
-async fn first_signal() {
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending().await,
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        () = terminate => {}
     }
 }

@@ -1,5 +1,6 @@
 //! `to-local`: this node's ENLS, fed to backends.
 
+use std::future::Future;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
@@ -147,7 +148,8 @@ pub fn node_local(global: &GlobalArgs) -> anyhow::Result<(NodeLocal, Option<Addr
     Ok((NodeLocal { nodeports, addresses }, Some(rx)))
 }
 
-/// Runs the node's backends until the source ends (or once, with `once`).
+/// Runs the node's backends until the source ends (or once, with `once`), on a thread of
+/// their own.
 pub async fn run_to_local(
     reader: StoreReader,
     backends: Vec<Box<dyn Backend>>,
@@ -155,8 +157,32 @@ pub async fn run_to_local(
     addresses: Option<AddressUpdates>,
     stats: Arc<NodeStats>,
 ) -> anyhow::Result<()> {
-    run_node(reader, backends, options, stats, addresses).await?;
+    on_own_thread(move || run_node(reader, backends, options, stats, addresses)).await??;
     Ok(())
+}
+
+/// Runs the future `make` returns on a thread of its own, with a runtime of its own, and
+/// resolves to its output. Backends apply change sets synchronously (a large initial load
+/// takes seconds); on their own thread they never hold up the process's runtime, where
+/// signals, the admin servers and the health-check servers are served. When the process
+/// exits meanwhile, the thread ends with it: a kernel transaction is atomic, so one cut
+/// short leaves the previous rules in force.
+pub fn on_own_thread<F, Fut, T>(make: F) -> impl Future<Output = anyhow::Result<T>>
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: Future<Output = T>,
+    T: Send + 'static,
+{
+    let (done, result) = tokio::sync::oneshot::channel();
+    let thread = std::thread::Builder::new().name("kpng-runner".into()).spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
+        let _ = done.send(runtime.map(|runtime| runtime.block_on(make())));
+    });
+    async move {
+        thread.context("starting the runner's thread")?;
+        let output = result.await.context("the runner's thread ended without a result")?;
+        output.context("starting the runner's runtime")
+    }
 }
 
 /// The runner's options from the command line.
