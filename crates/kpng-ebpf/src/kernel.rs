@@ -1,0 +1,417 @@
+//! [`KernelDataplane`]: the real kernel, through aya.
+//!
+//! At start it checks what it needs (the object, `bpf()`, the cgroup, bpffs), loads the
+//! object with every map pinned ([`crate::pins`]), and attaches each program to the cgroup
+//! with a pinned link, in multi-program mode so that a replacement can be attached before
+//! the program it replaces is detached. A restart reuses the pinned maps, and keeps an
+//! attached program whose instructions and maps are the same as the ones just loaded.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use aya::maps::{HashMap as BpfHashMap, Map, MapData};
+use aya::programs::links::{CgroupAttachMode, FdLink, PinnedLink};
+use aya::programs::{CgroupSockAddr, ProgramInfo};
+use aya::{Ebpf, EbpfLoader};
+
+use crate::dataplane::{Capacities, Dataplane, Snapshot};
+use crate::error::EbpfError;
+use crate::maps::{self, Key, LRU_MAPS, MapName, Value};
+use crate::pins::{self, PROGRAMS};
+use crate::state::Batch;
+use crate::support;
+
+/// Where the programs go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelOptions {
+    /// The cgroup v2 whose sockets are translated (and its descendants').
+    pub cgroup: PathBuf,
+    /// The bpffs directory holding kpng's pins.
+    pub pin_root: PathBuf,
+}
+
+/// The kernel's maps and programs.
+pub struct KernelDataplane {
+    options: KernelOptions,
+    cgroup_id: u64,
+    /// The generation of maps in use and its open maps.
+    generation: Option<u32>,
+    maps: BTreeMap<MapName, Map>,
+}
+
+fn boxed(
+    e: impl std::error::Error + Send + Sync + 'static,
+) -> Box<dyn std::error::Error + Send + Sync> {
+    Box::new(e)
+}
+
+impl KernelDataplane {
+    /// Checks the machine (naming what is missing) and prepares to install into
+    /// `options.cgroup`. Nothing is loaded until the first reset.
+    pub fn open(options: KernelOptions) -> Result<Self, EbpfError> {
+        support::object()?;
+        support::check_bpf_syscall()?;
+        support::check_cgroup(&options.cgroup)?;
+        support::ensure_bpffs(&options.pin_root)?;
+        let cgroup_id = support::cgroup_id(&options.cgroup)?;
+        Ok(KernelDataplane { options, cgroup_id, generation: None, maps: BTreeMap::new() })
+    }
+
+    fn root(&self) -> &Path {
+        &self.options.pin_root
+    }
+
+    /// Loads the object with generation `generation` of the maps (created with
+    /// `capacities` when not pinned yet) and every program verified, not attached.
+    fn load(&self, generation: u32, capacities: &Capacities) -> Result<Ebpf, EbpfError> {
+        let object = support::object()?;
+        let dir = pins::maps_dir(self.root(), generation);
+        let lru = pins::lru_dir(self.root());
+        for d in [&dir, &lru] {
+            std::fs::create_dir_all(d).map_err(|e| EbpfError::Pin {
+                step: "creating",
+                path: d.clone(),
+                source: boxed(e),
+            })?;
+        }
+        let paths: Vec<(&str, PathBuf)> = MapName::ALL
+            .iter()
+            .map(|m| (m.object_name(), dir.join(m.object_name())))
+            .chain(LRU_MAPS.iter().map(|m| (*m, lru.join(m))))
+            .collect();
+        let mut loader = EbpfLoader::new();
+        for (name, path) in &paths {
+            loader.map_pin_path(name, path.as_path());
+        }
+        for (map, capacity) in capacities {
+            loader.map_max_entries(map.object_name(), *capacity);
+        }
+        let mut ebpf = loader
+            .load(object)
+            .map_err(|e| EbpfError::Load { step: "the object".into(), source: boxed(e) })?;
+        for name in PROGRAMS {
+            let program: &mut CgroupSockAddr = ebpf
+                .program_mut(name)
+                .ok_or_else(|| EbpfError::Load {
+                    step: name.into(),
+                    source: "missing from the object".into(),
+                })?
+                .try_into()
+                .map_err(|e| EbpfError::Load { step: name.into(), source: boxed(e) })?;
+            program.load().map_err(|e| load_error(name, e))?;
+        }
+        Ok(ebpf)
+    }
+
+    /// Keeps the maps of `ebpf` for writes.
+    fn take_maps(&mut self, ebpf: &mut Ebpf, generation: u32) -> Result<(), EbpfError> {
+        let mut maps = BTreeMap::new();
+        for map in MapName::ALL {
+            let taken = ebpf.take_map(map.object_name()).ok_or_else(|| EbpfError::Load {
+                step: map.object_name().into(),
+                source: "map missing from the object".into(),
+            })?;
+            maps.insert(map, taken);
+        }
+        self.maps = maps;
+        self.generation = Some(generation);
+        Ok(())
+    }
+
+    /// Attaches every program of `ebpf` whose pinned link does not already run the same
+    /// program on the same maps, then detaches what it replaces.
+    fn attach(&self, ebpf: &mut Ebpf) -> Result<usize, EbpfError> {
+        let dir = pins::links_dir(self.root(), self.cgroup_id);
+        std::fs::create_dir_all(&dir).map_err(|e| EbpfError::Pin {
+            step: "creating",
+            path: dir.clone(),
+            source: boxed(e),
+        })?;
+        let cgroup = std::fs::File::open(&self.options.cgroup).map_err(|e| EbpfError::Cgroup {
+            path: self.options.cgroup.clone(),
+            reason: e.to_string(),
+        })?;
+        let mut attached = 0;
+        for name in PROGRAMS {
+            let program: &mut CgroupSockAddr =
+                ebpf.program_mut(name).and_then(|p| p.try_into().ok()).ok_or_else(|| {
+                    EbpfError::Load { step: name.into(), source: "not loaded".into() }
+                })?;
+            let pin = dir.join(name);
+            let ours = program
+                .info()
+                .map_err(|e| EbpfError::Load { step: name.into(), source: boxed(e) })?;
+            if pin.exists() && same_program(&pin, &ours) {
+                continue;
+            }
+            let attach_error = |source| EbpfError::Attach {
+                program: name.into(),
+                cgroup: self.options.cgroup.clone(),
+                source,
+            };
+            let id = program
+                .attach(&cgroup, CgroupAttachMode::AllowMultiple)
+                .map_err(|e| attach_error(boxed(e)))?;
+            let link = program.take_link(id).map_err(|e| attach_error(boxed(e)))?;
+            let link = FdLink::try_from(link).map_err(|e| attach_error(boxed(e)))?;
+            // The new link is in force before the old one goes: no socket sees neither.
+            let fresh = dir.join(format!("{name}.new"));
+            let _ = std::fs::remove_file(&fresh);
+            link.pin(&fresh).map_err(|e| EbpfError::Pin {
+                step: "pinning",
+                path: fresh.clone(),
+                source: boxed(e),
+            })?;
+            let mut removed = Vec::new();
+            pins::remove_pin(&pin, &mut removed)?;
+            std::fs::rename(&fresh, &pin).map_err(|e| EbpfError::Pin {
+                step: "renaming",
+                path: fresh.clone(),
+                source: boxed(e),
+            })?;
+            attached += 1;
+        }
+        // Links on another cgroup (an earlier --cgroup-path) go.
+        for (id, other) in pins::link_dirs(self.root()) {
+            if id != self.cgroup_id {
+                tracing::info!(dir = %other.display(), "eBPF: detaching from the cgroup used before");
+                pins::remove_links(&other, &mut Vec::new())?;
+            }
+        }
+        Ok(attached)
+    }
+
+    /// Removes every generation of maps but `keep`.
+    fn drop_generations_but(&self, keep: u32) -> Result<(), EbpfError> {
+        for generation in pins::generations(self.root()).into_iter().filter(|g| *g != keep) {
+            pins::remove_generation(&pins::maps_dir(self.root(), generation), &mut Vec::new())?;
+        }
+        Ok(())
+    }
+
+    fn write_one(&mut self, key: &Key, value: Option<&Value>) -> Result<(), EbpfError> {
+        let map_name = key.map();
+        let map = self.maps.get_mut(&map_name).ok_or(EbpfError::NotInstalled)?;
+        let k = maps::key_bytes(key);
+        let result = match value {
+            Some(v) => raw::insert(map_name, map, &k, &maps::value_bytes(v)),
+            None => raw::remove(map_name, map, &k),
+        };
+        result.map_err(|source| EbpfError::Map {
+            step: if value.is_some() { "writing" } else { "deleting" },
+            map: map_name.object_name(),
+            key: key.to_string(),
+            source,
+        })
+    }
+}
+
+/// A load error, naming a kernel feature when the verifier did not know a helper.
+fn load_error(name: &str, error: aya::programs::ProgramError) -> EbpfError {
+    let text = format!("{error:?}");
+    if text.contains("unknown func") || text.contains("invalid func") {
+        return EbpfError::Unsupported {
+            what: format!(
+                "a helper {name} uses (bpf_set_retval needs Linux 5.18; netns and socket cookies 5.7)"
+            ),
+            source: Some(boxed(error)),
+        };
+    }
+    EbpfError::Load { step: name.into(), source: boxed(error) }
+}
+
+/// Whether the link pinned at `pin` runs a program with the same instructions and maps.
+fn same_program(pin: &Path, ours: &ProgramInfo) -> bool {
+    let Ok(link) = PinnedLink::from_pin(pin) else { return false };
+    let link: FdLink = link.into();
+    let Ok(info) = link.info() else { return false };
+    let theirs = aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .find(|p| p.id() == info.program_id());
+    let maps = |p: &ProgramInfo| {
+        p.map_ids().ok().flatten().map(|mut ids| {
+            ids.sort_unstable();
+            ids
+        })
+    };
+    theirs.is_some_and(|t| t.tag() == ours.tag() && maps(&t) == maps(ours))
+}
+
+impl Dataplane for KernelDataplane {
+    fn read(&mut self) -> Result<Option<Snapshot>, EbpfError> {
+        let Some(generation) = pins::generations(self.root()).last().copied() else {
+            return Ok(None);
+        };
+        let dir = pins::maps_dir(self.root(), generation);
+        let mut snapshot = Snapshot::default();
+        let mut opened = BTreeMap::new();
+        for map in MapName::ALL {
+            let path = dir.join(map.object_name());
+            let data = MapData::from_pin(&path).map_err(|e| EbpfError::Pin {
+                step: "opening",
+                path: path.clone(),
+                source: boxed(e),
+            })?;
+            let capacity = data.info().map(|i| i.max_entries()).map_err(|e| EbpfError::Pin {
+                step: "reading",
+                path: path.clone(),
+                source: boxed(e),
+            })?;
+            snapshot.capacities.insert(map, capacity);
+            let mut handle = Map::from_map_data(data).map_err(|e| EbpfError::Pin {
+                step: "opening",
+                path: path.clone(),
+                source: boxed(e),
+            })?;
+            let elements = raw::read(map, &mut handle).map_err(|source| EbpfError::Map {
+                step: "reading",
+                map: map.object_name(),
+                key: "*".into(),
+                source,
+            })?;
+            for (key, value) in elements {
+                match maps::decode(map, &key, &value) {
+                    Some((k, v)) => {
+                        snapshot.elements.insert(k, v);
+                    }
+                    None => {
+                        tracing::warn!(map = map.object_name(), "eBPF: an element kpng cannot read")
+                    }
+                }
+            }
+            opened.insert(map, handle);
+        }
+        self.maps = opened;
+        self.generation = Some(generation);
+        Ok(Some(snapshot))
+    }
+
+    fn install(&mut self, capacities: &Capacities) -> Result<(), EbpfError> {
+        let generation = self.generation.unwrap_or(1);
+        let mut ebpf = self.load(generation, capacities)?;
+        let attached = self.attach(&mut ebpf)?;
+        self.take_maps(&mut ebpf, generation)?;
+        self.drop_generations_but(generation)?;
+        match attached {
+            0 => {
+                tracing::info!(cgroup = %self.options.cgroup.display(), "eBPF: programs already attached; adopted")
+            }
+            n => {
+                tracing::info!(cgroup = %self.options.cgroup.display(), programs = n, generation, "eBPF: programs attached")
+            }
+        }
+        Ok(())
+    }
+
+    fn write(&mut self, batch: &Batch) -> Result<(), EbpfError> {
+        for (key, value) in &batch.upserts {
+            self.write_one(key, Some(value))?;
+        }
+        for key in &batch.deletes {
+            self.write_one(key, None)?;
+        }
+        Ok(())
+    }
+
+    fn grow(
+        &mut self,
+        capacities: &Capacities,
+        elements: &HashMap<Key, Value>,
+    ) -> Result<(), EbpfError> {
+        let old = self.generation;
+        let generation =
+            pins::generations(self.root()).last().copied().unwrap_or(0).max(old.unwrap_or(0)) + 1;
+        let mut ebpf = self.load(generation, capacities)?;
+        self.take_maps(&mut ebpf, generation)?;
+        let mut ordered: Vec<(&Key, &Value)> = elements.iter().collect();
+        ordered.sort_by_key(|(k, _)| MapName::ALL.iter().position(|m| *m == k.map()));
+        for (key, value) in ordered {
+            self.write_one(key, Some(value))?;
+        }
+        // The new programs (on the new maps) replace the old ones, then the old maps go.
+        self.attach(&mut ebpf)?;
+        self.drop_generations_but(generation)?;
+        tracing::info!(generation, elements = elements.len(), "eBPF: maps grown");
+        Ok(())
+    }
+
+    fn verify(&mut self, expected: &HashMap<Key, Value>) -> Result<bool, EbpfError> {
+        let links = pins::links_dir(self.root(), self.cgroup_id);
+        let attached = PROGRAMS.iter().all(|p| links.join(p).exists());
+        let held = self.read()?.map(|s| s.elements).unwrap_or_default();
+        Ok(attached && held == *expected)
+    }
+}
+
+/// Byte-level access to the maps, one typed aya view per key and value size.
+mod raw {
+    use super::*;
+
+    type Failure = Box<dyn std::error::Error + Send + Sync>;
+
+    fn view<const K: usize, const V: usize>(
+        map: &mut Map,
+    ) -> Result<BpfHashMap<&mut MapData, [u8; K], [u8; V]>, Failure> {
+        BpfHashMap::try_from(map).map_err(boxed)
+    }
+
+    fn put<const K: usize, const V: usize>(
+        map: &mut Map,
+        key: &[u8],
+        value: &[u8],
+    ) -> Result<(), Failure> {
+        let key: [u8; K] = key.try_into()?;
+        let value: [u8; V] = value.try_into()?;
+        view::<K, V>(map)?.insert(key, value, 0).map_err(boxed)
+    }
+
+    fn del<const K: usize, const V: usize>(map: &mut Map, key: &[u8]) -> Result<(), Failure> {
+        let key: [u8; K] = key.try_into()?;
+        view::<K, V>(map)?.remove(&key).map_err(boxed)
+    }
+
+    fn all<const K: usize, const V: usize>(
+        map: &mut Map,
+    ) -> Result<Vec<maps::RawElement>, Failure> {
+        let view = view::<K, V>(map)?;
+        let mut out = Vec::new();
+        for item in view.iter() {
+            let (k, v) = item.map_err(boxed)?;
+            out.push((k.to_vec(), v.to_vec()));
+        }
+        Ok(out)
+    }
+
+    /// Creates or replaces one element.
+    pub fn insert(name: MapName, map: &mut Map, key: &[u8], value: &[u8]) -> Result<(), Failure> {
+        match name {
+            MapName::Frontends => put::<20, 16>(map, key, value),
+            MapName::Groups => put::<8, 8>(map, key, value),
+            MapName::Backends => put::<16, 20>(map, key, value),
+            MapName::Members => put::<32, 1>(map, key, value),
+            MapName::ClusterIps => put::<20, 1>(map, key, value),
+        }
+    }
+
+    /// Deletes one element.
+    pub fn remove(name: MapName, map: &mut Map, key: &[u8]) -> Result<(), Failure> {
+        match name {
+            MapName::Frontends => del::<20, 16>(map, key),
+            MapName::Groups => del::<8, 8>(map, key),
+            MapName::Backends => del::<16, 20>(map, key),
+            MapName::Members => del::<32, 1>(map, key),
+            MapName::ClusterIps => del::<20, 1>(map, key),
+        }
+    }
+
+    /// Every element.
+    pub fn read(name: MapName, map: &mut Map) -> Result<Vec<maps::RawElement>, Failure> {
+        match name {
+            MapName::Frontends => all::<20, 16>(map),
+            MapName::Groups => all::<8, 8>(map),
+            MapName::Backends => all::<16, 20>(map),
+            MapName::Members => all::<32, 1>(map),
+            MapName::ClusterIps => all::<20, 1>(map),
+        }
+    }
+}

@@ -1,0 +1,263 @@
+//! What the maps hold, what each service wants, and the writes between the two.
+//!
+//! Each service claims the keys of its render. Two services may claim one key (say, the
+//! same external IP and port): the first claimant's value is in force, and when it lets
+//! go the next one takes over. A [`Batch`] lists upserts in the order that keeps every
+//! reader consistent (endpoints before the counts that reveal them, groups before the
+//! frontends that point at them) and deletions in the reverse order.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use kpng_model::ServiceKey;
+
+use crate::maps::{Key, MapName, Value};
+
+/// Map writes, in the order they must be made.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Batch {
+    /// Elements to create or replace, ordered by [`MapName::ALL`].
+    pub upserts: Vec<(Key, Value)>,
+    /// Elements to delete, after the upserts, in the reverse map order.
+    pub deletes: Vec<Key>,
+}
+
+impl Batch {
+    /// Whether the batch writes nothing.
+    pub fn is_empty(&self) -> bool {
+        self.upserts.is_empty() && self.deletes.is_empty()
+    }
+
+    /// The number of element writes (upserts and deletions).
+    pub fn len(&self) -> usize {
+        self.upserts.len() + self.deletes.len()
+    }
+}
+
+fn map_rank(key: &Key) -> usize {
+    MapName::ALL.iter().position(|m| *m == key.map()).unwrap_or(0)
+}
+
+/// Wanted and held elements.
+#[derive(Debug, Default)]
+pub struct MapState {
+    owners: HashMap<ServiceKey, u32>,
+    next_owner: u32,
+    wanted: HashMap<u32, BTreeMap<Key, Value>>,
+    claims: HashMap<Key, Vec<u32>>,
+    held: HashMap<Key, Value>,
+}
+
+impl MapState {
+    /// An empty state: nothing wanted, nothing held.
+    pub fn new() -> Self {
+        MapState::default()
+    }
+
+    /// Forgets what services want and takes `held` as what the maps hold (a restart reads
+    /// them back; a reset after a failure too).
+    pub fn adopt(&mut self, held: HashMap<Key, Value>) {
+        *self = MapState { held, ..MapState::default() };
+    }
+
+    /// What the maps hold.
+    pub fn held(&self) -> &HashMap<Key, Value> {
+        &self.held
+    }
+
+    /// The value the maps hold at `key`.
+    pub fn held_value(&self, key: &Key) -> Option<Value> {
+        self.held.get(key).copied()
+    }
+
+    /// Elements held per map.
+    pub fn held_counts(&self) -> BTreeMap<MapName, usize> {
+        let mut counts: BTreeMap<MapName, usize> = MapName::ALL.iter().map(|m| (*m, 0)).collect();
+        for key in self.held.keys() {
+            *counts.entry(key.map()).or_default() += 1;
+        }
+        counts
+    }
+
+    /// Every element some service wants, with the value in force.
+    pub fn wanted(&self) -> HashMap<Key, Value> {
+        self.claims
+            .iter()
+            .filter_map(|(key, owners)| Some((*key, self.value_of(key, owners.first()?)?)))
+            .collect()
+    }
+
+    /// The services the state knows.
+    pub fn services(&self) -> impl Iterator<Item = &ServiceKey> {
+        self.owners.keys()
+    }
+
+    fn value_of(&self, key: &Key, owner: &u32) -> Option<Value> {
+        self.wanted.get(owner)?.get(key).copied()
+    }
+
+    /// Replaces what the given services want (`None`: the service is gone) and returns the
+    /// writes that bring the maps there. The writes count as held from now on: call
+    /// [`MapState::adopt`] with what the maps really hold when they fail.
+    pub fn update(&mut self, renders: Vec<(ServiceKey, Option<BTreeMap<Key, Value>>)>) -> Batch {
+        let affected = self.claim(renders);
+        self.diff(affected)
+    }
+
+    /// Starts over from `held` (what the maps hold, read back at a reset or a restart) and
+    /// `renders` (every service): the writes that leave exactly the wanted elements.
+    pub fn replace_all(
+        &mut self,
+        held: HashMap<Key, Value>,
+        renders: Vec<(ServiceKey, Option<BTreeMap<Key, Value>>)>,
+    ) -> Batch {
+        self.adopt(held);
+        self.claim(renders);
+        let keys: BTreeSet<Key> = self.held.keys().chain(self.claims.keys()).copied().collect();
+        self.diff(keys)
+    }
+
+    /// Records what `renders` want; returns the keys whose value may have changed.
+    fn claim(&mut self, renders: Vec<(ServiceKey, Option<BTreeMap<Key, Value>>)>) -> BTreeSet<Key> {
+        let mut affected: BTreeSet<Key> = BTreeSet::new();
+        for (service, new) in renders {
+            let owner = match (self.owners.get(&service), &new) {
+                (Some(o), _) => *o,
+                (None, None) => continue,
+                (None, Some(_)) => {
+                    let o = self.next_owner;
+                    self.next_owner += 1;
+                    self.owners.insert(service.clone(), o);
+                    o
+                }
+            };
+            let old = self.wanted.remove(&owner).unwrap_or_default();
+            let new = new.unwrap_or_default();
+            for key in old.keys().filter(|k| !new.contains_key(k)) {
+                if let Some(owners) = self.claims.get_mut(key) {
+                    owners.retain(|o| *o != owner);
+                    if owners.is_empty() {
+                        self.claims.remove(key);
+                    }
+                }
+                affected.insert(*key);
+            }
+            for (key, value) in &new {
+                if old.get(key) != Some(value) {
+                    let owners = self.claims.entry(*key).or_default();
+                    if !owners.contains(&owner) {
+                        owners.push(owner);
+                    }
+                    affected.insert(*key);
+                }
+            }
+            if new.is_empty() {
+                self.owners.remove(&service);
+            } else {
+                self.wanted.insert(owner, new);
+            }
+        }
+        affected
+    }
+
+    fn diff(&mut self, keys: BTreeSet<Key>) -> Batch {
+        let mut batch = Batch::default();
+        for key in keys {
+            let wanted = self.claims.get(&key).and_then(|o| self.value_of(&key, o.first()?));
+            match (wanted, self.held.get(&key)) {
+                (Some(value), Some(held)) if value == *held => {}
+                (Some(value), _) => {
+                    self.held.insert(key, value);
+                    batch.upserts.push((key, value));
+                }
+                (None, Some(_)) => {
+                    self.held.remove(&key);
+                    batch.deletes.push(key);
+                }
+                (None, None) => {}
+            }
+        }
+        batch.upserts.sort_by_key(|(k, _)| map_rank(k));
+        batch.deletes.sort_by_key(|k| std::cmp::Reverse(map_rank(k)));
+        batch
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::IpAddr;
+
+    use kpng_model::Protocol;
+
+    use super::*;
+    use crate::maps::{Empty, Frontend, GroupId};
+
+    fn svc(name: &str) -> ServiceKey {
+        ServiceKey::new("test", name)
+    }
+
+    fn frontend(port: u16) -> Key {
+        let ip: IpAddr = "192.0.2.1".parse().unwrap();
+        Key::Frontend(Frontend { ip, protocol: Protocol::Tcp, port })
+    }
+
+    fn points_at(group: u64) -> Value {
+        Value::Frontend { group: GroupId(group), empty: Empty::Reject }
+    }
+
+    fn render(elements: &[(Key, Value)]) -> Option<BTreeMap<Key, Value>> {
+        Some(elements.iter().copied().collect())
+    }
+
+    #[test]
+    fn unchanged_renders_write_nothing() {
+        let mut state = MapState::new();
+        let elements = [(frontend(80), points_at(1)), (Key::Group(GroupId(1)), Value::Present)];
+        let first = state.update(vec![(svc("a"), render(&elements))]);
+        assert_eq!(first.len(), 2);
+        assert!(state.update(vec![(svc("a"), render(&elements))]).is_empty());
+        let held = state.held().clone();
+        assert!(state.replace_all(held, vec![(svc("a"), render(&elements))]).is_empty());
+    }
+
+    #[test]
+    fn a_shared_key_passes_to_the_next_claimant() {
+        let mut state = MapState::new();
+        state.update(vec![(svc("a"), render(&[(frontend(80), points_at(1))]))]);
+        let b = state.update(vec![(svc("b"), render(&[(frontend(80), points_at(2))]))]);
+        assert!(b.is_empty(), "the first claimant stays in force: {b:?}");
+        let gone = state.update(vec![(svc("a"), None)]);
+        assert_eq!(gone.upserts, vec![(frontend(80), points_at(2))]);
+        let gone = state.update(vec![(svc("b"), None)]);
+        assert_eq!(gone.deletes, vec![frontend(80)]);
+        assert!(state.held().is_empty());
+    }
+
+    #[test]
+    fn writes_are_ordered_for_readers() {
+        let mut state = MapState::new();
+        let g = GroupId(7);
+        let target = ("10.244.0.1".parse().unwrap(), 80);
+        let all = [
+            (frontend(80), points_at(7)),
+            (Key::Group(g), Value::Group { count: 1, affinity_seconds: 0 }),
+            (Key::Backend(g, 0), Value::Backend(target)),
+        ];
+        let batch = state.update(vec![(svc("a"), render(&all))]);
+        let maps: Vec<MapName> = batch.upserts.iter().map(|(k, _)| k.map()).collect();
+        assert_eq!(maps, [MapName::Backends, MapName::Groups, MapName::Frontends]);
+        let batch = state.update(vec![(svc("a"), None)]);
+        let maps: Vec<MapName> = batch.deletes.iter().map(Key::map).collect();
+        assert_eq!(maps, [MapName::Frontends, MapName::Groups, MapName::Backends]);
+    }
+
+    #[test]
+    fn adoption_keeps_what_is_right_and_removes_the_rest() {
+        let mut state = MapState::new();
+        let stale = frontend(81);
+        let held = HashMap::from([(frontend(80), points_at(1)), (stale, points_at(1))]);
+        let batch =
+            state.replace_all(held, vec![(svc("a"), render(&[(frontend(80), points_at(1))]))]);
+        assert!(batch.upserts.is_empty());
+        assert_eq!(batch.deletes, vec![stale]);
+    }
+}
