@@ -162,9 +162,13 @@ static __always_inline void read_dest(struct bpf_sock_addr *ctx, __u8 family,
 	key->family = family;
 }
 
-static __always_inline void write_dest(struct bpf_sock_addr *ctx, const struct backend *b)
+// `family` is the hook's (a constant once inlined): a v4 hook may not touch user_ip6.
+static __always_inline void write_dest(struct bpf_sock_addr *ctx, __u8 family,
+				       const struct backend *b)
 {
-	if (b->family == FAMILY_V4) {
+	if (b->family != family)
+		return;
+	if (family == FAMILY_V4) {
 		ctx->user_ip4 = b->addr[0];
 	} else {
 		ctx->user_ip6[0] = b->addr[0];
@@ -252,7 +256,7 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, __u8 family)
 	struct backend service = { .port = key.port, .family = family };
 	__builtin_memcpy(service.addr, key.addr, sizeof(service.addr));
 	bpf_map_update_elem(&kpng_revnat, &rkey, &service, BPF_ANY);
-	write_dest(ctx, &chosen);
+	write_dest(ctx, family, &chosen);
 	return 1;
 empty:
 	// Dropping is left to the packet path (nftables drops what upstream drops).
@@ -274,7 +278,7 @@ static __always_inline int restore(struct bpf_sock_addr *ctx, __u8 family)
 	key.backend.family = family;
 	struct backend *service = bpf_map_lookup_elem(&kpng_revnat, &key);
 	if (service)
-		write_dest(ctx, service);
+		write_dest(ctx, family, service);
 	return 1;
 }
 

@@ -2,8 +2,9 @@
 //!
 //! At start it checks what it needs (the object, `bpf()`, the cgroup, bpffs), loads the
 //! object with every map pinned ([`crate::pins`]), and attaches each program to the cgroup
-//! with a pinned link, in multi-program mode so that a replacement can be attached before
-//! the program it replaces is detached. A restart reuses the pinned maps, and keeps an
+//! with a pinned link. The kernel runs every link of a cgroup (links are multi-program by
+//! nature, and take no attach flags), so a replacement is attached before the program it
+//! replaces is detached. A restart reuses the pinned maps, and keeps an
 //! attached program whose instructions and maps are the same as the ones just loaded.
 
 use std::collections::{BTreeMap, HashMap};
@@ -150,12 +151,13 @@ impl KernelDataplane {
                 source,
             };
             let id = program
-                .attach(&cgroup, CgroupAttachMode::AllowMultiple)
+                .attach(&cgroup, CgroupAttachMode::Single)
                 .map_err(|e| attach_error(boxed(e)))?;
             let link = program.take_link(id).map_err(|e| attach_error(boxed(e)))?;
             let link = FdLink::try_from(link).map_err(|e| attach_error(boxed(e)))?;
             // The new link is in force before the old one goes: no socket sees neither.
-            let fresh = dir.join(format!("{name}.new"));
+            // bpffs refuses dots in pin names.
+            let fresh = dir.join(format!("{name}_new"));
             let _ = std::fs::remove_file(&fresh);
             link.pin(&fresh).map_err(|e| EbpfError::Pin {
                 step: "pinning",

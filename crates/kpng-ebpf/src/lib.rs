@@ -21,6 +21,7 @@
 //! - [`state`]: what each service wants, what the maps hold, and the ordered writes between.
 //! - [`backend`]: [`EbpfBackend`], the [`kpng_backend::Backend`] implementation.
 //! - [`dataplane`]: the [`Dataplane`] trait and [`MemoryDataplane`] (tests, `--dry-run`).
+//! - [`metrics`]: [`EbpfMetrics`], the counters for Prometheus.
 //! - [`kernel`]: [`KernelDataplane`], the real kernel through aya: load, attach, grow.
 //! - [`pins`]: the layout of pins under bpffs, and cleanup.
 //! - [`support`]: the checks made at start (object, `bpf()`, cgroup v2, bpffs).
@@ -31,6 +32,7 @@ pub mod dataplane;
 pub mod error;
 pub mod kernel;
 pub mod maps;
+pub mod metrics;
 pub mod pins;
 pub mod render;
 pub mod slots;
@@ -41,6 +43,7 @@ pub use backend::{EbpfBackend, EbpfStats};
 pub use dataplane::{Dataplane, MemoryDataplane};
 pub use error::EbpfError;
 pub use kernel::{KernelDataplane, KernelOptions};
+pub use metrics::EbpfMetrics;
 
 /// The backend's name on the command line.
 pub const NAME: &str = "to-ebpf";
