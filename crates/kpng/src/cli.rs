@@ -7,7 +7,7 @@
 //! kpng local --server ADDR <backend> [<backend>...]
 //! <sink>    := to-file --output PATH [--format yaml|json] | to-local <backend> [<backend>...]
 //!            | to-api --listen ADDR
-//! <backend> := to-json | to-nft
+//! <backend> := to-json | to-nft | to-ebpf [--cgroup-path PATH]
 //! ```
 //!
 //! Options that concern the whole process (`--once`, `--node`, `--stats`, `--log`) are
@@ -229,7 +229,8 @@ pub enum SourceCommand {
     /// reconnection that finds nothing new changes nothing in the kernel.
     Local(LocalArgs),
     /// Remove every kernel object kpng installed (its `ip kpng` and `ip6 kpng` nftables
-    /// tables) and nothing else, then exit.
+    /// tables, its eBPF programs and maps pinned under /sys/fs/bpf/kpng) and nothing
+    /// else, then exit.
     Cleanup(CleanupArgs),
     /// Print the version, the git commit built from, and what this build contains.
     Version,
@@ -300,6 +301,9 @@ pub struct CleanupArgs {
     /// Which backend's objects to remove.
     #[arg(long, value_enum, default_value_t = CleanupBackend::All)]
     pub backend: CleanupBackend,
+    /// Where the eBPF backend pinned its programs' links and maps (`to-ebpf --bpf-pin-path`).
+    #[arg(long, default_value = "/sys/fs/bpf/kpng", value_name = "PATH")]
+    pub bpf_pin_path: PathBuf,
 }
 
 /// Backends `kpng cleanup` knows.
@@ -307,6 +311,8 @@ pub struct CleanupArgs {
 pub enum CleanupBackend {
     /// The nftables tables.
     Nft,
+    /// The eBPF programs (detached) and maps (unpinned) under /sys/fs/bpf/kpng.
+    Ebpf,
     /// Everything kpng may have installed.
     All,
 }
@@ -463,6 +469,12 @@ pub enum BackendCommand {
     /// nftables: one table per family with a constant number of chains; services and
     /// endpoints are elements of hash maps. Use --dry-run to print the ruleset.
     ToNft(Chain),
+    /// eBPF socket-level translation: cgroup programs choose the endpoint at connect()
+    /// (TCP) or sendmsg() (UDP) for sockets of this node, so their packets need no NAT.
+    /// Cluster IPs, and for local sockets NodePorts, external and load-balancer IPs; SCTP
+    /// and traffic from other hosts stay on the packet path: use with to-nft
+    /// (`to-local to-ebpf to-nft`). --dry-run prints the map writes.
+    ToEbpf(EbpfArgs),
     /// iptables. Not available in this build.
     ToIptables(Chain),
     /// A userspace proxy. Not available in this build.
@@ -475,6 +487,7 @@ impl BackendCommand {
         match self {
             BackendCommand::ToJson(_) => "to-json",
             BackendCommand::ToNft(_) => "to-nft",
+            BackendCommand::ToEbpf(_) => "to-ebpf",
             BackendCommand::ToIptables(_) => "to-iptables",
             BackendCommand::ToUserspace(_) => "to-userspace",
         }
@@ -486,8 +499,25 @@ impl BackendCommand {
             | BackendCommand::ToNft(c)
             | BackendCommand::ToIptables(c)
             | BackendCommand::ToUserspace(c) => c,
+            BackendCommand::ToEbpf(e) => &e.chain,
         }
     }
+}
+
+/// `to-ebpf` options.
+#[derive(Debug, Clone, Args)]
+pub struct EbpfArgs {
+    /// The cgroup v2 whose sockets (and its descendants') are translated. Default: the
+    /// root of the cgroup2 mount (every socket of the node).
+    #[arg(long, value_name = "PATH")]
+    pub cgroup_path: Option<PathBuf>,
+    /// The bpffs directory where kpng pins its programs' links and maps (bpffs is mounted
+    /// at /sys/fs/bpf when it is not).
+    #[arg(long, default_value = "/sys/fs/bpf/kpng", value_name = "PATH")]
+    pub bpf_pin_path: PathBuf,
+    /// Further backends.
+    #[command(flatten)]
+    pub chain: Chain,
 }
 
 /// What follows a backend: further backends, with their own options.

@@ -63,19 +63,40 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             println!("commit: {}", env!("KPNG_GIT_COMMIT"));
             println!("sources: kube file api");
             println!("sinks: to-file to-local to-api");
-            println!("backends: to-nft to-json");
+            match kpng_ebpf::support::available() {
+                true => println!("backends: to-nft to-ebpf to-json"),
+                false => println!(
+                    "backends: to-nft to-json (to-ebpf unavailable: {})",
+                    kpng_ebpf::support::UNAVAILABLE.trim()
+                ),
+            }
             println!("wire: localv1 globalv1 (kpng extensions from field 100)");
             Ok(())
         }
-        SourceCommand::Cleanup(_) => {
-            let removed = kpng_nft::kernel::cleanup()?;
-            let names: Vec<String> = removed
-                .iter()
-                .map(|f| format!("{} kpng", kpng_nft::objects::table_family(*f)))
-                .collect();
-            match names.is_empty() {
-                true => eprintln!("kpng: no kpng table to remove"),
-                false => eprintln!("kpng: removed table {}", names.join(" and ")),
+        SourceCommand::Cleanup(args) => {
+            use crate::cli::CleanupBackend;
+            if matches!(args.backend, CleanupBackend::Nft | CleanupBackend::All) {
+                let removed = kpng_nft::kernel::cleanup()?;
+                let names: Vec<String> = removed
+                    .iter()
+                    .map(|f| format!("{} kpng", kpng_nft::objects::table_family(*f)))
+                    .collect();
+                match names.is_empty() {
+                    true => eprintln!("kpng: no kpng table to remove"),
+                    false => eprintln!("kpng: removed table {}", names.join(" and ")),
+                }
+            }
+            if matches!(args.backend, CleanupBackend::Ebpf | CleanupBackend::All) {
+                let removed = kpng_ebpf::pins::cleanup(&args.bpf_pin_path)
+                    .context("removing kpng's eBPF programs and maps")?;
+                match removed.is_empty() {
+                    true => eprintln!("kpng: no eBPF pin under {}", args.bpf_pin_path.display()),
+                    false => eprintln!(
+                        "kpng: detached and unpinned {} eBPF objects under {}",
+                        removed.len(),
+                        args.bpf_pin_path.display()
+                    ),
+                }
             }
             Ok(())
         }

@@ -35,6 +35,11 @@ pub fn build_backends(
                 built.collectors.push(Box::new(kpng_nft::NftMetrics(backend.stats())));
                 built.backends.push(Box::new(backend));
             }
+            BackendCommand::ToEbpf(args) => {
+                let backend = ebpf_backend(args, global)?;
+                built.collectors.push(Box::new(kpng_ebpf::EbpfMetrics(backend.stats())));
+                built.backends.push(Box::new(backend));
+            }
             other => bail!("backend {} is not available in this build of kpng", other.name()),
         }
     }
@@ -71,6 +76,26 @@ fn nft_backend(global: &GlobalArgs) -> anyhow::Result<NftBackend> {
         Box::new(NetlinkKernel::open()?)
     };
     Ok(NftBackend::new(options, kernel))
+}
+
+/// The eBPF backend as the options describe it: the kernel's programs and maps, or with
+/// `--dry-run` the map writes printed on standard output.
+fn ebpf_backend(
+    args: &crate::cli::EbpfArgs,
+    global: &GlobalArgs,
+) -> anyhow::Result<kpng_ebpf::EbpfBackend> {
+    use kpng_ebpf::{Dataplane, KernelDataplane, KernelOptions, MemoryDataplane};
+    let dataplane: Box<dyn Dataplane> = if global.dry_run {
+        Box::new(MemoryDataplane::printing(std::io::stdout()))
+    } else {
+        let cgroup = match &args.cgroup_path {
+            Some(path) => path.clone(),
+            None => kpng_ebpf::support::cgroup2_root()?,
+        };
+        let options = KernelOptions { cgroup, pin_root: args.bpf_pin_path.clone() };
+        Box::new(KernelDataplane::open(options).context("to-ebpf")?)
+    };
+    Ok(kpng_ebpf::EbpfBackend::new(dataplane))
 }
 
 /// Runs the node's backends until the source ends (or once, with `once`).
