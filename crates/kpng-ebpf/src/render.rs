@@ -232,4 +232,4 @@ pub fn seed_slots(
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

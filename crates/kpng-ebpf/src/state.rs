@@ -1,8 +1,9 @@
 //! What the maps hold, what each service wants, and the writes between the two.
 //!
 //! Each service claims the keys of its render. Two services may claim one key (say, the
-//! same external IP and port): the first claimant's value is in force, and when it lets
-//! go the next one takes over. A [`Batch`] lists upserts in the order that keeps every
+//! same external IP and port): the value of the service whose `namespace/name` sorts
+//! first is in force, whatever the order of events, and when it lets go the next one takes
+//! over. A [`Batch`] lists upserts in the order that keeps every
 //! reader consistent (endpoints before the counts that reveal them, groups before the
 //! frontends that point at them) and deletions in the reverse order.
 
@@ -41,6 +42,7 @@ fn map_rank(key: &Key) -> usize {
 #[derive(Debug, Default)]
 pub struct MapState {
     owners: HashMap<ServiceKey, u32>,
+    keys: HashMap<u32, ServiceKey>,
     next_owner: u32,
     wanted: HashMap<u32, BTreeMap<Key, Value>>,
     claims: HashMap<Key, Vec<u32>>,
@@ -127,6 +129,7 @@ impl MapState {
                     let o = self.next_owner;
                     self.next_owner += 1;
                     self.owners.insert(service.clone(), o);
+                    self.keys.insert(o, service.clone());
                     o
                 }
             };
@@ -145,13 +148,17 @@ impl MapState {
                 if old.get(key) != Some(value) {
                     let owners = self.claims.entry(*key).or_default();
                     if !owners.contains(&owner) {
-                        owners.push(owner);
+                        // Kept in service-key order: the first is in force.
+                        let keys = &self.keys;
+                        let at = owners.partition_point(|o| keys.get(o) < keys.get(&owner));
+                        owners.insert(at, owner);
                     }
                     affected.insert(*key);
                 }
             }
             if new.is_empty() {
                 self.owners.remove(&service);
+                self.keys.remove(&owner);
             } else {
                 self.wanted.insert(owner, new);
             }
@@ -222,11 +229,13 @@ mod tests {
     #[test]
     fn a_shared_key_passes_to_the_next_claimant() {
         let mut state = MapState::new();
-        state.update(vec![(svc("a"), render(&[(frontend(80), points_at(1))]))]);
-        let b = state.update(vec![(svc("b"), render(&[(frontend(80), points_at(2))]))]);
-        assert!(b.is_empty(), "the first claimant stays in force: {b:?}");
+        state.update(vec![(svc("b"), render(&[(frontend(80), points_at(2))]))]);
+        let a = state.update(vec![(svc("a"), render(&[(frontend(80), points_at(1))]))]);
+        assert_eq!(a.upserts, vec![(frontend(80), points_at(1))], "the first key wins");
         let gone = state.update(vec![(svc("a"), None)]);
         assert_eq!(gone.upserts, vec![(frontend(80), points_at(2))]);
+        assert!(state.update(vec![(svc("c"), render(&[(frontend(80), points_at(3))]))]).is_empty());
+        state.update(vec![(svc("c"), None)]);
         let gone = state.update(vec![(svc("b"), None)]);
         assert_eq!(gone.deletes, vec![frontend(80)]);
         assert!(state.held().is_empty());
