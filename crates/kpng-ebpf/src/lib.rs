@@ -14,6 +14,25 @@
 //! (traffic from other hosts, SCTP, packets not started from a local socket) stays on
 //! the packet path: run `to-nft` in the same pipeline.
 //!
+//! # Maps
+//!
+//! ```text
+//! kpng_frontends   (address, port, protocol) -> endpoint group, action when the group is empty
+//! kpng_groups      group -> endpoint count, ClientIP affinity timeout
+//! kpng_backends    (group, slot) -> endpoint address and port, slots 0..count
+//! kpng_members     (group, endpoint) of affinity groups: is a remembered endpoint still there
+//! kpng_cluster_ips cluster IPs: a port their service does not define is refused
+//! kpng_affinity    (client network namespace, group) -> endpoint, last use   (LRU, programs)
+//! kpng_revnat      (socket, endpoint) -> service address, for replies        (LRU, programs)
+//! ```
+//!
+//! A group is a service port's Cluster or Local set in one family; its id is a stable hash,
+//! so a restart finds it in the maps. The cluster IP's frontend points at the set its
+//! traffic uses; external, load-balancer and NodePort frontends at the Cluster set. The
+//! first five maps are hash maps without preallocation, sized to twice what the cluster
+//! needs and replaced by larger ones when it outgrows them ([`kernel`]); the two LRU maps
+//! have fixed sizes and survive that replacement.
+//!
 //! # Layout
 //! - [`maps`]: the maps' keys and values, and their byte layouts (mirroring the C structs).
 //! - [`render`]: pure ENLS → map elements, per service.

@@ -136,6 +136,23 @@ fn unconnected_udp(target: SocketAddr) -> String {
     }
 }
 
+/// `require`, and the BPF object in this build (without clang the tests skip, except
+/// under `CI=true`).
+fn ready(test: &str) -> bool {
+    if !require(test, TOOLS) {
+        return false;
+    }
+    if kpng_ebpf::support::available() {
+        return true;
+    }
+    let message = format!("{test} needs to-ebpf: {}", kpng_ebpf::support::UNAVAILABLE.trim());
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("{message} (CI=true: privileged tests must run)");
+    }
+    eprintln!("SKIPPED: {message}");
+    false
+}
+
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
 /// A cgroup v2 of the test's own and a pin directory, removed on drop (programs detached,

@@ -35,7 +35,7 @@ fn cluster_with_client() -> Cluster {
 
 #[test]
 fn cluster_ips_are_translated_at_connect_without_nat() {
-    if !require("cluster_ips_are_translated_at_connect_without_nat", TOOLS) {
+    if !ready("cluster_ips_are_translated_at_connect_without_nat") {
         return;
     }
     let cluster = cluster_with_client();
@@ -143,7 +143,7 @@ fn policies(sticky: &[(&str, &str)], web: &[(&str, &str)]) -> String {
 
 #[test]
 fn traffic_policies_affinity_and_endpoint_changes_while_connecting() {
-    if !require("traffic_policies_affinity_and_endpoint_changes_while_connecting", TOOLS) {
+    if !ready("traffic_policies_affinity_and_endpoint_changes_while_connecting") {
         return;
     }
     let mut cluster = cluster_with_client();
@@ -204,7 +204,7 @@ fn many_services(n: usize) -> String {
 
 #[test]
 fn restarts_adopt_growth_keeps_connections_and_cleanup_detaches() {
-    if !require("restarts_adopt_growth_keeps_connections_and_cleanup_detaches", TOOLS) {
+    if !ready("restarts_adopt_growth_keeps_connections_and_cleanup_detaches") {
         return;
     }
     let cluster = cluster_with_client();
