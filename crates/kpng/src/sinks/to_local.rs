@@ -93,7 +93,7 @@ fn ebpf_backend(
             None => kpng_ebpf::support::cgroup2_root()?,
         };
         let options = KernelOptions { cgroup, pin_root: args.bpf_pin_path.clone() };
-        Box::new(KernelDataplane::open(options).context("to-ebpf")?)
+        Box::new(KernelDataplane::open(options).context("starting the eBPF backend")?)
     };
     Ok(kpng_ebpf::EbpfBackend::new(dataplane))
 }
