@@ -47,6 +47,8 @@ pub struct MapState {
     wanted: HashMap<u32, BTreeMap<Key, Value>>,
     claims: HashMap<Key, Vec<u32>>,
     held: HashMap<Key, Value>,
+    /// Elements held per map, kept as `held` changes (a change set must not count them).
+    counts: BTreeMap<MapName, usize>,
 }
 
 impl MapState {
@@ -58,7 +60,11 @@ impl MapState {
     /// Forgets what services want and takes `held` as what the maps hold (a restart reads
     /// them back; a reset after a failure too).
     pub fn adopt(&mut self, held: HashMap<Key, Value>) {
-        *self = MapState { held, ..MapState::default() };
+        let mut counts = BTreeMap::new();
+        for key in held.keys() {
+            *counts.entry(key.map()).or_default() += 1;
+        }
+        *self = MapState { held, counts, ..MapState::default() };
     }
 
     /// What the maps hold.
@@ -73,11 +79,7 @@ impl MapState {
 
     /// Elements held per map.
     pub fn held_counts(&self) -> BTreeMap<MapName, usize> {
-        let mut counts: BTreeMap<MapName, usize> = MapName::ALL.iter().map(|m| (*m, 0)).collect();
-        for key in self.held.keys() {
-            *counts.entry(key.map()).or_default() += 1;
-        }
-        counts
+        MapName::ALL.iter().map(|m| (*m, self.counts.get(m).copied().unwrap_or(0))).collect()
     }
 
     /// Every element some service wants, with the value in force.
@@ -173,11 +175,16 @@ impl MapState {
             match (wanted, self.held.get(&key)) {
                 (Some(value), Some(held)) if value == *held => {}
                 (Some(value), _) => {
-                    self.held.insert(key, value);
+                    if self.held.insert(key, value).is_none() {
+                        *self.counts.entry(key.map()).or_default() += 1;
+                    }
                     batch.upserts.push((key, value));
                 }
                 (None, Some(_)) => {
                     self.held.remove(&key);
+                    if let Some(n) = self.counts.get_mut(&key.map()) {
+                        *n = n.saturating_sub(1);
+                    }
                     batch.deletes.push(key);
                 }
                 (None, None) => {}
@@ -239,6 +246,7 @@ mod tests {
         let gone = state.update(vec![(svc("b"), None)]);
         assert_eq!(gone.deletes, vec![frontend(80)]);
         assert!(state.held().is_empty());
+        assert!(state.held_counts().values().all(|n| *n == 0));
     }
 
     #[test]
