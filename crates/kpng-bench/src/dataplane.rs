@@ -28,7 +28,7 @@ use crate::table::percentiles;
 /// Services pointed at real pods, spread over the table.
 const PROBED: usize = 8;
 /// The pods' port (the generated slices' target port).
-const POD_PORT: u16 = 8080;
+pub(crate) const POD_PORT: u16 = 8080;
 
 /// One size's results.
 pub struct DataplaneRow {
@@ -47,14 +47,14 @@ pub struct DataplaneRow {
 const ROUNDS: usize = 5;
 
 /// A size's node state and probe targets.
-struct Size {
-    services: usize,
-    state: kpng_model::LocalState,
-    targets: Vec<SocketAddr>,
+pub(crate) struct Size {
+    pub(crate) services: usize,
+    pub(crate) state: kpng_model::LocalState,
+    pub(crate) targets: Vec<SocketAddr>,
 }
 
 /// The node state for `services` generated services, a few of them pointed at `pods`.
-fn size(
+pub(crate) fn size(
     services: usize,
     endpoints: usize,
     pods: &[(IpAddr, &'static str)],
@@ -85,7 +85,7 @@ fn size(
 
 /// Replaces the node's tables with `state`. The backend's socket (and the `nft` it runs
 /// for the skeleton) must be created inside the node's namespace.
-fn load(net: &Cluster, state: &kpng_model::LocalState) -> anyhow::Result<()> {
+pub(crate) fn load(net: &Cluster, state: &kpng_model::LocalState) -> anyhow::Result<()> {
     let state = state.clone();
     in_netns(&net.node, move || -> Result<(), String> {
         kpng_nft::kernel::cleanup().map_err(|e| e.to_string())?;

@@ -23,7 +23,12 @@
 //!   namespace holding N services, time to connect (the first packet walks the rules), at
 //!   each size against the first;
 //! - `api`: one `to-api` server and N node streams: time until every node has its state,
-//!   time for one endpoint change to reach every node, memory per connected node.
+//!   time for one endpoint change to reach every node, memory per connected node;
+//! - `ebpf`: a pod on the node connects to cluster IPs through `to-ebpf` (translated at
+//!   `connect()`), through `to-nft` (DNAT), and straight to the pods: connect latency,
+//!   requests per second and conntrack entries per connection, at each size in one run;
+//! - `ebpf changes`: one endpoint change through `to-ebpf` (map writes) and `to-nft` (one
+//!   transaction) at each size, and each one's full load.
 //!
 //! # Layout
 //! - [`cluster`]: the synthetic cluster as model objects, and the changes applied to it.
@@ -36,6 +41,8 @@
 //! - [`api`]: the gRPC API scenario.
 //! - [`dataplane`]: first-packet latency through the node's rules.
 //! - [`nftlb`]: nftlb through its REST API, side by side with kpng.
+//! - [`ebpf`]: pod to cluster IP through eBPF, nftables and straight; the pod client.
+//! - [`ebpf_change`]: one endpoint change through eBPF and nftables.
 //! - [`probe`]: the netlink kernel, instrumented (commit time, transactions, elements).
 //! - [`table`]: percentiles and table printing.
 //! - [`plot`]: the run as an SVG bar chart (`--plot`).
@@ -45,6 +52,8 @@ mod churn;
 mod cluster;
 mod cold;
 mod dataplane;
+mod ebpf;
+mod ebpf_change;
 mod iptables;
 mod kube;
 mod memory;
@@ -125,6 +134,17 @@ struct Cli {
     /// API: endpoint changes to time per stream count.
     #[arg(long, default_value_t = 20)]
     api_repeat: usize,
+    /// eBPF vs nftables vs direct, a pod on the node connecting to cluster IPs: cluster
+    /// sizes (services), comma-separated (0 skips it; needs clang at build time).
+    #[arg(long, value_delimiter = ',', default_value = "100")]
+    ebpf_services: Vec<usize>,
+    /// eBPF dataplane: connections timed per size and path.
+    #[arg(long, default_value_t = 600)]
+    ebpf_connections: usize,
+    /// One endpoint change through eBPF and nftables: cluster sizes, comma-separated (0 skips
+    /// it); repetitions as --repeat (each an addition and a removal).
+    #[arg(long, value_delimiter = ',', default_value = "1000")]
+    ebpf_change_services: Vec<usize>,
     /// Also draw the run as an SVG bar chart into this file (log time axis: kpng against
     /// full reloads, nftlb, and the dataplane without a service).
     #[arg(long, value_name = "FILE")]
@@ -132,6 +152,11 @@ struct Cli {
 }
 
 fn main() -> anyhow::Result<()> {
+    // The eBPF scenario's client process: `kpng-bench pod-client COUNT TARGET...`.
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("pod-client") {
+        return ebpf::pod_client(&args[2..]);
+    }
     let cli = Cli::parse();
     let filter = std::env::var("KPNG_LOG").unwrap_or_else(|_| "warn".into());
     tracing_subscriber::fmt()
@@ -209,6 +234,20 @@ fn main() -> anyhow::Result<()> {
     if !rows.is_empty() {
         println!();
         api::print(&rows);
+    }
+    let mut change_rows = Vec::new();
+    for &services in cli.ebpf_change_services.iter().filter(|s| **s > 0) {
+        change_rows.push(ebpf_change::run(services, cli.endpoints, cli.repeat)?);
+    }
+    if !change_rows.is_empty() {
+        println!();
+        ebpf_change::print(&change_rows);
+    }
+    let sizes: Vec<usize> = cli.ebpf_services.iter().copied().filter(|s| *s > 0).collect();
+    if !sizes.is_empty() {
+        let rows = ebpf::run(&sizes, cli.endpoints, cli.ebpf_connections)?;
+        println!();
+        ebpf::print(&rows);
     }
     // Last: tearing down its namespaces (large tables, many conntrack entries) keeps the
     // kernel busy for a while, which would disturb any scenario after it.
