@@ -15,6 +15,7 @@ use aya::programs::links::{CgroupAttachMode, FdLink, PinnedLink};
 use aya::programs::{CgroupSockAddr, ProgramInfo};
 use aya::{Ebpf, EbpfLoader};
 
+use crate::batch;
 use crate::dataplane::{Capacities, Dataplane, Snapshot};
 use crate::error::EbpfError;
 use crate::maps::{self, Key, LRU_MAPS, MapName, Value};
@@ -38,6 +39,8 @@ pub struct KernelDataplane {
     /// The generation of maps in use and its open maps.
     generation: Option<u32>,
     maps: BTreeMap<MapName, Map>,
+    /// Whether the kernel takes batched map writes (until it says it does not).
+    batches: bool,
 }
 
 fn boxed(
@@ -55,7 +58,13 @@ impl KernelDataplane {
         support::check_cgroup(&options.cgroup)?;
         support::ensure_bpffs(&options.pin_root)?;
         let cgroup_id = support::cgroup_id(&options.cgroup)?;
-        Ok(KernelDataplane { options, cgroup_id, generation: None, maps: BTreeMap::new() })
+        Ok(KernelDataplane {
+            options,
+            cgroup_id,
+            generation: None,
+            maps: BTreeMap::new(),
+            batches: true,
+        })
     }
 
     fn root(&self) -> &Path {
@@ -191,6 +200,64 @@ impl KernelDataplane {
         Ok(())
     }
 
+    /// Makes `upserts`, then `deletes`, map after map in their order: one batched call per
+    /// map where the kernel takes them, else one call per element.
+    fn write_elements(
+        &mut self,
+        upserts: &[(Key, Value)],
+        deletes: &[Key],
+    ) -> Result<(), EbpfError> {
+        for run in upserts.chunk_by(|a, b| a.0.map() == b.0.map()) {
+            let keys: Vec<Key> = run.iter().map(|(k, _)| *k).collect();
+            let values: Vec<u8> = run.iter().flat_map(|(_, v)| maps::value_bytes(v)).collect();
+            if !self.write_batch(&keys, Some(&values))? {
+                for (key, value) in run {
+                    self.write_one(key, Some(value))?;
+                }
+            }
+        }
+        for run in deletes.chunk_by(|a, b| a.map() == b.map()) {
+            if !self.write_batch(run, None)? {
+                for key in run {
+                    self.write_one(key, None)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// One batched update (with `values`) or deletion of `keys`, all of one map. Returns
+    /// `false` when it wrote nothing because batches are not available.
+    fn write_batch(&mut self, keys: &[Key], values: Option<&[u8]>) -> Result<bool, EbpfError> {
+        if !self.batches || keys.len() < 2 {
+            return Ok(false);
+        }
+        let map_name = keys[0].map();
+        let Some(Map::HashMap(data)) = self.maps.get(&map_name) else {
+            return Err(EbpfError::NotInstalled);
+        };
+        let key_bytes: Vec<u8> = keys.iter().flat_map(maps::key_bytes).collect();
+        let fd = std::os::fd::AsFd::as_fd(data.fd());
+        let result = match values {
+            Some(values) => batch::update(fd, &key_bytes, values, keys.len()),
+            None => batch::delete(fd, &key_bytes, keys.len()),
+        };
+        match result {
+            Ok(()) => Ok(true),
+            Err(partial) if partial.unsupported() => {
+                tracing::info!(error = %partial.error, "eBPF: no batched map writes in this kernel; writing one element at a time");
+                self.batches = false;
+                Ok(false)
+            }
+            Err(partial) => Err(EbpfError::Map {
+                step: if values.is_some() { "writing" } else { "deleting" },
+                map: map_name.object_name(),
+                key: keys.get(partial.done).map(ToString::to_string).unwrap_or_default(),
+                source: boxed(partial.error),
+            }),
+        }
+    }
+
     fn write_one(&mut self, key: &Key, value: Option<&Value>) -> Result<(), EbpfError> {
         let map_name = key.map();
         let map = self.maps.get_mut(&map_name).ok_or(EbpfError::NotInstalled)?;
@@ -306,13 +373,7 @@ impl Dataplane for KernelDataplane {
     }
 
     fn write(&mut self, batch: &Batch) -> Result<(), EbpfError> {
-        for (key, value) in &batch.upserts {
-            self.write_one(key, Some(value))?;
-        }
-        for key in &batch.deletes {
-            self.write_one(key, None)?;
-        }
-        Ok(())
+        self.write_elements(&batch.upserts, &batch.deletes)
     }
 
     fn grow(
@@ -325,11 +386,9 @@ impl Dataplane for KernelDataplane {
             pins::generations(self.root()).last().copied().unwrap_or(0).max(old.unwrap_or(0)) + 1;
         let mut ebpf = self.load(generation, capacities)?;
         self.take_maps(&mut ebpf, generation)?;
-        let mut ordered: Vec<(&Key, &Value)> = elements.iter().collect();
+        let mut ordered: Vec<(Key, Value)> = elements.iter().map(|(k, v)| (*k, *v)).collect();
         ordered.sort_by_key(|(k, _)| MapName::ALL.iter().position(|m| *m == k.map()));
-        for (key, value) in ordered {
-            self.write_one(key, Some(value))?;
-        }
+        self.write_elements(&ordered, &[])?;
         // The new programs (on the new maps) replace the old ones, then the old maps go.
         self.attach(&mut ebpf)?;
         self.drop_generations_but(generation)?;

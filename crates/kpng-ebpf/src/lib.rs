@@ -42,11 +42,13 @@
 //! - [`dataplane`]: the [`Dataplane`] trait and [`MemoryDataplane`] (tests, `--dry-run`).
 //! - [`metrics`]: [`EbpfMetrics`], the counters for Prometheus.
 //! - [`kernel`]: [`KernelDataplane`], the real kernel through aya: load, attach, grow.
+//! - [`batch`]: batched map writes (one `bpf()` call per map and change set).
 //! - [`pins`]: the layout of pins under bpffs, and cleanup.
 //! - [`support`]: the checks made at start (object, `bpf()`, cgroup v2, bpffs).
 //! - [`error`]: the error type, [`EbpfError`].
 
 pub mod backend;
+pub mod batch;
 pub mod dataplane;
 pub mod error;
 pub mod kernel;
