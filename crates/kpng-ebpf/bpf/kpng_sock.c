@@ -19,6 +19,7 @@
 #include <linux/bpf.h>
 #include <linux/in.h>
 #include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
 
 #define ECONNREFUSED 111
 
@@ -217,6 +218,12 @@ static __always_inline int pick_affine(struct bpf_sock_addr *ctx, __u64 group,
 	return 1;
 }
 
+// An IPv4 address as an IPv6 socket names it (::ffff:a.b.c.d).
+static __always_inline int v4_mapped(const __u32 *addr)
+{
+	return addr[0] == 0 && addr[1] == 0 && addr[2] == bpf_htonl(0xffff);
+}
+
 // Points a connect() or sendmsg() at an endpoint. Returns what the hook returns: 1 to let
 // the call go on (translated or untouched), 0 to fail it with ECONNREFUSED.
 static __always_inline int translate(struct bpf_sock_addr *ctx, __u8 family)
@@ -225,10 +232,21 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, __u8 family)
 		return 1;
 	struct frontend_key key = {};
 	read_dest(ctx, family, &key);
+	// The socket's own view of the service address, for replies and getpeername().
+	struct backend service = { .port = key.port, .family = family };
+	__builtin_memcpy(service.addr, key.addr, sizeof(service.addr));
+	// An IPv6 socket reaching an IPv4 service through a v4-mapped address.
+	int mapped = family == FAMILY_V6 && v4_mapped(key.addr);
+	if (mapped) {
+		key.addr[0] = key.addr[3];
+		key.addr[2] = 0;
+		key.addr[3] = 0;
+		key.family = FAMILY_V4;
+	}
 	struct frontend *fe = bpf_map_lookup_elem(&kpng_frontends, &key);
 	if (!fe) {
 		// A cluster IP on a port (or protocol) its service does not define is refused.
-		struct cluster_ip_key ip = { .family = family };
+		struct cluster_ip_key ip = { .family = key.family };
 		__builtin_memcpy(ip.addr, key.addr, sizeof(ip.addr));
 		if (bpf_map_lookup_elem(&kpng_cluster_ips, &ip))
 			goto reject;
@@ -249,12 +267,17 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, __u8 family)
 			goto empty;
 		chosen = *b;
 	}
-	if (chosen.family != family)
+	if (chosen.family != key.family)
 		return 1;
+	if (mapped) {
+		chosen.addr[3] = chosen.addr[0];
+		chosen.addr[0] = 0;
+		chosen.addr[1] = 0;
+		chosen.addr[2] = bpf_htonl(0xffff);
+		chosen.family = FAMILY_V6;
+	}
 	// Remember the service address for replies and getpeername().
 	struct revnat_key rkey = { .cookie = bpf_get_socket_cookie(ctx), .backend = chosen };
-	struct backend service = { .port = key.port, .family = family };
-	__builtin_memcpy(service.addr, key.addr, sizeof(service.addr));
 	bpf_map_update_elem(&kpng_revnat, &rkey, &service, BPF_ANY);
 	write_dest(ctx, family, &chosen);
 	return 1;

@@ -10,9 +10,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
-use aya::maps::{HashMap as BpfHashMap, Map, MapData};
-use aya::programs::links::{CgroupAttachMode, FdLink, PinnedLink};
-use aya::programs::{CgroupSockAddr, ProgramInfo};
+use aya::maps::{Map, MapData};
+use aya::programs::links::{CgroupAttachMode, FdLink};
+use aya::programs::CgroupSockAddr;
 use aya::{Ebpf, EbpfLoader};
 
 use crate::batch;
@@ -161,7 +161,7 @@ impl KernelDataplane {
             };
             let id = program
                 .attach(&cgroup, CgroupAttachMode::Single)
-                .map_err(|e| attach_error(boxed(e)))?;
+                .map_err(|e| attach_failure(name, &self.options.cgroup, e))?;
             let link = program.take_link(id).map_err(|e| attach_error(boxed(e)))?;
             let link = FdLink::try_from(link).map_err(|e| attach_error(boxed(e)))?;
             // The new link is in force before the old one goes: no socket sees neither.
@@ -275,37 +275,6 @@ impl KernelDataplane {
     }
 }
 
-/// A load error, naming a kernel feature when the verifier did not know a helper.
-fn load_error(name: &str, error: aya::programs::ProgramError) -> EbpfError {
-    let text = format!("{error:?}");
-    if text.contains("unknown func") || text.contains("invalid func") {
-        return EbpfError::Unsupported {
-            what: format!(
-                "a helper {name} uses (bpf_set_retval needs Linux 5.18; netns and socket cookies 5.7)"
-            ),
-            source: Some(boxed(error)),
-        };
-    }
-    EbpfError::Load { step: name.into(), source: boxed(error) }
-}
-
-/// Whether the link pinned at `pin` runs a program with the same instructions and maps.
-fn same_program(pin: &Path, ours: &ProgramInfo) -> bool {
-    let Ok(link) = PinnedLink::from_pin(pin) else { return false };
-    let link: FdLink = link.into();
-    let Ok(info) = link.info() else { return false };
-    let theirs = aya::programs::loaded_programs()
-        .filter_map(Result::ok)
-        .find(|p| p.id() == info.program_id());
-    let maps = |p: &ProgramInfo| {
-        p.map_ids().ok().flatten().map(|mut ids| {
-            ids.sort_unstable();
-            ids
-        })
-    };
-    theirs.is_some_and(|t| t.tag() == ours.tag() && maps(&t) == maps(ours))
-}
-
 impl Dataplane for KernelDataplane {
     fn read(&mut self) -> Result<Option<Snapshot>, EbpfError> {
         let Some(generation) = pins::generations(self.root()).last().copied() else {
@@ -404,75 +373,7 @@ impl Dataplane for KernelDataplane {
     }
 }
 
-/// Byte-level access to the maps, one typed aya view per key and value size.
-mod raw {
-    use super::*;
+mod checks;
+mod raw;
 
-    type Failure = Box<dyn std::error::Error + Send + Sync>;
-
-    fn view<const K: usize, const V: usize>(
-        map: &mut Map,
-    ) -> Result<BpfHashMap<&mut MapData, [u8; K], [u8; V]>, Failure> {
-        BpfHashMap::try_from(map).map_err(boxed)
-    }
-
-    fn put<const K: usize, const V: usize>(
-        map: &mut Map,
-        key: &[u8],
-        value: &[u8],
-    ) -> Result<(), Failure> {
-        let key: [u8; K] = key.try_into()?;
-        let value: [u8; V] = value.try_into()?;
-        view::<K, V>(map)?.insert(key, value, 0).map_err(boxed)
-    }
-
-    fn del<const K: usize, const V: usize>(map: &mut Map, key: &[u8]) -> Result<(), Failure> {
-        let key: [u8; K] = key.try_into()?;
-        view::<K, V>(map)?.remove(&key).map_err(boxed)
-    }
-
-    fn all<const K: usize, const V: usize>(
-        map: &mut Map,
-    ) -> Result<Vec<maps::RawElement>, Failure> {
-        let view = view::<K, V>(map)?;
-        let mut out = Vec::new();
-        for item in view.iter() {
-            let (k, v) = item.map_err(boxed)?;
-            out.push((k.to_vec(), v.to_vec()));
-        }
-        Ok(out)
-    }
-
-    /// Creates or replaces one element.
-    pub fn insert(name: MapName, map: &mut Map, key: &[u8], value: &[u8]) -> Result<(), Failure> {
-        match name {
-            MapName::Frontends => put::<20, 16>(map, key, value),
-            MapName::Groups => put::<8, 8>(map, key, value),
-            MapName::Backends => put::<16, 20>(map, key, value),
-            MapName::Members => put::<32, 1>(map, key, value),
-            MapName::ClusterIps => put::<20, 1>(map, key, value),
-        }
-    }
-
-    /// Deletes one element.
-    pub fn remove(name: MapName, map: &mut Map, key: &[u8]) -> Result<(), Failure> {
-        match name {
-            MapName::Frontends => del::<20, 16>(map, key),
-            MapName::Groups => del::<8, 8>(map, key),
-            MapName::Backends => del::<16, 20>(map, key),
-            MapName::Members => del::<32, 1>(map, key),
-            MapName::ClusterIps => del::<20, 1>(map, key),
-        }
-    }
-
-    /// Every element.
-    pub fn read(name: MapName, map: &mut Map) -> Result<Vec<maps::RawElement>, Failure> {
-        match name {
-            MapName::Frontends => all::<20, 16>(map),
-            MapName::Groups => all::<8, 8>(map),
-            MapName::Backends => all::<16, 20>(map),
-            MapName::Members => all::<32, 1>(map),
-            MapName::ClusterIps => all::<20, 1>(map),
-        }
-    }
-}
+use checks::{attach_failure, load_error, same_program};

@@ -13,6 +13,10 @@
 //!   to the Cluster set even under externalTrafficPolicy Local; an empty Cluster set refuses;
 //! - each cluster IP is listed, so a port its service does not define is refused.
 //!
+//! Load-balancer IPs of a family in which the service has `loadBalancerSourceRanges` get
+//! no frontend: upstream drops pods' connections from outside the ranges too, and the
+//! source address is not known at `connect()`, so they stay with nftables, which checks.
+//!
 //! SCTP ports get nothing: they stay on the nftables path.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -110,7 +114,7 @@ struct Out<'a> {
 }
 
 impl Out<'_> {
-    /// The group's elements (count, slots, members); returns whether it is empty.
+    /// The group's elements (count, slots, members), once per render; none when empty.
     fn group(&mut self, id: GroupId, targets: &BTreeSet<Target>) {
         if self.slots.contains_key(&id) || targets.is_empty() {
             return;
@@ -156,10 +160,11 @@ pub fn render_service(
         let of_family = |ips: &[IpAddr]| -> Vec<IpAddr> {
             ips.iter().copied().filter(|ip| Family::of(ip) == family).collect()
         };
-        let externals: Vec<IpAddr> = of_family(&svc.external_ips)
-            .into_iter()
-            .chain(of_family(&svc.load_balancer_ips))
-            .collect();
+        let firewalled =
+            svc.load_balancer_source_ranges.iter().any(|r| Family::of_net(r) == family);
+        let lb_ips = if firewalled { Vec::new() } else { of_family(&svc.load_balancer_ips) };
+        let externals: Vec<IpAddr> =
+            of_family(&svc.external_ips).into_iter().chain(lb_ips).collect();
         let nodeports = of_family(nodeport_addrs);
         for port in svc.ports.iter().filter(|p| p.protocol != Protocol::Sctp) {
             let (cluster, local) = port_sets(state, family, &port.name, port.protocol);

@@ -149,6 +149,23 @@ fn internal_local_and_external_addresses_choose_their_sets() {
 }
 
 #[test]
+fn load_balancer_ips_with_source_ranges_stay_with_nftables() {
+    let mut svc = state(
+        "lb",
+        &["10.96.0.13", "fd00:96::13"],
+        vec![port("http", TCP, 80, None)],
+        vec![endpoint("10.244.1.1", false, &[("http", TCP, 8080, true, false)])],
+    );
+    svc.service.load_balancer_ips =
+        vec!["203.0.113.1".parse().unwrap(), "fd00:113::1".parse().unwrap()];
+    svc.service.load_balancer_source_ranges = vec!["198.51.100.0/24".parse().unwrap()];
+    let rendered = render_service(&svc, &[], &Slots::new());
+    assert!(!rendered.elements.contains_key(&frontend("203.0.113.1", TCP, 80)));
+    // IPv6 has no range: its load-balancer IP is translated.
+    assert!(rendered.elements.contains_key(&frontend("fd00:113::1", TCP, 80)));
+}
+
+#[test]
 fn without_endpoints_anywhere_the_cluster_ip_rejects() {
     let mut ports = vec![port("http", TCP, 80, None)];
     ports[0].has_endpoints = PerFamily { v4: false, v6: false };
