@@ -63,6 +63,11 @@ fn cluster_ips_are_translated_at_connect_without_nat() {
     assert_eq!(pod.sendto("10.96.0.11:53").0, Outcome::Refused);
     assert_eq!(pod.tcp("10.96.0.10:81").0, Outcome::Refused);
 
+    // An IPv6 socket naming the IPv4 service through a v4-mapped address.
+    let (name, _, getpeername) = pod.reach("[::ffff:10.96.0.10]:80");
+    assert!(name.starts_with("web-"), "{name}");
+    assert_eq!(getpeername, "[::ffff:10.96.0.10]:80");
+
     // IPv6: only web-a has an IPv6 address.
     let (name, _, getpeername) = pod.reach("[fd00:96::10]:80");
     assert_eq!((name.as_str(), getpeername.as_str()), ("web-a", "[fd00:96::10]:80"));
