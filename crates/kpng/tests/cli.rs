@@ -341,7 +341,32 @@ fn version_names_the_build() {
         commit == "unknown" || commit.chars().take(12).all(|c| c.is_ascii_hexdigit()),
         "{commit}"
     );
-    assert!(out.stdout.contains("backends: to-nft to-json"), "{}", out.stdout);
+    let backends = out.stdout.lines().find_map(|l| l.strip_prefix("backends: ")).unwrap();
+    assert!(backends.starts_with("to-nft"), "{backends}");
+    assert!(backends.contains("to-json") && backends.contains("to-ebpf"), "{backends}");
+}
+
+#[test]
+fn ebpf_dry_run_prints_the_map_writes() {
+    let out = run(&[
+        "file",
+        "--input",
+        &example(),
+        "to-local",
+        "--node",
+        "node-a",
+        "to-ebpf",
+        "--dry-run",
+        "--once",
+    ]);
+    assert!(out.status.success(), "{}", out.stderr);
+    assert!(out.stdout.contains("# maps created with capacities"), "{}", out.stdout);
+    assert!(
+        out.stdout.contains("update kpng_frontends TCP 10.96.1.10:80 => group"),
+        "{}",
+        out.stdout
+    );
+    assert!(out.stdout.contains("update kpng_cluster_ips fd00:96::10 => 1"), "{}", out.stdout);
 }
 
 #[test]
