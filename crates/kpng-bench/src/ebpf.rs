@@ -8,7 +8,8 @@
 //! the eBPF programs) or outside it (the nftables rules translate its packets), in the
 //! client pod's namespace. Each round it times `connect()` to the established socket, then
 //! reads the endpoint's greeting and closes: one request per connection, whose rate is
-//! reported. Conntrack is flushed before each batch and counted after it, in the node's
+//! reported; then it sends as many requests over one kept connection per target (every
+//! packet of those follows conntrack, NATed or not). Conntrack is flushed before each batch and counted after it, in the node's
 //! namespace: every entry the batch created, and those with NAT.
 
 use std::net::{IpAddr, SocketAddr};
@@ -74,6 +75,8 @@ pub struct PathRow {
     pub connect: (f64, f64),
     /// Requests (a connection each) per second.
     pub rps: f64,
+    /// Requests per second over connections kept open.
+    pub kept_rps: f64,
     /// Conntrack entries per connection, all and NATed.
     pub conntrack: (f64, f64),
 }
@@ -90,6 +93,8 @@ pub struct EbpfRow {
 #[derive(Default)]
 struct Batch {
     connects: Vec<Duration>,
+    /// The requests over kept connections.
+    kept: Duration,
     /// Connections made, the untimed warm-up ones included.
     made: usize,
     total: Duration,
@@ -131,6 +136,7 @@ fn client(
         match line.split_once(' ') {
             Some(("connect", ns)) => batch.connects.push(Duration::from_nanos(ns.parse()?)),
             Some(("total", ns)) => batch.total = Duration::from_nanos(ns.parse()?),
+            Some(("kept", ns)) => batch.kept = Duration::from_nanos(ns.parse()?),
             _ => {}
         }
     }
@@ -181,6 +187,26 @@ pub fn pod_client(args: &[String]) -> anyhow::Result<()> {
         lines.push_str(&format!("connect {}\n", took.as_nanos()));
     }
     lines.push_str(&format!("total {}\n", start.elapsed().as_nanos()));
+    // Then as many requests over connections kept open, one per target, taking turns.
+    let mut kept = Vec::new();
+    for target in &targets {
+        let mut stream = std::net::TcpStream::connect_timeout(target, timeout)?;
+        stream.set_read_timeout(Some(timeout))?;
+        stream.set_nodelay(true)?;
+        let mut buf = [0u8; 64];
+        let _greeting = stream.read(&mut buf)?;
+        kept.push(stream);
+    }
+    let start = std::time::Instant::now();
+    for n in 0..count {
+        use std::io::Write;
+        let stream = &mut kept[n % targets.len()];
+        stream.write_all(b"x\n")?;
+        let mut buf = [0u8; 64];
+        let got = stream.read(&mut buf)?;
+        anyhow::ensure!(buf[..got].starts_with(b"pod-"), "a kept connection answered no pod");
+    }
+    lines.push_str(&format!("kept {}\n", start.elapsed().as_nanos()));
     print!("{lines}");
     Ok(())
 }
@@ -225,6 +251,7 @@ pub fn run(sizes: &[usize], endpoints: usize, connections: usize) -> anyhow::Res
             for (total, run) in batch.iter_mut().zip(runs) {
                 total.connects.extend(run.connects);
                 total.total += run.total;
+                total.kept += run.kept;
                 total.made += run.made;
                 total.entries += run.entries;
                 total.nat += run.nat;
@@ -250,6 +277,7 @@ fn path_row(mut batch: Batch) -> PathRow {
         connections,
         connect: (p50, p99),
         rps: connections as f64 / batch.total.as_secs_f64().max(1e-9),
+        kept_rps: connections as f64 / batch.kept.as_secs_f64().max(1e-9),
         conntrack: (per(batch.entries), per(batch.nat)),
     }
 }
@@ -258,13 +286,14 @@ fn path_row(mut batch: Batch) -> PathRow {
 pub fn print(rows: &[EbpfRow]) {
     println!("ebpf: a pod on the node connects to cluster IPs (connect, one request, close)");
     println!(
-        "{:>8} {:<7} | {:>6} | {:>8} {:>8} | {:>9} | {:>9} {:>9} | {:>8} {:>8}",
+        "{:>8} {:<7} | {:>6} | {:>8} {:>8} | {:>9} {:>9} | {:>9} {:>9} | {:>8} {:>8}",
         "services",
         "path",
         "conns",
         "p50(ms)",
         "p99(ms)",
         "req/s",
+        "kept/s",
         "ct/conn",
         "nat/conn",
         "p50/ebpf",
@@ -275,13 +304,14 @@ pub fn print(rows: &[EbpfRow]) {
         for (name, path) in ["ebpf", "nft", "direct"].iter().zip(&row.paths) {
             let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
             println!(
-                "{:>8} {:<7} | {:>6} | {:>8.3} {:>8.3} | {:>9.0} | {:>9.2} {:>9.2} | {:>8.2} {:>8.2}",
+                "{:>8} {:<7} | {:>6} | {:>8.3} {:>8.3} | {:>9.0} {:>9.0} | {:>9.2} {:>9.2} | {:>8.2} {:>8.2}",
                 row.services,
                 name,
                 path.connections,
                 path.connect.0,
                 path.connect.1,
                 path.rps,
+                path.kept_rps,
                 path.conntrack.0,
                 path.conntrack.1,
                 ratio(path.connect.0, base.connect.0),
@@ -290,6 +320,6 @@ pub fn print(rows: &[EbpfRow]) {
         }
     }
     println!(
-        "* ebpf: the client in the bench's cgroup (to-ebpf translates at connect); nft: the same client outside it (to-nft's DNAT); direct: to the pods' addresses. ct/conn: node conntrack entries per connection, nat/conn: those NATed"
+        "* ebpf: the client in the bench's cgroup (to-ebpf translates at connect); nft: the same client outside it (to-nft's DNAT); direct: to the pods' addresses. req/s: a connection per request; kept/s: requests over connections kept open. ct/conn: node conntrack entries per connection, nat/conn: those NATed"
     );
 }

@@ -11,8 +11,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use aya::maps::{Map, MapData};
-use aya::programs::links::{CgroupAttachMode, FdLink};
 use aya::programs::CgroupSockAddr;
+use aya::programs::links::{CgroupAttachMode, FdLink};
 use aya::{Ebpf, EbpfLoader};
 
 use crate::batch;
@@ -278,6 +278,10 @@ impl KernelDataplane {
 impl Dataplane for KernelDataplane {
     fn read(&mut self) -> Result<Option<Snapshot>, EbpfError> {
         let Some(generation) = pins::generations(self.root()).last().copied() else {
+            // Nothing pinned (never installed, or removed behind kpng's back): the next
+            // install starts from nothing.
+            self.generation = None;
+            self.maps.clear();
             return Ok(None);
         };
         let dir = pins::maps_dir(self.root(), generation);
