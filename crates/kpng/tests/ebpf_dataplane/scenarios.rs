@@ -90,12 +90,23 @@ struct Watched {
 
 impl Watched {
     fn start(cluster: &Cluster, attachment: &Attachment, manifests: &str) -> Watched {
+        Watched::start_with(cluster, attachment, manifests, &[])
+    }
+
+    fn start_with(
+        cluster: &Cluster,
+        attachment: &Attachment,
+        manifests: &str,
+        extra: &[&str],
+    ) -> Watched {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("cluster.yaml");
         std::fs::write(&path, format!("{NODE_A}{manifests}")).unwrap();
         let mut args: Vec<String> =
             ["file", "--input", path.to_str().unwrap(), "--watch"].map(String::from).to_vec();
-        args.extend(["--min-sync-period", "0", "to-local", "--node", "node-a"].map(String::from));
+        args.extend(["--min-sync-period", "0"].map(String::from));
+        args.extend(extra.iter().map(|a| a.to_string()));
+        args.extend(["to-local", "--node", "node-a"].map(String::from));
         args.extend(attachment.args());
         args.push("to-nft".into());
         let log = std::fs::File::create(dir.path().join("kpng.log")).unwrap();
@@ -259,4 +270,37 @@ fn restarts_adopt_growth_keeps_connections_and_cleanup_detaches() {
     let (_, _, getpeername) = pod.reach("10.96.0.10:80");
     assert_eq!(getpeername, "10.96.0.10:80");
     assert!(!conntrack(&cluster, &["-s", "10.244.0.50", "--dst-nat"]).is_empty());
+}
+
+#[test]
+fn programs_removed_behind_kpngs_back_are_restored() {
+    if !ready("programs_removed_behind_kpngs_back_are_restored") {
+        return;
+    }
+    let cluster = cluster_with_client();
+    let attachment = Attachment::new("repair");
+    let kpng =
+        Watched::start_with(&cluster, &attachment, &web_and_empty(), &["--sync-period", "1s"]);
+    wait_until("kpng attached its programs", || attachment.attached().contains("kpng_connect4"));
+    let pins = attachment.pins.to_str().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_kpng"))
+        .args(["cleanup", "--backend", "ebpf", "--bpf-pin-path", pins])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!attachment.attached().contains("kpng_"));
+    // The next verification finds the programs and maps gone and installs them again.
+    wait_until("kpng restored its programs and maps", || {
+        kpng.log().matches("eBPF maps written").count() >= 2
+    });
+    assert!(attachment.attached().contains("kpng_connect4"), "{}", kpng.log());
+    let mut pod = Pod::start(&cluster.pod("client").ns, &attachment.cgroup);
+    conntrack(&cluster, &["-F"]);
+    assert_eq!(pod.reach("10.96.0.10:80").2, "10.96.0.10:80");
+    assert_eq!(
+        conntrack(&cluster, &["-s", "10.244.0.50", "--dst-nat"]),
+        Vec::<String>::new(),
+        "{}",
+        kpng.log()
+    );
 }
