@@ -10,7 +10,9 @@
 //! reads the endpoint's greeting and closes: one request per connection, whose rate is
 //! reported; then it sends as many requests over one kept connection per target (every
 //! packet of those follows conntrack, NATed or not). Conntrack is flushed before each batch and counted after it, in the node's
-//! namespace: every entry the batch created, and those with NAT.
+//! namespace: every entry the batch created, and those with NAT. With the kernel's BPF
+//! statistics on, the connect program's own run time per call is read too: what the
+//! translation itself costs a connection.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -79,6 +81,8 @@ pub struct PathRow {
     pub kept_rps: f64,
     /// Conntrack entries per connection, all and NATed.
     pub conntrack: (f64, f64),
+    /// The connect program's run time per call (ns), for the eBPF path.
+    pub program_ns: Option<f64>,
 }
 
 /// One size: the three paths.
@@ -93,6 +97,8 @@ pub struct EbpfRow {
 #[derive(Default)]
 struct Batch {
     connects: Vec<Duration>,
+    /// The connect program's run time and calls during the batch (eBPF path).
+    program: Option<(Duration, u64)>,
     /// The requests over kept connections.
     kept: Duration,
     /// Connections made, the untimed warm-up ones included.
@@ -144,6 +150,16 @@ fn client(
     batch.entries = conntrack(net, &["-L", "-s", CLIENT])?;
     batch.nat = conntrack(net, &["-L", "-s", CLIENT, "--dst-nat"])?;
     Ok(batch)
+}
+
+/// The run time and call count of the connect4 program attached under `pins`.
+fn connect4_stats(pins: &std::path::Path) -> Option<(Duration, u64)> {
+    use aya::programs::links::{FdLink, PinnedLink};
+    let dir = kpng_ebpf::pins::link_dirs(pins).into_iter().next()?.1;
+    let link: FdLink = PinnedLink::from_pin(dir.join("kpng_connect4")).ok()?.into();
+    let id = link.info().ok()?.program_id();
+    let program = aya::programs::loaded_programs().filter_map(Result::ok).find(|p| p.id() == id)?;
+    Some((program.run_time(), program.run_count()))
 }
 
 /// Runs `conntrack` in the node's namespace; returns the number of entries it listed.
@@ -229,6 +245,8 @@ pub fn run(sizes: &[usize], endpoints: usize, connections: usize) -> anyhow::Res
         sizes.iter().map(|&n| size(n, endpoints, &pods)).collect::<Result<_, _>>()?;
     let attachment = Attachment::new("dataplane")?;
     let mut backend = attachment.backend()?;
+    // The kernel counts programs' run time while this is open.
+    let _stats = aya::sys::enable_stats(aya::sys::Stats::RunTime).ok();
     let per_round = connections.div_ceil(ROUNDS);
     let mut batches: Vec<[Batch; 3]> = sizes.iter().map(|_| Default::default()).collect();
     for round in 0..ROUNDS {
@@ -243,7 +261,15 @@ pub fn run(sizes: &[usize], endpoints: usize, connections: usize) -> anyhow::Res
             for k in 0..3 {
                 let path = (round + k) % 3;
                 runs[path] = match path {
-                    0 => client(&net, Some(&attachment.cgroup), &size.targets, per_round)?,
+                    0 => {
+                        let before = connect4_stats(&attachment.pins);
+                        let mut run =
+                            client(&net, Some(&attachment.cgroup), &size.targets, per_round)?;
+                        run.program = before.zip(connect4_stats(&attachment.pins)).map(
+                            |((t0, n0), (t1, n1))| (t1.saturating_sub(t0), n1.saturating_sub(n0)),
+                        );
+                        run
+                    }
                     1 => client(&net, None, &size.targets, per_round)?,
                     _ => client(&net, None, &direct, per_round)?,
                 };
@@ -252,6 +278,11 @@ pub fn run(sizes: &[usize], endpoints: usize, connections: usize) -> anyhow::Res
                 total.connects.extend(run.connects);
                 total.total += run.total;
                 total.kept += run.kept;
+                if let Some((time, calls)) = run.program {
+                    let (t, n) = total.program.get_or_insert((Duration::ZERO, 0));
+                    *t += time;
+                    *n += calls;
+                }
                 total.made += run.made;
                 total.entries += run.entries;
                 total.nat += run.nat;
@@ -279,6 +310,10 @@ fn path_row(mut batch: Batch) -> PathRow {
         rps: connections as f64 / batch.total.as_secs_f64().max(1e-9),
         kept_rps: connections as f64 / batch.kept.as_secs_f64().max(1e-9),
         conntrack: (per(batch.entries), per(batch.nat)),
+        program_ns: batch
+            .program
+            .filter(|(_, calls)| *calls > 0)
+            .map(|(time, calls)| time.as_nanos() as f64 / calls as f64),
     }
 }
 
@@ -316,6 +351,14 @@ pub fn print(rows: &[EbpfRow]) {
                 path.conntrack.1,
                 ratio(path.connect.0, base.connect.0),
                 ratio(path.rps, base.rps),
+            );
+        }
+    }
+    for row in rows {
+        if let Some(ns) = row.paths[0].program_ns {
+            println!(
+                "{:>8} services: the connect program ran {ns:.0} ns per call (kernel BPF statistics)",
+                row.services
             );
         }
     }
