@@ -30,7 +30,7 @@ use crate::table::percentiles;
 /// The client pod's address.
 const CLIENT: &str = "10.244.0.50";
 /// Rounds per run; every size and path is measured in each.
-const ROUNDS: usize = 3;
+const ROUNDS: usize = 4;
 
 /// A child cgroup and a pin directory of the bench's own, removed on drop.
 pub struct Attachment {
@@ -89,8 +89,9 @@ pub struct PathRow {
 pub struct EbpfRow {
     /// Services in the tables.
     pub services: usize,
-    /// Through the eBPF programs, through nftables, straight to the pods.
-    pub paths: [PathRow; 3],
+    /// Through the eBPF programs, through nftables, straight to the pods, and straight to
+    /// the pods from inside the cgroup (the programs run and find no service).
+    pub paths: [PathRow; 4],
 }
 
 /// What a batch of client connections measured.
@@ -248,7 +249,7 @@ pub fn run(sizes: &[usize], endpoints: usize, connections: usize) -> anyhow::Res
     // The kernel counts programs' run time while this is open.
     let _stats = aya::sys::enable_stats(aya::sys::Stats::RunTime).ok();
     let per_round = connections.div_ceil(ROUNDS);
-    let mut batches: Vec<[Batch; 3]> = sizes.iter().map(|_| Default::default()).collect();
+    let mut batches: Vec<[Batch; 4]> = sizes.iter().map(|_| Default::default()).collect();
     for round in 0..ROUNDS {
         for (size, batch) in sizes.iter().zip(&mut batches) {
             load(&net, &size.state)?;
@@ -256,10 +257,10 @@ pub fn run(sizes: &[usize], endpoints: usize, connections: usize) -> anyhow::Res
             // Let the kernel finish the work a table load leaves behind (the old table's
             // teardown) before anything is timed.
             std::thread::sleep(Duration::from_secs(1));
-            let mut runs: [Batch; 3] = Default::default();
+            let mut runs: [Batch; 4] = Default::default();
             // Each round starts with another path, so none always runs first.
-            for k in 0..3 {
-                let path = (round + k) % 3;
+            for k in 0..4 {
+                let path = (round + k) % 4;
                 runs[path] = match path {
                     0 => {
                         let before = connect4_stats(&attachment.pins);
@@ -271,7 +272,8 @@ pub fn run(sizes: &[usize], endpoints: usize, connections: usize) -> anyhow::Res
                         run
                     }
                     1 => client(&net, None, &size.targets, per_round)?,
-                    _ => client(&net, None, &direct, per_round)?,
+                    2 => client(&net, None, &direct, per_round)?,
+                    _ => client(&net, Some(&attachment.cgroup), &direct, per_round)?,
                 };
             }
             for (total, run) in batch.iter_mut().zip(runs) {
@@ -321,7 +323,7 @@ fn path_row(mut batch: Batch) -> PathRow {
 pub fn print(rows: &[EbpfRow]) {
     println!("ebpf: a pod on the node connects to cluster IPs (connect, one request, close)");
     println!(
-        "{:>8} {:<7} | {:>6} | {:>8} {:>8} | {:>9} {:>9} | {:>9} {:>9} | {:>8} {:>8}",
+        "{:>8} {:<9} | {:>6} | {:>8} {:>8} | {:>9} {:>9} | {:>9} {:>9} | {:>8} {:>8}",
         "services",
         "path",
         "conns",
@@ -336,10 +338,10 @@ pub fn print(rows: &[EbpfRow]) {
     );
     for row in rows {
         let base = &row.paths[0];
-        for (name, path) in ["ebpf", "nft", "direct"].iter().zip(&row.paths) {
+        for (name, path) in ["ebpf", "nft", "direct", "direct+cg"].iter().zip(&row.paths) {
             let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
             println!(
-                "{:>8} {:<7} | {:>6} | {:>8.3} {:>8.3} | {:>9.0} {:>9.0} | {:>9.2} {:>9.2} | {:>8.2} {:>8.2}",
+                "{:>8} {:<9} | {:>6} | {:>8.3} {:>8.3} | {:>9.0} {:>9.0} | {:>9.2} {:>9.2} | {:>8.2} {:>8.2}",
                 row.services,
                 name,
                 path.connections,
@@ -363,6 +365,6 @@ pub fn print(rows: &[EbpfRow]) {
         }
     }
     println!(
-        "* ebpf: the client in the bench's cgroup (to-ebpf translates at connect); nft: the same client outside it (to-nft's DNAT); direct: to the pods' addresses. req/s: a connection per request; kept/s: requests over connections kept open. ct/conn: node conntrack entries per connection, nat/conn: those NATed"
+        "* ebpf: the client in the bench's cgroup (to-ebpf translates at connect); nft: the same client outside it (to-nft's DNAT); direct: to the pods' addresses; direct+cg: the same from inside the cgroup. req/s: a connection per request; kept/s: requests over connections kept open. ct/conn: node conntrack entries per connection, nat/conn: those NATed"
     );
 }
