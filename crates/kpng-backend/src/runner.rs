@@ -70,11 +70,13 @@ pub struct NodeStats {
     no_local: std::sync::Mutex<NoLocal>,
 }
 
-/// Services whose Local traffic policy finds no endpoint on this node.
+/// Services whose Local traffic policy finds no endpoint on this node, and services that
+/// yield a destination to an older service claiming it too.
 #[derive(Debug, Default)]
 struct NoLocal {
     internal: std::collections::HashSet<kpng_model::ServiceKey>,
     external: std::collections::HashSet<kpng_model::ServiceKey>,
+    yielding: std::collections::HashSet<kpng_model::ServiceKey>,
 }
 
 impl Default for NodeStats {
@@ -147,6 +149,12 @@ impl NodeStats {
         (no_local.internal.len(), no_local.external.len())
     }
 
+    /// Services that yield a destination (an address and port, or a NodePort) to an older
+    /// service claiming it too.
+    pub fn conflicts(&self) -> usize {
+        self.no_local.lock().unwrap_or_else(|e| e.into_inner()).yielding.len()
+    }
+
     /// Updates the services without local endpoints: all of `state` when `keys` is `None`.
     fn track_no_local<'k>(
         &self,
@@ -154,12 +162,13 @@ impl NodeStats {
         keys: Option<impl Iterator<Item = &'k kpng_model::ServiceKey>>,
     ) {
         let mut guard = self.no_local.lock().unwrap_or_else(|e| e.into_inner());
-        let NoLocal { internal, external } = &mut *guard;
+        let NoLocal { internal, external, yielding } = &mut *guard;
         let keys: Vec<&kpng_model::ServiceKey> = match keys {
             Some(keys) => keys.collect(),
             None => {
                 internal.clear();
                 external.clear();
+                yielding.clear();
                 state.services.keys().collect()
             }
         };
@@ -172,6 +181,10 @@ impl NodeStats {
             };
             track(internal, empty && service.is_some_and(|s| s.service.internal_local));
             track(external, empty && service.is_some_and(|s| s.service.external_local));
+            track(
+                yielding,
+                service.is_some_and(|s| s.service.ports.iter().any(|p| !p.yielded.is_empty())),
+            );
         }
     }
 

@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 
 use kpng_model::global::{
-    Endpoint, Service, ServicePort, ServiceType, SessionAffinity, TrafficPolicy,
+    Claim, Endpoint, Service, ServicePort, ServiceType, SessionAffinity, TrafficPolicy,
 };
 use kpng_model::local::{EndpointPort, LocalServicePort, LocalServiceState};
 use kpng_model::{
@@ -81,7 +81,7 @@ pub fn project_service(
     node: &NodeView<'_>,
 ) -> Option<LocalServiceState> {
     let service = model.service(key)?;
-    let mut local = local_service(service);
+    let mut local = local_service(model, service);
     let mut endpoints: BTreeMap<IpAddr, EndpointDraft<'_>> = BTreeMap::new();
 
     for family in Family::ALL {
@@ -174,7 +174,23 @@ fn sorted(ips: &[IpAddr]) -> Vec<IpAddr> {
     ips
 }
 
-fn local_service(service: &Service) -> LocalService {
+/// The addresses of `service` whose destination on `port` an older service holds.
+fn yielded(model: &GlobalModel, service: &Service, port: &ServicePort) -> Vec<IpAddr> {
+    let addresses = service
+        .cluster_ips
+        .iter()
+        .copied()
+        .chain(service.external_ips.iter().copied())
+        .chain(Family::ALL.iter().flat_map(|f| service.load_balancer_vips(*f)));
+    let mut yielded: Vec<IpAddr> = addresses
+        .filter(|ip| !model.holds(service, &Claim::Address(*ip, port.protocol, port.port)))
+        .collect();
+    yielded.sort();
+    yielded.dedup();
+    yielded
+}
+
+fn local_service(model: &GlobalModel, service: &Service) -> LocalService {
     let mut load_balancer_ips: Vec<IpAddr> =
         Family::ALL.iter().flat_map(|f| service.load_balancer_vips(*f)).collect();
     load_balancer_ips.sort();
@@ -199,8 +215,11 @@ fn local_service(service: &Service) -> LocalService {
                 name: p.name.clone(),
                 protocol: p.protocol,
                 port: p.port,
-                node_port: p.node_port,
+                node_port: p
+                    .node_port
+                    .filter(|n| model.holds(service, &Claim::NodePort(p.protocol, *n))),
                 has_endpoints: Default::default(),
+                yielded: yielded(model, service, p),
             })
             .collect(),
         affinity_timeout_seconds: match service.session_affinity {

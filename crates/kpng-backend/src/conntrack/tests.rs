@@ -81,6 +81,7 @@ fn every_serving_endpoint_keeps_its_flows_whether_picked_or_not() {
             port: 53,
             node_port: None,
             has_endpoints: Default::default(),
+            yielded: vec![],
         }],
         affinity_timeout_seconds: None,
         internal_local: false,
