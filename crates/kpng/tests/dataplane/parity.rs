@@ -1,0 +1,1 @@
+//! Parity with kube-proxy where users notice.
