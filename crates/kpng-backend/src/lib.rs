@@ -11,6 +11,7 @@
 //!   the backend that deletes them after the dataplanes applied a state.
 //! - [`runner`]: [`run_node`], the loop from store revisions to backend change sets, and
 //!   its counters ([`NodeStats`]).
+//! - [`lock`]: one kpng per node and dataplane (an abstract Unix socket).
 //! - [`proxy`]: proxy facts every dataplane shares (local-traffic detection, service CIDRs).
 //! - [`json`]: [`JsonBackend`], which writes each op as one JSON line: the debugging
 //!   backend, and a readable proof of what the diff emits.
@@ -18,6 +19,7 @@
 pub mod backend;
 pub mod conntrack;
 pub mod json;
+pub mod lock;
 pub mod proxy;
 pub mod runner;
 

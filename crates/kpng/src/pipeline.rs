@@ -140,6 +140,7 @@ where
     let node_stats = Arc::new(NodeStats::default());
 
     let mut collectors = Vec::new();
+    let mut _locks = Vec::new();
     // Validate the sink fully before starting anything.
     let sink = match sink {
         SinkCommand::ToFile(to_file) => Sink::File(to_file),
@@ -149,6 +150,7 @@ where
             let mut backends = built.backends;
             backends.extend(health_checks(&commands, global, &node_stats));
             collectors = built.collectors;
+            _locks = built.locks;
             let (local, addresses) = node_local(global)?;
             let options = runner_options(global, node_name(global)?, local);
             Sink::Local { options, backends, addresses }
@@ -299,6 +301,7 @@ async fn run_local(args: crate::cli::LocalArgs, global: &mut GlobalArgs) -> anyh
     let node = node_name(global)?;
     let stats = Arc::new(NodeStats::default());
     let built = build_backends(&commands, global)?;
+    let _locks = built.locks;
     let mut backends = built.backends;
     backends.extend(health_checks(&commands, global, &stats));
     let (local, addresses) = node_local(global)?;

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use kpng_backend::conntrack::{ConntrackCleaner, ConntrackMetrics};
+use kpng_backend::lock::InstanceLock;
 use kpng_backend::proxy::LocalDetection;
 use kpng_backend::runner::AddressUpdates;
 use kpng_backend::{Backend, JsonBackend, NodeStats, RunnerOptions, run_node};
@@ -19,6 +20,8 @@ pub struct Backends {
     pub backends: Vec<Box<dyn Backend>>,
     /// Metrics of their own.
     pub collectors: Vec<Box<dyn prometheus_client::collector::Collector>>,
+    /// One kpng per node and dataplane: held as long as the backends run.
+    pub locks: Vec<InstanceLock>,
 }
 
 /// Builds the backends named on the command line. Backends this build lacks are an error.
@@ -26,13 +29,16 @@ pub fn build_backends(
     commands: &[BackendCommand],
     global: &GlobalArgs,
 ) -> anyhow::Result<Backends> {
-    let mut built = Backends { backends: Vec::new(), collectors: Vec::new() };
+    let mut built = Backends { backends: Vec::new(), collectors: Vec::new(), locks: Vec::new() };
     for command in commands {
         match command {
             BackendCommand::ToJson(_) => {
                 built.backends.push(Box::new(JsonBackend::new(std::io::stdout())))
             }
             BackendCommand::ToNft(_) => {
+                if !global.dry_run {
+                    built.locks.push(InstanceLock::take("nftables")?);
+                }
                 let backend = nft_backend(global)?;
                 built.collectors.push(Box::new(kpng_nft::NftMetrics(backend.stats())));
                 built.backends.push(Box::new(backend));

@@ -232,6 +232,12 @@ impl Watched {
         std::fs::rename(&tmp, self.dir.path().join("cluster.yaml")).unwrap();
     }
 
+    /// The process id of this kpng.
+    pub fn pid(&self) -> u32 {
+        // `ip netns exec` replaces itself with kpng: the child's pid is kpng's.
+        self.child.id()
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("kpng.log")).unwrap_or_default()
     }

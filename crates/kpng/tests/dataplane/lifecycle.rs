@@ -185,3 +185,26 @@ pub fn health_check_node_ports_follow_local_endpoints_and_ports(dp: Dataplane) {
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }
+
+pub fn a_second_kpng_on_the_node_exits_naming_the_first(dp: Dataplane) {
+    let mut cluster = Cluster::new();
+    cluster.add_pod("web-a", true, 10, &[8080]);
+    let manifests = web("10.96.0.66", &[WEB_A]);
+    let first = Watched::start(&cluster, dp, &manifests);
+    let probe = || Cluster::tcp(&cluster.client, "10.96.0.66:80");
+    let answers = |o: &Outcome| matches!(o, Outcome::Answer { .. });
+    assert!(answers(&eventually(probe, answers)), "{}", first.log());
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cluster.yaml");
+    std::fs::write(&path, format!("{NODE_A}{manifests}")).unwrap();
+    let args =
+        ["file", "--input", path.to_str().unwrap(), "to-local", "--node", "node-a", dp.backend()];
+    let started = std::time::Instant::now();
+    let out = cluster.node.output(env!("CARGO_BIN_EXE_kpng"), &args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the second kpng must not run: {stderr}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(10), "it exits at start");
+    assert!(stderr.contains("another kpng already programs"), "{stderr}");
+    assert!(stderr.contains(&format!("pid {}", first.pid())), "the holder is named: {stderr}");
+    assert!(answers(&probe()), "the first one is undisturbed");
+}
