@@ -145,7 +145,8 @@ where
     let sink = match sink {
         SinkCommand::ToFile(to_file) => Sink::File(to_file),
         SinkCommand::ToLocal(to_local) => {
-            let commands = to_local.backends(global).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let commands =
+                to_local.backends().map_err(|e| anyhow::anyhow!(crate::cli::clap_message(&e)))?;
             let built = build_backends(&commands, global)?;
             let mut backends = built.backends;
             backends.extend(health_checks(&commands, global, &node_stats));
@@ -177,7 +178,7 @@ where
                 Sink::Api { hub, .. } => Some(hub.stats()),
                 _ => None,
             },
-            health_timeout: global.sync_period * 2,
+            health_timeout: global.sync.sync_period * 2,
             collectors,
         },
     );
@@ -248,13 +249,21 @@ fn admin_servers(
     let admin = Admin::new(sources);
     let mut servers = Vec::new();
     if !global.once {
-        if global.healthz_bind_address.port() != 0 {
+        if global.admin.healthz_bind_address.port() != 0 {
             let router = admin.health_router();
-            servers.push(tokio::spawn(serve_admin("healthz", global.healthz_bind_address, router)));
+            servers.push(tokio::spawn(serve_admin(
+                "healthz",
+                global.admin.healthz_bind_address,
+                router,
+            )));
         }
-        if global.metrics_bind_address.port() != 0 {
+        if global.admin.metrics_bind_address.port() != 0 {
             let router = admin.metrics_router();
-            servers.push(tokio::spawn(serve_admin("metrics", global.metrics_bind_address, router)));
+            servers.push(tokio::spawn(serve_admin(
+                "metrics",
+                global.admin.metrics_bind_address,
+                router,
+            )));
         }
     }
     async move {
@@ -282,7 +291,7 @@ fn health_checks(
     let programs = commands.iter().any(|c| matches!(c, crate::cli::BackendCommand::ToNft(_)));
     (programs && !global.dry_run).then(|| {
         let all = std::net::IpAddr::from(std::net::Ipv6Addr::UNSPECIFIED);
-        let proxy = (stats.clone(), global.sync_period * 2);
+        let proxy = (stats.clone(), global.sync.sync_period * 2);
         Box::new(kpng_server::healthcheck::HealthCheckBackend::new(all, Some(proxy)))
             as Box<dyn kpng_backend::Backend>
     })
@@ -292,7 +301,8 @@ fn health_checks(
 async fn run_local(args: crate::cli::LocalArgs, global: &mut GlobalArgs) -> anyhow::Result<()> {
     let security = args.conn.security();
     security.validate(&args.server)?;
-    let commands = args.backends.backends(global).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let commands =
+        args.backends.backends().map_err(|e| anyhow::anyhow!(crate::cli::clap_message(&e)))?;
     if global.stats {
         bail!(
             "--stats reports a store's revisions; `kpng local` has none (use it on the to-api side)"
@@ -313,7 +323,7 @@ async fn run_local(args: crate::cli::LocalArgs, global: &mut GlobalArgs) -> anyh
             reader: None,
             node: Some((node.clone(), stats.clone())),
             server: None,
-            health_timeout: global.sync_period * 2,
+            health_timeout: global.sync.sync_period * 2,
             collectors: built.collectors,
         },
     );

@@ -384,3 +384,71 @@ fn sigterm_ends_a_running_pipeline_cleanly() {
     assert_eq!(status.code(), Some(0), "{}", kpng.stderr());
     assert!(kpng.stderr().contains("signal received"), "{}", kpng.stderr());
 }
+
+#[test]
+fn logs_fit_a_node_agent() {
+    let example = example();
+    let args =
+        vec!["file", "--input", &example, "to-local", "--node", "node-a", "to-json", "--once"];
+
+    // Standard error is a pipe here: plain text, no colour codes.
+    let out = run(&args);
+    assert!(out.status.success(), "{}", out.stderr);
+    assert!(out.stderr.contains("INFO"), "{}", out.stderr);
+    assert!(!out.stderr.contains('\u{1b}'), "colour codes in {:?}", out.stderr);
+
+    // JSON: one object per line, with the time, the level, the message and the fields.
+    let mut json = args.clone();
+    json.extend(["--logging-format", "json"]);
+    let out = run(&json);
+    assert!(out.status.success(), "{}", out.stderr);
+    let lines: Vec<Value> = out
+        .stderr
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {l:?}: {e}")))
+        .collect();
+    assert!(!lines.is_empty());
+    for line in &lines {
+        for key in ["timestamp", "level", "message"] {
+            assert!(line.get(key).is_some(), "no {key} in {line}");
+        }
+    }
+    let computing = lines.iter().find(|l| l["message"] == "computing the node-local state");
+    assert_eq!(computing.expect("the start-up line")["node"], "node-a");
+}
+
+#[test]
+fn command_line_mistakes_are_reported_once_and_plainly() {
+    let example = example();
+    for args in [
+        vec!["file", "--input", &example, "to-local", "to-json", "--x"],
+        vec!["file", "--input", &example, "to-local", "to-json", "to-json", "--x"],
+        vec!["--x", "file", "--input", &example, "to-local", "to-json"],
+    ] {
+        let out = run(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", out.stderr);
+        assert_eq!(out.stderr.matches("error:").count(), 1, "{args:?}: {}", out.stderr);
+        assert!(out.stderr.contains("unexpected argument '--x'"), "{}", out.stderr);
+        // The usage line shows what the user can type, not options they never typed.
+        let usage = out.stderr.lines().find(|l| l.starts_with("Usage:")).expect("a usage line");
+        assert!(!usage.contains("--cluster-cidr"), "{usage}");
+        assert!(out.stdout.is_empty());
+    }
+
+    // Options that need one another are checked before anything starts.
+    let out = run(&[
+        "file",
+        "--input",
+        &example,
+        "to-local",
+        "--node",
+        "n",
+        "to-json",
+        "--once",
+        "--detect-local-mode",
+        "BridgeInterface",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", out.stderr);
+    assert!(out.stderr.contains("needs --pod-bridge-interface"), "{}", out.stderr);
+    assert!(out.stdout.is_empty());
+}

@@ -3,12 +3,12 @@
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
+use kpng_backend::conntrack::tuning::HostSysctls;
 use kpng_backend::conntrack::{ConntrackCleaner, ConntrackMetrics};
 use kpng_backend::lock::InstanceLock;
-use kpng_backend::proxy::LocalDetection;
 use kpng_backend::runner::AddressUpdates;
 use kpng_backend::{Backend, JsonBackend, NodeStats, RunnerOptions, run_node};
-use kpng_local::{NodeLocal, NodePortSelection};
+use kpng_local::NodeLocal;
 use kpng_nft::{DryRunKernel, NetlinkKernel, NftBackend, NftOptions};
 use kpng_store::StoreReader;
 
@@ -48,6 +48,8 @@ pub fn build_backends(
     }
     let programs_kernel = commands.iter().any(|c| matches!(c, BackendCommand::ToNft(_)));
     if programs_kernel && !global.dry_run {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        global.conntrack.tuning().apply(&mut HostSysctls::default(), cpus);
         // Stale UDP flows, once the dataplanes hold each state.
         let cleaner = ConntrackCleaner::new();
         built.collectors.push(Box::new(ConntrackMetrics(cleaner.stats())));
@@ -59,11 +61,11 @@ pub fn build_backends(
 /// The nftables backend as the options describe it.
 fn nft_backend(global: &GlobalArgs) -> anyhow::Result<NftBackend> {
     let options = NftOptions {
-        masquerade_all: global.masquerade_all,
-        masquerade_bit: global.masquerade_bit,
-        local_detection: local_detection(global)?,
-        cluster_cidrs: global.cluster_cidr.iter().map(|n| n.trunc()).collect(),
-        service_cidrs: global.service_cidr.iter().map(|n| n.trunc()).collect(),
+        masquerade_all: global.proxy.masquerade_all,
+        masquerade_bit: global.proxy.masquerade_bit,
+        local_detection: global.proxy.local_detection()?,
+        cluster_cidrs: global.proxy.cluster_cidr.iter().map(|n| n.trunc()).collect(),
+        service_cidrs: global.proxy.service_cidr.iter().map(|n| n.trunc()).collect(),
     };
     let kernel: Box<dyn kpng_nft::Kernel> = if global.dry_run {
         Box::new(DryRunKernel::new(std::io::stdout()))
@@ -73,57 +75,9 @@ fn nft_backend(global: &GlobalArgs) -> anyhow::Result<NftBackend> {
     Ok(NftBackend::new(options, kernel))
 }
 
-/// `--detect-local-mode` with the flags it needs.
-pub fn local_detection(global: &GlobalArgs) -> anyhow::Result<LocalDetection> {
-    let need = |value: &Option<String>, flag: &str, mode: &str| {
-        value
-            .clone()
-            .filter(|v| !v.is_empty())
-            .with_context(|| format!("--detect-local-mode {mode} needs --{flag}"))
-    };
-    Ok(match global.detect_local_mode.as_deref() {
-        None => LocalDetection::Auto,
-        Some("ClusterCIDR") => {
-            if global.cluster_cidr.is_empty() {
-                bail!("--detect-local-mode ClusterCIDR needs --cluster-cidr");
-            }
-            LocalDetection::ClusterCidr
-        }
-        Some("NodeCIDR") => LocalDetection::NodeCidr,
-        Some("BridgeInterface") => LocalDetection::BridgeInterface(need(
-            &global.pod_bridge_interface,
-            "pod-bridge-interface",
-            "BridgeInterface",
-        )?),
-        Some("InterfaceNamePrefix") => LocalDetection::InterfaceNamePrefix(need(
-            &global.pod_interface_name_prefix,
-            "pod-interface-name-prefix",
-            "InterfaceNamePrefix",
-        )?),
-        Some(other) => bail!("--detect-local-mode {other:?} is not a mode"),
-    })
-}
-
-/// `--nodeport-addresses`.
-pub fn nodeport_selection(global: &GlobalArgs) -> anyhow::Result<NodePortSelection> {
-    Ok(match global.nodeport_addresses.trim() {
-        "primary" | "" => NodePortSelection::Primary,
-        list => NodePortSelection::Cidrs(
-            list.split(',')
-                .map(|c| c.trim().parse::<ipnet::IpNet>().map(|n| n.trunc()))
-                .collect::<Result<_, _>>()
-                .with_context(|| {
-                    format!(
-                        "--nodeport-addresses {list:?}: expected `primary` or comma-separated CIDRs"
-                    )
-                })?,
-        ),
-    })
-}
-
 /// What only this node knows, and a watcher of its addresses when they matter.
 pub fn node_local(global: &GlobalArgs) -> anyhow::Result<(NodeLocal, Option<AddressUpdates>)> {
-    let nodeports = nodeport_selection(global)?;
+    let nodeports = global.proxy.nodeport_addresses.clone();
     if !nodeports.needs_local_addresses() || global.dry_run {
         return Ok((NodeLocal { nodeports, addresses: Vec::new() }, None));
     }
@@ -169,8 +123,8 @@ pub async fn run_to_local(
 pub fn runner_options(global: &GlobalArgs, node: String, local: NodeLocal) -> RunnerOptions {
     let mut options = RunnerOptions::new(node);
     options.once = global.once;
-    options.min_sync_period = global.min_sync_period;
-    options.verify_period = (!global.sync_period.is_zero()).then_some(global.sync_period);
+    options.min_sync_period = global.sync.min_sync_period;
+    options.verify_period = (!global.sync.sync_period.is_zero()).then_some(global.sync.sync_period);
     options.local = local;
     options
 }

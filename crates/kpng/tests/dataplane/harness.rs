@@ -67,8 +67,8 @@ pub fn slice(
     text
 }
 
-/// Runs kpng once in the node namespace over `manifests`.
-pub fn program(cluster: &Cluster, dp: Dataplane, manifests: &str, extra: &[&str]) {
+/// Runs kpng once in the node namespace over `manifests`; its log.
+pub fn program(cluster: &Cluster, dp: Dataplane, manifests: &str, extra: &[&str]) -> String {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("cluster.yaml");
     std::fs::write(&path, format!("{NODE_A}{manifests}")).unwrap();
@@ -84,7 +84,9 @@ pub fn program(cluster: &Cluster, dp: Dataplane, manifests: &str, extra: &[&str]
     ];
     args.extend_from_slice(extra);
     let out = cluster.node.output(env!("CARGO_BIN_EXE_kpng"), &args);
-    assert!(out.status.success(), "kpng failed: {}", String::from_utf8_lossy(&out.stderr));
+    let log = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "kpng failed: {log}");
+    log
 }
 
 /// A TCP probe from `from` that must reach an endpoint: its name and the client address it

@@ -208,3 +208,52 @@ pub fn a_second_kpng_on_the_node_exits_naming_the_first(dp: Dataplane) {
     assert!(stderr.contains(&format!("pid {}", first.pid())), "the holder is named: {stderr}");
     assert!(answers(&probe()), "the first one is undisturbed");
 }
+
+/// Conntrack is tuned at start-up as the flags say; a value this network namespace cannot
+/// write (the table's size belongs to the host) is a warning, and kpng runs on.
+pub fn conntrack_is_tuned_at_start_up(dp: Dataplane) {
+    let mut cluster = Cluster::new();
+    cluster.add_pod("web-a", true, 10, &[8080]);
+    let manifests = web("10.96.0.67", &[WEB_A]);
+    let read = |name: &str| {
+        let path = format!("/proc/sys/net/netfilter/{name}");
+        let out = cluster.node.output("cat", &[&path]);
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let log = program(
+        &cluster,
+        dp,
+        &manifests,
+        &[
+            "--conntrack-tcp-timeout-established",
+            "2h",
+            "--conntrack-udp-timeout",
+            "45s",
+            "--conntrack-tcp-be-liberal",
+            "--conntrack-max-per-core",
+            "1",
+            "--conntrack-min",
+            "1",
+        ],
+    );
+    let warning = log.lines().find(|l| l.contains("nf_conntrack_max"));
+    assert!(warning.is_some_and(|l| l.contains("WARN") && l.contains("left as it is")), "{log}");
+    assert_eq!(read("nf_conntrack_tcp_timeout_established"), "7200", "{log}");
+    assert_eq!(read("nf_conntrack_udp_timeout"), "45", "{log}");
+    assert_eq!(read("nf_conntrack_tcp_be_liberal"), "1", "{log}");
+    assert!(log.contains("conntrack tuned"), "{log}");
+    // 0 leaves a value alone: a second run with other defaults changes nothing it skips.
+    let log = program(
+        &cluster,
+        dp,
+        &manifests,
+        &["--conntrack-tcp-timeout-established", "0", "--conntrack-udp-timeout", "0"],
+    );
+    assert_eq!(read("nf_conntrack_tcp_timeout_established"), "7200", "{log}");
+    assert_eq!(read("nf_conntrack_udp_timeout"), "45", "{log}");
+    assert!(answers_from(&cluster, "10.96.0.67:80"), "the service works: {log}");
+}
+
+fn answers_from(cluster: &Cluster, target: &str) -> bool {
+    matches!(Cluster::tcp(&cluster.client, target), Outcome::Answer { .. })
+}

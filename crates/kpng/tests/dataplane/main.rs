@@ -41,6 +41,7 @@ on_dataplane!(nft, Nft:
     lifecycle::updates_apply_while_traffic_flows,
     lifecycle::health_check_node_ports_follow_local_endpoints_and_ports,
     lifecycle::a_second_kpng_on_the_node_exits_naming_the_first,
+    lifecycle::conntrack_is_tuned_at_start_up,
     parity::udp_flows_to_an_endpoint_that_still_serves_are_kept,
     parity::client_ip_affinity_survives_a_scale_down,
     parity::node_ports_follow_addresses_added_after_start,
