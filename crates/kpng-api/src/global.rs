@@ -193,6 +193,7 @@ pub fn decode_service(bytes: &[u8], path: &str) -> Result<Service, WireError> {
             path,
             "healthCheckNodePort",
         )?,
+        created_at: None,
     })
 }
 

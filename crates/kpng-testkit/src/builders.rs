@@ -38,6 +38,7 @@ pub fn service(
         internal_traffic_policy: TrafficPolicy::Cluster,
         external_traffic_policy: TrafficPolicy::Cluster,
         health_check_node_port: None,
+        created_at: None,
     }
 }
 

@@ -148,6 +148,7 @@ pub fn arb_service() -> impl Strategy<Value = Service> {
                     }),
                     key,
                     service_type,
+                    created_at: None,
                 }
             },
         )

@@ -75,6 +75,7 @@ fn services_and_nodes_round_trip_exactly() {
         internal_traffic_policy: TrafficPolicy::Cluster,
         external_traffic_policy: TrafficPolicy::Local,
         health_check_node_port: Some(31000),
+        created_at: None,
     };
     let item = service_item(&service);
     assert_eq!((item.set, item.path.as_str()), (localv1::Set::GlobalServiceInfos, "ns/lb"));

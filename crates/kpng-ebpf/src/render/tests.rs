@@ -18,6 +18,7 @@ pub(crate) fn port(
         port,
         node_port,
         has_endpoints: PerFamily { v4: true, v6: true },
+        yielded: Vec::new(),
     }
 }
 

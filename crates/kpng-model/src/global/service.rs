@@ -190,6 +190,9 @@ pub struct Service {
     /// `spec.healthCheckNodePort`, kept only where it matters: type LoadBalancer with
     /// externalTrafficPolicy Local.
     pub health_check_node_port: Option<u16>,
+    /// `metadata.creationTimestamp` in seconds since the Unix epoch: the oldest of two
+    /// services claiming one destination holds it.
+    pub created_at: Option<i64>,
 }
 
 impl Service {

@@ -80,6 +80,7 @@ pub fn convert_service(
         .map_err(error)?,
         external_traffic_policy,
         health_check_node_port,
+        created_at: None,
     }))
 }
 
