@@ -1,19 +1,18 @@
 //! [`EbpfBackend`]: turns change sets into map writes.
 
-use std::collections::{BTreeMap, HashMap};
-use std::net::IpAddr;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use kpng_backend::{Backend, BackendError, ChangeSet};
-use kpng_model::{Item, ItemRef, LocalState, Op, ServiceKey};
+use kpng_model::{Item, ItemRef, LocalState, NodePortAddresses, Op, ServiceKey};
 
 use crate::dataplane::{Capacities, Dataplane, capacities_for};
 use crate::error::EbpfError;
 use crate::maps::{Key, MapName, Value};
-use crate::render::{Slots, nodeport_addresses, render_service, seed_slots};
-use crate::state::{Batch, MapState};
+use crate::render::{Slots, render_service, seed_slots};
+use crate::state::{Batch, MapState, Render, Wanted};
 
 /// Counters of the eBPF backend, shared with whoever reports them (metrics, benchmarks).
 #[derive(Debug, Default)]
@@ -35,14 +34,12 @@ pub struct EbpfBackend {
     state: MapState,
     /// Slots of each service's groups, kept so that positions stay stable.
     slots: HashMap<ServiceKey, Slots>,
-    nodeport_addrs: Vec<IpAddr>,
+    /// Where the node accepts NodePorts, as its ENLS says.
+    nodeports: NodePortAddresses,
     /// The installed maps' capacities, once installed.
     capacities: Option<Capacities>,
     stats: Arc<EbpfStats>,
 }
-
-/// A service's render, or `None` when it is gone.
-type Render = (ServiceKey, Option<BTreeMap<Key, Value>>);
 
 impl EbpfBackend {
     /// A backend writing to `dataplane`.
@@ -51,7 +48,7 @@ impl EbpfBackend {
             dataplane,
             state: MapState::new(),
             slots: HashMap::new(),
-            nodeport_addrs: Vec::new(),
+            nodeports: NodePortAddresses::default(),
             capacities: None,
             stats: Arc::default(),
         }
@@ -84,14 +81,13 @@ impl EbpfBackend {
         };
         let previous = match (self.slots.get(key), held) {
             (Some(slots), _) => slots.clone(),
-            (None, Some(held)) => {
-                seed_slots(service, &self.nodeport_addrs, |k| held.get(k).copied())
-            }
+            (None, Some(held)) => seed_slots(service, &self.nodeports, |k| held.get(k).copied()),
             (None, None) => Slots::new(),
         };
-        let rendered = render_service(service, &self.nodeport_addrs, &previous);
+        let rendered = render_service(service, &self.nodeports, &previous);
         self.slots.insert(key.clone(), rendered.slots);
-        (key.clone(), Some(rendered.elements))
+        let wanted = Wanted { elements: rendered.elements, yielding: rendered.nodeports };
+        (key.clone(), Some(wanted))
     }
 
     /// A change set from scratch: read the maps back, render everything, write the
@@ -99,7 +95,7 @@ impl EbpfBackend {
     fn reset(&mut self, state: &LocalState) -> Result<Batch, EbpfError> {
         let snapshot = self.dataplane.read()?;
         let held = snapshot.as_ref().map(|s| s.elements.clone()).unwrap_or_default();
-        self.nodeport_addrs = nodeport_addresses(state.node.as_ref());
+        self.nodeports = nodeports_of(state);
         self.slots.clear();
         let mut keys: Vec<ServiceKey> = state.services.keys().cloned().collect();
         keys.extend(self.state.services().cloned());
@@ -131,10 +127,10 @@ impl EbpfBackend {
                 Op::Reset | Op::Sync => {}
             }
         }
-        let addrs = nodeport_addresses(state.node.as_ref());
-        if node_changed && addrs != self.nodeport_addrs {
+        let nodeports = nodeports_of(state);
+        if node_changed && nodeports != self.nodeports {
             // NodePort frontends of every service move.
-            self.nodeport_addrs = addrs;
+            self.nodeports = nodeports;
             keys = state.services.keys().cloned().collect();
             keys.extend(self.state.services().cloned());
         }
@@ -175,6 +171,11 @@ impl EbpfBackend {
         self.stats.updates.fetch_add(1, Ordering::Relaxed);
         Ok(batch)
     }
+}
+
+/// Where the node accepts NodePorts, from its ENLS (none before the node is known).
+fn nodeports_of(state: &LocalState) -> NodePortAddresses {
+    state.node.as_ref().map(|n| n.nodeport_addresses.clone()).unwrap_or_default()
 }
 
 impl Backend for EbpfBackend {

@@ -9,10 +9,11 @@
 //! whatever the cluster's size.
 //!
 //! What the programs translate, for sockets in the cgroup: cluster IPs (TCP and UDP, both
-//! families), and external IPs, load-balancer IPs and NodePorts on the node's addresses
-//! (as upstream does for pods and the node itself, to the Cluster set). Everything else
-//! (traffic from other hosts, SCTP, packets not started from a local socket) stays on
-//! the packet path: run `to-nft` in the same pipeline.
+//! families), and external IPs, load-balancer IPs and NodePorts on the node's NodePort
+//! addresses as its ENLS lists them (as upstream does for pods and the node itself, to the
+//! Cluster set). Everything else (traffic from other hosts, SCTP, packets not started from
+//! a local socket, and what [`render`] leaves to nftables) stays on the packet path: run
+//! `to-nft` in the same pipeline.
 //!
 //! # Maps
 //!

@@ -13,17 +13,22 @@
 //!   to the Cluster set even under externalTrafficPolicy Local; an empty Cluster set refuses;
 //! - each cluster IP is listed, so a port its service does not define is refused.
 //!
-//! Load-balancer IPs of a family in which the service has `loadBalancerSourceRanges` get
-//! no frontend: upstream drops pods' connections from outside the ranges too, and the
-//! source address is not known at `connect()`, so they stay with nftables, which checks.
+//! What the ENLS already decided is taken as it is: the NodePort addresses are the node's
+//! (`LocalNode::nodeport_addresses`), an address an older service holds on a port (the
+//! port's `yielded`) gets no frontend from this service, and an endpoint port in neither
+//! set (a UDP endpoint listed only for conntrack) is never chosen.
 //!
-//! SCTP ports get nothing: they stay on the nftables path.
+//! Left to nftables, which has what a socket hook lacks: load-balancer IPs of a family in
+//! which the service has `loadBalancerSourceRanges` (upstream drops pods' connections from
+//! outside the ranges too, and the source address is not known at `connect()`); NodePorts
+//! of a family accepted on every local address (`--nodeport-addresses 0.0.0.0/0`), which
+//! nftables matches by the kernel's routing table of local addresses; SCTP ports.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
-use kpng_model::local::LocalServiceState;
-use kpng_model::{Family, LocalNode, Protocol, ServiceKey};
+use kpng_model::local::{LocalServicePort, LocalServiceState};
+use kpng_model::{Family, NodePortAddresses, Protocol, ServiceKey};
 
 use crate::maps::{Empty, Frontend, GroupId, Key, Target, Value};
 use crate::slots::assign_slots;
@@ -36,15 +41,12 @@ pub type Slots = BTreeMap<GroupId, Vec<Target>>;
 pub struct Rendered {
     /// Every element, by key.
     pub elements: BTreeMap<Key, Value>,
+    /// The keys among `elements` that are NodePort frontends only. Such a key gives way to
+    /// another service's external, load-balancer or cluster IP frontend on the same
+    /// address and port, as nftables matches NodePorts after every service address.
+    pub nodeports: BTreeSet<Key>,
     /// The slots of each non-empty group, to keep positions stable at the next render.
     pub slots: Slots,
-}
-
-/// The addresses that carry NodePorts for sockets of this node: the node's primary IPs.
-/// The one place that decides it, so it can follow the node's configured NodePort
-/// addresses once the ENLS carries them.
-pub fn nodeport_addresses(node: Option<&LocalNode>) -> Vec<IpAddr> {
-    node.map(|n| n.primary_ips.clone()).unwrap_or_default()
 }
 
 /// Which endpoint set a group holds.
@@ -108,6 +110,7 @@ fn port_sets(
 
 struct Out<'a> {
     elements: BTreeMap<Key, Value>,
+    nodeports: BTreeSet<Key>,
     previous: &'a Slots,
     slots: Slots,
     affinity_seconds: u32,
@@ -140,16 +143,22 @@ impl Out<'_> {
     }
 }
 
-/// The elements of one service, given the slots its groups held before and the addresses
-/// that carry NodePorts.
+/// The addresses of `family` among `ips`.
+fn of_family(ips: &[IpAddr], family: Family) -> impl Iterator<Item = IpAddr> + '_ {
+    ips.iter().copied().filter(move |ip| Family::of(ip) == family)
+}
+
+/// The elements of one service, given the slots its groups held before and where this
+/// node accepts NodePorts.
 pub fn render_service(
     state: &LocalServiceState,
-    nodeport_addrs: &[IpAddr],
+    nodeports: &NodePortAddresses,
     previous: &Slots,
 ) -> Rendered {
     let svc = &state.service;
     let mut out = Out {
         elements: BTreeMap::new(),
+        nodeports: BTreeSet::new(),
         previous,
         slots: Slots::new(),
         affinity_seconds: svc.affinity_timeout_seconds.unwrap_or(0),
@@ -157,51 +166,73 @@ pub fn render_service(
     for family in Family::ALL {
         let Some(cluster_ip) = svc.cluster_ip(family) else { continue };
         out.elements.insert(Key::ClusterIp(cluster_ip), Value::Present);
-        let of_family = |ips: &[IpAddr]| -> Vec<IpAddr> {
-            ips.iter().copied().filter(|ip| Family::of(ip) == family).collect()
-        };
         let firewalled =
             svc.load_balancer_source_ranges.iter().any(|r| Family::of_net(r) == family);
-        let lb_ips = if firewalled { Vec::new() } else { of_family(&svc.load_balancer_ips) };
-        let externals: Vec<IpAddr> =
-            of_family(&svc.external_ips).into_iter().chain(lb_ips).collect();
-        let nodeports = of_family(nodeport_addrs);
+        let lb_ips = of_family(&svc.load_balancer_ips, family).filter(|_| !firewalled);
+        let addresses = Addresses {
+            family,
+            cluster_ip,
+            externals: of_family(&svc.external_ips, family).chain(lb_ips).collect(),
+            nodeports: of_family(&nodeports.addresses, family).collect(),
+        };
         for port in svc.ports.iter().filter(|p| p.protocol != Protocol::Sctp) {
-            let (cluster, local) = port_sets(state, family, &port.name, port.protocol);
-            let id = |kind| {
-                group_id(&svc.key, &port.name, port.protocol, family, kind == SetKind::Local)
-            };
-            let (cluster_id, local_id) = (id(SetKind::Cluster), id(SetKind::Local));
-
-            // The cluster IP: the internal set; an empty one rejects or drops.
-            let (internal_id, internal) =
-                if svc.internal_local { (local_id, &local) } else { (cluster_id, &cluster) };
-            out.group(internal_id, internal);
-            let empty = if *port.has_endpoints.get(family) { Empty::Drop } else { Empty::Reject };
-            let at = |ip| Frontend { ip, protocol: port.protocol, port: port.port };
-            out.frontend(at(cluster_ip), internal_id, empty);
-
-            // Addresses reachable from outside, as sockets of this node reach them.
-            let outside = externals
-                .iter()
-                .map(|ip| at(*ip))
-                .chain(port.node_port.filter(|np| *np != 0).into_iter().flat_map(|np| {
-                    nodeports.iter().map(move |ip| Frontend {
-                        ip: *ip,
-                        protocol: port.protocol,
-                        port: np,
-                    })
-                }))
-                .collect::<Vec<_>>();
-            if !outside.is_empty() {
-                out.group(cluster_id, &cluster);
-            }
-            for frontend in outside {
-                out.frontend(frontend, cluster_id, Empty::Reject);
-            }
+            render_port(&mut out, state, &addresses, port);
         }
     }
-    Rendered { elements: out.elements, slots: out.slots }
+    Rendered { elements: out.elements, nodeports: out.nodeports, slots: out.slots }
+}
+
+/// A service's addresses in one family.
+struct Addresses {
+    family: Family,
+    cluster_ip: IpAddr,
+    /// External IPs, and load-balancer IPs that sockets may reach through eBPF.
+    externals: Vec<IpAddr>,
+    /// Where the node accepts NodePorts.
+    nodeports: Vec<IpAddr>,
+}
+
+fn render_port(
+    out: &mut Out<'_>,
+    state: &LocalServiceState,
+    addresses: &Addresses,
+    port: &LocalServicePort,
+) {
+    let (svc, family) = (&state.service, addresses.family);
+    let (cluster, local) = port_sets(state, family, &port.name, port.protocol);
+    let id = |kind| group_id(&svc.key, &port.name, port.protocol, family, kind == SetKind::Local);
+    let (cluster_id, local_id) = (id(SetKind::Cluster), id(SetKind::Local));
+    let held = |ip: &IpAddr| !port.yielded.contains(ip);
+    let at = |ip, port_number| Frontend { ip, protocol: port.protocol, port: port_number };
+
+    // The cluster IP: the internal set; an empty one rejects or drops.
+    if held(&addresses.cluster_ip) {
+        let (internal_id, internal) =
+            if svc.internal_local { (local_id, &local) } else { (cluster_id, &cluster) };
+        out.group(internal_id, internal);
+        let empty = if *port.has_endpoints.get(family) { Empty::Drop } else { Empty::Reject };
+        out.frontend(at(addresses.cluster_ip, port.port), internal_id, empty);
+    }
+
+    // Addresses reachable from outside, as sockets of this node reach them: the Cluster
+    // set. A NodePort frontend that is also one of the service's own addresses is that.
+    let externals: Vec<Frontend> =
+        addresses.externals.iter().filter(|ip| held(ip)).map(|ip| at(*ip, port.port)).collect();
+    let on_nodes: Vec<Frontend> = match port.node_port.filter(|np| *np != 0) {
+        Some(np) => addresses.nodeports.iter().map(|ip| at(*ip, np)).collect(),
+        None => Vec::new(),
+    };
+    if !externals.is_empty() || !on_nodes.is_empty() {
+        out.group(cluster_id, &cluster);
+    }
+    for frontend in on_nodes {
+        out.frontend(frontend, cluster_id, Empty::Reject);
+        out.nodeports.insert(Key::Frontend(frontend));
+    }
+    for frontend in externals {
+        out.frontend(frontend, cluster_id, Empty::Reject);
+        out.nodeports.remove(&Key::Frontend(frontend));
+    }
 }
 
 /// The slots a service's groups hold in the maps, read through `lookup`: slots `0..count`
@@ -209,10 +240,10 @@ pub fn render_service(
 /// kernel's positions and changes nothing that is already right.
 pub fn seed_slots(
     state: &LocalServiceState,
-    nodeport_addrs: &[IpAddr],
+    nodeports: &NodePortAddresses,
     lookup: impl Fn(&Key) -> Option<Value>,
 ) -> Slots {
-    let groups: BTreeSet<GroupId> = render_service(state, nodeport_addrs, &Slots::new())
+    let groups: BTreeSet<GroupId> = render_service(state, nodeports, &Slots::new())
         .elements
         .keys()
         .filter_map(|k| match k {

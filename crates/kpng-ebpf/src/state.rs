@@ -1,9 +1,13 @@
 //! What the maps hold, what each service wants, and the writes between the two.
 //!
-//! Each service claims the keys of its render. Two services may claim one key (say, the
-//! same external IP and port): the value of the service whose `namespace/name` sorts
-//! first is in force, whatever the order of events, and when it lets go the next one takes
-//! over. A [`Batch`] lists upserts in the order that keeps every
+//! Each service claims the keys of its render. Services share a key when they want the
+//! same thing (a cluster IP listed once for two services); the ENLS leaves them no
+//! contested address (an address and port two services name is held by one, the other's
+//! port lists it as yielded) and no contested NodePort. What remains is a NodePort
+//! frontend on an address where another service has an external or load-balancer IP
+//! with that port: as in nftables, which matches NodePorts last, the address frontend is
+//! in force, whatever the order of events, and when it goes the NodePort's takes over.
+//! A [`Batch`] lists upserts in the order that keeps every
 //! reader consistent (endpoints before the counts that reveal them, groups before the
 //! frontends that point at them) and deletions in the reverse order.
 
@@ -12,6 +16,28 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use kpng_model::ServiceKey;
 
 use crate::maps::{Key, MapName, Value};
+
+/// What one service wants in the maps.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Wanted {
+    /// Every element, by key.
+    pub elements: BTreeMap<Key, Value>,
+    /// The keys among `elements` that give way to another service's claim on the same key
+    /// (NodePort frontends, see [`crate::render::Rendered::nodeports`]).
+    pub yielding: BTreeSet<Key>,
+}
+
+impl Wanted {
+    /// The service's elements, none of them yielding.
+    pub fn elements(elements: BTreeMap<Key, Value>) -> Wanted {
+        Wanted { elements, yielding: BTreeSet::new() }
+    }
+}
+
+/// One service's claim on a key: yielding claims sort after the others, then by the order
+/// in which services first claimed anything. Only claims with equal values can tie (see
+/// the module docs), so that order never decides a value.
+type Claim = (bool, u32);
 
 /// Map writes, in the order they must be made.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -42,14 +68,16 @@ fn map_rank(key: &Key) -> usize {
 #[derive(Debug, Default)]
 pub struct MapState {
     owners: HashMap<ServiceKey, u32>,
-    keys: HashMap<u32, ServiceKey>,
     next_owner: u32,
-    wanted: HashMap<u32, BTreeMap<Key, Value>>,
-    claims: HashMap<Key, Vec<u32>>,
+    wanted: HashMap<u32, Wanted>,
+    claims: HashMap<Key, Vec<Claim>>,
     held: HashMap<Key, Value>,
     /// Elements held per map, kept as `held` changes (a change set must not count them).
     counts: BTreeMap<MapName, usize>,
 }
+
+/// A service's wants, or `None` when it is gone.
+pub type Render = (ServiceKey, Option<Wanted>);
 
 impl MapState {
     /// An empty state: nothing wanted, nothing held.
@@ -86,7 +114,7 @@ impl MapState {
     pub fn wanted(&self) -> HashMap<Key, Value> {
         self.claims
             .iter()
-            .filter_map(|(key, owners)| Some((*key, self.value_of(key, owners.first()?)?)))
+            .filter_map(|(key, claims)| Some((*key, self.value_of(key, claims.first()?)?)))
             .collect()
     }
 
@@ -95,25 +123,21 @@ impl MapState {
         self.owners.keys()
     }
 
-    fn value_of(&self, key: &Key, owner: &u32) -> Option<Value> {
-        self.wanted.get(owner)?.get(key).copied()
+    fn value_of(&self, key: &Key, claim: &Claim) -> Option<Value> {
+        self.wanted.get(&claim.1)?.elements.get(key).copied()
     }
 
     /// Replaces what the given services want (`None`: the service is gone) and returns the
     /// writes that bring the maps there. The writes count as held from now on: call
     /// [`MapState::adopt`] with what the maps really hold when they fail.
-    pub fn update(&mut self, renders: Vec<(ServiceKey, Option<BTreeMap<Key, Value>>)>) -> Batch {
+    pub fn update(&mut self, renders: Vec<Render>) -> Batch {
         let affected = self.claim(renders);
         self.diff(affected)
     }
 
     /// Starts over from `held` (what the maps hold, read back at a reset or a restart) and
     /// `renders` (every service): the writes that leave exactly the wanted elements.
-    pub fn replace_all(
-        &mut self,
-        held: HashMap<Key, Value>,
-        renders: Vec<(ServiceKey, Option<BTreeMap<Key, Value>>)>,
-    ) -> Batch {
+    pub fn replace_all(&mut self, held: HashMap<Key, Value>, renders: Vec<Render>) -> Batch {
         self.adopt(held);
         self.claim(renders);
         let keys: BTreeSet<Key> = self.held.keys().chain(self.claims.keys()).copied().collect();
@@ -121,7 +145,7 @@ impl MapState {
     }
 
     /// Records what `renders` want; returns the keys whose value may have changed.
-    fn claim(&mut self, renders: Vec<(ServiceKey, Option<BTreeMap<Key, Value>>)>) -> BTreeSet<Key> {
+    fn claim(&mut self, renders: Vec<Render>) -> BTreeSet<Key> {
         let mut affected: BTreeSet<Key> = BTreeSet::new();
         for (service, new) in renders {
             let owner = match (self.owners.get(&service), &new) {
@@ -131,36 +155,38 @@ impl MapState {
                     let o = self.next_owner;
                     self.next_owner += 1;
                     self.owners.insert(service.clone(), o);
-                    self.keys.insert(o, service.clone());
                     o
                 }
             };
             let old = self.wanted.remove(&owner).unwrap_or_default();
             let new = new.unwrap_or_default();
-            for key in old.keys().filter(|k| !new.contains_key(k)) {
-                if let Some(owners) = self.claims.get_mut(key) {
-                    owners.retain(|o| *o != owner);
-                    if owners.is_empty() {
+            let claim_of = |wanted: &Wanted, key: &Key| (wanted.yielding.contains(key), owner);
+            for key in old.elements.keys() {
+                let before = claim_of(&old, key);
+                let kept = new.elements.get(key).is_some_and(|_| claim_of(&new, key) == before);
+                if kept {
+                    continue;
+                }
+                if let Some(claims) = self.claims.get_mut(key) {
+                    claims.retain(|c| *c != before);
+                    if claims.is_empty() {
                         self.claims.remove(key);
                     }
                 }
                 affected.insert(*key);
             }
-            for (key, value) in &new {
-                if old.get(key) != Some(value) {
-                    let owners = self.claims.entry(*key).or_default();
-                    if !owners.contains(&owner) {
-                        // Kept in service-key order: the first is in force.
-                        let keys = &self.keys;
-                        let at = owners.partition_point(|o| keys.get(o) < keys.get(&owner));
-                        owners.insert(at, owner);
-                    }
+            for (key, value) in &new.elements {
+                let claim = claim_of(&new, key);
+                let claims = self.claims.entry(*key).or_default();
+                if let Err(at) = claims.binary_search(&claim) {
+                    claims.insert(at, claim);
+                    affected.insert(*key);
+                } else if old.elements.get(key) != Some(value) {
                     affected.insert(*key);
                 }
             }
-            if new.is_empty() {
+            if new.elements.is_empty() {
                 self.owners.remove(&service);
-                self.keys.remove(&owner);
             } else {
                 self.wanted.insert(owner, new);
             }
@@ -171,7 +197,7 @@ impl MapState {
     fn diff(&mut self, keys: BTreeSet<Key>) -> Batch {
         let mut batch = Batch::default();
         for key in keys {
-            let wanted = self.claims.get(&key).and_then(|o| self.value_of(&key, o.first()?));
+            let wanted = self.claims.get(&key).and_then(|c| self.value_of(&key, c.first()?));
             match (wanted, self.held.get(&key)) {
                 (Some(value), Some(held)) if value == *held => {}
                 (Some(value), _) => {
@@ -218,8 +244,14 @@ mod tests {
         Value::Frontend { group: GroupId(group), empty: Empty::Reject }
     }
 
-    fn render(elements: &[(Key, Value)]) -> Option<BTreeMap<Key, Value>> {
-        Some(elements.iter().copied().collect())
+    fn render(elements: &[(Key, Value)]) -> Option<Wanted> {
+        Some(Wanted::elements(elements.iter().copied().collect()))
+    }
+
+    /// A render whose frontends are NodePort frontends only.
+    fn nodeports(elements: &[(Key, Value)]) -> Option<Wanted> {
+        let yielding = elements.iter().map(|(k, _)| *k).collect();
+        Some(Wanted { elements: elements.iter().copied().collect(), yielding })
     }
 
     #[test]
@@ -234,19 +266,38 @@ mod tests {
     }
 
     #[test]
-    fn a_shared_key_passes_to_the_next_claimant() {
+    fn a_shared_key_stays_while_a_service_wants_it() {
         let mut state = MapState::new();
-        state.update(vec![(svc("b"), render(&[(frontend(80), points_at(2))]))]);
-        let a = state.update(vec![(svc("a"), render(&[(frontend(80), points_at(1))]))]);
-        assert_eq!(a.upserts, vec![(frontend(80), points_at(1))], "the first key wins");
-        let gone = state.update(vec![(svc("a"), None)]);
-        assert_eq!(gone.upserts, vec![(frontend(80), points_at(2))]);
-        assert!(state.update(vec![(svc("c"), render(&[(frontend(80), points_at(3))]))]).is_empty());
-        state.update(vec![(svc("c"), None)]);
-        let gone = state.update(vec![(svc("b"), None)]);
-        assert_eq!(gone.deletes, vec![frontend(80)]);
-        assert!(state.held().is_empty());
-        assert!(state.held_counts().values().all(|n| *n == 0));
+        let ip = Key::ClusterIp("10.96.0.1".parse().unwrap());
+        let first = state.update(vec![(svc("a"), render(&[(ip, Value::Present)]))]);
+        assert_eq!(first.upserts, vec![(ip, Value::Present)]);
+        assert!(state.update(vec![(svc("b"), render(&[(ip, Value::Present)]))]).is_empty());
+        assert!(state.update(vec![(svc("a"), None)]).is_empty(), "b still wants it");
+        assert_eq!(state.update(vec![(svc("b"), None)]).deletes, vec![ip]);
+    }
+
+    #[test]
+    fn a_nodeport_frontend_gives_way_to_an_address_frontend_in_any_order() {
+        for address_first in [true, false] {
+            let mut state = MapState::new();
+            let address = (svc("z-external"), render(&[(frontend(30080), points_at(1))]));
+            let nodeport = (svc("a-nodeport"), nodeports(&[(frontend(30080), points_at(2))]));
+            let order = match address_first {
+                true => vec![address.clone(), nodeport.clone()],
+                false => vec![nodeport.clone(), address.clone()],
+            };
+            for render in order {
+                state.update(vec![render]);
+            }
+            assert_eq!(state.held_value(&frontend(30080)), Some(points_at(1)), "{address_first}");
+            // The address goes: the NodePort takes over; then it goes too.
+            let gone = state.update(vec![(svc("z-external"), None)]);
+            assert_eq!(gone.upserts, vec![(frontend(30080), points_at(2))]);
+            let gone = state.update(vec![(svc("a-nodeport"), None)]);
+            assert_eq!(gone.deletes, vec![frontend(30080)]);
+            assert!(state.held().is_empty());
+            assert!(state.held_counts().values().all(|n| *n == 0));
+        }
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Tests of the backend over in-memory maps: incremental change sets end where a fresh
 //! load ends, nothing to change writes nothing, a restart adopts, full maps grow.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use kpng_backend::ChangeSet;
 use kpng_local::{diff, project_node_state};

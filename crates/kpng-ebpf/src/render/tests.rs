@@ -2,7 +2,7 @@
 
 use kpng_model::global::ServiceType;
 use kpng_model::local::{EndpointPort, LocalServicePort};
-use kpng_model::{LocalEndpoint, LocalService, PerFamily};
+use kpng_model::{LocalEndpoint, LocalService, NodePortAddresses, PerFamily};
 
 use super::*;
 
@@ -71,6 +71,17 @@ pub(crate) fn state(
     }
 }
 
+/// No NodePort address.
+fn none() -> NodePortAddresses {
+    NodePortAddresses::default()
+}
+
+/// NodePorts on `addresses`.
+fn on(addresses: &[&str]) -> NodePortAddresses {
+    let addresses = addresses.iter().map(|ip| ip.parse().unwrap()).collect();
+    NodePortAddresses { all_local: PerFamily::default(), addresses }
+}
+
 fn frontend(ip: &str, protocol: Protocol, port: u16) -> Key {
     Key::Frontend(Frontend { ip: ip.parse().unwrap(), protocol, port })
 }
@@ -100,7 +111,7 @@ fn cluster_ip_uses_the_cluster_set_and_never_an_entry_in_neither_set() {
             endpoint("10.244.2.1", false, &[("http", TCP, 8080, false, false)]),
         ],
     );
-    let rendered = render_service(&svc, &[], &Slots::new());
+    let rendered = render_service(&svc, &none(), &Slots::new());
     let (group, empty) = target(&rendered, &frontend("10.96.0.10", TCP, 80));
     assert_eq!(empty, Empty::Drop);
     let expected: BTreeSet<Target> =
@@ -132,8 +143,10 @@ fn internal_local_and_external_addresses_choose_their_sets() {
     svc.service.internal_local = true;
     svc.service.external_local = true;
     svc.service.external_ips = vec!["192.0.2.1".parse().unwrap()];
-    let node_ips = ["192.168.10.1".parse().unwrap(), "fd00:10::1".parse().unwrap()];
-    let rendered = render_service(&svc, &node_ips, &Slots::new());
+    // The ENLS accepts NodePorts on one IPv4 address, and on every local IPv6 address.
+    let mut nodeports = on(&["192.168.10.1"]);
+    nodeports.all_local.v6 = true;
+    let rendered = render_service(&svc, &nodeports, &Slots::new());
     // ClusterIP: the Local set, empty while the service has endpoints elsewhere: drop.
     let (local, empty) = target(&rendered, &frontend("10.96.0.10", TCP, 80));
     assert_eq!(empty, Empty::Drop);
@@ -146,7 +159,91 @@ fn internal_local_and_external_addresses_choose_their_sets() {
         assert_eq!(empty, Empty::Reject);
         assert_eq!(endpoints_of(&rendered, group).len(), 1, "{key}");
     }
-    assert!(!rendered.elements.contains_key(&frontend("fd00:10::1", TCP, 30080)));
+    // IPv6 NodePorts on every local address stay with nftables (no IPv6 cluster IP here
+    // anyway); the NodePort frontend gives way to another service's address frontend.
+    assert!(rendered.elements.keys().all(|k| !matches!(k, Key::Frontend(f) if f.ip.is_ipv6())));
+    assert_eq!(rendered.nodeports, BTreeSet::from([frontend("192.168.10.1", TCP, 30080)]));
+}
+
+#[test]
+fn nodeports_follow_the_enls_addresses_and_skip_a_family_accepted_everywhere() {
+    let svc = state(
+        "np",
+        &["10.96.0.14", "fd00:96::14"],
+        vec![port("http", TCP, 80, Some(30014))],
+        vec![endpoint("10.244.1.1", false, &[("http", TCP, 8080, true, false)])],
+    );
+    let nodeports = on(&["192.168.10.1", "192.168.10.50", "fd00:10::1"]);
+    let rendered = render_service(&svc, &nodeports, &Slots::new());
+    for ip in ["192.168.10.1", "192.168.10.50", "fd00:10::1"] {
+        assert!(rendered.elements.contains_key(&frontend(ip, TCP, 30014)), "{ip}");
+    }
+    let everywhere = NodePortAddresses {
+        all_local: PerFamily { v4: true, v6: false },
+        addresses: vec!["fd00:10::1".parse().unwrap()],
+    };
+    let rendered = render_service(&svc, &everywhere, &Slots::new());
+    let on_nodes: Vec<&Key> = rendered
+        .elements
+        .keys()
+        .filter(|k| match k {
+            Key::Frontend(f) => f.port == 30014,
+            _ => false,
+        })
+        .collect();
+    assert_eq!(on_nodes, [&frontend("fd00:10::1", TCP, 30014)]);
+}
+
+#[test]
+fn addresses_an_older_service_holds_get_no_frontend() {
+    let mut ports = vec![port("http", TCP, 80, None), port("dns", Protocol::Udp, 53, None)];
+    // This service's cluster IP and external IP on port 80 belong to an older service.
+    ports[0].yielded = vec!["10.96.0.15".parse().unwrap(), "192.0.2.15".parse().unwrap()];
+    let mut svc = state(
+        "late",
+        &["10.96.0.15"],
+        ports,
+        vec![endpoint(
+            "10.244.1.1",
+            false,
+            &[("http", TCP, 8080, true, false), ("dns", Protocol::Udp, 8053, true, false)],
+        )],
+    );
+    svc.service.external_ips = vec!["192.0.2.15".parse().unwrap(), "192.0.2.16".parse().unwrap()];
+    let rendered = render_service(&svc, &none(), &Slots::new());
+    assert!(!rendered.elements.contains_key(&frontend("10.96.0.15", TCP, 80)));
+    assert!(!rendered.elements.contains_key(&frontend("192.0.2.15", TCP, 80)));
+    assert!(rendered.elements.contains_key(&frontend("192.0.2.16", TCP, 80)));
+    // Its other port keeps them, and the cluster IP stays listed.
+    assert!(rendered.elements.contains_key(&frontend("10.96.0.15", Protocol::Udp, 53)));
+    assert!(rendered.elements.contains_key(&frontend("192.0.2.15", Protocol::Udp, 53)));
+    assert!(rendered.elements.contains_key(&Key::ClusterIp("10.96.0.15".parse().unwrap())));
+}
+
+#[test]
+fn a_udp_endpoint_in_neither_set_is_never_chosen() {
+    // The ENLS lists a serving endpoint that no set picks (for its conntrack entries).
+    let svc = state(
+        "dns",
+        &["10.96.0.16"],
+        vec![port("dns", Protocol::Udp, 53, None)],
+        vec![
+            endpoint("10.244.1.1", false, &[("dns", Protocol::Udp, 8053, true, false)]),
+            endpoint("10.244.1.2", false, &[("dns", Protocol::Udp, 8053, false, false)]),
+        ],
+    );
+    let rendered = render_service(&svc, &none(), &Slots::new());
+    let (group, _) = target(&rendered, &frontend("10.96.0.16", Protocol::Udp, 53));
+    assert_eq!(
+        endpoints_of(&rendered, group),
+        BTreeSet::from([("10.244.1.1".parse().unwrap(), 8053)])
+    );
+    assert!(
+        !rendered
+            .elements
+            .values()
+            .any(|v| *v == Value::Backend(("10.244.1.2".parse().unwrap(), 8053)))
+    );
 }
 
 #[test]
@@ -160,7 +257,7 @@ fn load_balancer_ips_with_source_ranges_stay_with_nftables() {
     svc.service.load_balancer_ips =
         vec!["203.0.113.1".parse().unwrap(), "fd00:113::1".parse().unwrap()];
     svc.service.load_balancer_source_ranges = vec!["198.51.100.0/24".parse().unwrap()];
-    let rendered = render_service(&svc, &[], &Slots::new());
+    let rendered = render_service(&svc, &none(), &Slots::new());
     assert!(!rendered.elements.contains_key(&frontend("203.0.113.1", TCP, 80)));
     // IPv6 has no range: its load-balancer IP is translated.
     assert!(rendered.elements.contains_key(&frontend("fd00:113::1", TCP, 80)));
@@ -171,7 +268,7 @@ fn without_endpoints_anywhere_the_cluster_ip_rejects() {
     let mut ports = vec![port("http", TCP, 80, None)];
     ports[0].has_endpoints = PerFamily { v4: false, v6: false };
     let svc = state("empty", &["10.96.0.11", "fd00:96::11"], ports, Vec::new());
-    let rendered = render_service(&svc, &[], &Slots::new());
+    let rendered = render_service(&svc, &none(), &Slots::new());
     for ip in ["10.96.0.11", "fd00:96::11"] {
         assert_eq!(target(&rendered, &frontend(ip, TCP, 80)).1, Empty::Reject);
     }
@@ -191,7 +288,7 @@ fn affinity_groups_list_their_members_and_slots_stay_put() {
         ],
     );
     svc.service.affinity_timeout_seconds = Some(600);
-    let first = render_service(&svc, &[], &Slots::new());
+    let first = render_service(&svc, &none(), &Slots::new());
     let (group, _) = target(&first, &frontend("10.96.0.12", TCP, 80));
     assert_eq!(
         first.elements.get(&Key::Group(group)),
@@ -201,14 +298,14 @@ fn affinity_groups_list_their_members_and_slots_stay_put() {
     assert_eq!(members, 3);
     // The first endpoint leaves: the last one moves into its slot, the middle one stays.
     svc.endpoints.remove(&"10.244.0.1".parse().unwrap());
-    let second = render_service(&svc, &[], &first.slots);
+    let second = render_service(&svc, &none(), &first.slots);
     let slots = &second.slots[&group];
     assert_eq!(
         slots,
         &vec![("10.244.0.3".parse().unwrap(), 8080), ("10.244.0.2".parse().unwrap(), 8080)]
     );
     // Seeding from the maps gives back the same slots.
-    let seeded = seed_slots(&svc, &[], |k| second.elements.get(k).copied());
+    let seeded = seed_slots(&svc, &none(), |k| second.elements.get(k).copied());
     assert_eq!(seeded, second.slots);
 }
 
