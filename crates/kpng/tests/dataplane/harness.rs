@@ -5,40 +5,129 @@
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
+use std::process::Command;
 
 use kpng_testkit::privileged::require;
 use kpng_testkit::probe::Outcome;
 use kpng_testkit::topology::Cluster;
 
-/// A dataplane backend the scenarios run against.
+pub use crate::attachment::Attachment;
+use crate::attachment::ebpf_programs_built;
+
+/// A dataplane the scenarios run against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dataplane {
     /// `to-nft`.
     Nft,
+    /// `to-ebpf` on a cgroup of the test's own, then `to-nft` for what stays on the packet
+    /// path (the deployment the README gives). Local probes ([`Dataplane::local`]) run in
+    /// that cgroup, so their sockets are the ones the programs translate.
+    Ebpf(Attachment),
 }
 
 impl Dataplane {
-    /// The backend on kpng's command line.
-    pub fn backend(self) -> &'static str {
+    /// `to-ebpf` with an attachment of its own.
+    pub fn ebpf() -> Dataplane {
+        Dataplane::Ebpf(Attachment::next())
+    }
+
+    /// The backend under test, as on kpng's command line.
+    pub fn name(self) -> &'static str {
         match self {
             Dataplane::Nft => "to-nft",
+            Dataplane::Ebpf(_) => "to-ebpf",
         }
+    }
+
+    /// The backends on kpng's command line, with their options.
+    pub fn backends(self) -> Vec<String> {
+        match self {
+            Dataplane::Nft => vec!["to-nft".into()],
+            Dataplane::Ebpf(attachment) => vec![
+                "to-ebpf".into(),
+                "--cgroup-path".into(),
+                attachment.cgroup().display().to_string(),
+                "--bpf-pin-path".into(),
+                attachment.pins().display().to_string(),
+                "to-nft".into(),
+            ],
+        }
+    }
+
+    /// Whether sockets of local processes are translated at `connect()`/`sendmsg()`: their
+    /// packets carry the endpoint's address from the first one on, so nothing is NATed or
+    /// masqueraded and the endpoint sees the socket's own address.
+    pub fn translates_sockets(self) -> bool {
+        matches!(self, Dataplane::Ebpf(_))
+    }
+
+    /// Whether `peer`, the source an endpoint saw for a connection from a local pod at
+    /// `own`, is what this dataplane shows for a connection it masquerades: not `own` on the
+    /// packet path; `own` itself for a socket translated at connect(), where nothing is
+    /// NATed and nothing needs undoing on the way back.
+    pub fn shows_masqueraded(self, peer: IpAddr, own: IpAddr) -> bool {
+        (peer == own) == self.translates_sockets()
     }
 
     /// The commands its scenarios need.
     fn tools(self) -> &'static [&'static str] {
         match self {
-            Dataplane::Nft => &["nft", "ip", "curl"],
+            Dataplane::Nft => &["nft", "ip", "curl", "conntrack"],
+            Dataplane::Ebpf(_) => &["nft", "ip", "curl", "conntrack", "bpftool", "nsenter"],
         }
+    }
+
+    /// kpng with `args` in the node's network namespace. For eBPF through `nsenter`, which
+    /// changes only the network namespace: `ip netns exec` would also remount /sys, hiding
+    /// the cgroup2 mount and bpffs.
+    pub fn kpng(self, cluster: &Cluster, args: &[String]) -> Command {
+        match self {
+            Dataplane::Nft => {
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                cluster.node.command(env!("CARGO_BIN_EXE_kpng"), &args)
+            }
+            Dataplane::Ebpf(_) => {
+                let mut command = Command::new("nsenter");
+                command
+                    .arg(format!("--net=/var/run/netns/{}", cluster.node.name()))
+                    .arg(env!("CARGO_BIN_EXE_kpng"))
+                    .args(args);
+                command
+            }
+        }
+    }
+
+    /// kpng's arguments over the manifests at `path`: the file source, `to-local` on
+    /// node-a, the backends, then `extra`.
+    pub fn args(self, path: &std::path::Path, watch: bool, extra: &[&str]) -> Vec<String> {
+        let mut args: Vec<String> =
+            vec!["file".into(), "--input".into(), path.display().to_string()];
+        if watch {
+            args.push("--watch".into());
+        }
+        args.extend(["to-local", "--node", "node-a"].map(String::from));
+        args.extend(self.backends());
+        args.extend(extra.iter().map(|a| a.to_string()));
+        args
     }
 }
 
-/// Runs scenario `f` on dataplane `dp`, when the machine can (root, tools; under CI=true it
-/// must).
+/// Runs scenario `f` on dataplane `dp`, when the machine can (root, tools, and for eBPF a
+/// build with its programs; under CI=true it must). The eBPF attachment is removed after
+/// the scenario, even when it fails.
 pub fn run(name: &str, dp: Dataplane, f: fn(Dataplane)) {
-    if require(&format!("{name} ({})", dp.backend()), dp.tools()) {
-        f(dp);
+    let test = format!("{name} ({})", dp.name());
+    if !require(&test, dp.tools()) {
+        return;
     }
+    let _attached = match dp {
+        Dataplane::Nft => None,
+        Dataplane::Ebpf(attachment) => match ebpf_programs_built(&test) {
+            true => Some(attachment.create()),
+            false => return,
+        },
+    };
+    f(dp);
 }
 
 /// A Service manifest.
@@ -72,18 +161,9 @@ pub fn program(cluster: &Cluster, dp: Dataplane, manifests: &str, extra: &[&str]
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("cluster.yaml");
     std::fs::write(&path, format!("{NODE_A}{manifests}")).unwrap();
-    let mut args = vec![
-        "file",
-        "--input",
-        path.to_str().unwrap(),
-        "to-local",
-        "--node",
-        "node-a",
-        dp.backend(),
-        "--once",
-    ];
-    args.extend_from_slice(extra);
-    let out = cluster.node.output(env!("CARGO_BIN_EXE_kpng"), &args);
+    let mut extra = extra.to_vec();
+    extra.insert(0, "--once");
+    let out = dp.kpng(cluster, &dp.args(&path, false, &extra)).output().expect("running kpng");
     let log = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "kpng failed: {log}");
     log
@@ -101,6 +181,19 @@ pub fn reach(from: &kpng_testkit::netns::Netns, target: &str) -> (String, IpAddr
         outcome = Cluster::tcp(from, target);
     }
     answer(&outcome)
+}
+
+/// One more exchange of the UDP flow from `source_port` of `from` to `target`. A timeout is
+/// retried twice, as in [`reach`]; the retries belong to the same flow.
+pub fn udp_flow(from: &kpng_testkit::netns::Netns, target: &str, source_port: u16) -> Outcome {
+    let mut outcome = Cluster::udp(from, target, source_port);
+    for _ in 0..2 {
+        if outcome != Outcome::Timeout {
+            break;
+        }
+        outcome = Cluster::udp(from, target, source_port);
+    }
+    outcome
 }
 
 pub fn answer(outcome: &Outcome) -> (String, IpAddr) {
@@ -148,6 +241,14 @@ pub fn slots(cluster: &Cluster, dest: &str) -> usize {
     text.split([',', '{', '}'])
         .filter(|element| element.trim().starts_with(&format!("{dest} . ")))
         .count()
+}
+
+/// Conntrack entries in the node namespace matching `filter` (`conntrack -L` arguments).
+pub fn conntrack(cluster: &Cluster, filter: &[&str]) -> Vec<String> {
+    let mut args = vec!["-L"];
+    args.extend_from_slice(filter);
+    let out = cluster.node.output("conntrack", &args);
+    String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect()
 }
 
 /// Polls `probe` until it gives `want` (the dataplane converges after a file edit).
@@ -210,20 +311,8 @@ impl Watched {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("cluster.yaml");
         std::fs::write(&path, format!("{NODE_A}{manifests}")).unwrap();
-        let mut args = vec![
-            "file",
-            "--input",
-            path.to_str().unwrap(),
-            "--watch",
-            "to-local",
-            "--node",
-            "node-a",
-            dp.backend(),
-        ];
-        args.extend_from_slice(extra);
         let log = std::fs::File::create(dir.path().join("kpng.log")).unwrap();
-        let child =
-            cluster.node.command(env!("CARGO_BIN_EXE_kpng"), &args).stderr(log).spawn().unwrap();
+        let child = dp.kpng(cluster, &dp.args(&path, true, extra)).stderr(log).spawn().unwrap();
         Watched { dir, child }
     }
 
@@ -236,7 +325,8 @@ impl Watched {
 
     /// The process id of this kpng.
     pub fn pid(&self) -> u32 {
-        // `ip netns exec` replaces itself with kpng: the child's pid is kpng's.
+        // `ip netns exec` and `nsenter` replace themselves with kpng: the child's pid is
+        // kpng's.
         self.child.id()
     }
 

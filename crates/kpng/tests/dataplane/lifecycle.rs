@@ -30,25 +30,10 @@ pub fn restart_changes_nothing_and_keeps_established_connections(dp: Dataplane) 
         lines.push(second);
         to_test.send(lines).unwrap();
     });
-    // Restart kpng over the existing table.
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("cluster.yaml");
-    std::fs::write(&path, format!("{NODE_A}{manifests}")).unwrap();
-    let args = [
-        "file",
-        "--input",
-        path.to_str().unwrap(),
-        "to-local",
-        "--node",
-        "node-a",
-        dp.backend(),
-        "--once",
-    ];
-    let out = cluster.node.output(env!("CARGO_BIN_EXE_kpng"), &args);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
+    // Restart kpng over the existing table (and programs and maps).
+    let stderr = program(&cluster, dp, &manifests, &[]);
     assert!(
-        stderr.contains("already holds this state"),
+        stderr.contains("already holds this state") && !stderr.contains("eBPF maps written"),
         "a restart with nothing to change changes nothing: {stderr}"
     );
     to_conn.send(()).unwrap();
@@ -197,10 +182,8 @@ pub fn a_second_kpng_on_the_node_exits_naming_the_first(dp: Dataplane) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("cluster.yaml");
     std::fs::write(&path, format!("{NODE_A}{manifests}")).unwrap();
-    let args =
-        ["file", "--input", path.to_str().unwrap(), "to-local", "--node", "node-a", dp.backend()];
     let started = std::time::Instant::now();
-    let out = cluster.node.output(env!("CARGO_BIN_EXE_kpng"), &args);
+    let out = dp.kpng(&cluster, &dp.args(&path, false, &[])).output().expect("running kpng");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "the second kpng must not run: {stderr}");
     assert!(started.elapsed() < std::time::Duration::from_secs(10), "it exits at start");
@@ -256,4 +239,73 @@ pub fn conntrack_is_tuned_at_start_up(dp: Dataplane) {
 
 fn answers_from(cluster: &Cluster, target: &str) -> bool {
     matches!(Cluster::tcp(&cluster.client, target), Outcome::Answer { .. })
+}
+
+/// `n` services without endpoints on 10.96.8.0/22, one TCP port each.
+fn many_services(n: usize) -> String {
+    (0..n)
+        .map(|i| {
+            let ip = format!("10.96.{}.{}", 8 + i / 250, 1 + i % 250);
+            service(&format!("filler-{i}"), &format!("  clusterIP: {ip}\n"), PORT_HTTP)
+        })
+        .collect()
+}
+
+/// `to-ebpf`: a restart adopts the programs and maps; maps outgrown by the cluster are
+/// replaced under an established connection; `kpng cleanup --backend` removes exactly
+/// what it names.
+pub fn maps_grow_under_established_connections_and_cleanup_honours_the_backend(dp: Dataplane) {
+    let Dataplane::Ebpf(attachment) = dp else { unreachable!("a to-ebpf scenario") };
+    let mut cluster = Cluster::new();
+    cluster.add_pod("web-a", true, 10, &[8080]);
+    cluster.add_pod("client", true, 50, &[9999]);
+    let manifests = web("10.96.0.10", &[WEB_A]);
+    let first = program(&cluster, dp, &manifests, &[]);
+    assert!(first.contains("eBPF maps written"), "{first}");
+    assert!(attachment.attached().contains("kpng_connect4"), "{}", attachment.attached());
+
+    // A restart over the same state adopts the programs and maps and writes nothing.
+    let again = program(&cluster, dp, &manifests, &[]);
+    assert!(again.contains("programs already attached; adopted"), "{again}");
+    assert!(!again.contains("eBPF maps written"), "{again}");
+
+    // A connection established now survives the maps' growth (1,100 more services
+    // outgrow the first 1,024 frontends), and still shows the service as its peer.
+    let mut pod = dp.local(&cluster.pod("client").ns);
+    let (held, peer) = pod.hold("10.96.0.10:80");
+    assert!(matches!(held, Outcome::Answer { .. }), "{held}");
+    assert_eq!(peer, "10.96.0.10:80");
+    let grown = program(&cluster, dp, &format!("{manifests}{}", many_services(1100)), &[]);
+    assert!(grown.contains("growing maps"), "{grown}");
+    assert_eq!(pod.again(), (held, peer), "the established connection keeps its endpoint");
+    assert_eq!(pod.reach("10.96.0.10:80").2, "10.96.0.10:80");
+    assert_eq!(pod.tcp("10.96.11.80:80").0, Outcome::Refused, "a new service without endpoints");
+    let programs = attachment.attached().matches("kpng_").count();
+    assert_eq!(programs, 8, "the old programs are detached: {}", attachment.attached());
+    let generations: Vec<String> = std::fs::read_dir(attachment.pins())
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("maps-"))
+        .collect();
+    assert_eq!(generations, ["maps-2"]);
+    assert_eq!(conntrack(&cluster, &["-s", "10.244.0.50", "--dst-nat"]), Vec::<String>::new());
+
+    let pins = attachment.pins().display().to_string();
+    let cleanup = |backend: &str| {
+        let args = ["cleanup", "--backend", backend, "--bpf-pin-path", &pins].map(String::from);
+        let out = dp.kpng(&cluster, &args).output().expect("running kpng cleanup");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    };
+    let table = || cluster.node.output("nft", &["list", "table", "ip", "kpng"]).status.success();
+    // `--backend nft` removes the tables and leaves the programs, which serve on alone.
+    cleanup("nft");
+    assert!(!table(), "the nftables table is gone");
+    assert!(attachment.attached().contains("kpng_connect4"), "{}", attachment.attached());
+    assert_eq!(pod.reach("10.96.0.10:80").0, "web-a");
+    // `--backend ebpf` detaches and unpins: nothing of kpng's is left, and the service
+    // address is routed away like any other.
+    cleanup("ebpf");
+    assert!(!attachment.attached().contains("kpng_"), "{}", attachment.attached());
+    assert!(!attachment.pins().exists());
+    assert_eq!(pod.tcp("10.96.0.10:80").0, Outcome::Timeout);
 }

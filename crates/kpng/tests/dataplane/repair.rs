@@ -188,3 +188,32 @@ pub fn a_refused_repair_keeps_every_rule_in_force(dp: Dataplane) {
     assert!(answers(&eventually(v4, answers)), "{}", kpng.log());
     assert!(answers(&v6()));
 }
+
+/// `to-ebpf`: its programs and maps removed behind its back (`kpng cleanup --backend
+/// ebpf`) are installed again at the next verification.
+pub fn programs_and_maps_removed_behind_kpngs_back_are_restored(dp: Dataplane) {
+    let Dataplane::Ebpf(attachment) = dp else { unreachable!("a to-ebpf scenario") };
+    let mut cluster = Cluster::new();
+    cluster.add_pod("web-a", true, 10, &[8080]);
+    cluster.add_pod("client", true, 50, &[9999]);
+    let kpng =
+        Watched::start_with(&cluster, dp, &web("10.96.0.87", &[WEB_A]), &["--sync-period", "1s"]);
+    wait_until("kpng wrote its maps", || kpng.log().contains("eBPF maps written"));
+    assert!(attachment.attached().contains("kpng_connect4"), "{}", attachment.attached());
+    let pins = attachment.pins().display().to_string();
+    let args = ["cleanup", "--backend", "ebpf", "--bpf-pin-path", &pins].map(String::from);
+    let out = dp.kpng(&cluster, &args).output().expect("running kpng cleanup");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!attachment.attached().contains("kpng_"), "{}", attachment.attached());
+
+    // The next verification finds the programs and maps gone and installs them again.
+    wait_until("kpng restored its programs and maps", || {
+        kpng.log().matches("eBPF maps written").count() >= 2
+    });
+    assert!(attachment.attached().contains("kpng_connect4"), "{}", kpng.log());
+    let mut pod = dp.local(&cluster.pod("client").ns);
+    cluster.node.output("conntrack", &["-F"]);
+    assert_eq!(pod.reach("10.96.0.87:80").2, "10.96.0.87:80");
+    let nated = conntrack(&cluster, &["-s", "10.244.0.50", "--dst-nat"]);
+    assert!(nated.is_empty(), "translated at connect() again: {nated:?}\n{}", kpng.log());
+}

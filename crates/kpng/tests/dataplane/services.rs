@@ -56,16 +56,19 @@ pub fn cluster_ip_node_port_and_rejects(dp: Dataplane) {
     assert!(name.starts_with("web-"), "{name}");
 
     // From a local pod, ClusterIP traffic keeps the pod's address, except when the pod
-    // reaches itself (hairpin), which is masqueraded.
+    // reaches itself (hairpin), which is masqueraded; translated at connect(), the pod
+    // talks to itself and nothing needs masquerading.
     let pod_ip: IpAddr = "10.244.0.10".parse().unwrap();
     let mut seen = BTreeSet::new();
+    let mut pod = dp.local(&cluster.pod("web-a").ns);
     for _ in 0..24 {
-        let (name, peer) = reach(&cluster.pod("web-a").ns, "10.96.0.10:80");
-        match name.as_str() {
-            "web-b" => {
+        let (name, peer, _) = pod.reach("10.96.0.10:80");
+        match (name.as_str(), dp.translates_sockets()) {
+            ("web-b", _) => {
                 assert_eq!(peer, pod_ip, "pod traffic to a remote endpoint is not masqueraded")
             }
-            _ => assert_ne!(peer, pod_ip, "hairpin traffic is masqueraded"),
+            (_, false) => assert_ne!(peer, pod_ip, "hairpin traffic is masqueraded"),
+            (_, true) => assert_eq!(peer, pod_ip, "the pod reaches itself"),
         }
         seen.insert(name);
     }
@@ -105,7 +108,7 @@ pub fn external_ips_and_load_balancer_source_ranges(dp: Dataplane) {
     assert_eq!(reach(&cluster.client, "203.0.113.21:80").0, "web-a");
     // LB IP whose ranges exclude the client: dropped, for pods too.
     assert_eq!(Cluster::tcp(&cluster.client, "203.0.113.22:80"), Outcome::Timeout);
-    assert_eq!(Cluster::tcp(&cluster.pod("web-a").ns, "203.0.113.22:80"), Outcome::Timeout);
+    assert_eq!(dp.local(&cluster.pod("web-a").ns).tcp("203.0.113.22:80").0, Outcome::Timeout);
     // Neither the ClusterIP nor the NodePort of that service is filtered by the ranges.
     assert_eq!(reach(&cluster.client, "10.96.0.22:80").0, "web-a");
     assert_eq!(reach(&cluster.client, "192.168.10.1:30022").0, "web-a");
@@ -165,12 +168,10 @@ pub fn external_traffic_policy_local(dp: Dataplane) {
     assert_eq!(Cluster::tcp(&cluster.client, "203.0.113.31:80"), Outcome::Timeout);
     assert_eq!(Cluster::tcp(&cluster.client, "192.168.10.1:30031"), Outcome::Timeout);
     // A local pod short-circuits to the Cluster set and succeeds, keeping its address.
-    assert_eq!(
-        reach(&cluster.pod("client-pod").ns, "203.0.113.31:80"),
-        ("web-b".into(), ip("10.244.0.20"))
-    );
-    // The node itself reaches it too (masqueraded).
-    assert_eq!(reach(&cluster.node, "203.0.113.31:80").0, "web-b");
+    let (name, peer, _) = dp.local(&cluster.pod("client-pod").ns).reach("203.0.113.31:80");
+    assert_eq!((name.as_str(), peer), ("web-b", ip("10.244.0.20")));
+    // The node itself reaches it too (masqueraded on the packet path).
+    assert_eq!(dp.local(&cluster.node).reach("203.0.113.31:80").0, "web-b");
     // The ClusterIP uses the Cluster set.
     assert_eq!(reach(&cluster.client, "10.96.0.31:80").0, "web-b");
 }
@@ -229,7 +230,7 @@ pub fn internal_policy_local_terminating_fallback_and_dual_stack(dp: Dataplane) 
     .concat();
     program(&cluster, dp, &manifests, &[]);
 
-    assert_eq!(Cluster::tcp(&cluster.pod("web-a").ns, "10.96.0.40:80"), Outcome::Timeout);
+    assert_eq!(dp.local(&cluster.pod("web-a").ns).tcp("10.96.0.40:80").0, Outcome::Timeout);
     assert_eq!(reach(&cluster.client, "10.96.0.41:80").0, "web-b");
     assert_eq!(reach(&cluster.client, "10.96.0.42:80").0, "web-a");
     let (name, _) = reach(&cluster.client, "[fd00:96::42]:80");
@@ -275,6 +276,7 @@ pub fn sctp_cluster_ip_and_node_port(dp: Dataplane) {
 pub fn node_ports_on_primary_or_chosen_addresses(dp: Dataplane) {
     let mut cluster = Cluster::new();
     cluster.add_pod("web-a", true, 10, &[8080]);
+    cluster.add_pod("client-pod", true, 20, &[9999]);
     cluster.node.ip(&["addr", "add", "192.168.10.50/24", "dev", "eth0"]);
     let manifests = [
         service(
@@ -287,19 +289,26 @@ pub fn node_ports_on_primary_or_chosen_addresses(dp: Dataplane) {
     .concat();
     // Default: only the Node object's primary address; elsewhere the port is left alone
     // (nothing listens on the node itself, so the connection is refused by its stack).
+    // The same for a pod on the node.
     program(&cluster, dp, &manifests, &[]);
+    let mut pod = dp.local(&cluster.pod("client-pod").ns);
     assert_eq!(reach(&cluster.client, "192.168.10.1:30090").0, "web-a");
     assert_eq!(Cluster::tcp(&cluster.client, "192.168.10.50:30090"), Outcome::Refused);
+    assert_eq!(pod.reach("192.168.10.1:30090").0, "web-a");
+    assert_eq!(pod.tcp("192.168.10.50:30090").0, Outcome::Refused);
     // With CIDRs: every local address inside them.
     program(&cluster, dp, &manifests, &["--nodeport-addresses", "192.168.10.0/24"]);
     assert_eq!(reach(&cluster.client, "192.168.10.50:30090").0, "web-a");
     assert_eq!(reach(&cluster.client, "192.168.10.1:30090").0, "web-a");
+    assert_eq!(pod.reach("192.168.10.50:30090").0, "web-a");
+    assert_eq!(pod.reach("192.168.10.1:30090").0, "web-a");
 }
 
 pub fn client_ip_affinity_sticks_across_addresses(dp: Dataplane) {
     let mut cluster = Cluster::new();
     cluster.add_pod("web-a", true, 10, &[8080]);
     cluster.add_pod("web-b", false, 10, &[8080]);
+    cluster.add_pod("client-pod", true, 20, &[9999]);
     let a = ("10.244.0.10", "node-a", true, true, false);
     let b = ("10.244.1.10", "node-b", true, true, false);
     let web = |eps: &[(&str, &str, bool, bool, bool)]| {
@@ -321,6 +330,14 @@ pub fn client_ip_affinity_sticks_across_addresses(dp: Dataplane) {
             assert_eq!(reach(&cluster.client, target).0, first, "{target}");
         }
     }
+    // So does a pod on the node.
+    let mut pod = dp.local(&cluster.pod("client-pod").ns);
+    let chosen = pod.reach("10.96.0.95:80").0;
+    for target in ["192.168.10.1:30095", "10.96.0.95:80", "192.168.10.1:30095"] {
+        for _ in 0..4 {
+            assert_eq!(pod.reach(target).0, chosen, "{target} from the pod");
+        }
+    }
     // Its endpoint goes away: the client moves to the other one and sticks there.
     let (remaining, other) = if first == "web-a" { (b, "web-b") } else { (a, "web-a") };
     program(&cluster, dp, &web(&[remaining]), &[]);
@@ -339,16 +356,17 @@ pub fn masquerade_all_and_cluster_cidr(dp: Dataplane) {
     cluster.add_pod("client-pod", true, 20, &[9999]);
     cluster.add_pod("web-b", false, 10, &[8080]);
     let manifests = web("10.96.0.97", &[WEB_B]);
-    let pod = &cluster.pod("client-pod").ns;
+    let mut pod = dp.local(&cluster.pod("client-pod").ns);
+    let own = ip("10.244.0.20");
     // Default detector (the node's podCIDRs): a local pod keeps its address.
     program(&cluster, dp, &manifests, &[]);
-    assert_eq!(reach(pod, "10.96.0.97:80").1, ip("10.244.0.20"));
+    assert_eq!(pod.reach("10.96.0.97:80").1, own);
     // --masquerade-all: every connection to a ClusterIP is masqueraded.
     program(&cluster, dp, &manifests, &["--masquerade-all"]);
-    assert_ne!(reach(pod, "10.96.0.97:80").1, ip("10.244.0.20"));
+    assert!(dp.shows_masqueraded(pod.reach("10.96.0.97:80").1, own));
     // --cluster-cidr that does not cover the pod: it counts as outside, and is masqueraded.
     program(&cluster, dp, &manifests, &["--cluster-cidr", "10.200.0.0/16"]);
-    assert_ne!(reach(pod, "10.96.0.97:80").1, ip("10.244.0.20"));
+    assert!(dp.shows_masqueraded(pod.reach("10.96.0.97:80").1, own));
     program(&cluster, dp, &manifests, &["--cluster-cidr", "10.244.0.0/16"]);
-    assert_eq!(reach(pod, "10.96.0.97:80").1, ip("10.244.0.20"));
+    assert_eq!(pod.reach("10.96.0.97:80").1, own);
 }
