@@ -243,7 +243,7 @@ pub fn run(sizes: &[usize], endpoints: usize, connections: usize) -> anyhow::Res
     let direct: Vec<SocketAddr> =
         pods.iter().map(|(ip, _)| SocketAddr::new(*ip, POD_PORT)).collect();
     let sizes: Vec<Size> =
-        sizes.iter().map(|&n| size(n, endpoints, &pods)).collect::<Result<_, _>>()?;
+        sizes.iter().map(|&n| size(n, endpoints, 0, &pods)).collect::<Result<_, _>>()?;
     let attachment = Attachment::new("dataplane")?;
     let mut backend = attachment.backend()?;
     // The kernel counts programs' run time while this is open.
