@@ -111,12 +111,35 @@ fn every_scenario_runs_and_prints_its_table() {
         row[row.len() - 7..].iter().for_each(|f| assert!(number(f) >= 0.0, "{row:?}"));
     }
 
+    // Each size with each number of distinct endpoint counts (`--dataplane-counts`).
     let dataplane = table(&stdout, "dataplane:");
-    assert_eq!(dataplane.iter().map(|r| r[0].as_str()).collect::<Vec<_>>(), ["20", "40"]);
+    let sizes: Vec<(&str, &str)> =
+        dataplane.iter().map(|r| (r[0].as_str(), r[1].as_str())).collect();
+    assert_eq!(sizes, [("20", "2"), ("20", "200"), ("40", "2"), ("40", "200")]);
     for row in &dataplane {
-        assert_eq!(row[1], "50");
-        row[2..].iter().for_each(|f| assert!(number(f) > 0.0, "{row:?}"));
+        assert_eq!(row[2], "50");
+        let (times, ratios) = row[3..].split_at(row.len() - 5);
+        times.iter().for_each(|f| assert!(number(f) > 0.0, "{row:?}"));
+        // Ratios to the first row print as 0.00 when its time took a SYN retransmission.
+        ratios.iter().for_each(|f| assert!(number(f) >= 0.0, "{row:?}"));
     }
+
+    // The restart over a stale table: 1,000 services' table, 100 kept.
+    let restart = table(&stdout, "Restart over a stale table");
+    assert_eq!(restart.len(), 1, "{restart:?}");
+    assert_eq!((restart[0][0].as_str(), restart[0][1].as_str()), ("1000", "100"));
+    restart[0][5..].iter().for_each(|f| assert!(number(f) > 0.0, "{restart:?}"));
+
+    // eBPF: one endpoint change through both backends, and a pod's connections by every
+    // path; only the nftables path NATs.
+    let changes = table(&stdout, "ebpf changes:");
+    assert_eq!(changes.iter().map(|r| r[0].as_str()).collect::<Vec<_>>(), ["1000"]);
+    let paths = table(&stdout, "ebpf: a pod");
+    let paths: Vec<&Vec<String>> = paths.iter().filter(|r| r[1] != "services:").collect();
+    let names: Vec<&str> = paths.iter().map(|r| r[1].as_str()).collect();
+    assert_eq!(names, ["ebpf", "nft", "direct", "direct+cg"]);
+    let nat = |row: &Vec<String>| number(&row[row.len() - 3]);
+    assert!(nat(paths[0]) == 0.0 && nat(paths[1]) > 0.0, "{paths:?}");
 
     let svg = std::fs::read_to_string(plot.path()).expect("the plot was written");
     for section in ["One endpoint added", "Cold start", "nftlb's REST API", "First packet"] {
