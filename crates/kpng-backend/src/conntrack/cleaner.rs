@@ -135,7 +135,7 @@ impl ConntrackCleaner {
             let stats = self.stats.clone();
             let thread = std::thread::Builder::new()
                 .name("kpng-conntrack".into())
-                .spawn(move || Cleanup::new(stats).run(receiver))
+                .spawn(move || Cleanup::new(Box::<Ctnetlink>::default(), stats).run(receiver))
                 .expect("spawning the conntrack cleanup thread");
             (sender, thread)
         });
@@ -154,9 +154,81 @@ impl Drop for ConntrackCleaner {
     }
 }
 
+/// The kernel's conntrack table, as the cleanup uses it.
+pub(super) trait ConntrackTable: Send {
+    /// The UDP entries of `family`, only those towards `ip` and `port` when given.
+    fn dump(
+        &mut self,
+        family: Family,
+        ip: Option<IpAddr>,
+        port: Option<u16>,
+    ) -> Result<Vec<Entry>, NetlinkError>;
+    /// Deletes `entries`; returns how many are gone (one already gone counts).
+    fn delete(&mut self, entries: &[Entry]) -> Result<usize, NetlinkError>;
+    /// The node's addresses, for NodePorts accepted on every local address.
+    fn local_addresses(&mut self) -> Result<Vec<IpAddr>, NetlinkError>;
+}
+
+/// The table through ctnetlink; the socket is opened at first use and again after a failure.
+#[derive(Default)]
+struct Ctnetlink {
+    socket: Option<NetlinkSocket>,
+}
+
+impl Ctnetlink {
+    fn socket(&mut self) -> Result<&mut NetlinkSocket, NetlinkError> {
+        let socket = match self.socket.take() {
+            Some(socket) => socket,
+            None => NetlinkSocket::open(NETLINK_NETFILTER)?,
+        };
+        Ok(self.socket.insert(socket))
+    }
+
+    /// Drops the socket when `result` is a failure: the next use starts afresh.
+    fn settle<T>(&mut self, result: Result<T, NetlinkError>) -> Result<T, NetlinkError> {
+        if result.is_err() {
+            self.socket = None;
+        }
+        result
+    }
+}
+
+impl ConntrackTable for Ctnetlink {
+    fn dump(
+        &mut self,
+        family: Family,
+        ip: Option<IpAddr>,
+        port: Option<u16>,
+    ) -> Result<Vec<Entry>, NetlinkError> {
+        let family = match family {
+            Family::V4 => ProtoFamily::Ipv4,
+            Family::V6 => ProtoFamily::Ipv6,
+        };
+        let result = self
+            .socket()
+            .and_then(|socket| socket.dump(&ctnetlink::dump_udp(family, ip, port)))
+            .map(|bodies| bodies.iter().filter_map(|b| ctnetlink::entry(b)).collect());
+        self.settle(result)
+    }
+
+    fn delete(&mut self, entries: &[Entry]) -> Result<usize, NetlinkError> {
+        let requests: Vec<Vec<u8>> = entries.iter().map(ctnetlink::delete).collect();
+        let enoent = -(nix::errno::Errno::ENOENT as i32);
+        let result = self
+            .socket()
+            .and_then(|socket| socket.requests(&requests))
+            .map(|codes| codes.iter().filter(|c| **c == 0 || **c == enoent).count());
+        self.settle(result)
+    }
+
+    fn local_addresses(&mut self) -> Result<Vec<IpAddr>, NetlinkError> {
+        kpng_netlink::rtnetlink::local_addresses()
+    }
+}
+
 /// The cleanup thread's state.
 struct Cleanup {
-    socket: Option<NetlinkSocket>,
+    table: Box<dyn ConntrackTable>,
     /// Checks not done yet, by destination.
     pending: BTreeMap<UdpTarget, BTreeSet<SocketAddr>>,
     nodeports: NodePorts,
@@ -164,13 +236,8 @@ struct Cleanup {
 }
 
 impl Cleanup {
-    fn new(stats: Arc<ConntrackStats>) -> Self {
-        Cleanup {
-            socket: None,
-            pending: BTreeMap::new(),
-            nodeports: (Vec::new(), [false; 2]),
-            stats,
-        }
+    fn new(table: Box<dyn ConntrackTable>, stats: Arc<ConntrackStats>) -> Self {
+        Cleanup { table, pending: BTreeMap::new(), nodeports: (Vec::new(), [false; 2]), stats }
     }
 
     fn merge(&mut self, work: Work) {
@@ -186,12 +253,13 @@ impl Cleanup {
 
     /// Cleans what arrives until the cleaner is dropped, then what is left, once.
     fn run(mut self, work: Receiver<Work>) {
-        let mut delay = RETRY_FIRST;
+        // The wait before the next retry, and the one after it.
+        let (mut retry, mut delay) = (RETRY_FIRST, RETRY_FIRST);
         loop {
             let next = if self.pending.is_empty() {
                 work.recv().map_err(|_| RecvTimeoutError::Disconnected)
             } else {
-                work.recv_timeout(delay)
+                work.recv_timeout(retry)
             };
             let open = match next {
                 Ok(w) => {
@@ -208,6 +276,7 @@ impl Cleanup {
             if self.clean() {
                 delay = RETRY_FIRST;
             } else {
+                retry = delay;
                 delay = (delay * 2).min(RETRY_MAX);
             }
             if !open {
@@ -242,7 +311,6 @@ impl Cleanup {
                 true
             }
             Err(error) => {
-                self.socket = None;
                 self.stats.failures.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(error = %crate::error_chain(&error), pending = self.pending.len(), "UDP conntrack cleanup failed; it will be retried");
                 false
@@ -251,17 +319,14 @@ impl Cleanup {
     }
 
     fn delete_stale(&mut self, checks: &[UdpCheck]) -> Result<usize, NetlinkError> {
-        let socket = match &mut self.socket {
-            Some(socket) => socket,
-            None => self.socket.insert(NetlinkSocket::open(NETLINK_NETFILTER)?),
-        };
         let mut addresses = self.nodeports.0.clone();
         if self.nodeports.1.iter().any(|all| *all) {
-            addresses.extend(kpng_netlink::rtnetlink::local_addresses()?.into_iter().filter(
-                |ip| {
-                    !ip.is_loopback() && self.nodeports.1[usize::from(Family::of(ip) == Family::V6)]
-                },
-            ));
+            let all = self.nodeports.1;
+            addresses.extend(
+                self.table.local_addresses()?.into_iter().filter(|ip| {
+                    !ip.is_loopback() && all[usize::from(Family::of(ip) == Family::V6)]
+                }),
+            );
         }
         // The kernel walks its whole conntrack hash for every dump, filtered or not: one
         // dump per family, filtered in the kernel only when it serves a single check.
@@ -276,9 +341,9 @@ impl Cleanup {
                         UdpTarget::Dest(dest) => Some(dest.ip()),
                         UdpTarget::NodePort(..) => None,
                     };
-                    dump(socket, family, ip, Some(target_port(&check.target)))?
+                    self.table.dump(family, ip, Some(target_port(&check.target)))?
                 }
-                _ => dump(socket, family, None, None)?,
+                _ => self.table.dump(family, None, None)?,
             };
             let mut by_port: HashMap<u16, Vec<Entry>> = HashMap::new();
             for entry in entries {
@@ -292,10 +357,7 @@ impl Cleanup {
         }
         doomed.sort();
         doomed.dedup();
-        let requests: Vec<Vec<u8>> = doomed.iter().map(ctnetlink::delete).collect();
-        let codes = socket.requests(&requests)?;
-        let enoent = -(nix::errno::Errno::ENOENT as i32);
-        Ok(codes.iter().filter(|c| **c == 0 || **c == enoent).count())
+        self.table.delete(&doomed)
     }
 }
 
@@ -311,20 +373,6 @@ fn target_port(target: &UdpTarget) -> u16 {
         UdpTarget::Dest(dest) => dest.port(),
         UdpTarget::NodePort(_, port) => *port,
     }
-}
-
-fn dump(
-    socket: &mut NetlinkSocket,
-    family: Family,
-    ip: Option<IpAddr>,
-    port: Option<u16>,
-) -> Result<Vec<Entry>, NetlinkError> {
-    let family = match family {
-        Family::V4 => ProtoFamily::Ipv4,
-        Family::V6 => ProtoFamily::Ipv6,
-    };
-    let bodies = socket.dump(&ctnetlink::dump_udp(family, ip, port))?;
-    Ok(bodies.iter().filter_map(|b| ctnetlink::entry(b)).collect())
 }
 
 fn nodeport_addresses(node: &LocalNode) -> (Vec<IpAddr>, [bool; 2]) {
@@ -399,9 +447,78 @@ mod tests {
         Update { serving: serving.iter().map(|s| s.parse().unwrap()).collect(), required }
     }
 
+    /// A table holding `entries` whose dumps fail while `failures` is above zero.
+    struct Fake {
+        entries: Arc<std::sync::Mutex<Vec<Entry>>>,
+        failures: usize,
+    }
+
+    impl ConntrackTable for Fake {
+        fn dump(
+            &mut self,
+            _: Family,
+            _: Option<IpAddr>,
+            _: Option<u16>,
+        ) -> Result<Vec<Entry>, NetlinkError> {
+            if self.failures > 0 {
+                self.failures -= 1;
+                let error = std::io::Error::from_raw_os_error(nix::errno::Errno::ENOBUFS as i32);
+                return Err(NetlinkError::Io { op: "receive", source: error });
+            }
+            Ok(self.entries.lock().unwrap().clone())
+        }
+
+        fn delete(&mut self, doomed: &[Entry]) -> Result<usize, NetlinkError> {
+            self.entries.lock().unwrap().retain(|e| !doomed.contains(e));
+            Ok(doomed.len())
+        }
+
+        fn local_addresses(&mut self) -> Result<Vec<IpAddr>, NetlinkError> {
+            Ok(Vec::new())
+        }
+    }
+
+    fn entry(dst: &str, reply: &str) -> Entry {
+        Entry {
+            orig_src: "10.244.9.9:4000".parse().unwrap(),
+            orig_dst: dst.parse().unwrap(),
+            reply_src: reply.parse().unwrap(),
+            zone: 0,
+        }
+    }
+
+    #[test]
+    fn a_failed_cleanup_is_counted_and_retried_until_it_succeeds() {
+        let entries = Arc::new(std::sync::Mutex::new(vec![
+            entry("10.96.0.10:53", "10.244.0.5:53"),
+            entry("10.96.0.10:53", "10.244.1.5:53"),
+        ]));
+        let table = Fake { entries: entries.clone(), failures: 2 };
+        let stats = Arc::new(ConntrackStats::default());
+        let (sender, receiver) = std::sync::mpsc::channel();
+        let cleanup = Cleanup::new(Box::new(table), stats.clone());
+        let thread = std::thread::spawn(move || cleanup.run(receiver));
+        let dns = UdpTarget::Dest("10.96.0.10:53".parse().unwrap());
+        let check = [(dns, update(&["10.244.0.5:53"], true))];
+        sender.send(Work::Check(check.into_iter().collect(), (Vec::new(), [false; 2]))).unwrap();
+        // Two failures, retried after 0.5 s and then 1 s, without anything new arriving.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while stats.deleted.load(Ordering::Relaxed) == 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert_eq!(stats.failures.load(Ordering::Relaxed), 2);
+        assert_eq!(stats.deleted.load(Ordering::Relaxed), 1);
+        let left: Vec<String> =
+            entries.lock().unwrap().iter().map(|e| e.reply_src.to_string()).collect();
+        assert_eq!(left, ["10.244.0.5:53"], "the serving endpoint's flow is kept");
+        drop(sender);
+        thread.join().unwrap();
+    }
+
     #[test]
     fn a_pending_check_follows_the_endpoints_that_joined_meanwhile() {
-        let mut cleanup = Cleanup::new(Arc::default());
+        let table = Fake { entries: Arc::default(), failures: 0 };
+        let mut cleanup = Cleanup::new(Box::new(table), Arc::default());
         let (dns, web) = (
             UdpTarget::Dest("10.96.0.10:53".parse().unwrap()),
             UdpTarget::Dest("10.96.0.20:53".parse().unwrap()),
