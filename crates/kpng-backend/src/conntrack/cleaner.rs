@@ -14,10 +14,9 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::time::Duration;
 
 use kpng_model::{Family, LocalNode, ServiceKey};
-use kpng_netlink::ctnetlink;
-use kpng_netlink::message::NETLINK_NETFILTER;
-use kpng_netlink::{NetlinkError, NetlinkSocket, ProtoFamily};
+use kpng_netlink::NetlinkError;
 
+use super::table::{ConntrackTable, Ctnetlink};
 use super::{Entry, UdpCheck, UdpTarget, stale, udp_checks};
 use crate::backend::{Backend, BackendError, ChangeSet};
 
@@ -151,78 +150,6 @@ impl Drop for ConntrackCleaner {
             drop(sender);
             let _ = thread.join();
         }
-    }
-}
-
-/// The kernel's conntrack table, as the cleanup uses it.
-pub(super) trait ConntrackTable: Send {
-    /// The UDP entries of `family`, only those towards `ip` and `port` when given.
-    fn dump(
-        &mut self,
-        family: Family,
-        ip: Option<IpAddr>,
-        port: Option<u16>,
-    ) -> Result<Vec<Entry>, NetlinkError>;
-    /// Deletes `entries`; returns how many are gone (one already gone counts).
-    fn delete(&mut self, entries: &[Entry]) -> Result<usize, NetlinkError>;
-    /// The node's addresses, for NodePorts accepted on every local address.
-    fn local_addresses(&mut self) -> Result<Vec<IpAddr>, NetlinkError>;
-}
-
-/// The table through ctnetlink; the socket is opened at first use and again after a failure.
-#[derive(Default)]
-struct Ctnetlink {
-    socket: Option<NetlinkSocket>,
-}
-
-impl Ctnetlink {
-    fn socket(&mut self) -> Result<&mut NetlinkSocket, NetlinkError> {
-        let socket = match self.socket.take() {
-            Some(socket) => socket,
-            None => NetlinkSocket::open(NETLINK_NETFILTER)?,
-        };
-        Ok(self.socket.insert(socket))
-    }
-
-    /// Drops the socket when `result` is a failure: the next use starts afresh.
-    fn settle<T>(&mut self, result: Result<T, NetlinkError>) -> Result<T, NetlinkError> {
-        if result.is_err() {
-            self.socket = None;
-        }
-        result
-    }
-}
-
-impl ConntrackTable for Ctnetlink {
-    fn dump(
-        &mut self,
-        family: Family,
-        ip: Option<IpAddr>,
-        port: Option<u16>,
-    ) -> Result<Vec<Entry>, NetlinkError> {
-        let family = match family {
-            Family::V4 => ProtoFamily::Ipv4,
-            Family::V6 => ProtoFamily::Ipv6,
-        };
-        let result = self
-            .socket()
-            .and_then(|socket| socket.dump(&ctnetlink::dump_udp(family, ip, port)))
-            .map(|bodies| bodies.iter().filter_map(|b| ctnetlink::entry(b)).collect());
-        self.settle(result)
-    }
-
-    fn delete(&mut self, entries: &[Entry]) -> Result<usize, NetlinkError> {
-        let requests: Vec<Vec<u8>> = entries.iter().map(ctnetlink::delete).collect();
-        let enoent = -(nix::errno::Errno::ENOENT as i32);
-        let result = self
-            .socket()
-            .and_then(|socket| socket.requests(&requests))
-            .map(|codes| codes.iter().filter(|c| **c == 0 || **c == enoent).count());
-        self.settle(result)
-    }
-
-    fn local_addresses(&mut self) -> Result<Vec<IpAddr>, NetlinkError> {
-        kpng_netlink::rtnetlink::local_addresses()
     }
 }
 
@@ -440,99 +367,4 @@ impl prometheus_client::collector::Collector for ConntrackMetrics {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn update(serving: &[&str], required: bool) -> Update {
-        Update { serving: serving.iter().map(|s| s.parse().unwrap()).collect(), required }
-    }
-
-    /// A table holding `entries` whose dumps fail while `failures` is above zero.
-    struct Fake {
-        entries: Arc<std::sync::Mutex<Vec<Entry>>>,
-        failures: usize,
-    }
-
-    impl ConntrackTable for Fake {
-        fn dump(
-            &mut self,
-            _: Family,
-            _: Option<IpAddr>,
-            _: Option<u16>,
-        ) -> Result<Vec<Entry>, NetlinkError> {
-            if self.failures > 0 {
-                self.failures -= 1;
-                let error = std::io::Error::from_raw_os_error(nix::errno::Errno::ENOBUFS as i32);
-                return Err(NetlinkError::Io { op: "receive", source: error });
-            }
-            Ok(self.entries.lock().unwrap().clone())
-        }
-
-        fn delete(&mut self, doomed: &[Entry]) -> Result<usize, NetlinkError> {
-            self.entries.lock().unwrap().retain(|e| !doomed.contains(e));
-            Ok(doomed.len())
-        }
-
-        fn local_addresses(&mut self) -> Result<Vec<IpAddr>, NetlinkError> {
-            Ok(Vec::new())
-        }
-    }
-
-    fn entry(dst: &str, reply: &str) -> Entry {
-        Entry {
-            orig_src: "10.244.9.9:4000".parse().unwrap(),
-            orig_dst: dst.parse().unwrap(),
-            reply_src: reply.parse().unwrap(),
-            zone: 0,
-        }
-    }
-
-    #[test]
-    fn a_failed_cleanup_is_counted_and_retried_until_it_succeeds() {
-        let entries = Arc::new(std::sync::Mutex::new(vec![
-            entry("10.96.0.10:53", "10.244.0.5:53"),
-            entry("10.96.0.10:53", "10.244.1.5:53"),
-        ]));
-        let table = Fake { entries: entries.clone(), failures: 2 };
-        let stats = Arc::new(ConntrackStats::default());
-        let (sender, receiver) = std::sync::mpsc::channel();
-        let cleanup = Cleanup::new(Box::new(table), stats.clone());
-        let thread = std::thread::spawn(move || cleanup.run(receiver));
-        let dns = UdpTarget::Dest("10.96.0.10:53".parse().unwrap());
-        let check = [(dns, update(&["10.244.0.5:53"], true))];
-        sender.send(Work::Check(check.into_iter().collect(), (Vec::new(), [false; 2]))).unwrap();
-        // Two failures, retried after 0.5 s and then 1 s, without anything new arriving.
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while stats.deleted.load(Ordering::Relaxed) == 0 && std::time::Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        assert_eq!(stats.failures.load(Ordering::Relaxed), 2);
-        assert_eq!(stats.deleted.load(Ordering::Relaxed), 1);
-        let left: Vec<String> =
-            entries.lock().unwrap().iter().map(|e| e.reply_src.to_string()).collect();
-        assert_eq!(left, ["10.244.0.5:53"], "the serving endpoint's flow is kept");
-        drop(sender);
-        thread.join().unwrap();
-    }
-
-    #[test]
-    fn a_pending_check_follows_the_endpoints_that_joined_meanwhile() {
-        let table = Fake { entries: Arc::default(), failures: 0 };
-        let mut cleanup = Cleanup::new(Box::new(table), Arc::default());
-        let (dns, web) = (
-            UdpTarget::Dest("10.96.0.10:53".parse().unwrap()),
-            UdpTarget::Dest("10.96.0.20:53".parse().unwrap()),
-        );
-        let nodeports = (Vec::new(), [false; 2]);
-        let first = [(dns, update(&["10.244.0.5:53"], true))];
-        cleanup.merge(Work::Check(first.into_iter().collect(), nodeports.clone()));
-        // Say that cleanup failed: it stays pending. Then an endpoint joins both services.
-        let joined = [
-            (dns, update(&["10.244.0.5:53", "10.244.1.5:53"], false)),
-            (web, update(&["10.244.1.6:53"], false)),
-        ];
-        cleanup.merge(Work::Check(joined.into_iter().collect(), nodeports));
-        assert_eq!(cleanup.pending.len(), 1, "a join alone calls for no check");
-        assert_eq!(cleanup.pending[&dns].len(), 2, "the new endpoint's flows are kept");
-    }
-}
+mod tests;
