@@ -18,6 +18,7 @@ use kpng_model::local::LocalServiceState;
 use kpng_model::{Family, Protocol};
 
 mod cleaner;
+mod table;
 pub mod tuning;
 
 pub use cleaner::{ConntrackCleaner, ConntrackMetrics, ConntrackStats};
