@@ -22,6 +22,7 @@ mod table;
 pub mod tuning;
 
 pub use cleaner::{ConntrackCleaner, ConntrackMetrics, ConntrackStats};
+pub use table::{ConntrackTable, Ctnetlink};
 
 /// A UDP destination whose entries are checked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
