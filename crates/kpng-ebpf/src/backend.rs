@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use kpng_backend::{Backend, BackendError, ChangeSet};
-use kpng_model::{Item, ItemRef, LocalState, NodePortAddresses, Op, ServiceKey};
+use kpng_model::{LocalState, NodePortAddresses, ServiceKey};
 
 use crate::dataplane::{Capacities, Dataplane, capacities_for};
 use crate::error::EbpfError;
@@ -115,27 +115,16 @@ impl EbpfBackend {
     /// A change set after others: render the services it touches.
     fn update(&mut self, changes: &ChangeSet<'_>) -> Result<Batch, EbpfError> {
         let state = changes.state;
-        let mut keys: Vec<ServiceKey> = Vec::new();
-        let mut node_changed = false;
-        for op in changes.ops() {
-            match &*op {
-                Op::Set(Item::Node(_)) | Op::Delete(ItemRef::Node) => node_changed = true,
-                Op::Set(Item::Service(s)) => keys.push(s.key.clone()),
-                Op::Set(Item::Endpoint { service, .. })
-                | Op::Delete(ItemRef::Service(service))
-                | Op::Delete(ItemRef::Endpoint { service, .. }) => keys.push(service.clone()),
-                Op::Reset | Op::Sync => {}
-            }
-        }
+        let (mut keys, node_changed) = changes.touched();
         let nodeports = nodeports_of(state);
         if node_changed && nodeports != self.nodeports {
             // NodePort frontends of every service move.
             self.nodeports = nodeports;
             keys = state.services.keys().cloned().collect();
             keys.extend(self.state.services().cloned());
+            keys.sort();
+            keys.dedup();
         }
-        keys.sort();
-        keys.dedup();
         let renders = keys.iter().map(|k| self.render(state, k, None)).collect();
         let batch = self.state.update(renders);
         self.commit(batch)
