@@ -52,7 +52,7 @@ impl NodeProjector {
             .iter()
             .filter_map(|t| match t {
                 Touched::Service(key) => Some(key),
-                Touched::Node(_) => None,
+                Touched::Node(_) | Touched::ServiceCidrs => None,
             })
             .collect();
         let zone = zone(&new_node);

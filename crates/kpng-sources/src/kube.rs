@@ -48,7 +48,7 @@ pub struct KubeSource {
 }
 
 /// The kinds this source lists.
-pub const KINDS: [Kind; 3] = Kind::ALL;
+pub const KINDS: [Kind; 3] = [Kind::Node, Kind::Service, Kind::EndpointSlice];
 
 type Events = std::pin::Pin<Box<dyn Stream<Item = Vec<SourceEvent>> + Send>>;
 
@@ -133,6 +133,7 @@ fn key_of<K: Resource>(kind: Kind, object: &K) -> ObjectRef {
         Kind::Service => ObjectRef::Service(ServiceKey::new(namespace, name)),
         Kind::EndpointSlice => ObjectRef::EndpointSlice(SliceKey::new(namespace, name)),
         Kind::Node => ObjectRef::Node(name),
+        Kind::ServiceCidr => ObjectRef::ServiceCidr(name),
     }
 }
 

@@ -46,7 +46,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             let server = args.server.clone();
             tracing::info!(server = %server, "replicating the global model");
             let feed = |writer| async move {
-                kpng_api::client::follow_global(server, security, writer).await;
+                kpng_api::client::follow_global(server, security, None, writer).await;
                 Ok(())
             };
             run_pipeline(&kpng_model::Kind::ALL, feed, args.sink, &mut global).await

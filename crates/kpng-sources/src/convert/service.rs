@@ -9,7 +9,10 @@ use kpng_model::global::{
 use kpng_model::net::{parse_cidr, parse_ip};
 use kpng_model::{Family, ObjectRef, Protocol};
 
-use super::{ConvertError, ConvertOptions, Converted, FieldError, ignored_by_labels};
+use super::{
+    ConvertError, ConvertOptions, Converted, FieldError, SERVICE_PROXY_NAME_LABEL,
+    ignored_by_labels,
+};
 
 /// Converts a Service. Ignored: ExternalName services, headless services (no cluster IP),
 /// and services labelled for another proxy or as headless.
@@ -80,6 +83,13 @@ pub fn convert_service(
         .map_err(error)?,
         external_traffic_policy,
         health_check_node_port,
+        proxy_name: svc
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(SERVICE_PROXY_NAME_LABEL))
+            .cloned(),
+        created_at: svc.metadata.creation_timestamp.as_ref().map(|t| t.0.as_second()),
     }))
 }
 

@@ -89,6 +89,7 @@ pub fn convert_slice(
             .as_ref()
             .and_then(|a| a.get(TRIGGER_TIME_ANNOTATION))
             .cloned(),
+        proxy_name: labels.and_then(|l| l.get(super::SERVICE_PROXY_NAME_LABEL)).cloned(),
     }))
 }
 

@@ -72,7 +72,7 @@ impl FileSource {
     }
 
     /// The kinds this source lists: all of them, at every read.
-    pub const KINDS: [Kind; 3] = Kind::ALL;
+    pub const KINDS: [Kind; 4] = Kind::ALL;
 
     /// Reads and converts the file once.
     pub fn load(&self) -> Result<Vec<Object>, FileError> {
