@@ -320,32 +320,54 @@ async fn run_local(args: crate::cli::LocalArgs, global: &mut GlobalArgs) -> anyh
     }
 }
 
-/// Resolves on SIGINT or SIGTERM. A kernel transaction in flight is finished first (a
-/// backend applies a change set without yielding). From then on a second signal ends the
-/// process at once, whatever is still winding down.
-async fn shutdown_signal() {
-    first_signal().await;
-    std::thread::spawn(|| {
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
-        if let Ok(runtime) = runtime {
-            runtime.block_on(first_signal());
-            eprintln!("kpng: second signal; exiting now");
-            std::process::exit(130);
-        }
-    });
+/// Resolves on SIGINT or SIGTERM, listening from the moment it is called: a signal that
+/// arrives before the future is first polled (while the first change set is being written,
+/// say) still counts. A kernel transaction in flight is finished first (a backend applies a
+/// change set without yielding). From then on a second signal ends the process at once,
+/// whatever is still winding down.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> + use<> {
+    let signals = Signals::listen();
+    async move {
+        signals.first().await;
+        std::thread::spawn(|| {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
+            if let Ok(runtime) = runtime {
+                runtime.block_on(async { Signals::listen().first().await });
+                eprintln!("kpng: second signal; exiting now");
+                std::process::exit(130);
+            }
+        });
+    }
 }
 
-async fn first_signal() {
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending().await,
+/// SIGTERM and SIGINT handlers, installed when created (inside a runtime).
+struct Signals {
+    terminate: Option<tokio::signal::unix::Signal>,
+    interrupt: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    fn listen() -> Signals {
+        use tokio::signal::unix::{SignalKind, signal};
+        Signals {
+            terminate: signal(SignalKind::terminate()).ok(),
+            interrupt: signal(SignalKind::interrupt()).ok(),
         }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        () = terminate => {}
+    }
+
+    /// The first of the two signals.
+    async fn first(mut self) {
+        async fn next(signal: &mut Option<tokio::signal::unix::Signal>) {
+            match signal {
+                Some(s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending().await,
+            }
+        }
+        tokio::select! {
+            () = next(&mut self.terminate) => {}
+            () = next(&mut self.interrupt) => {}
+        }
     }
 }
