@@ -8,5 +8,5 @@
 mod parse;
 mod watch;
 
-pub use parse::{DocumentError, parse_manifests};
+pub use parse::{DocumentError, Manifests, Position, YamlLimits, parse_manifests};
 pub use watch::{FileError, FileSource};

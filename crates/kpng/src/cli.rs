@@ -264,16 +264,18 @@ pub struct KubeArgs {
     #[arg(long, alias = "master", value_name = "URL")]
     pub server: Option<String>,
 
-    /// This proxy's name: objects labelled `service.kubernetes.io/service-proxy-name` with
-    /// this value are proxied, objects with another value are ignored.
-    #[arg(long, value_name = "NAME")]
+    /// This proxy's name: only Services and EndpointSlices labelled
+    /// `service.kubernetes.io/service-proxy-name=NAME` are proxied (the API server sends only
+    /// those); unlabelled ones belong to the default proxy. Without it, only unlabelled ones.
+    #[arg(long, value_name = "NAME", value_parser = parse_proxy_name)]
     pub service_proxy_name: Option<String>,
 
     /// Watch every Node, not only this one (what a cluster-wide `to-api` needs).
     #[arg(long)]
     pub all_nodes: bool,
 
-    /// API requests per second, on average, from this client (0: no limit). Watches are
+    /// API requests per second, on average, from this client (0: no limit). A list counts
+    /// once however many pages it takes, a watch once when it starts; watches are
     /// long-lived, so this paces lists and re-lists.
     #[arg(long, default_value_t = 5.0, value_name = "QPS", value_parser = parse_qps, allow_negative_numbers = true)]
     pub kube_api_qps: f64,
@@ -285,6 +287,10 @@ pub struct KubeArgs {
     /// What consumes the model.
     #[command(subcommand)]
     pub sink: SinkCommand,
+}
+
+fn parse_proxy_name(text: &str) -> Result<String, String> {
+    kpng_sources::convert::check_proxy_name(text).map(|()| text.to_string())
 }
 
 fn parse_qps(text: &str) -> Result<f64, String> {
@@ -324,9 +330,10 @@ pub struct FileArgs {
     #[arg(long)]
     pub watch: bool,
 
-    /// This proxy's name: objects labelled `service.kubernetes.io/service-proxy-name` with
-    /// this value are proxied, objects with another value are ignored.
-    #[arg(long, value_name = "NAME")]
+    /// This proxy's name: only Services and EndpointSlices labelled
+    /// `service.kubernetes.io/service-proxy-name=NAME` are proxied; unlabelled ones belong to
+    /// the default proxy. Without it, only unlabelled ones.
+    #[arg(long, value_name = "NAME", value_parser = parse_proxy_name)]
     pub service_proxy_name: Option<String>,
 
     /// What consumes the model.
@@ -404,6 +411,11 @@ pub struct ApiArgs {
     /// Connection security.
     #[command(flatten)]
     pub conn: ConnArgs,
+    /// This proxy's name: only Services and EndpointSlices labelled
+    /// `service.kubernetes.io/service-proxy-name=NAME` are kept from the stream; unlabelled
+    /// ones belong to the default proxy. Without it, only unlabelled ones.
+    #[arg(long, value_name = "NAME", value_parser = parse_proxy_name)]
+    pub service_proxy_name: Option<String>,
     /// What consumes the model.
     #[command(subcommand)]
     pub sink: SinkCommand,

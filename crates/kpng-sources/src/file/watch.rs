@@ -3,12 +3,12 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use kpng_model::{Kind, Object};
+use kpng_model::Kind;
 use kpng_store::{SourceEvent, StoreWriter};
 use notify::Watcher;
 use tokio::sync::mpsc;
 
-use super::parse::{DocumentError, parse_manifests};
+use super::parse::{DocumentError, Manifests, parse_manifests};
 use crate::convert::ConvertOptions;
 
 /// How long to wait after a file event for the burst of events an editor makes to end.
@@ -75,13 +75,13 @@ impl FileSource {
     pub const KINDS: [Kind; 4] = Kind::ALL;
 
     /// Reads and converts the file once.
-    pub fn load(&self) -> Result<Vec<Object>, FileError> {
+    pub fn load(&self) -> Result<Manifests, FileError> {
         let text = std::fs::read_to_string(&self.path)
             .map_err(|source| FileError::Read { path: self.path.clone(), source })?;
         self.parse(&text)
     }
 
-    fn parse(&self, text: &str) -> Result<Vec<Object>, FileError> {
+    fn parse(&self, text: &str) -> Result<Manifests, FileError> {
         parse_manifests(text, &self.options)
             .map_err(|errors| FileError::Invalid { path: self.path.clone(), errors })
     }
@@ -92,7 +92,7 @@ impl FileSource {
     pub async fn run(self, mut writer: StoreWriter) -> Result<(), FileError> {
         let mut last = std::fs::read(&self.path)
             .map_err(|source| FileError::Read { path: self.path.clone(), source })?;
-        let objects = self.parse(&String::from_utf8_lossy(&last))?;
+        let objects = self.parse(&String::from_utf8_lossy(&last))?.objects;
         let count = objects.len();
         let revision = writer.apply(SourceEvent::relist(&Self::KINDS, objects));
         tracing::info!(path = %self.path.display(), objects = count, ?revision, "loaded manifests");
@@ -116,7 +116,7 @@ impl FileSource {
                 continue;
             }
             last = current;
-            match self.parse(&String::from_utf8_lossy(&last)) {
+            match self.parse(&String::from_utf8_lossy(&last)).map(|m| m.objects) {
                 Ok(objects) => {
                     let count = objects.len();
                     let revision = writer.apply(SourceEvent::relist(&Self::KINDS, objects));
