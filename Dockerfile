@@ -1,6 +1,5 @@
-# kpng's image. The runtime needs `nft` (kpng loads its table's fixed chains with `nft -f`
-# at start-up; every later change goes over netlink), so it is a slim Debian with nftables
-# rather than a distroless image.
+# kpng's image. kpng speaks netlink to the kernel and needs no other program; `nft` is
+# kept in the image for whoever debugs a node (`kubectl exec ... nft list table ip kpng`).
 FROM rust:1-bookworm AS build
 WORKDIR /src
 COPY . .

@@ -11,7 +11,8 @@ use std::net::IpAddr;
 use kpng_model::global::InvalidKey;
 use kpng_model::local::{EndpointPort, LocalServicePort};
 use kpng_model::{
-    Family, Item, ItemRef, LocalEndpoint, LocalNode, LocalService, Op, PerFamily, ServiceKey,
+    Family, Item, ItemRef, LocalEndpoint, LocalNode, LocalService, NodePortAddresses, Op,
+    PerFamily, ServiceKey,
 };
 use prost::Message;
 
@@ -182,6 +183,7 @@ pub fn encode_service(service: &LocalService) -> localv1::Service {
                 protocol: wire_protocol(p.protocol) as i32,
                 v4: p.has_endpoints.v4,
                 v6: p.has_endpoints.v6,
+                yielded: (!p.yielded.is_empty()).then(|| ip_set(&p.yielded)),
             })
             .collect(),
     }
@@ -194,17 +196,22 @@ pub fn decode_service(wire: &localv1::Service, path: &str) -> Result<LocalServic
     let mut ports = Vec::with_capacity(wire.ports.len());
     for (i, p) in wire.ports.iter().enumerate() {
         let proto = protocol(p.protocol, path, &format!("ports[{i}].protocol"))?;
-        let has_endpoints = wire
-            .port_endpoints
-            .iter()
-            .find(|e| e.name == p.name && e.protocol == p.protocol)
-            .map_or(PerFamily { v4: true, v6: true }, |e| PerFamily { v4: e.v4, v6: e.v6 });
+        let extra =
+            wire.port_endpoints.iter().find(|e| e.name == p.name && e.protocol == p.protocol);
+        let has_endpoints =
+            extra.map_or(PerFamily { v4: true, v6: true }, |e| PerFamily { v4: e.v4, v6: e.v6 });
+        let mut yielded = match extra {
+            Some(e) => parse_ips(e.yielded.as_ref(), path, &format!("portEndpoints[{i}].yielded"))?,
+            None => Vec::new(),
+        };
+        yielded.sort();
         ports.push(LocalServicePort {
             name: p.name.clone(),
             protocol: proto,
             port: port(p.port, path, &format!("ports[{i}].port"))?,
             node_port: optional_port(p.node_port, path, &format!("ports[{i}].nodePort"))?,
             has_endpoints,
+            yielded,
         });
     }
     Ok(LocalService {
@@ -307,6 +314,10 @@ pub fn encode_node(node: &LocalNode) -> localv1::Node {
         primary_ips: Some(ip_set(&node.primary_ips)),
         pod_cidrs: node.pod_cidrs.iter().map(ToString::to_string).collect(),
         draining: node.draining,
+        nodeport_addresses: Some(ip_set(&node.nodeport_addresses.addresses)),
+        nodeports_on_all_local_v4: node.nodeport_addresses.all_local.v4,
+        nodeports_on_all_local_v6: node.nodeport_addresses.all_local.v6,
+        service_cidrs: node.service_cidrs.iter().map(ToString::to_string).collect(),
     }
 }
 
@@ -321,6 +332,17 @@ pub fn decode_node(wire: &localv1::Node, path: &str) -> Result<LocalNode, WireEr
         primary_ips,
         pod_cidrs: parse_nets(&wire.pod_cidrs, path, "podCIDRs")?,
         draining: wire.draining,
+        nodeport_addresses: {
+            let mut addresses =
+                parse_ips(wire.nodeport_addresses.as_ref(), path, "nodeportAddresses")?;
+            addresses.sort();
+            let all_local = PerFamily {
+                v4: wire.nodeports_on_all_local_v4,
+                v6: wire.nodeports_on_all_local_v6,
+            };
+            NodePortAddresses { all_local, addresses }
+        },
+        service_cidrs: parse_nets(&wire.service_cidrs, path, "serviceCIDRs")?,
     })
 }
 

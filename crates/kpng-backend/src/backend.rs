@@ -43,6 +43,28 @@ impl<'a> ChangeSet<'a> {
         }
     }
 
+    /// The services these ops touch, sorted, and whether they change the node.
+    pub fn touched(&self) -> (Vec<kpng_model::ServiceKey>, bool) {
+        use kpng_model::{Item, ItemRef};
+        let mut keys = Vec::new();
+        let mut node = false;
+        if let Ops::Changes(ops) = self.ops {
+            for op in ops {
+                match op {
+                    Op::Set(Item::Node(_)) | Op::Delete(ItemRef::Node) => node = true,
+                    Op::Set(Item::Service(s)) => keys.push(s.key.clone()),
+                    Op::Set(Item::Endpoint { service, .. })
+                    | Op::Delete(ItemRef::Service(service))
+                    | Op::Delete(ItemRef::Endpoint { service, .. }) => keys.push(service.clone()),
+                    Op::Reset | Op::Sync => {}
+                }
+            }
+        }
+        keys.sort();
+        keys.dedup();
+        (keys, node)
+    }
+
     /// The ops, ending with `Sync`.
     pub fn ops(&self) -> Box<dyn Iterator<Item = Cow<'a, Op>> + 'a> {
         let sync = std::iter::once(Cow::Owned(Op::Sync));
@@ -54,28 +76,65 @@ impl<'a> ChangeSet<'a> {
 }
 
 /// Why a backend could not apply a change set. What was in force before stays in force.
-#[derive(Debug, thiserror::Error)]
-#[error("{backend}: {message}")]
+///
+/// It wraps the backend's own error: `Display` names the backend, the error chain
+/// ([`error_chain`]) says what failed.
+#[derive(Debug)]
 pub struct BackendError {
     /// The backend's name.
     pub backend: &'static str,
-    /// What failed, naming the object or operation.
-    pub message: String,
-    /// The underlying error.
-    #[source]
-    pub source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    error: Box<dyn std::error::Error + Send + Sync>,
 }
 
 impl BackendError {
-    /// An error of `backend`.
-    pub fn new(backend: &'static str, message: impl Into<String>) -> Self {
-        BackendError { backend, message: message.into(), source: None }
+    /// An error of `backend`: its own error, or a message.
+    pub fn new(
+        backend: &'static str,
+        error: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> Self {
+        BackendError { backend, error: error.into() }
     }
 
-    /// Attaches the underlying error.
-    pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
-        self.source = Some(Box::new(source));
-        self
+    /// Says what was being done when `source` failed.
+    pub fn with_source(self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        let context = Context { text: self.error.to_string(), source: Box::new(source) };
+        BackendError { backend: self.backend, error: Box::new(context) }
+    }
+
+    /// The backend's own error, to downcast.
+    pub fn inner(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        &*self.error
+    }
+}
+
+impl std::fmt::Display for BackendError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.backend)
+    }
+}
+
+impl std::error::Error for BackendError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.error)
+    }
+}
+
+/// What was being done, and the error that stopped it.
+#[derive(Debug)]
+struct Context {
+    text: String,
+    source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+impl std::fmt::Display for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl std::error::Error for Context {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.source)
     }
 }
 
@@ -87,6 +146,13 @@ pub trait Backend: Send {
     /// Enforces a change set. On error nothing of it may be half-applied: the runner will
     /// retry later with a change set that starts with `Reset`.
     fn apply(&mut self, changes: &ChangeSet<'_>) -> Result<(), BackendError>;
+
+    /// Whether this backend acts on what the dataplane backends installed (conntrack
+    /// cleanup): it then receives a state only once every other backend holds it, and gets
+    /// the whole state again when it missed one.
+    fn follows_dataplane(&self) -> bool {
+        false
+    }
 
     /// Checks that the dataplane still holds what this backend last applied; `false` when
     /// it drifted (someone changed it behind kpng's back): the runner then sends the whole

@@ -7,13 +7,20 @@
 //!
 //! # Layout
 //! - [`backend`]: the [`Backend`] trait and [`ChangeSet`].
+//! - [`conntrack`]: which UDP conntrack entries are stale, and [`conntrack::ConntrackCleaner`],
+//!   the backend that deletes them after the dataplanes applied a state.
 //! - [`runner`]: [`run_node`], the loop from store revisions to backend change sets, and
 //!   its counters ([`NodeStats`]).
+//! - [`lock`]: one kpng per node and dataplane (an abstract Unix socket).
+//! - [`proxy`]: proxy facts every dataplane shares (local-traffic detection, service CIDRs).
 //! - [`json`]: [`JsonBackend`], which writes each op as one JSON line: the debugging
 //!   backend, and a readable proof of what the diff emits.
 
 pub mod backend;
+pub mod conntrack;
 pub mod json;
+pub mod lock;
+pub mod proxy;
 pub mod runner;
 
 pub use backend::{Backend, BackendError, ChangeSet, error_chain};

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use kpng_local::{NodeProjector, diff};
+use kpng_local::{NodeLocal, NodeProjector, diff};
 use kpng_model::ops::ApplyError;
 use kpng_model::{LocalState, Op};
 use kpng_store::{Revision, StoreReader};
@@ -32,7 +32,12 @@ pub struct RunnerOptions {
     /// ([`Backend::verify`]); a backend that drifted gets the whole state again. `None`:
     /// never.
     pub verify_period: Option<Duration>,
+    /// What only this node knows (where it accepts NodePorts, its addresses).
+    pub local: NodeLocal,
 }
+
+/// Updates of the node's own addresses (each the whole list), from whoever watches them.
+pub type AddressUpdates = tokio::sync::mpsc::Receiver<Vec<std::net::IpAddr>>;
 
 /// Change sets allowed back to back before `min_sync_period` paces them.
 pub const SYNC_BURST: f64 = 2.0;
@@ -47,6 +52,7 @@ impl RunnerOptions {
             retry_max: Duration::from_secs(30),
             min_sync_period: Duration::ZERO,
             verify_period: None,
+            local: NodeLocal::default(),
         }
     }
 }
@@ -64,11 +70,13 @@ pub struct NodeStats {
     no_local: std::sync::Mutex<NoLocal>,
 }
 
-/// Services whose Local traffic policy finds no endpoint on this node.
+/// Services whose Local traffic policy finds no endpoint on this node, and services that
+/// yield a destination to an older service claiming it too.
 #[derive(Debug, Default)]
 struct NoLocal {
     internal: std::collections::HashSet<kpng_model::ServiceKey>,
     external: std::collections::HashSet<kpng_model::ServiceKey>,
+    yielding: std::collections::HashSet<kpng_model::ServiceKey>,
 }
 
 impl Default for NodeStats {
@@ -141,6 +149,12 @@ impl NodeStats {
         (no_local.internal.len(), no_local.external.len())
     }
 
+    /// Services that yield a destination (an address and port, or a NodePort) to an older
+    /// service claiming it too.
+    pub fn conflicts(&self) -> usize {
+        self.no_local.lock().unwrap_or_else(|e| e.into_inner()).yielding.len()
+    }
+
     /// Updates the services without local endpoints: all of `state` when `keys` is `None`.
     fn track_no_local<'k>(
         &self,
@@ -148,12 +162,13 @@ impl NodeStats {
         keys: Option<impl Iterator<Item = &'k kpng_model::ServiceKey>>,
     ) {
         let mut guard = self.no_local.lock().unwrap_or_else(|e| e.into_inner());
-        let NoLocal { internal, external } = &mut *guard;
+        let NoLocal { internal, external, yielding } = &mut *guard;
         let keys: Vec<&kpng_model::ServiceKey> = match keys {
             Some(keys) => keys.collect(),
             None => {
                 internal.clear();
                 external.clear();
+                yielding.clear();
                 state.services.keys().collect()
             }
         };
@@ -166,6 +181,10 @@ impl NodeStats {
             };
             track(internal, empty && service.is_some_and(|s| s.service.internal_local));
             track(external, empty && service.is_some_and(|s| s.service.external_local));
+            track(
+                yielding,
+                service.is_some_and(|s| s.service.ports.iter().any(|p| !p.yielded.is_empty())),
+            );
         }
     }
 
@@ -334,42 +353,73 @@ impl Slots {
 
     fn deliver_each(&mut self, ops: &[Op], state: &LocalState) -> Result<(), RunnerError> {
         let now = Instant::now();
-        for slot in &mut self.slots {
-            let changes = if slot.needs_reset {
-                if slot.retry_at > now {
+        // Dataplane backends first; those that follow them only once all hold the state.
+        for follower in [false, true] {
+            let pending_dataplane = self
+                .slots
+                .iter()
+                .filter(|s| !s.backend.follows_dataplane() && s.needs_reset)
+                .map(|s| s.retry_at)
+                .max();
+            for i in 0..self.slots.len() {
+                if self.slots[i].backend.follows_dataplane() != follower {
                     continue;
                 }
-                ChangeSet::full(state)
-            } else if !ops.is_empty() {
-                ChangeSet::changes(ops, state)
-            } else {
-                continue;
-            };
-            let started = std::time::Instant::now();
-            let result = slot.backend.apply(&changes);
-            self.stats.sync_durations.observe(started.elapsed().as_secs_f64());
-            match result {
-                Ok(()) => {
-                    self.stats.change_sets.fetch_add(1, Ordering::Relaxed);
-                    slot.needs_reset = false;
-                    slot.failures = 0;
-                }
-                Err(source) => {
-                    self.stats.failures.fetch_add(1, Ordering::Relaxed);
-                    if self.options.once {
-                        let node = self.options.node.clone();
-                        return Err(RunnerError::Once { node, source });
-                    }
-                    slot.failures += 1;
-                    let delay = self
-                        .options
-                        .retry_min
-                        .saturating_mul(1 << slot.failures.min(16).saturating_sub(1));
-                    let delay = delay.min(self.options.retry_max);
-                    tracing::error!(backend = slot.backend.name(), error = %crate::backend::error_chain(&source), retry_in = ?delay, "change set failed; will retry with the full state");
+                if let (true, Some(retry_at)) = (follower, pending_dataplane) {
+                    // It must see the state the dataplanes hold: the whole state, later.
+                    let slot = &mut self.slots[i];
                     slot.needs_reset = true;
-                    slot.retry_at = now + delay;
+                    slot.retry_at = retry_at.max(now);
+                    continue;
                 }
+                self.deliver_one(i, ops, state, now)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn deliver_one(
+        &mut self,
+        i: usize,
+        ops: &[Op],
+        state: &LocalState,
+        now: Instant,
+    ) -> Result<(), RunnerError> {
+        let slot = &mut self.slots[i];
+        let changes = if slot.needs_reset {
+            if slot.retry_at > now {
+                return Ok(());
+            }
+            ChangeSet::full(state)
+        } else if !ops.is_empty() {
+            ChangeSet::changes(ops, state)
+        } else {
+            return Ok(());
+        };
+        let started = std::time::Instant::now();
+        let result = slot.backend.apply(&changes);
+        self.stats.sync_durations.observe(started.elapsed().as_secs_f64());
+        match result {
+            Ok(()) => {
+                self.stats.change_sets.fetch_add(1, Ordering::Relaxed);
+                slot.needs_reset = false;
+                slot.failures = 0;
+            }
+            Err(source) => {
+                self.stats.failures.fetch_add(1, Ordering::Relaxed);
+                if self.options.once {
+                    let node = self.options.node.clone();
+                    return Err(RunnerError::Once { node, source });
+                }
+                slot.failures += 1;
+                let delay = self
+                    .options
+                    .retry_min
+                    .saturating_mul(1 << slot.failures.min(16).saturating_sub(1));
+                let delay = delay.min(self.options.retry_max);
+                tracing::error!(backend = slot.backend.name(), error = %crate::backend::error_chain(&source), retry_in = ?delay, "change set failed; will retry with the full state");
+                slot.needs_reset = true;
+                slot.retry_at = now + delay;
             }
         }
         Ok(())
@@ -385,8 +435,9 @@ pub async fn run_node(
     backends: Vec<Box<dyn Backend>>,
     options: RunnerOptions,
     stats: Arc<NodeStats>,
+    mut addresses: Option<AddressUpdates>,
 ) -> Result<(), RunnerError> {
-    let mut projector = NodeProjector::new(options.node.clone());
+    let mut projector = NodeProjector::with_local(options.node.clone(), options.local.clone());
     let mut seen: Option<Revision> = None;
     let once = options.once;
     let verify_period = options.verify_period;
@@ -397,6 +448,14 @@ pub async fn run_node(
         let retry = slots.next_retry().filter(|_| seen.is_some());
         tokio::select! {
             revision = reader.wait_after(seen) => if revision.is_none() { return Ok(()) },
+            update = next_addresses(&mut addresses) => {
+                let ops = projector.set_addresses(update);
+                if !ops.is_empty() && seen.is_some() {
+                    slots.count_revision(true, ops.len());
+                    slots.deliver(&ops, projector.state())?;
+                }
+                continue;
+            }
             _ = sleep_until(retry), if retry.is_some() => {}
             _ = sleep_until(next_verify), if next_verify.is_some() && seen.is_some() => {
                 slots.verify();
@@ -523,6 +582,20 @@ pub fn parse_rfc3339(text: &str) -> Option<std::time::SystemTime> {
     Some(std::time::UNIX_EPOCH + Duration::new(secs, nanos))
 }
 
+/// The next address update; never, without a source (or once it is gone).
+async fn next_addresses(source: &mut Option<AddressUpdates>) -> Vec<std::net::IpAddr> {
+    match source {
+        Some(updates) => match updates.recv().await {
+            Some(addresses) => addresses,
+            None => {
+                *source = None;
+                std::future::pending().await
+            }
+        },
+        None => std::future::pending().await,
+    }
+}
+
 async fn sleep_until(at: Option<Instant>) {
     if let Some(at) = at {
         tokio::time::sleep_until(at).await;
@@ -539,7 +612,9 @@ pub async fn run_remote(
     backends: Vec<Box<dyn Backend>>,
     options: RunnerOptions,
     stats: Arc<NodeStats>,
+    mut addresses: Option<AddressUpdates>,
 ) -> Result<(), RunnerError> {
+    let mut local = options.local.clone();
     let mut state = LocalState::default();
     let mut started = false;
     let once = options.once;
@@ -549,6 +624,19 @@ pub async fn run_remote(
     loop {
         let retry = slots.next_retry().filter(|_| started);
         let ops = tokio::select! {
+            update = next_addresses(&mut addresses) => {
+                local.addresses = update;
+                let Some(node) = &state.node else { continue };
+                let mut completed = node.clone();
+                local.complete(&mut completed);
+                if completed == *node {
+                    continue;
+                }
+                state.node = Some(completed.clone());
+                let ops = vec![Op::Set(kpng_model::Item::Node(completed))];
+                slots.count_revision(true, ops.len());
+                ops
+            }
             _ = sleep_until(next_verify), if next_verify.is_some() && started => {
                 slots.verify();
                 next_verify = verify_period.map(|p| Instant::now() + p);
@@ -566,6 +654,7 @@ pub async fn run_remote(
                             batch.extend(more);
                         }
                     }
+                    complete_nodes(&mut batch, &local);
                     let ops = match apply_remote(&mut state, batch) {
                         Ok(ops) => ops,
                         Err(error) => {
@@ -589,6 +678,15 @@ pub async fn run_remote(
         slots.deliver(&ops, &state)?;
         if once && slots.all_applied() {
             return Ok(());
+        }
+    }
+}
+
+/// Fills in what only this node knows in the node items of a remote change set.
+fn complete_nodes(batch: &mut [Op], local: &NodeLocal) {
+    for op in batch {
+        if let Op::Set(kpng_model::Item::Node(node)) = op {
+            local.complete(node);
         }
     }
 }

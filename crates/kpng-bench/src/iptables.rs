@@ -16,9 +16,7 @@ use crate::table::percentiles;
 /// A chain name from a hash of `text`: `PREFIX` and 16 hex digits (kube-proxy's names
 /// are as long).
 fn chain(prefix: &str, text: &str) -> String {
-    let hash = text
-        .bytes()
-        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    let hash = kpng_model::hash::fnv1a64(text.as_bytes());
     format!("{prefix}{hash:016X}")
 }
 

@@ -56,7 +56,7 @@ impl Pipeline {
         let backend = NftBackend::new(NftOptions::default(), Box::new(kernel));
         let node = Arc::new(NodeStats::default());
         let options = RunnerOptions::new("node-0");
-        tokio::spawn(run_node(reader, vec![Box::new(backend)], options, node.clone()));
+        tokio::spawn(run_node(reader, vec![Box::new(backend)], options, node.clone(), None));
         let mut commits = probe.commits();
         tokio::time::timeout(Duration::from_secs(300), commits.wait_for(|(n, _)| *n > 0))
             .await

@@ -8,7 +8,6 @@ use anyhow::Context;
 use kpng_backend::{Backend, ChangeSet};
 use kpng_local::NodeProjector;
 use kpng_model::{Changes, GlobalModel, Object, Touched};
-use kpng_nft::skeleton::SkeletonOptions;
 use kpng_nft::{NftBackend, NftOptions};
 use kpng_testkit::generate::ClusterSpec;
 
@@ -158,8 +157,8 @@ pub fn run(
     changes.push(measure(&mut bench, repeat, "service delete", delete)?);
 
     let elements = bench.backend.state().len();
-    let chains = STATIC_CHAINS * 2;
-    let rules = bench.backend.ladders().len();
+    let chains = bench.backend.layout().wanted().chains.len();
+    let rules = bench.backend.layout().large.len();
     let reload_ms = full_reload(&bench, reloads)?;
     let iptables_ms =
         crate::iptables::restore(&crate::iptables::ruleset(bench.projector.state()), reloads)?;
@@ -168,7 +167,7 @@ pub fn run(
         endpoints,
         elements,
         chains,
-        pick_rules: rules,
+        large_counts: rules,
         cold_start_ms: cold.total_ms,
         cold_kernel_ms: cold.kernel_ms,
         cold_bytes: cold.bytes,
@@ -204,13 +203,9 @@ impl Bench {
     }
 }
 
-/// Chains per family table (static: the same at any size).
-const STATIC_CHAINS: usize = 20;
-
 /// Median time of replacing both tables with the whole ruleset through `nft -f`.
 fn full_reload(bench: &Bench, reloads: usize) -> anyhow::Result<f64> {
-    let ruleset =
-        kpng_nft::text::ruleset(&SkeletonOptions::default(), bench.backend.state().iter());
+    let ruleset = bench.backend.ruleset();
     let text = format!("delete table ip kpng\ndelete table ip6 kpng\n{ruleset}");
     let path = std::env::temp_dir().join(format!("kpng-bench-{}.nft", std::process::id()));
     std::fs::write(&path, text)?;

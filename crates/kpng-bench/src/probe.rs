@@ -5,11 +5,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kpng_backend::BackendError;
-use kpng_nft::NetlinkKernel;
-use kpng_nft::backend::{Kernel, KernelContents};
-use kpng_nft::skeleton::SkeletonOptions;
-use kpng_nft::state::TableDiff;
+use kpng_nft::plan::Plan;
+use kpng_nft::{Kernel, KernelContents, NetlinkKernel, NftError};
 
 /// What the probed kernel has seen; shared with the scenario.
 #[derive(Debug)]
@@ -82,23 +79,20 @@ impl ProbedKernel {
 }
 
 impl Kernel for ProbedKernel {
-    fn load_skeleton(&mut self, options: &SkeletonOptions) -> Result<(), BackendError> {
-        self.inner.load_skeleton(options)
-    }
-
-    fn commit(&mut self, diff: &TableDiff) -> Result<(), BackendError> {
+    fn commit(&mut self, plan: &Plan<'_>) -> Result<(), NftError> {
         let (start, bytes) = (Instant::now(), self.inner.bytes_sent());
-        let result = self.inner.commit(diff);
+        let result = self.inner.commit(plan);
         *self.probe.last_commit.lock().unwrap_or_else(|e| e.into_inner()) = start.elapsed();
         self.probe.last_bytes.store(self.inner.bytes_sent() - bytes, Ordering::Relaxed);
         let count = self.probe.transactions.fetch_add(1, Ordering::Relaxed) + 1;
         self.probe.committed.send_replace((count, Some(Instant::now())));
-        let elements = (diff.adds.len() + diff.deletes.len()) as u64;
+        let (adds, deletes) = plan.element_count();
+        let elements = (adds + deletes) as u64;
         self.probe.elements.fetch_add(elements, Ordering::Relaxed);
         result
     }
 
-    fn current(&mut self) -> Result<Option<KernelContents>, BackendError> {
-        self.inner.current()
+    fn read(&mut self) -> Result<Option<KernelContents>, NftError> {
+        self.inner.read()
     }
 }

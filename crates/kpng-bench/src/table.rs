@@ -38,8 +38,8 @@ pub struct NftRow {
     pub elements: usize,
     /// Chains in the tables.
     pub chains: usize,
-    /// Pick rules (one per endpoint count in use).
-    pub pick_rules: usize,
+    /// Rules of endpoint counts beyond the pick tree (one per such count in use).
+    pub large_counts: usize,
     /// Cold start: whole table in one transaction (ms).
     pub cold_start_ms: f64,
     /// The kernel's part of the cold start: the one big commit (ms).
@@ -78,7 +78,7 @@ pub fn print_nft(rows: &[NftRow]) {
         "eps",
         "elements",
         "chains",
-        "picks",
+        "large",
         "cold(ms)",
         "change",
         "p50(ms)",
@@ -103,7 +103,7 @@ pub fn print_nft(rows: &[NftRow]) {
                 row.endpoints,
                 row.elements,
                 row.chains,
-                row.pick_rules,
+                row.large_counts,
                 row.cold_start_ms,
                 name,
                 p50,

@@ -14,16 +14,22 @@
 //!   model → ENLS.
 //! - [`mod@diff`]: [`diff()`] and [`diff_services`]: two ENLS → ops, services before their
 //!   endpoints, endpoints deleted before their service.
+//! - [`nodeports`]: where the node accepts NodePorts (`--nodeport-addresses`), per family.
 //! - [`projector`]: [`NodeProjector`], the incremental driver a sink runs per node.
 //!
 //! [`LocalState`]: kpng_model::LocalState
 //! [`Op`]: kpng_model::Op
 
 pub mod diff;
+pub mod nodeports;
 pub mod project;
 pub mod projector;
 pub mod select;
 
 pub use diff::{diff, diff_services, full_state_ops};
-pub use project::{project_node, project_node_state, project_service};
+pub use nodeports::{NodePortSelection, nodeport_addresses};
+pub use project::{
+    NodeLocal, project_node, project_node_state, project_node_state_with, project_node_with,
+    project_service,
+};
 pub use projector::NodeProjector;

@@ -4,30 +4,67 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 
 use kpng_model::global::{
-    Endpoint, Service, ServicePort, ServiceType, SessionAffinity, TrafficPolicy,
+    Claim, Endpoint, Service, ServicePort, ServiceType, SessionAffinity, TrafficPolicy,
 };
 use kpng_model::local::{EndpointPort, LocalServicePort, LocalServiceState};
 use kpng_model::{
-    Family, GlobalModel, LocalEndpoint, LocalNode, LocalService, LocalState, ServiceKey,
+    Family, GlobalModel, LocalEndpoint, LocalNode, LocalService, LocalState, Protocol, ServiceKey,
 };
 
+use crate::nodeports::{NodePortSelection, nodeport_addresses};
 use crate::select::{NodeView, SetsUsed, select_endpoints};
 
-/// What the node knows about itself, from its Node object (`None` until the model has one).
-pub fn project_node(model: &GlobalModel, name: &str) -> Option<LocalNode> {
-    let node = model.node(name)?;
-    Some(LocalNode {
-        name: node.name.clone(),
-        zone: node.zone().map(str::to_string),
-        primary_ips: Family::ALL.iter().filter_map(|f| node.primary_ip(*f)).collect(),
-        pod_cidrs: node.pod_cidrs.clone(),
-        draining: node.deleting || node.to_be_deleted,
-    })
+/// What only the node itself knows: where it accepts NodePorts, and its own addresses.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeLocal {
+    /// The `--nodeport-addresses` option.
+    pub nodeports: NodePortSelection,
+    /// The node's addresses (only needed for a CIDR selection).
+    pub addresses: Vec<IpAddr>,
 }
 
-/// The whole ENLS of node `name`.
+impl NodeLocal {
+    /// Fills in what the node itself decides (its NodePort addresses) in `node`.
+    pub fn complete(&self, node: &mut LocalNode) {
+        node.nodeport_addresses =
+            nodeport_addresses(&self.nodeports, &node.primary_ips, &self.addresses);
+    }
+}
+
+/// What the node knows about itself, from its Node object (`None` until the model has one),
+/// with NodePorts on its primary IPs.
+pub fn project_node(model: &GlobalModel, name: &str) -> Option<LocalNode> {
+    project_node_with(model, name, &NodeLocal::default())
+}
+
+/// [`project_node`], with what only the node knows.
+pub fn project_node_with(model: &GlobalModel, name: &str, local: &NodeLocal) -> Option<LocalNode> {
+    let node = model.node(name)?;
+    let mut projected = LocalNode {
+        name: node.name.clone(),
+        zone: node.zone().map(str::to_string),
+        primary_ips: primary_ips(node),
+        pod_cidrs: node.pod_cidrs.clone(),
+        draining: node.deleting || node.to_be_deleted,
+        nodeport_addresses: Default::default(),
+        service_cidrs: Vec::new(),
+    };
+    local.complete(&mut projected);
+    Some(projected)
+}
+
+fn primary_ips(node: &kpng_model::Node) -> Vec<IpAddr> {
+    Family::ALL.iter().filter_map(|f| node.primary_ip(*f)).collect()
+}
+
+/// The whole ENLS of node `name` (NodePorts on its primary IPs).
 pub fn project_node_state(model: &GlobalModel, name: &str) -> LocalState {
-    let node = project_node(model, name);
+    project_node_state_with(model, name, &NodeLocal::default())
+}
+
+/// [`project_node_state`], with what only the node knows.
+pub fn project_node_state_with(model: &GlobalModel, name: &str, local: &NodeLocal) -> LocalState {
+    let node = project_node_with(model, name, local);
     let view = NodeView { name, zone: node.as_ref().and_then(|n| n.zone.as_deref()) };
     let services = model
         .services()
@@ -44,7 +81,7 @@ pub fn project_service(
     node: &NodeView<'_>,
 ) -> Option<LocalServiceState> {
     let service = model.service(key)?;
-    let mut local = local_service(service);
+    let mut local = local_service(model, service);
     let mut endpoints: BTreeMap<IpAddr, EndpointDraft<'_>> = BTreeMap::new();
 
     for family in Family::ALL {
@@ -62,7 +99,11 @@ pub fn project_service(
             *local_port.has_endpoints.get_mut(family) = selection.has_endpoints;
             for (i, (endpoint, number)) in candidates.iter().enumerate() {
                 let (cluster, local) = (selection.cluster[i], selection.local[i]);
-                if !(cluster || local) {
+                // A UDP endpoint this node does not pick but that still serves stays in
+                // the state: its conntrack entries must outlive topology and policy changes.
+                let serving =
+                    port.protocol == Protocol::Udp && (endpoint.ready || endpoint.serving);
+                if !(cluster || local || serving) {
                     continue;
                 }
                 let draft = endpoints
@@ -133,7 +174,23 @@ fn sorted(ips: &[IpAddr]) -> Vec<IpAddr> {
     ips
 }
 
-fn local_service(service: &Service) -> LocalService {
+/// The addresses of `service` whose destination on `port` an older service holds.
+fn yielded(model: &GlobalModel, service: &Service, port: &ServicePort) -> Vec<IpAddr> {
+    let addresses = service
+        .cluster_ips
+        .iter()
+        .copied()
+        .chain(service.external_ips.iter().copied())
+        .chain(Family::ALL.iter().flat_map(|f| service.load_balancer_vips(*f)));
+    let mut yielded: Vec<IpAddr> = addresses
+        .filter(|ip| !model.holds(service, &Claim::Address(*ip, port.protocol, port.port)))
+        .collect();
+    yielded.sort();
+    yielded.dedup();
+    yielded
+}
+
+fn local_service(model: &GlobalModel, service: &Service) -> LocalService {
     let mut load_balancer_ips: Vec<IpAddr> =
         Family::ALL.iter().flat_map(|f| service.load_balancer_vips(*f)).collect();
     load_balancer_ips.sort();
@@ -158,8 +215,11 @@ fn local_service(service: &Service) -> LocalService {
                 name: p.name.clone(),
                 protocol: p.protocol,
                 port: p.port,
-                node_port: p.node_port,
+                node_port: p
+                    .node_port
+                    .filter(|n| model.holds(service, &Claim::NodePort(p.protocol, *n))),
                 has_endpoints: Default::default(),
+                yielded: yielded(model, service, p),
             })
             .collect(),
         affinity_timeout_seconds: match service.session_affinity {

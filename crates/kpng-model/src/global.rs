@@ -4,12 +4,14 @@
 //! fields, status a proxy does not use, labels nobody selects on) is dropped at ingest, so a
 //! change to it costs nothing downstream.
 
+mod claims;
 mod endpoints;
 mod model;
 mod node;
 mod service;
 mod service_cidr;
 
+pub use claims::{Claim, Claims};
 pub use endpoints::{Endpoint, EndpointSlice, SliceKey, SlicePort};
 pub use model::{Changes, GlobalModel, Kind, ModelDocument, Object, ObjectRef, Touched};
 pub use node::{Node, NodeAddress, NodeAddressKind, TO_BE_DELETED_TAINT, ZONE_LABEL};

@@ -6,6 +6,7 @@
 //! the [`ops`] that describe how one ENLS becomes the next.
 //!
 //! # Layout
+//! - [`hash`]: FNV-1a, for names and hashes that must be stable across processes and versions.
 //! - [`net`]: IP families, protocols and lenient parsing of IPs and CIDRs as Kubernetes writes them.
 //! - [`global`]: the reduced global model: [`global::Service`], [`global::EndpointSlice`],
 //!   [`global::Node`], [`global::ServiceCidr`], and [`global::GlobalModel`] which holds them
@@ -15,6 +16,7 @@
 //!   [`local::LocalState::apply`] which replays ops onto a state.
 
 pub mod global;
+pub mod hash;
 pub mod local;
 pub mod net;
 pub mod ops;
@@ -23,6 +25,6 @@ pub use global::{
     Changes, EndpointSlice, GlobalModel, Kind, Node, Object, ObjectRef, Service, ServiceCidr,
     ServiceKey, SliceKey, Touched,
 };
-pub use local::{Endpoints, LocalEndpoint, LocalNode, LocalService, LocalState};
+pub use local::{Endpoints, LocalEndpoint, LocalNode, LocalService, LocalState, NodePortAddresses};
 pub use net::{Family, PerFamily, Protocol};
 pub use ops::{Item, ItemRef, Op};

@@ -1,10 +1,11 @@
 //! The Expected Node-Local State (ENLS): what one node must enforce.
 //!
 //! The ENLS is computed from the global model for one node by `kpng-local`. It names every
-//! service the node proxies and, per service, only the endpoints that this node may send
+//! service the node proxies and, per service, the endpoints that this node may send
 //! traffic to, with the set (Cluster or Local) each belongs to for each service port. An
 //! endpoint that no set of this node contains is absent, so changes to it cost this node
-//! nothing.
+//! nothing; the one exception is a UDP port's serving endpoints, listed in neither set,
+//! because conntrack entries towards them must be kept.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -28,6 +29,22 @@ pub struct LocalNode {
     pub pod_cidrs: Vec<IpNet>,
     /// The node is being deleted or is tainted for removal: `/healthz` reports it.
     pub draining: bool,
+    /// Where this node accepts NodePorts (`--nodeport-addresses`): the Node object's primary
+    /// IPs by default. Node-local: each node fills it from its own options and addresses.
+    pub nodeport_addresses: NodePortAddresses,
+    /// The cluster's service CIDRs (ServiceCIDR objects and `--service-cidr`), sorted: new
+    /// connections to an address in them that no service holds are dropped.
+    pub service_cidrs: Vec<IpNet>,
+}
+
+/// Where a node accepts NodePorts.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct NodePortAddresses {
+    /// Per family: on every local address but loopback, including addresses added later
+    /// (a match-all `--nodeport-addresses` CIDR).
+    pub all_local: PerFamily<bool>,
+    /// The addresses, sorted (IPv4 first), of the families not accepted everywhere.
+    pub addresses: Vec<IpAddr>,
 }
 
 impl LocalNode {
@@ -52,6 +69,10 @@ pub struct LocalServicePort {
     /// the port rejects traffic; when true but the set its traffic uses is empty, the
     /// traffic is dropped.
     pub has_endpoints: PerFamily<bool>,
+    /// Addresses of the service (cluster, external, load-balancer) whose destination on
+    /// this port an older service holds: traffic to them is not this service's. (A NodePort
+    /// an older service holds is not listed: `node_port` is then `None`.)
+    pub yielded: Vec<IpAddr>,
 }
 
 /// A service as this node proxies it.
@@ -104,6 +125,14 @@ pub struct EndpointPort {
     pub cluster: bool,
     /// In the Local set of the service port.
     pub local: bool,
+}
+
+impl EndpointPort {
+    /// In a set this node picks from. An entry in neither set is a serving endpoint of a
+    /// UDP port, listed only so that conntrack entries towards it are kept.
+    pub fn picked(&self) -> bool {
+        self.cluster || self.local
+    }
 }
 
 /// An endpoint of a service, as this node uses it. Identified within the service by its IP.

@@ -1,180 +1,130 @@
 //! [`NftBackend`]: turns change sets into one kernel transaction each.
+//!
+//! The backend is in one of two states ([`TableSync`]). While it does not know what the
+//! kernel holds (at start-up, after a failed transaction, after a verification found
+//! drift), the next change set reads kpng's tables back and reconciles them with the
+//! whole node state in one transaction: a restart over a table that is already right
+//! changes nothing, a damaged table is repaired in place, and nothing is ever deleted
+//! first. In sync, a change set renders only the services it touched and commits their
+//! element changes (and, rarely, the layout changes they need) in one transaction.
 
 use std::collections::{BTreeSet, HashMap};
-use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use ipnet::IpNet;
+use kpng_backend::proxy::{LocalDetection, service_cidrs};
 use kpng_backend::{Backend, BackendError, ChangeSet};
-use kpng_model::{Item, ItemRef, Op, ServiceKey};
+use kpng_model::local::LocalServiceState;
+use kpng_model::{Family, Item, ItemRef, LocalNode, LocalState, Op, ServiceKey};
 
-use crate::affinity::{AffinityGroup, AffinityOp};
-use crate::conntrack::{UdpCheck, UdpTarget, udp_checks};
-use crate::objects::{ElementId, Value};
-use crate::render::{
-    NodeFacts, NodePortAddresses, Slots, local_pods, render_node, render_service, seed_slots,
-};
+use crate::error::NftError;
+use crate::kernel::{Kernel, KernelContents};
+use crate::layout::{LargeCount, Layout, groups_wanted};
+use crate::objects::{ElementId, GroupKey, MapName, SetKind, Value};
+use crate::plan::Plan;
+use crate::reconcile::{Reconciled, Wanted, reconcile};
+use crate::render::{NodeFacts, Slots, render_node, render_service, seed_slots};
 use crate::skeleton::SkeletonOptions;
-use crate::state::{KERNEL_OWNER, Ladder, NODE_OWNER, Owner, TableDiff, TableState};
+use crate::state::{Owner, TableState};
+use crate::stats::NftStats;
 
 /// Configuration of the nftables backend.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NftOptions {
-    /// Static rule options (masquerade-all, mark bit); the detector is filled in from
-    /// `cluster_cidrs` or the node.
-    pub skeleton: SkeletonOptions,
-    /// Where NodePorts are accepted.
-    pub nodeport_addresses: NodePortAddresses,
-    /// `--cluster-cidr`: the local-traffic detector; empty means the node's pod CIDRs.
+    /// Masquerade all traffic to cluster IPs (`--masquerade-all`).
+    pub masquerade_all: bool,
+    /// The packet-mark bit that flags connections for masquerading.
+    pub masquerade_bit: u8,
+    /// How traffic from local pods is recognised (`--detect-local-mode`).
+    pub local_detection: LocalDetection,
+    /// `--cluster-cidr`.
     pub cluster_cidrs: Vec<IpNet>,
+    /// `--service-cidr`: service CIDRs beyond the cluster's ServiceCIDR objects.
+    pub service_cidrs: Vec<IpNet>,
 }
 
-/// Counters of the nftables backend, shared with whoever reports them (metrics).
-#[derive(Debug)]
-pub struct NftStats {
-    /// Transactions committed.
-    pub transactions: std::sync::atomic::AtomicU64,
-    /// Transactions the kernel refused.
-    pub transaction_failures: std::sync::atomic::AtomicU64,
-    /// Elements added, over all transactions.
-    pub elements_added: std::sync::atomic::AtomicU64,
-    /// Elements deleted, over all transactions.
-    pub elements_deleted: std::sync::atomic::AtomicU64,
-    /// Stale UDP conntrack entries deleted.
-    pub conntrack_deleted: std::sync::atomic::AtomicU64,
-    /// UDP conntrack cleanups that failed.
-    pub conntrack_failures: std::sync::atomic::AtomicU64,
-    /// Seconds the kernel took to commit each transaction.
-    pub commit_seconds: prometheus_client::metrics::histogram::Histogram,
-    /// Elements per committed transaction.
-    pub transaction_elements: prometheus_client::metrics::histogram::Histogram,
-}
-
-impl Default for NftStats {
+impl Default for NftOptions {
     fn default() -> Self {
-        use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-        NftStats {
-            transactions: Default::default(),
-            transaction_failures: Default::default(),
-            elements_added: Default::default(),
-            elements_deleted: Default::default(),
-            conntrack_deleted: Default::default(),
-            conntrack_failures: Default::default(),
-            // 10 µs to about 1.3 s.
-            commit_seconds: Histogram::new(exponential_buckets(0.00001, 2.0, 18)),
-            // 1 to about 260,000 elements.
-            transaction_elements: Histogram::new(exponential_buckets(1.0, 4.0, 10)),
+        NftOptions {
+            masquerade_all: false,
+            masquerade_bit: 14,
+            local_detection: LocalDetection::Auto,
+            cluster_cidrs: Vec::new(),
+            service_cidrs: Vec::new(),
         }
     }
 }
 
-/// Where transactions go: the kernel, or a printer for `--dry-run`, or a test fake.
-pub trait Kernel: Send {
-    /// Installs (or refreshes) the static skeleton.
-    fn load_skeleton(&mut self, options: &SkeletonOptions) -> Result<(), BackendError>;
-    /// Applies one transaction atomically. On error nothing of it is in force.
-    fn commit(&mut self, diff: &TableDiff) -> Result<(), BackendError>;
-    /// The local addresses of the node (for `--nodeport-addresses` CIDRs).
-    fn local_addresses(&mut self) -> Vec<IpAddr> {
-        Vec::new()
-    }
-    /// Deletes the stale UDP conntrack entries of `checks` (see [`crate::conntrack`]) and
-    /// returns how many went.
-    fn clear_udp(
-        &mut self,
-        checks: &[UdpCheck],
-        nodeport_addrs: &[IpAddr],
-    ) -> Result<usize, BackendError> {
-        let _ = (checks, nodeport_addrs);
-        Ok(0)
-    }
-    /// Removes kpng's tables (to rebuild them from nothing after they were damaged).
-    fn drop_tables(&mut self) -> Result<(), BackendError> {
-        Ok(())
-    }
-    /// What kpng's tables hold now (elements, count sets, affinity groups), when the kernel can say;
-    /// `None` when it cannot (a dry run starts from nothing).
-    fn current(&mut self) -> Result<Option<KernelContents>, BackendError> {
-        Ok(None)
+/// Whether the backend knows what the kernel holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TableSync {
+    /// Unknown: the next change set reads the tables back and reconciles them whole.
+    Unknown,
+    /// The kernel holds what the backend last committed: changes are applied as they come.
+    InSync,
+}
+
+/// Numbers for the services the backend has seen.
+#[derive(Debug, Default)]
+struct ServiceOwners {
+    numbers: HashMap<ServiceKey, u32>,
+    next: u32,
+}
+
+impl ServiceOwners {
+    fn owner(&mut self, key: &ServiceKey) -> Owner {
+        let next = &mut self.next;
+        Owner::Service(*self.numbers.entry(key.clone()).or_insert_with(|| {
+            *next += 1;
+            *next
+        }))
     }
 }
 
-/// The new elements (and slots) of one owner.
-struct OwnerUpdate {
+/// One service's rendering, ready to commit.
+struct ServiceUpdate {
     owner: Owner,
+    key: ServiceKey,
     elements: Vec<(ElementId, Value)>,
-    /// `None` for the node, which has no slots.
-    slots: Option<Slots>,
-    /// The service's UDP destinations and their endpoints now (`None` for the node).
-    udp: Option<Vec<UdpCheck>>,
-    /// The service this owner stood for, when it no longer exists.
-    gone: Option<ServiceKey>,
-    /// The service's ClientIP affinity groups (`None` for the node).
-    affinity: Option<Vec<AffinityGroup>>,
-}
-
-/// What the kernel holds of kpng's tables.
-#[derive(Debug, Clone, Default)]
-pub struct KernelContents {
-    /// Every element of kpng's sets and maps.
-    pub elements: Vec<(ElementId, Value)>,
-    /// The count sets (with their pick rules).
-    pub ladders: BTreeSet<Ladder>,
-    /// Affinity groups: family, hash, number of slots, timeout (seconds).
-    pub affinity: Vec<(kpng_model::Family, u64, usize, u32)>,
-    /// Rules in kpng's table of each family (none once someone flushed it).
-    pub rules: Vec<(kpng_model::Family, usize)>,
+    slots: Slots,
+    groups: Vec<crate::affinity::AffinityGroup>,
+    gone: bool,
 }
 
 /// The nftables backend.
 pub struct NftBackend {
     options: NftOptions,
     kernel: Box<dyn Kernel>,
+    sync: TableSync,
     state: TableState,
-    /// The skeleton options last loaded into the kernel.
-    loaded_skeleton: Option<SkeletonOptions>,
-    /// The count sets (and pick rules) that exist in the kernel. They are kept once made:
-    /// an endpoint count that comes back reuses them.
-    ladders: BTreeSet<Ladder>,
-    owners: HashMap<ServiceKey, Owner>,
-    next_owner: Owner,
+    layout: Layout,
+    owners: ServiceOwners,
     slots: HashMap<Owner, Slots>,
-    /// The UDP destinations each service had at its last commit.
-    udp: HashMap<Owner, Vec<UdpTarget>>,
-    /// The affinity groups each service has in the kernel.
-    groups: HashMap<Owner, Vec<AffinityGroup>>,
-    /// Affinity groups found in the kernel at a reset and not yet claimed.
-    kernel_groups: HashMap<u64, AffinityGroup>,
-    /// A verification found rules or count sets missing: the next reset rebuilds the
-    /// tables from nothing instead of adopting what is left of them.
-    rebuild: bool,
+    /// The affinity groups of each service, by hash (the groups are in the layout).
+    group_hashes: HashMap<Owner, Vec<u64>>,
     stats: Arc<NftStats>,
 }
 
 impl NftBackend {
-    /// The backend's counters.
-    pub fn stats(&self) -> Arc<NftStats> {
-        self.stats.clone()
-    }
-
     /// A backend sending its transactions to `kernel`.
     pub fn new(options: NftOptions, kernel: Box<dyn Kernel>) -> Self {
         NftBackend {
             options,
             kernel,
+            sync: TableSync::Unknown,
             state: TableState::new(),
-            loaded_skeleton: None,
-            ladders: BTreeSet::new(),
-            owners: HashMap::new(),
-            next_owner: NODE_OWNER + 1,
+            layout: Layout::default(),
+            owners: ServiceOwners::default(),
             slots: HashMap::new(),
-            udp: HashMap::new(),
-            groups: HashMap::new(),
-            kernel_groups: HashMap::new(),
-            rebuild: false,
+            group_hashes: HashMap::new(),
             stats: Arc::default(),
         }
+    }
+
+    /// The backend's counters.
+    pub fn stats(&self) -> Arc<NftStats> {
+        self.stats.clone()
     }
 
     /// The elements currently committed.
@@ -182,95 +132,374 @@ impl NftBackend {
         &self.state
     }
 
-    /// The count sets (each with one pick rule) that exist in the kernel.
-    pub fn ladders(&self) -> &BTreeSet<Ladder> {
-        &self.ladders
+    /// What the tables hold besides elements.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
     }
 
-    fn owner(&mut self, key: &ServiceKey) -> Owner {
-        if let Some(owner) = self.owners.get(key) {
-            return *owner;
+    /// The whole table as it stands, as `nft -f` input that builds it from nothing.
+    pub fn ruleset(&self) -> String {
+        let created = reconcile(&self.layout.wanted(), &crate::reconcile::Present::default());
+        let mut elements: Vec<(ElementId, Value)> =
+            self.state.iter().map(|(id, v)| (*id, *v)).collect();
+        elements.sort_unstable();
+        let mut plan = Plan::new();
+        plan.commands.extend(created.before);
+        plan.elements(true, &elements);
+        plan.text()
+    }
+
+    /// Whether the backend knows what the kernel holds.
+    pub fn sync(&self) -> TableSync {
+        self.sync
+    }
+
+    /// The skeleton's options for the node state's `node`.
+    fn skeleton_options(&self, node: Option<&LocalNode>) -> SkeletonOptions {
+        SkeletonOptions {
+            masquerade_all: self.options.masquerade_all,
+            local_detector: self.options.local_detection.resolve(node, &self.options.cluster_cidrs),
+            masquerade_bit: self.options.masquerade_bit,
+            nodeports_on_all_local: node
+                .map(|n| n.nodeport_addresses.all_local)
+                .unwrap_or_default(),
+            service_cidrs: service_cidrs(node, &self.options.service_cidrs),
         }
-        let owner = self.next_owner;
-        self.next_owner += 1;
-        self.owners.insert(key.clone(), owner);
-        owner
     }
 
-    /// The owners whose elements a change set may change, with their new elements.
-    fn render(&mut self, changes: &ChangeSet<'_>) -> Vec<OwnerUpdate> {
-        let state = changes.state;
-        let node_facts = NodeFacts::from_node(state.node.as_ref());
-        let mut keys: Vec<ServiceKey> = Vec::new();
-        let mut node_changed = changes.is_reset();
-        // A reset renders every service below: its ops need not be read.
-        let ops = if node_changed { None } else { Some(changes.ops()) };
-        for op in ops.into_iter().flatten() {
-            match &*op {
-                Op::Set(Item::Node(_)) | Op::Delete(ItemRef::Node) => node_changed = true,
-                Op::Set(Item::Service(s)) => keys.push(s.key.clone()),
-                Op::Set(Item::Endpoint { service, .. }) => keys.push(service.clone()),
-                Op::Delete(ItemRef::Service(k))
-                | Op::Delete(ItemRef::Endpoint { service: k, .. }) => keys.push(k.clone()),
-                Op::Reset | Op::Sync => {}
+    fn render(
+        &mut self,
+        key: &ServiceKey,
+        service: Option<&LocalServiceState>,
+        facts: &NodeFacts,
+        seed: &dyn Fn(&LocalServiceState) -> Slots,
+    ) -> ServiceUpdate {
+        let owner = self.owners.owner(key);
+        let Some(service) = service else {
+            return ServiceUpdate {
+                owner,
+                key: key.clone(),
+                elements: Vec::new(),
+                slots: Slots::new(),
+                groups: Vec::new(),
+                gone: true,
+            };
+        };
+        let previous = match self.slots.get(&owner) {
+            Some(slots) => slots.clone(),
+            None => seed(service),
+        };
+        let rendered = render_service(service, facts, &previous);
+        ServiceUpdate {
+            owner,
+            key: key.clone(),
+            elements: rendered.elements,
+            slots: rendered.slots,
+            groups: rendered.affinity,
+            gone: false,
+        }
+    }
+
+    /// Reads the tables back and reconciles them with the whole of `state`.
+    fn resync(&mut self, state: &LocalState) -> Result<bool, NftError> {
+        let contents = self.kernel.read()?.unwrap_or_default();
+        let adopted = TableState::adopt(contents.elements.clone());
+        self.owners = ServiceOwners::default();
+        self.slots.clear();
+        self.group_hashes.clear();
+        let facts = NodeFacts::from_node(state.node.as_ref());
+        let seed = |service: &LocalServiceState| seed_from_kernel(service, &adopted, &contents);
+        let mut layout =
+            Layout { options: self.skeleton_options(state.node.as_ref()), ..Layout::default() };
+        let mut services = Vec::with_capacity(state.services.len());
+        for (key, service) in &state.services {
+            services.push(self.render(key, Some(service), &facts, &seed));
+        }
+        let mut updates = vec![(Owner::Node, node_elements(state.node.as_ref()))];
+        for update in &mut services {
+            for group in &update.groups {
+                layout.groups.insert(group.hash, group.clone());
             }
+            updates.push((update.owner, std::mem::take(&mut update.elements)));
         }
+        updates.push((Owner::Kernel, Vec::new()));
+        layout.large = large_counts(updates.iter().flat_map(|(_, e)| e));
+        let reconciled = reconcile(&layout.wanted(), &contents.present);
+        // Elements of sets that go, or come back empty, are not the kernel's any more.
+        let wanted = layout.wanted();
+        let kept: Vec<(ElementId, Value)> = contents
+            .elements
+            .into_iter()
+            .filter(|(id, _)| {
+                let name = (id.family, id.map.name().into_owned());
+                wanted.sets.contains_key(&name) && !reconciled.emptied.contains(&name)
+            })
+            .collect();
+        drop(adopted);
+        let mut table = TableState::adopt(kept);
+        let diff = table.update(updates);
+        let mut plan = Plan::new();
+        plan.commands.extend(reconciled.before.iter().cloned());
+        plan.elements(false, &diff.deletes);
+        plan.elements(true, &diff.adds);
+        plan.commands.extend(reconciled.after.iter().cloned());
+        if !plan.is_empty() {
+            self.commit(&plan)?;
+        } else {
+            tracing::info!(elements = table.len(), "nftables: the kernel already holds this state");
+        }
+        log_reconciled(&reconciled);
+        self.state = table;
+        self.layout = layout;
+        for update in services {
+            self.remember(update);
+        }
+        self.sync = TableSync::InSync;
+        Ok(!plan.is_empty())
+    }
+
+    /// Applies the changes of one change set, touching only what they concern.
+    fn apply_changes(&mut self, changes: &ChangeSet<'_>) -> Result<bool, NftError> {
+        let state = changes.state;
+        let (mut keys, node_changed) = touched(changes);
+        let options = self.skeleton_options(state.node.as_ref());
         if node_changed {
             // Node IPs shape firewall elements: render every service again.
-            keys = state.services.keys().cloned().collect();
-            if changes.is_reset() {
-                keys.extend(self.owners.keys().cloned());
-            }
+            keys.extend(state.services.keys().cloned());
+            keys.extend(self.owners.numbers.keys().cloned());
         }
-        keys.sort();
-        keys.dedup();
-        let mut updates = Vec::new();
+        let facts = NodeFacts::from_node(state.node.as_ref());
+        let no_seed = |_: &LocalServiceState| Slots::new();
+        let mut services = Vec::with_capacity(keys.len());
+        for key in &keys {
+            services.push(self.render(key, state.services.get(key), &facts, &no_seed));
+        }
+        let mut updates = Vec::with_capacity(services.len() + 1);
         if node_changed {
-            let addrs = match self.options.nodeport_addresses {
-                NodePortAddresses::Primary => Vec::new(),
-                NodePortAddresses::Cidrs(_) => self.kernel.local_addresses(),
-            };
-            let elements =
-                render_node(state.node.as_ref(), &self.options.nodeport_addresses, &addrs);
-            updates.push(OwnerUpdate {
-                owner: NODE_OWNER,
-                elements,
-                slots: None,
-                udp: None,
-                gone: None,
-                affinity: None,
-            });
+            updates.push((Owner::Node, node_elements(state.node.as_ref())));
         }
-        for key in keys {
-            let owner = self.owner(&key);
-            match state.services.get(&key) {
-                Some(service) => {
-                    let previous = match self.slots.get(&owner) {
-                        Some(slots) => slots.clone(),
-                        None => seed_slots(service, |id| self.state.get(id).copied()),
-                    };
-                    let rendered = render_service(service, &node_facts, &previous);
-                    updates.push(OwnerUpdate {
-                        owner,
-                        elements: rendered.elements,
-                        slots: Some(rendered.slots),
-                        udp: Some(udp_checks(service)),
-                        gone: None,
-                        affinity: Some(rendered.affinity),
-                    });
-                }
-                None => updates.push(OwnerUpdate {
-                    owner,
-                    elements: Vec::new(),
-                    slots: Some(Slots::new()),
-                    udp: Some(Vec::new()),
-                    gone: Some(key),
-                    affinity: Some(Vec::new()),
-                }),
+        let (old_groups, new_groups) = self.group_changes(&services);
+        for update in &mut services {
+            updates.push((update.owner, std::mem::take(&mut update.elements)));
+        }
+        let new_large: BTreeSet<LargeCount> = large_counts(updates.iter().flat_map(|(_, e)| e))
+            .difference(&self.layout.large)
+            .copied()
+            .collect();
+        let reconciled = self.layout_changes(&options, &new_large, &old_groups, &new_groups);
+        let previous: Vec<(Owner, Vec<(ElementId, Value)>)> =
+            updates.iter().map(|(owner, _)| (*owner, self.state.owned(*owner).collect())).collect();
+        let diff = self.state.update(updates);
+        let mut plan = Plan::new();
+        plan.commands.extend(reconciled.before.iter().cloned());
+        plan.elements(false, &diff.deletes);
+        plan.elements(true, &diff.adds);
+        plan.commands.extend(reconciled.after.iter().cloned());
+        if plan.is_empty() {
+            tracing::debug!(elements = self.state.len(), "nftables: nothing to change");
+        } else if let Err(error) = self.commit(&plan) {
+            self.state.update(previous);
+            return Err(error);
+        }
+        self.layout.options = options;
+        self.layout.large.extend(new_large);
+        for hash in old_groups.iter().map(|g| g.hash) {
+            self.layout.groups.remove(&hash);
+        }
+        for group in new_groups {
+            self.layout.groups.insert(group.hash, group);
+        }
+        for update in services {
+            self.remember(update);
+        }
+        Ok(!plan.is_empty())
+    }
+
+    /// The affinity groups the touched services had, and the ones they have now.
+    fn group_changes(
+        &self,
+        services: &[ServiceUpdate],
+    ) -> (Vec<crate::affinity::AffinityGroup>, Vec<crate::affinity::AffinityGroup>) {
+        let mut old = Vec::new();
+        let mut new = Vec::new();
+        for update in services {
+            let hashes =
+                self.group_hashes.get(&update.owner).map(Vec::as_slice).unwrap_or_default();
+            old.extend(hashes.iter().filter_map(|h| self.layout.groups.get(h)).cloned());
+            new.extend(update.groups.iter().cloned());
+        }
+        (old, new)
+    }
+
+    /// What the layout must change: the skeleton when its options changed, the counts
+    /// chains when counts beyond the tree appear, the touched services' affinity groups.
+    fn layout_changes(
+        &self,
+        options: &SkeletonOptions,
+        new_large: &BTreeSet<LargeCount>,
+        old_groups: &[crate::affinity::AffinityGroup],
+        new_groups: &[crate::affinity::AffinityGroup],
+    ) -> Reconciled {
+        let mut wanted = groups_wanted(new_groups);
+        let mut present = groups_wanted(old_groups).as_present();
+        let mut next = Layout {
+            options: options.clone(),
+            large: self.layout.large.clone(),
+            ..Layout::default()
+        };
+        next.large.extend(new_large.iter().copied());
+        if *options != self.layout.options {
+            for family in Family::ALL {
+                let mut before = Wanted::default();
+                self.layout.add_skeleton(&mut before, family);
+                self.layout.add_counts(&mut before, kpng_pick_kinds(), &[family]);
+                extend(&mut present, before.as_present());
+                next.add_skeleton(&mut wanted, family);
+                next.add_counts(&mut wanted, kpng_pick_kinds(), &[family]);
+            }
+        } else if !new_large.is_empty() {
+            let families: Vec<Family> = new_large.iter().map(|l| l.family).collect();
+            let kinds: BTreeSet<crate::objects::PickKind> =
+                new_large.iter().map(|l| l.kind).collect();
+            let mut before = Wanted::default();
+            self.layout.add_counts(&mut before, kinds.iter().copied(), &families);
+            extend(&mut present, before.as_present());
+            next.add_counts(&mut wanted, kinds.iter().copied(), &families);
+        }
+        // Tables are not part of an incremental comparison.
+        present.tables = wanted.tables.clone();
+        reconcile(&wanted, &present)
+    }
+
+    /// Keeps what a committed update needs next time: slots and group hashes, or nothing
+    /// for a service that is gone.
+    fn remember(&mut self, update: ServiceUpdate) {
+        let owner = update.owner;
+        self.slots.remove(&owner);
+        self.group_hashes.remove(&owner);
+        if update.gone {
+            self.owners.numbers.remove(&update.key);
+            return;
+        }
+        if !update.slots.is_empty() {
+            self.slots.insert(owner, update.slots);
+        }
+        if !update.groups.is_empty() {
+            self.group_hashes.insert(owner, update.groups.iter().map(|g| g.hash).collect());
+        }
+    }
+
+    fn commit(&mut self, plan: &Plan<'_>) -> Result<(), NftError> {
+        let started = std::time::Instant::now();
+        let result = self.kernel.commit(plan);
+        let took = started.elapsed();
+        if let Err(error) = result {
+            self.stats.transaction_failures.fetch_add(1, Ordering::Relaxed);
+            self.sync = TableSync::Unknown;
+            return Err(error);
+        }
+        let (adds, deletes) = plan.element_count();
+        self.stats.record_commit(adds, deletes, took);
+        tracing::info!(added = adds, deleted = deletes, rules = plan.changes_rules(), kernel = ?took, "nftables transaction committed");
+        Ok(())
+    }
+}
+
+fn kpng_pick_kinds() -> impl Iterator<Item = crate::objects::PickKind> + Clone {
+    crate::objects::PickKind::ALL.into_iter()
+}
+
+fn extend(present: &mut crate::reconcile::Present, more: crate::reconcile::Present) {
+    present.sets.extend(more.sets);
+    present.chains.extend(more.chains);
+}
+
+/// The node-level elements of `node`.
+fn node_elements(node: Option<&LocalNode>) -> Vec<(ElementId, Value)> {
+    node.map(|n| render_node(&n.nodeport_addresses.addresses)).unwrap_or_default()
+}
+
+/// The counts beyond the pick tree that `elements` use.
+fn large_counts<'e>(
+    elements: impl Iterator<Item = &'e (ElementId, Value)>,
+) -> BTreeSet<LargeCount> {
+    elements
+        .filter_map(|(id, _)| match id.map {
+            MapName::Count(kind, count) => Some(LargeCount { family: id.family, kind, count }),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A service's slots as the kernel holds them: backends elements for ordinary groups,
+/// the slot chains (with their holes) for affinity groups.
+fn seed_from_kernel(
+    service: &LocalServiceState,
+    adopted: &TableState,
+    contents: &KernelContents,
+) -> Slots {
+    let mut slots = seed_slots(service, |id| adopted.get(id).copied());
+    if service.service.affinity_timeout_seconds.is_some() {
+        for group in group_keys(service) {
+            let found = contents.affinity_slots(group.family, group.hash(&service.service.key));
+            if found.is_empty() {
+                slots.remove(&group);
+            } else {
+                slots.insert(group, found);
             }
         }
-        updates
     }
+    slots
+}
+
+/// Every group a service can have: per family with a cluster IP, port, and set.
+fn group_keys(service: &LocalServiceState) -> Vec<GroupKey> {
+    let svc = &service.service;
+    let mut keys = Vec::new();
+    for family in Family::ALL.into_iter().filter(|f| svc.cluster_ip(*f).is_some()) {
+        for port in &svc.ports {
+            for kind in [SetKind::Cluster, SetKind::Local] {
+                keys.push(GroupKey {
+                    family,
+                    port: port.name.clone(),
+                    protocol: port.protocol,
+                    kind,
+                });
+            }
+        }
+    }
+    keys
+}
+
+/// The services a change set touches, and whether the node changed.
+fn touched(changes: &ChangeSet<'_>) -> (Vec<ServiceKey>, bool) {
+    let mut keys = Vec::new();
+    let mut node_changed = false;
+    for op in changes.ops() {
+        match &*op {
+            Op::Set(Item::Node(_)) | Op::Delete(ItemRef::Node) => node_changed = true,
+            Op::Set(Item::Service(s)) => keys.push(s.key.clone()),
+            Op::Set(Item::Endpoint { service, .. })
+            | Op::Delete(ItemRef::Service(service))
+            | Op::Delete(ItemRef::Endpoint { service, .. }) => keys.push(service.clone()),
+            Op::Reset | Op::Sync => {}
+        }
+    }
+    keys.sort();
+    keys.dedup();
+    (keys, node_changed)
+}
+
+fn log_reconciled(reconciled: &Reconciled) {
+    if reconciled.reasons.is_empty() {
+        return;
+    }
+    let shown: Vec<&str> = reconciled.reasons.iter().take(8).map(String::as_str).collect();
+    tracing::info!(
+        differences = reconciled.reasons.len(),
+        first = %shown.join("; "),
+        "nftables: reconciled kpng's tables with the node state"
+    );
 }
 
 impl Backend for NftBackend {
@@ -278,350 +507,43 @@ impl Backend for NftBackend {
         "to-nft"
     }
 
-    /// Reads kpng's tables back (one dump per set, only at this check) and compares them
-    /// with what was committed: every element, every count set, and the rules being there.
+    fn apply(&mut self, changes: &ChangeSet<'_>) -> Result<(), BackendError> {
+        let result = match (self.sync, changes.is_reset()) {
+            (TableSync::InSync, false) => self.apply_changes(changes),
+            _ => self.resync(changes.state),
+        };
+        result.map(drop).map_err(NftError::into_backend)
+    }
+
+    /// Reads kpng's tables back (never on the change path) and compares them with what was
+    /// committed: every set, chain and rule by content, and every element.
     fn verify(&mut self) -> Result<bool, BackendError> {
-        if self.loaded_skeleton.is_none() {
+        if self.sync != TableSync::InSync {
             return Ok(true);
         }
-        let contents = match self.kernel.current() {
-            Ok(Some(contents)) => contents,
-            Ok(None) => return Ok(true),
-            Err(error) => {
-                tracing::warn!(error = %kpng_backend::error_chain(&error), "nftables: kpng's tables cannot be read back");
-                return Ok(false);
-            }
+        let Some(contents) = self.kernel.read().map_err(NftError::into_backend)? else {
+            return Ok(true);
         };
+        let reconciled = reconcile(&self.layout.wanted(), &contents.present);
         let mut held = contents.elements;
         held.sort_unstable();
         let mut committed: Vec<(ElementId, Value)> =
-            self.state.iter().map(|(id, value)| (*id, *value)).collect();
+            self.state.iter().map(|(id, v)| (*id, *v)).collect();
         committed.sort_unstable();
-        let elements = held == committed;
-        let ladders = self.ladders.is_subset(&contents.ladders);
-        let rules = contents.rules.iter().all(|(_, n)| *n > 0);
-        self.rebuild = !(ladders && rules);
-        if !(elements && ladders && rules) {
-            tracing::warn!(
-                elements_held = held.len(),
-                elements_committed = committed.len(),
-                count_sets_missing = !ladders,
-                rules = ?contents.rules,
-                "nftables: the kernel no longer holds what kpng committed"
-            );
+        if reconciled.is_empty() && held == committed {
+            return Ok(true);
         }
-        Ok(elements && ladders && rules)
-    }
-
-    fn apply(&mut self, changes: &ChangeSet<'_>) -> Result<(), BackendError> {
-        let start = std::time::Instant::now();
-        if changes.is_reset() && self.rebuild {
-            tracing::warn!("nftables: rebuilding kpng's tables from nothing");
-            self.kernel.drop_tables()?;
-            self.loaded_skeleton = None;
-            self.state = TableState::new();
-            self.ladders.clear();
-            self.owners.clear();
-            self.slots.clear();
-            self.udp.clear();
-            self.groups.clear();
-            self.kernel_groups.clear();
-            self.rebuild = false;
-        }
-        self.load_skeleton(changes)?;
-        let skeleton = start.elapsed();
-        if changes.is_reset() {
-            // Start from what the kernel holds, so that a restart changes only what differs.
-            if let Some(contents) = self.kernel.current()? {
-                self.state = TableState::adopt(contents.elements);
-                self.ladders = contents.ladders;
-                self.groups.clear();
-                // Groups found in the kernel: their endpoints are unknown, so the first
-                // commit rewrites (or removes) them.
-                self.kernel_groups = contents
-                    .affinity
-                    .into_iter()
-                    .map(|(family, hash, slots, timeout)| {
-                        let unknown = (std::net::IpAddr::from([0, 0, 0, 0]), 0);
-                        let group = AffinityGroup {
-                            hash,
-                            family,
-                            protocol: kpng_model::Protocol::Tcp,
-                            timeout,
-                            slots: vec![unknown; slots],
-                        };
-                        (hash, group)
-                    })
-                    .collect();
-                self.owners.clear();
-                self.slots.clear();
-                self.udp.clear();
-            }
-        }
-        let read = start.elapsed();
-        let mut updates = self.render(changes);
-        let rendered = start.elapsed();
-        if changes.is_reset() {
-            updates.push(OwnerUpdate {
-                owner: KERNEL_OWNER,
-                elements: Vec::new(),
-                slots: None,
-                udp: None,
-                gone: None,
-                affinity: None,
-            });
-        }
-        let committed = self.commit(&mut updates)?;
-        let done = start.elapsed();
-        if !committed && changes.is_reset() {
-            tracing::info!(
-                elements = self.state.len(),
-                "nftables: the kernel already holds this state"
-            );
-        }
-        self.forget_gone(&updates);
-        // Stale UDP flows: after every change, and at a reset even when the table was
-        // already right (entries may predate the rules).
-        if committed || changes.is_reset() {
-            self.clean_conntrack(updates);
-        } else {
-            self.remember(updates);
-        }
-        tracing::debug!(
-            skeleton = ?skeleton,
-            read = ?(read - skeleton),
-            render = ?(rendered - read),
-            commit = ?(done - rendered),
-            conntrack = ?(start.elapsed() - done),
-            "nftables sync timings"
+        let missing = committed.iter().filter(|e| held.binary_search(e).is_err()).count();
+        let extra = held.iter().filter(|e| committed.binary_search(e).is_err()).count();
+        let shown: Vec<&str> = reconciled.reasons.iter().take(8).map(String::as_str).collect();
+        tracing::warn!(
+            differences = reconciled.reasons.len(),
+            first = %shown.join("; "),
+            elements_missing = missing,
+            elements_extra = extra,
+            "nftables: the kernel no longer holds what kpng committed"
         );
-        Ok(())
-    }
-}
-
-impl NftBackend {
-    /// Loads the static skeleton at a reset, or when the local-pod detector changed.
-    fn load_skeleton(&mut self, changes: &ChangeSet<'_>) -> Result<(), BackendError> {
-        let skeleton = SkeletonOptions {
-            local_pods: local_pods(changes.state.node.as_ref(), &self.options.cluster_cidrs),
-            ..self.options.skeleton.clone()
-        };
-        if changes.is_reset() || self.loaded_skeleton.as_ref() != Some(&skeleton) {
-            self.kernel.load_skeleton(&skeleton)?;
-            self.loaded_skeleton = Some(skeleton);
-        }
-        Ok(())
-    }
-
-    /// Commits what `updates` change, if anything. On failure the state is rolled back.
-    fn commit(&mut self, updates: &mut [OwnerUpdate]) -> Result<bool, BackendError> {
-        let previous: Vec<(Owner, Vec<(ElementId, Value)>)> =
-            updates.iter().map(|u| (u.owner, self.state.owned(u.owner).collect())).collect();
-        let mut diff = self.state.update(
-            updates.iter_mut().map(|u| (u.owner, std::mem::take(&mut u.elements))).collect(),
-        );
-        diff.new_ladders = diff.ladders_used().filter(|l| !self.ladders.contains(l)).collect();
-        let mut unclaimed = self.kernel_groups.clone();
-        (diff.affinity_before, diff.affinity_after) = self.affinity_ops(updates, &mut unclaimed);
-        if diff.is_empty() {
-            tracing::debug!(elements = self.state.len(), "nftables: nothing to change");
-            return Ok(false);
-        }
-        let kernel_start = std::time::Instant::now();
-        let result = self.kernel.commit(&diff);
-        let took = kernel_start.elapsed();
-        tracing::debug!(kernel = ?took, "nftables commit");
-        if let Err(e) = result {
-            // Nothing of the transaction is in force: forget it.
-            self.stats.transaction_failures.fetch_add(1, Ordering::Relaxed);
-            self.state.update(previous);
-            return Err(e);
-        }
-        self.stats.transactions.fetch_add(1, Ordering::Relaxed);
-        self.stats.elements_added.fetch_add(diff.adds.len() as u64, Ordering::Relaxed);
-        self.stats.elements_deleted.fetch_add(diff.deletes.len() as u64, Ordering::Relaxed);
-        self.stats.commit_seconds.observe(took.as_secs_f64());
-        self.stats.transaction_elements.observe((diff.adds.len() + diff.deletes.len()) as f64);
-        self.ladders.extend(diff.new_ladders.iter().copied());
-        self.kernel_groups.clear();
-        for update in updates {
-            if let Some(groups) = &update.affinity {
-                match groups.is_empty() {
-                    true => self.groups.remove(&update.owner),
-                    false => self.groups.insert(update.owner, groups.clone()),
-                };
-            }
-        }
-        tracing::info!(
-            added = diff.adds.len(),
-            deleted = diff.deletes.len(),
-            new_count_sets = diff.new_ladders.len(),
-            "nftables transaction committed"
-        );
-        Ok(true)
-    }
-
-    /// What `updates` do to affinity groups: creations and rewrites (before elements
-    /// point at them) and removals (after). Groups found in the kernel at a reset and
-    /// still unclaimed when `updates` is a full reset are removed.
-    fn affinity_ops(
-        &self,
-        updates: &[OwnerUpdate],
-        unclaimed: &mut HashMap<u64, AffinityGroup>,
-    ) -> (Vec<AffinityOp>, Vec<AffinityOp>) {
-        let (mut before, mut after) = (Vec::new(), Vec::new());
-        for update in updates {
-            let Some(new) = &update.affinity else { continue };
-            let old = self.groups.get(&update.owner).map(Vec::as_slice).unwrap_or_default();
-            for group in new {
-                let known = old
-                    .iter()
-                    .find(|g| g.hash == group.hash)
-                    .cloned()
-                    .or_else(|| unclaimed.remove(&group.hash));
-                match known {
-                    None => before.push(AffinityOp::Create(group.clone())),
-                    Some(old) if old != *group => {
-                        before.push(AffinityOp::Replace { old, new: group.clone() })
-                    }
-                    Some(_) => {}
-                }
-            }
-            for group in old.iter().filter(|g| !new.iter().any(|n| n.hash == g.hash)) {
-                after.push(AffinityOp::Remove(group.clone()));
-            }
-        }
-        if updates.iter().any(|u| u.owner == KERNEL_OWNER) {
-            after.extend(unclaimed.drain().map(|(_, g)| AffinityOp::Remove(g)));
-        }
-        (before, after)
-    }
-
-    /// Drops the bookkeeping of the services an update removed.
-    fn forget_gone(&mut self, updates: &[OwnerUpdate]) {
-        for key in updates.iter().filter_map(|u| u.gone.as_ref()) {
-            if let Some(owner) = self.owners.remove(key) {
-                self.slots.remove(&owner);
-            }
-        }
-    }
-
-    /// Keeps the slots and UDP destinations of a committed update.
-    fn remember(&mut self, updates: Vec<OwnerUpdate>) -> Vec<UdpCheck> {
-        let mut checks = Vec::new();
-        for OwnerUpdate { owner, slots, udp, .. } in updates {
-            match slots {
-                Some(s) if s.is_empty() => {
-                    self.slots.remove(&owner);
-                }
-                Some(s) => {
-                    self.slots.insert(owner, s);
-                }
-                None => {}
-            }
-            let Some(now) = udp else { continue };
-            let before = self.udp.remove(&owner).unwrap_or_default();
-            // Destinations that went away are checked with no endpoint at all.
-            for target in before.into_iter().filter(|t| !now.iter().any(|(n, _)| n == t)) {
-                checks.push((target, Default::default()));
-            }
-            if !now.is_empty() {
-                self.udp.insert(owner, now.iter().map(|(t, _)| *t).collect());
-            }
-            checks.extend(now);
-        }
-        checks
-    }
-
-    /// Deletes stale UDP conntrack entries of the updated services. A failure is logged:
-    /// the rules are in force, and the next change retries.
-    fn clean_conntrack(&mut self, updates: Vec<OwnerUpdate>) {
-        let checks = self.remember(updates);
-        if checks.is_empty() {
-            return;
-        }
-        let nodeport_addrs: Vec<IpAddr> = self
-            .state
-            .owned(NODE_OWNER)
-            .filter_map(|(id, _)| match id.key {
-                crate::objects::Key::Addr(ip)
-                    if id.map == crate::objects::MapName::NodePortAddrs =>
-                {
-                    Some(ip)
-                }
-                _ => None,
-            })
-            .collect();
-        match self.kernel.clear_udp(&checks, &nodeport_addrs) {
-            Ok(0) => {}
-            Ok(n) => {
-                self.stats.conntrack_deleted.fetch_add(n as u64, Ordering::Relaxed);
-                tracing::info!(entries = n, "deleted stale UDP conntrack entries")
-            }
-            Err(e) => {
-                self.stats.conntrack_failures.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(error = %kpng_backend::error_chain(&e), "UDP conntrack cleanup failed")
-            }
-        }
-    }
-}
-
-/// The nftables backend's counters as Prometheus metrics.
-#[derive(Debug)]
-pub struct NftMetrics(pub Arc<NftStats>);
-
-impl prometheus_client::collector::Collector for NftMetrics {
-    fn encode(
-        &self,
-        mut encoder: prometheus_client::encoding::DescriptorEncoder,
-    ) -> Result<(), std::fmt::Error> {
-        use prometheus_client::encoding::EncodeMetric;
-        use prometheus_client::metrics::counter::ConstCounter;
-        let stats = &self.0;
-        let counters = [
-            ("kpng_nft_transactions", "nftables transactions committed.", &stats.transactions),
-            (
-                "kpng_nft_transaction_failures",
-                "nftables transactions the kernel refused.",
-                &stats.transaction_failures,
-            ),
-            ("kpng_nft_elements_added", "Set and map elements added.", &stats.elements_added),
-            ("kpng_nft_elements_deleted", "Set and map elements deleted.", &stats.elements_deleted),
-            (
-                "kpng_conntrack_entries_deleted",
-                "Stale UDP conntrack entries deleted.",
-                &stats.conntrack_deleted,
-            ),
-            (
-                "kpng_conntrack_cleanup_failures",
-                "UDP conntrack cleanups that failed.",
-                &stats.conntrack_failures,
-            ),
-        ];
-        for (name, help, value) in counters {
-            let metric = ConstCounter::new(value.load(Ordering::Relaxed));
-            metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)?;
-        }
-        let histograms = [
-            (
-                "kpng_nft_commit_duration_seconds",
-                "Time the kernel took to commit one transaction.",
-                &stats.commit_seconds,
-            ),
-            (
-                "kpng_nft_transaction_elements",
-                "Elements added or deleted per transaction.",
-                &stats.transaction_elements,
-            ),
-        ];
-        for (name, help, histogram) in histograms {
-            histogram.encode(encoder.encode_descriptor(
-                name,
-                help,
-                None,
-                histogram.metric_type(),
-            )?)?;
-        }
-        Ok(())
+        self.sync = TableSync::Unknown;
+        Ok(false)
     }
 }

@@ -1,293 +1,252 @@
-//! [`NetlinkKernel`]: the real kernel. The static skeleton is loaded with `nft -f` at
-//! start-up; every transaction after that is one netlink batch.
+//! The [`Kernel`] trait the backend commits through, what it reads back
+//! ([`KernelContents`]), and [`NetlinkKernel`], the real kernel: every transaction is one
+//! nf_tables netlink batch.
 
-use std::io::Write;
-use std::process::{Command, Stdio};
-
-use kpng_backend::BackendError;
-use kpng_model::Family;
-
-use std::collections::BTreeSet;
-
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use crate::backend::{Kernel, KernelContents};
-use crate::conntrack::{UdpCheck, UdpTarget, stale};
-use crate::netlink::ctnetlink;
-use crate::netlink::decode;
-use crate::netlink::socket::{CommitError, NetlinkSocket};
-use crate::netlink::wire::{NFT_MSG_GETRULE, NFT_MSG_GETSET, NFT_MSG_GETSETELEM, dump_request};
-use crate::objects::{ElementId, MapName};
-use crate::skeleton::{SkeletonOptions, skeleton};
-use crate::state::TableDiff;
+use kpng_model::Family;
+use kpng_netlink::message::NETLINK_NETFILTER;
+use kpng_netlink::nftables::dump;
+use kpng_netlink::nftables::expr::Expr;
+use kpng_netlink::nftables::objects::Table;
+use kpng_netlink::{Batch, NetlinkSocket};
+
+use crate::decode;
+use crate::encode::encode;
+use crate::error::NftError;
+use crate::objects::{ElementId, MapName, TABLE, Value, parse_affinity_slot, proto_family};
+use crate::plan::Plan;
+use crate::reconcile::{Present, SHAPE_FLAGS, SetShape};
+use crate::rules::RuleBuilder;
+use crate::slots::Target;
+
+/// Where transactions go: the kernel, a printer for `--dry-run`, or an in-memory table.
+pub trait Kernel: Send {
+    /// Applies one transaction atomically. On error nothing of it is in force.
+    fn commit(&mut self, plan: &Plan<'_>) -> Result<(), NftError>;
+
+    /// What kpng's tables hold now; `None` when the kernel cannot say (a dry run starts
+    /// from nothing).
+    fn read(&mut self) -> Result<Option<KernelContents>, NftError>;
+}
+
+/// What kpng's tables hold.
+#[derive(Debug, Clone, Default)]
+pub struct KernelContents {
+    /// Tables, sets, chains and rules.
+    pub present: Present,
+    /// Every element of kpng's element sets (static sets and count sets).
+    pub elements: Vec<(ElementId, Value)>,
+}
+
+impl KernelContents {
+    /// The slots of the affinity group `hash` of `family`, read from its slot chains (the
+    /// endpoint each one DNATs to); holes where a slot has no chain.
+    pub fn affinity_slots(&self, family: Family, hash: u64) -> Vec<Option<Target>> {
+        let mut slots: BTreeMap<u32, Target> = BTreeMap::new();
+        for ((f, name), (_, rules)) in &self.present.chains {
+            let Some((h, i)) = parse_affinity_slot(name).filter(|_| *f == family) else { continue };
+            if h != hash {
+                continue;
+            }
+            if let Some(target) = rules.first().and_then(|r| dnat_target(r)) {
+                slots.insert(i, target);
+            }
+        }
+        let len = slots.keys().last().map_or(0, |i| *i as usize + 1);
+        (0..len).map(|i| slots.get(&(i as u32)).copied()).collect()
+    }
+}
+
+/// The address and port a slot rule DNATs to (its two immediates).
+fn dnat_target(rule: &[Option<Expr>]) -> Option<Target> {
+    let mut immediates = rule.iter().filter_map(|e| match e {
+        Some(Expr::Immediate { data, .. }) => Some(data.as_slice()),
+        _ => None,
+    });
+    let ip: IpAddr = match immediates.next()? {
+        a if a.len() == 4 => <[u8; 4]>::try_from(a).ok()?.into(),
+        a => <[u8; 16]>::try_from(a).ok()?.into(),
+    };
+    let port = immediates.next()?;
+    Some((ip, u16::from_be_bytes([*port.first()?, *port.get(1)?])))
+}
 
 /// Programs the kernel of the current network namespace.
 pub struct NetlinkKernel {
     socket: NetlinkSocket,
 }
 
-fn backend_error(message: impl Into<String>) -> BackendError {
-    BackendError::new("to-nft", message)
-}
-
 impl NetlinkKernel {
-    /// Checks the kernel's features and opens the netlink socket.
-    pub fn open() -> Result<Self, BackendError> {
-        check_features()?;
-        let socket = NetlinkSocket::open().map_err(|e| {
-            backend_error("cannot open a netfilter netlink socket (is nf_tables available?)")
-                .with_source(e)
-        })?;
-        Ok(NetlinkKernel { socket })
+    /// Opens the netlink socket and checks that the kernel has every feature the table
+    /// uses (one batch that creates a probe table and deletes it again).
+    pub fn open() -> Result<Self, NftError> {
+        let socket = NetlinkSocket::open(NETLINK_NETFILTER).map_err(NftError::Socket)?;
+        let mut kernel = NetlinkKernel { socket };
+        kernel.check_features()?;
+        Ok(kernel)
     }
 
-    /// Bytes sent to the kernel over netlink so far (the skeleton, loaded through `nft`,
-    /// is not counted).
+    /// Bytes sent to the kernel over netlink so far.
     pub fn bytes_sent(&self) -> u64 {
         self.socket.bytes_sent()
     }
-}
 
-/// Runs `nft <args> -f -` on `text`; an error carries what nft printed.
-fn run_nft(args: &[&str], text: &str) -> Result<(), BackendError> {
-    let mut child = Command::new("nft")
-        .args(args)
-        .args(["-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| {
-            backend_error("cannot run `nft` (install the nftables package)").with_source(e)
-        })?;
-    if let Some(mut stdin) = child.stdin.take() {
-        stdin
-            .write_all(text.as_bytes())
-            .map_err(|e| backend_error("writing to `nft`").with_source(e))?;
+    fn check_features(&mut self) -> Result<(), NftError> {
+        for family in Family::ALL {
+            let (batch, features) = probe_batch(family);
+            if let Err(error) = self.socket.commit(batch.finish()) {
+                if error.errno() == Some(nix::errno::Errno::EPERM as i32) {
+                    return Err(NftError::Permission(error));
+                }
+                let what = match &error {
+                    kpng_netlink::NetlinkError::Rejected { what, .. } => what.clone(),
+                    _ => String::new(),
+                };
+                let feature = features
+                    .iter()
+                    .find(|(_, text)| what.contains(text.as_str()))
+                    .map_or("nf_tables", |(feature, _)| feature);
+                return Err(NftError::MissingFeature { feature, source: error });
+            }
+        }
+        Ok(())
     }
-    let out =
-        child.wait_with_output().map_err(|e| backend_error("waiting for `nft`").with_source(e))?;
-    match out.status.success() {
-        true => Ok(()),
-        false => Err(backend_error(String::from_utf8_lossy(&out.stderr).trim().to_string())),
-    }
-}
 
-/// Loads `text` with `nft -f`.
-pub fn nft_load(text: &str) -> Result<(), BackendError> {
-    run_nft(&[], text)
-        .map_err(|e| backend_error("`nft -f` rejected kpng's static table").with_source(e))
+    /// Removes kpng's tables (both families) and nothing else; returns the families whose
+    /// table existed.
+    pub fn remove_tables(&mut self) -> Result<Vec<Family>, NftError> {
+        let mut removed = Vec::new();
+        for family in Family::ALL {
+            if !self.tables(family)?.contains(&TABLE.to_string()) {
+                continue;
+            }
+            let mut batch = Batch::new(self.socket.seq());
+            Table { family: proto_family(family), name: TABLE }.delete(&mut batch);
+            self.socket.commit(batch.finish()).map_err(NftError::Commit)?;
+            removed.push(family);
+        }
+        Ok(removed)
+    }
+
+    fn tables(&mut self, family: Family) -> Result<Vec<String>, NftError> {
+        let request = dump::tables_request(proto_family(family));
+        let bodies = self.socket.dump(&request).map_err(NftError::Read)?;
+        Ok(bodies.iter().filter_map(|b| dump::table_name(b)).collect())
+    }
+
+    fn read_family(
+        &mut self,
+        family: Family,
+        contents: &mut KernelContents,
+    ) -> Result<(), NftError> {
+        if !self.tables(family)?.iter().any(|t| t == TABLE) {
+            return Ok(());
+        }
+        let present = &mut contents.present;
+        present.tables.insert(family);
+        let pf = proto_family(family);
+        let fail = NftError::Read;
+        let sets = self.socket.dump(&dump::sets_request(pf, TABLE)).map_err(fail)?;
+        for set in sets.iter().filter_map(|b| dump::set(b)) {
+            let shape = SetShape {
+                flags: set.flags & SHAPE_FLAGS,
+                key_type: set.key_type,
+                key_len: set.key_len,
+                // The kernel reports a verdict map's data length; kpng sends none.
+                data: set.data.map(|(t, len)| {
+                    (t, if t == kpng_netlink::nftables::objects::DATA_VERDICT { 0 } else { len })
+                }),
+                timeout_ms: set.timeout_ms,
+            };
+            present.sets.insert((family, set.name.clone()), shape);
+            let Some(map) = MapName::parse(&set.name) else { continue };
+            let request = dump::elements_request(pf, TABLE, &set.name);
+            for body in self.socket.dump(&request).map_err(NftError::Read)? {
+                for element in dump::elements(&body) {
+                    if let Some((key, value)) = decode::element(family, map, &element) {
+                        contents.elements.push((ElementId { family, map, key }, value));
+                    }
+                }
+            }
+        }
+        let chains = self.socket.dump(&dump::chains_request(pf, TABLE)).map_err(NftError::Read)?;
+        for chain in chains.iter().filter_map(|b| dump::chain(b)) {
+            let hook = chain.hook.map(|(num, priority)| {
+                (chain.chain_type.clone().unwrap_or_default(), num, priority)
+            });
+            present.chains.insert((family, chain.name), (hook, Vec::new()));
+        }
+        let rules =
+            self.socket.dump(&dump::rules_request(pf, TABLE, None)).map_err(NftError::Read)?;
+        for rule in rules.iter().filter_map(|b| dump::rule(b)) {
+            if let Some((_, list)) = present.chains.get_mut(&(family, rule.chain)) {
+                list.push(rule.exprs);
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Kernel for NetlinkKernel {
-    fn drop_tables(&mut self) -> Result<(), BackendError> {
-        self.remove_tables().map(|_| ())
+    fn commit(&mut self, plan: &Plan<'_>) -> Result<(), NftError> {
+        let mut batch = Batch::new(self.socket.seq());
+        encode(plan, &mut batch);
+        self.socket.commit(batch.finish()).map_err(NftError::Commit)
     }
 
-    fn load_skeleton(&mut self, options: &SkeletonOptions) -> Result<(), BackendError> {
-        let text: String = Family::ALL.iter().map(|f| skeleton(*f, options)).collect();
-        nft_load(&text)
-    }
-
-    fn local_addresses(&mut self) -> Vec<IpAddr> {
-        let Ok(addresses) = nix::ifaddrs::getifaddrs() else {
-            tracing::warn!(
-                "cannot list the node's addresses; NodePorts on --nodeport-addresses CIDRs are not accepted"
-            );
-            return Vec::new();
-        };
-        let mut ips: Vec<IpAddr> = addresses
-            .filter_map(|a| a.address)
-            .filter_map(|a| {
-                a.as_sockaddr_in()
-                    .map(|v4| IpAddr::V4(v4.ip()))
-                    .or_else(|| a.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip())))
-            })
-            .collect();
-        ips.sort();
-        ips.dedup();
-        ips
-    }
-
-    fn current(&mut self) -> Result<Option<KernelContents>, BackendError> {
-        let fail = |e: CommitError| backend_error("reading kpng's tables").with_source(e);
-        let mut elements = Vec::new();
-        let mut ladders = BTreeSet::new();
-        let mut affinity = std::collections::BTreeMap::new();
+    fn read(&mut self) -> Result<Option<KernelContents>, NftError> {
+        let mut contents = KernelContents::default();
         for family in Family::ALL {
-            // The static sets, and the count sets found in the table.
-            let mut maps: Vec<MapName> = MapName::ALL.to_vec();
-            for payload in
-                self.socket.dump(&dump_request(0, NFT_MSG_GETSET, family, None)).map_err(fail)?
-            {
-                let Some(name) = decode::set_name(&payload) else { continue };
-                if let Some(MapName::Count(kind, n)) = MapName::parse(&name) {
-                    ladders.insert((family, kind, n));
-                    maps.push(MapName::Count(kind, n));
-                } else if let Some((hash, slot)) = decode::affinity_slot(&name) {
-                    let timeout = decode::set_timeout(&payload).unwrap_or(0);
-                    let entry: &mut (usize, u32) =
-                        affinity.entry((family, hash)).or_insert((0, timeout));
-                    entry.0 = entry.0.max(slot as usize + 1);
-                }
-            }
-            for map in maps {
-                let request = dump_request(0, NFT_MSG_GETSETELEM, family, Some(&map.name()));
-                for payload in self.socket.dump(&request).map_err(fail)? {
-                    for (key, value) in decode::elements(family, map, &payload) {
-                        elements.push((ElementId { family, map, key }, value));
-                    }
-                }
-            }
+            self.read_family(family, &mut contents)?;
         }
-        let affinity = affinity
-            .into_iter()
-            .map(|((family, hash), (slots, timeout))| (family, hash, slots, timeout))
-            .collect();
-        let mut rules = Vec::new();
-        for family in Family::ALL {
-            // The table attribute has the same number in rule and set requests.
-            let request = dump_request(0, NFT_MSG_GETRULE, family, None);
-            rules.push((family, self.socket.dump(&request).map_err(fail)?.len()));
-        }
-        Ok(Some(KernelContents { elements, ladders, affinity, rules }))
-    }
-
-    fn clear_udp(
-        &mut self,
-        checks: &[UdpCheck],
-        nodeport_addrs: &[IpAddr],
-    ) -> Result<usize, BackendError> {
-        let fail = |e: CommitError| backend_error("cleaning UDP conntrack entries").with_source(e);
-        let mut doomed = Vec::new();
-        if checks.len() > BULK_CHECKS {
-            // Many destinations (a reset): one dump of every UDP entry per family, matched
-            // here, instead of one kernel-filtered dump per destination.
-            for family in Family::ALL {
-                let payloads =
-                    self.socket.dump(&ctnetlink::dump_udp(0, family, None, None)).map_err(fail)?;
-                let entries: Vec<ctnetlink::Entry> =
-                    payloads.iter().filter_map(|p| ctnetlink::entry(p)).collect();
-                let mut by_port: std::collections::HashMap<u16, Vec<ctnetlink::Entry>> =
-                    Default::default();
-                for entry in entries {
-                    by_port.entry(entry.orig_dst.port()).or_default().push(entry);
-                }
-                for (target, serving) in checks {
-                    let (target_family, port) = match target {
-                        UdpTarget::Dest(dest) => (Family::of(&dest.ip()), dest.port()),
-                        UdpTarget::NodePort(family, port) => (*family, *port),
-                    };
-                    if target_family == family {
-                        let candidates = by_port.get(&port).map(Vec::as_slice).unwrap_or_default();
-                        doomed.extend(stale(candidates, target, serving, nodeport_addrs));
-                    }
-                }
-            }
-        } else {
-            for (target, serving) in checks {
-                let (family, ip, port) = match target {
-                    UdpTarget::Dest(dest) => (Family::of(&dest.ip()), Some(dest.ip()), dest.port()),
-                    UdpTarget::NodePort(family, port) => (*family, None, *port),
-                };
-                let payloads = self
-                    .socket
-                    .dump(&ctnetlink::dump_udp(0, family, ip, Some(port)))
-                    .map_err(fail)?;
-                let entries: Vec<ctnetlink::Entry> =
-                    payloads.iter().filter_map(|p| ctnetlink::entry(p)).collect();
-                doomed.extend(stale(&entries, target, serving, nodeport_addrs));
-            }
-        }
-        doomed.sort();
-        doomed.dedup();
-        let requests: Vec<Vec<u8>> = doomed.iter().map(|e| ctnetlink::delete(0, e)).collect();
-        let codes = self.socket.requests(&requests).map_err(fail)?;
-        let enoent = -(nix::errno::Errno::ENOENT as i32);
-        Ok(codes.iter().filter(|c| **c == 0 || **c == enoent).count())
-    }
-
-    fn commit(&mut self, diff: &TableDiff) -> Result<(), BackendError> {
-        let mut batch = self.socket.batch();
-        for (family, kind, n) in &diff.new_ladders {
-            batch.create_ladder(*family, *kind, *n);
-        }
-        for op in &diff.affinity_before {
-            batch.affinity(op);
-        }
-        batch.elements(false, &diff.deletes);
-        batch.elements(true, &diff.adds);
-        for op in &diff.affinity_after {
-            batch.affinity(op);
-        }
-        self.socket.commit(batch).map_err(|e: CommitError| {
-            backend_error("transaction failed; the previous rules stay in force").with_source(e)
-        })
-    }
-}
-
-/// Above this many UDP destinations, one unfiltered dump beats one filtered dump each.
-const BULK_CHECKS: usize = 16;
-
-/// Removes kpng's tables (both families) and nothing else. Returns the families whose
-/// table existed.
-pub fn cleanup() -> Result<Vec<Family>, BackendError> {
-    NetlinkKernel::open()?.remove_tables()
-}
-
-impl NetlinkKernel {
-    /// Removes kpng's tables; returns the families that had one.
-    fn remove_tables(&mut self) -> Result<Vec<Family>, BackendError> {
-        let kernel = self;
-        let mut removed = Vec::new();
-        for family in Family::ALL {
-            let mut batch = kernel.socket.batch();
-            batch.delete_table(family);
-            match kernel.socket.commit(batch) {
-                Ok(()) => removed.push(family),
-                Err(CommitError::Rejected { source, .. })
-                    if source.raw_os_error() == Some(nix::errno::Errno::ENOENT as i32) => {}
-                Err(e) => return Err(backend_error("removing kpng's tables").with_source(e)),
-            }
-        }
-        Ok(removed)
+        Ok(Some(contents))
     }
 }
 
 /// Kernel features the table needs, each with a rule that uses it.
-const FEATURES: [(&str, &str); 6] = [
-    ("nf_tables", "counter"),
-    ("conntrack (nft_ct)", "ct state new counter"),
-    ("fib lookups (nft_fib)", "fib saddr type local counter"),
-    ("random numbers (nft_numgen)", "meta mark set numgen random mod 2"),
-    ("NAT (nft_nat)", "ip daddr 10.0.0.1 dnat ip to 10.0.0.2"),
-    ("REJECT (nft_reject)", "ip daddr 10.0.0.1 reject"),
-];
-
-/// Checks, without changing anything (`nft -c`), that the kernel has every feature the
-/// table uses; the error names the first missing one.
-pub fn check_features() -> Result<(), BackendError> {
-    for (feature, rule) in FEATURES {
-        let probe = format!(
-            "table ip kpng_probe {{\n\tchain c {{\n\t\ttype nat hook prerouting priority -100;\n\t\t{rule}\n\t}}\n}}\n"
-        );
-        let reject = if rule.contains("reject") {
-            format!(
-                "table ip kpng_probe {{\n\tchain f {{\n\t\ttype filter hook input priority 0;\n\t\t{rule}\n\t}}\n}}\n"
-            )
-        } else {
-            probe
-        };
-        if let Err(e) = nft_check(&reject) {
-            return Err(backend_error(format!(
-                "the kernel lacks {feature}, which kpng's nftables table needs"
-            ))
-            .with_source(e));
-        }
+fn probe_batch(family: Family) -> (Batch, Vec<(&'static str, String)>) {
+    use kpng_netlink::nftables::ChainSpec;
+    use kpng_netlink::nftables::objects::Hook;
+    let table = Table { family: proto_family(family), name: "kpng_probe" };
+    let r = || RuleBuilder::new(family);
+    let features = [
+        ("conntrack (nft_ct)", r().ct_state_new().jump("x")),
+        ("fib lookups (nft_fib)", r().from_the_node().jump("x")),
+        ("random numbers (nft_numgen)", r().one_in(2).jump("x")),
+        ("NAT (nft_nat)", r().dnat_to(probe_address(family), 80)),
+        ("masquerading (nft_masq)", r().masquerade()),
+        ("REJECT (nft_reject)", r().reject()),
+        ("dynamic sets (nft_dynset)", r().remember_source("d").jump("x")),
+    ];
+    let mut batch = Batch::new(0);
+    table.add(&mut batch);
+    let decl = crate::sets::affinity_declaration("d", family, 60);
+    table.add_set(&mut batch, &decl.spec, 1);
+    table.add_chain(&mut batch, &ChainSpec { name: "x".into(), hook: None });
+    let nat = Hook { chain_type: "nat", num: 0, priority: -100 };
+    let filter = Hook { chain_type: "filter", num: 1, priority: 0 };
+    table.add_chain(&mut batch, &ChainSpec { name: "n".into(), hook: Some(nat) });
+    table.add_chain(&mut batch, &ChainSpec { name: "f".into(), hook: Some(filter) });
+    for (feature, rule) in &features {
+        let chain = if feature.starts_with("REJECT") { "f" } else { "n" };
+        table.add_rule(&mut batch, chain, &rule.exprs, &rule.text);
     }
-    Ok(())
+    table.delete(&mut batch);
+    let texts = features.into_iter().map(|(f, r)| (f, r.text)).collect();
+    (batch, texts)
 }
 
-fn nft_check(text: &str) -> Result<(), BackendError> {
-    run_nft(&["-c"], text)
+fn probe_address(family: Family) -> IpAddr {
+    match family {
+        Family::V4 => IpAddr::from([192, 0, 2, 1]),
+        Family::V6 => IpAddr::from([0x2001, 0xdb8, 0, 0, 0, 0, 0, 1]),
+    }
+}
+
+/// Removes kpng's tables (both families) and nothing else. Returns the families whose
+/// table existed.
+pub fn cleanup() -> Result<Vec<Family>, NftError> {
+    NetlinkKernel::open()?.remove_tables()
 }

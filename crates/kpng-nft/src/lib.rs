@@ -3,7 +3,7 @@
 //! kpng owns one table per family (`ip kpng`, `ip6 kpng`) whose chains and rules never
 //! depend on the cluster's size. Every service, port and endpoint is an element of a hash
 //! set or map, so adding, changing or removing one is a handful of element updates in one
-//! atomic transaction, and the kernel's commit cost does not grow with the cluster.
+//! atomic netlink transaction, and the kernel's commit cost does not grow with the cluster.
 //!
 //! # Table layout
 //!
@@ -13,7 +13,7 @@
 //!
 //! ```text
 //! nat prerouting/output ─> services
-//!   ip daddr @cluster_ips ip saddr != @local_pods   jump mark_for_masquerade
+//!   ip daddr @cluster_ips                            jump masquerade_unless_pod (or mark_for_masquerade)
 //!   dest @masq_dests / nodeport @masq_nodeports      jump mark_for_masquerade   (policy Cluster)
 //!   dest @cluster_dests                              goto pick_cluster
 //!   dest @local_dests                                goto pick_local           (internalTrafficPolicy Local)
@@ -21,72 +21,94 @@
 //!   nodeport @nodeport_cluster_dests / @nodeport_local_dests  goto pick_nodeport_cluster / nodeport_local
 //! pick_cluster:
 //!   dest vmap @affinity_cluster                      ─> goto aff_<group>   (ClientIP affinity services)
-//!   goto pick_cluster_counts
-//! pick_cluster_counts: one rule per endpoint count N in use
-//!   dest @cluster_count_N dnat ip to dest . numgen random mod N map @cluster_backends
+//!   jump pick_cluster_counts                         (counts beyond the tree: one rule each)
+//!   goto pick_cluster_t0_0                           (the pick tree)
+//! pick_cluster_t<d>_<v>: dest @cluster_bit_<7-d> goto ..._t<d+1>_<2v+1>; goto ..._t<d+1>_<2v>
+//! pick_cluster_t7_<v>:   dest @cluster_bit_0 dnat ip to dest . numgen random mod <2v+2> map @cluster_backends
+//!                        dnat ip to dest . numgen random mod <2v+1> map @cluster_backends
 //! external_local: local pods and the node itself goto pick_cluster, anyone else goto pick_local
 //! nat postrouting ─> masquerading: hairpin pairs, then the masquerade mark bit
 //! filter prerouting/output (before DNAT): firewall_check (loadBalancerSourceRanges)
 //! filter input/forward/output (after DNAT), new connections: endpoint_check
 //!   dest @drop_dests drop, dest @reject_dests goto reject_packet (and NodePort variants)
 //!   ip daddr @cluster_ips goto reject_packet        (a port the service does not define)
+//!   ip daddr <service CIDR> drop                     (an address no service holds)
 //! ```
 //!
 //! Every per-service and per-endpoint fact is an element of a hash set or of a data map:
 //! no verdict map is on the change path of ordinary services, so no element update makes
 //! the kernel re-validate the table, and a change costs the same at any cluster size.
-//! Services that ask for ClientIP affinity are the exception: each of their port groups
-//! has chains of its own (see [`affinity`]), entered through the `affinity_*` verdict maps
-//! at the start of each pick chain. Apart from those, the chains are fixed; the only rules
-//! that come and go are the pick rules, one per distinct endpoint count (with its count
-//! set), created the first time a count is used and kept. A service's endpoints occupy
-//! slots `0..N` of the backends map under each of its destinations; slots are kept stable,
-//! so one endpoint change rewrites one or two slots and moves the destination between two
-//! count sets.
+//! Picking among `n` endpoints walks a fixed tree of chains, one level per bit of `n - 1`
+//! (the `*_bit_<b>` sets hold the destinations with that bit), so a new connection costs
+//! the same few lookups whatever the mix of endpoint counts, and a change of count is a
+//! few element updates, never a rule change. Only counts beyond 256 get a count set and a
+//! rule of their own, made when first used. Services that ask for ClientIP affinity have
+//! chains of their own per port group (see [`affinity`]), entered through the `affinity_*`
+//! verdict maps. A service's endpoints occupy slots `0..n` of the backends map under each
+//! of its destinations; slots are kept stable, so one endpoint change rewrites one or two
+//! slots.
 //!
-//! Only one set holds intervals besides the local-pod detector (`local_pods`, a few
-//! CIDRs): `firewall_allow` (load-balancer source ranges), consulted only for new
-//! connections to load-balancer IPs that have ranges.
+//! Only one set holds intervals: `firewall_allow` (load-balancer source ranges),
+//! consulted only for new connections to load-balancer IPs that have ranges.
 //!
 //! For example, `shop/web` (ClusterIP 10.96.1.10:80, endpoints 10.244.0.10:8080 and
 //! 10.244.2.10:8080) is these elements:
 //!
 //! ```text
 //! add element ip kpng cluster_ips { 10.96.1.10 }
+//! add element ip kpng hairpin { 10.244.0.10 . 10.244.0.10 }
+//! add element ip kpng hairpin { 10.244.2.10 . 10.244.2.10 }
 //! add element ip kpng cluster_dests { 10.96.1.10 . tcp . 80 }
-//! add element ip kpng cluster_count_2 { 10.96.1.10 . tcp . 80 }
+//! add element ip kpng cluster_bit_0 { 10.96.1.10 . tcp . 80 }
 //! add element ip kpng cluster_backends { 10.96.1.10 . tcp . 80 . 0 : 10.244.0.10 . 8080 }
 //! add element ip kpng cluster_backends { 10.96.1.10 . tcp . 80 . 1 : 10.244.2.10 . 8080 }
 //! ```
 //!
 //! # Layout
-//! - [`affinity`]: ClientIP session affinity groups (the only per-service chains).
-//! - [`objects`]: names of sets and maps; element keys and values.
-//! - [`skeleton`]: the static part of each table, as `nft -f` input, and the pick rules.
+//! - [`objects`]: names of sets and maps, element keys and values, group names.
+//! - [`rules`]: a rule as nft text and nf_tables expressions, built together.
+//! - [`sets`]: set and map declarations (text and netlink).
+//! - [`skeleton`]: the static part of each table, for the options in force.
 //! - [`render`]: pure ENLS → elements, per service and for the node.
 //! - [`slots`]: stable slot assignment for the backends maps.
+//! - [`affinity`]: ClientIP session affinity groups (the only per-service chains).
 //! - [`state`]: the committed elements, their owners, and the difference of an update.
-//! - [`text`]: elements and transactions in nft syntax.
-//! - [`conntrack`]: which UDP conntrack entries a sync leaves stale.
-//! - [`backend`]: [`NftBackend`] and the [`Kernel`] trait it commits through.
+//! - [`layout`]: the objects besides elements (skeleton, large counts, affinity groups).
+//! - [`reconcile`]: commands that bring the objects a table has to the objects it should
+//!   have, touching only what differs.
+//! - [`plan`]: one transaction as typed commands, and its nft text.
+//! - [`encode`], [`decode`]: commands and elements as netlink bytes, and back.
+//! - [`kernel`]: the [`Kernel`] trait and [`NetlinkKernel`], the real kernel.
 //! - [`dry_run`]: [`DryRunKernel`], which prints instead of applying.
-//! - [`kernel`]: [`NetlinkKernel`], the real kernel: `nft -f` for the skeleton at start-up,
-//!   one netlink batch per transaction after that.
-//! - [`netlink`]: the nf_tables netlink encoding and socket.
+//! - [`memory`]: [`MemoryKernel`], an in-memory table for tests that traces packets.
+//! - [`backend`]: [`NftBackend`], its sync state, and its options.
+//! - [`stats`]: counters and metrics.
+//! - [`error`]: the backend's errors ([`NftError`]).
 
 pub mod affinity;
 pub mod backend;
-pub mod conntrack;
+pub mod decode;
 pub mod dry_run;
+pub mod encode;
+pub mod error;
 pub mod kernel;
-pub mod netlink;
+pub mod layout;
+pub mod memory;
 pub mod objects;
+pub mod plan;
+pub mod reconcile;
 pub mod render;
+pub mod rules;
+pub mod sets;
 pub mod skeleton;
 pub mod slots;
 pub mod state;
+pub mod stats;
 pub mod text;
 
-pub use backend::{Kernel, NftBackend, NftMetrics, NftOptions, NftStats};
+pub use backend::{NftBackend, NftOptions, TableSync};
 pub use dry_run::DryRunKernel;
-pub use kernel::NetlinkKernel;
+pub use error::NftError;
+pub use kernel::{Kernel, KernelContents, NetlinkKernel};
+pub use memory::MemoryKernel;
+pub use stats::{NftMetrics, NftStats};

@@ -1,11 +1,24 @@
-//! The kernel objects kpng manages inside its tables: named sets and maps, their elements,
-//! and the chains elements may jump to.
+//! The objects kpng manages inside its tables: named sets and maps with their key types,
+//! element keys and values, and the names of the chains that are not static.
+//!
+//! Names that outlive the process (affinity groups, read back at a restart) come from an
+//! explicit, versioned encoding ([`GroupKey::hash`]), never from `Debug` output.
 
 use std::fmt;
 use std::net::IpAddr;
 
 use ipnet::IpNet;
-use kpng_model::{Family, Protocol};
+use kpng_model::{Family, Protocol, ServiceKey};
+
+/// kpng's table name (the same in both families).
+pub const TABLE: &str = "kpng";
+
+/// Endpoint counts the pick tree serves (`numgen random mod n` for n up to this); services
+/// with more endpoints get a count set and pick rule of their own.
+pub const TREE_COUNTS: u32 = 1 << TREE_BITS;
+
+/// Levels of the pick tree: bits of `count - 1`.
+pub const TREE_BITS: u8 = 8;
 
 /// A named set or map of kpng's tables. Each exists once per family table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -49,7 +62,7 @@ pub enum MapName {
     FirewallDests,
     /// Allowed (destination, source range) pairs. Interval set.
     FirewallAllow,
-    /// `(endpoint, endpoint)` pairs of local endpoints: a pod reaching itself is masqueraded.
+    /// `(endpoint, endpoint)` pairs: a pod reaching itself through a service is masqueraded.
     Hairpin,
     /// Destinations of ClientIP-affinity services → their affinity chain, Cluster sets.
     AffinityCluster,
@@ -59,15 +72,17 @@ pub enum MapName {
     AffinityNodePortCluster,
     /// The same for Local sets.
     AffinityNodePortLocal,
-    /// The destinations (or NodePorts) whose set of kind `PickKind` has exactly `n`
-    /// endpoints: the rule that picks among `n` slots matches them. Created the first
-    /// time a count is used.
+    /// The keys of `PickKind` whose endpoint count `n` has bit `b` set in `n - 1`: the pick
+    /// tree branches on them.
+    Bit(PickKind, u8),
+    /// The keys of `PickKind` with exactly `n` endpoints, for counts beyond the tree
+    /// ([`TREE_COUNTS`]); created the first time such a count is used.
     Count(PickKind, u32),
 }
 
 impl MapName {
-    /// Every set and map of the static skeleton, in declaration order.
-    pub const ALL: [MapName; 24] = [
+    /// Every static set and map, in declaration order (bit sets follow, per kind).
+    pub const FIXED: [MapName; 24] = [
         MapName::NodePortAddrs,
         MapName::ClusterIps,
         MapName::ClusterDests,
@@ -93,6 +108,14 @@ impl MapName {
         MapName::AffinityNodePortCluster,
         MapName::AffinityNodePortLocal,
     ];
+
+    /// Every set and map of the static skeleton: the fixed ones, then the bit sets.
+    pub fn all_static() -> impl Iterator<Item = MapName> {
+        let bits = PickKind::ALL
+            .into_iter()
+            .flat_map(|kind| (0..TREE_BITS).map(move |b| MapName::Bit(kind, b)));
+        MapName::FIXED.into_iter().chain(bits)
+    }
 
     /// The name in the kernel.
     pub fn name(self) -> std::borrow::Cow<'static, str> {
@@ -121,6 +144,7 @@ impl MapName {
             MapName::AffinityLocal => "affinity_local",
             MapName::AffinityNodePortCluster => "affinity_nodeport_cluster",
             MapName::AffinityNodePortLocal => "affinity_nodeport_local",
+            MapName::Bit(kind, b) => return format!("{}_bit_{b}", kind.prefix()).into(),
             MapName::Count(kind, n) => return format!("{}_count_{n}", kind.prefix()).into(),
         };
         fixed.into()
@@ -128,12 +152,61 @@ impl MapName {
 
     /// The set a name stands for (the inverse of [`MapName::name`]).
     pub fn parse(name: &str) -> Option<MapName> {
-        if let Some(map) = MapName::ALL.into_iter().find(|m| m.name() == name) {
+        if let Some(map) = MapName::all_static().find(|m| m.name() == name) {
             return Some(map);
         }
         let (prefix, n) = name.rsplit_once("_count_")?;
         let n: u32 = n.parse().ok()?;
-        PickKind::ALL.into_iter().find(|k| k.prefix() == prefix).map(|k| MapName::Count(k, n))
+        let kind = PickKind::ALL.into_iter().find(|k| k.prefix() == prefix)?;
+        (n > TREE_COUNTS).then_some(MapName::Count(kind, n))
+    }
+
+    /// What the set's keys are.
+    pub fn key_kind(self) -> KeyKind {
+        match self {
+            MapName::NodePortAddrs | MapName::ClusterIps => KeyKind::Addr,
+            MapName::ClusterDests
+            | MapName::LocalDests
+            | MapName::ExternalLocalDests
+            | MapName::RejectDests
+            | MapName::DropDests
+            | MapName::MasqDests
+            | MapName::FirewallDests
+            | MapName::AffinityCluster
+            | MapName::AffinityLocal => KeyKind::Dest,
+            MapName::NodePortClusterDests
+            | MapName::NodePortLocalDests
+            | MapName::RejectNodePorts
+            | MapName::DropNodePorts
+            | MapName::MasqNodePorts
+            | MapName::AffinityNodePortCluster
+            | MapName::AffinityNodePortLocal => KeyKind::NodePort,
+            MapName::ClusterBackends | MapName::LocalBackends => KeyKind::DestSlot,
+            MapName::NodePortClusterBackends | MapName::NodePortLocalBackends => {
+                KeyKind::NodePortSlot
+            }
+            MapName::FirewallAllow => KeyKind::DestSource,
+            MapName::Hairpin => KeyKind::AddrPair,
+            MapName::Bit(kind, _) | MapName::Count(kind, _) => match kind.by_destination() {
+                true => KeyKind::Dest,
+                false => KeyKind::NodePort,
+            },
+        }
+    }
+
+    /// What the map's values are (`None` for a set).
+    pub fn value_kind(self) -> Option<ValueKind> {
+        match self {
+            MapName::ClusterBackends
+            | MapName::LocalBackends
+            | MapName::NodePortClusterBackends
+            | MapName::NodePortLocalBackends => Some(ValueKind::Endpoint),
+            MapName::AffinityCluster
+            | MapName::AffinityLocal
+            | MapName::AffinityNodePortCluster
+            | MapName::AffinityNodePortLocal => Some(ValueKind::Verdict),
+            _ => None,
+        }
     }
 }
 
@@ -141,6 +214,34 @@ impl fmt::Display for MapName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.name())
     }
+}
+
+/// The shape of a set's keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum KeyKind {
+    /// An address.
+    Addr,
+    /// Address, protocol, port.
+    Dest,
+    /// Protocol, port (on a NodePort address).
+    NodePort,
+    /// A destination and a slot.
+    DestSlot,
+    /// A NodePort and a slot.
+    NodePortSlot,
+    /// Source and destination addresses.
+    AddrPair,
+    /// A destination and a source range (interval on the last field).
+    DestSource,
+}
+
+/// The shape of a map's values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ValueKind {
+    /// Address and port.
+    Endpoint,
+    /// A verdict (`goto` a chain).
+    Verdict,
 }
 
 /// Which endpoint set a pick chooses from, and how it is keyed.
@@ -176,7 +277,7 @@ impl PickKind {
         matches!(self, PickKind::Cluster | PickKind::Local)
     }
 
-    /// The name stem of the kind's chain and count sets.
+    /// The name stem of the kind's chains and sets.
     pub fn prefix(self) -> &'static str {
         match self {
             PickKind::Cluster => "cluster",
@@ -191,9 +292,16 @@ impl PickKind {
         format!("pick_{}", self.prefix())
     }
 
-    /// The chain holding the kind's pick rules, one per endpoint count in use.
+    /// The chain holding the pick rules of counts beyond the tree, then the way into the
+    /// tree.
     pub fn counts_chain(self) -> String {
         format!("pick_{}_counts", self.prefix())
+    }
+
+    /// The pick tree's node after `depth` bits decided with value `prefix` (the root is
+    /// depth 0): it branches on bit `TREE_BITS - 1 - depth` of `count - 1`.
+    pub fn tree_chain(self, depth: u8, prefix: u32) -> String {
+        format!("pick_{}_t{depth}_{prefix}", self.prefix())
     }
 
     /// The verdict map sending destinations of affinity services to their chain.
@@ -204,6 +312,55 @@ impl PickKind {
             PickKind::NodePortCluster => MapName::AffinityNodePortCluster,
             PickKind::NodePortLocal => MapName::AffinityNodePortLocal,
         }
+    }
+
+    /// The endpoint set this kind picks from.
+    pub fn set_kind(self) -> SetKind {
+        match self {
+            PickKind::Cluster | PickKind::NodePortCluster => SetKind::Cluster,
+            PickKind::Local | PickKind::NodePortLocal => SetKind::Local,
+        }
+    }
+}
+
+/// Which endpoint set a group of slots holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum SetKind {
+    /// The Cluster set.
+    Cluster,
+    /// The Local set.
+    Local,
+}
+
+/// Identifies the slot list of one service port, family and set.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct GroupKey {
+    /// The family.
+    pub family: Family,
+    /// The service port's name.
+    pub port: String,
+    /// The service port's protocol.
+    pub protocol: Protocol,
+    /// The set.
+    pub kind: SetKind,
+}
+
+impl GroupKey {
+    /// A stable 64-bit name for this group of `service`: FNV-1a of an explicit encoding
+    /// (`v1|namespace/name|4 or 6|port|TCP|cluster or local`). The kernel's affinity chains
+    /// are named after it and a restart finds them by it, so the encoding never changes
+    /// without a new version prefix.
+    pub fn hash(&self, service: &ServiceKey) -> u64 {
+        let family = match self.family {
+            Family::V4 => "4",
+            Family::V6 => "6",
+        };
+        let kind = match self.kind {
+            SetKind::Cluster => "cluster",
+            SetKind::Local => "local",
+        };
+        let text = format!("v1|{service}|{family}|{}|{}|{kind}", self.port, self.protocol.as_str());
+        kpng_model::hash::fnv1a64(text.as_bytes())
     }
 }
 
@@ -222,6 +379,18 @@ pub enum Value {
 /// `<name>_<i>`.
 pub fn affinity_chain(hash: u64) -> String {
     format!("aff_{hash:016x}")
+}
+
+/// The name of slot `i`'s set and chain of the affinity group `hash`.
+pub fn affinity_slot(hash: u64, i: usize) -> String {
+    format!("{}_{i}", affinity_chain(hash))
+}
+
+/// An affinity group's slot name (`aff_<hash>_<slot>`) as `(hash, slot)`.
+pub fn parse_affinity_slot(name: &str) -> Option<(u64, u32)> {
+    let rest = name.strip_prefix("aff_")?;
+    let (hash, slot) = rest.split_once('_')?;
+    Some((u64::from_str_radix(hash, 16).ok()?, slot.parse().ok()?))
 }
 
 /// A destination: address, protocol, port.
@@ -254,6 +423,34 @@ pub enum Key {
     DestSource(Dest, IpNet),
 }
 
+impl Key {
+    /// The slot of a backends key.
+    pub fn slot(&self) -> Option<u32> {
+        match self {
+            Key::DestSlot(_, slot) | Key::NodePortSlot(_, _, slot) => Some(*slot),
+            _ => None,
+        }
+    }
+
+    /// The same key with another slot (backends keys only).
+    pub fn with_slot(&self, slot: u32) -> Key {
+        match *self {
+            Key::DestSlot(dest, _) => Key::DestSlot(dest, slot),
+            Key::NodePortSlot(protocol, port, _) => Key::NodePortSlot(protocol, port, slot),
+            other => other,
+        }
+    }
+
+    /// A destination or NodePort key with `slot` (the key of its backends element).
+    pub fn slotted(&self, slot: u32) -> Option<Key> {
+        match *self {
+            Key::Dest(dest) => Some(Key::DestSlot(dest, slot)),
+            Key::NodePort(protocol, port) => Some(Key::NodePortSlot(protocol, port, slot)),
+            _ => None,
+        }
+    }
+}
+
 /// Identifies one element of kpng's tables.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ElementId {
@@ -273,5 +470,40 @@ pub fn table_family(family: Family) -> &'static str {
     }
 }
 
-/// kpng's table name (the same in both families).
-pub const TABLE: &str = "kpng";
+/// The netlink family of a family's table.
+pub fn proto_family(family: Family) -> kpng_netlink::ProtoFamily {
+    match family {
+        Family::V4 => kpng_netlink::ProtoFamily::Ipv4,
+        Family::V6 => kpng_netlink::ProtoFamily::Ipv6,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_parse_back() {
+        for map in MapName::all_static().chain([MapName::Count(PickKind::Local, 300)]) {
+            assert_eq!(MapName::parse(&map.name()), Some(map), "{map}");
+        }
+        assert_eq!(MapName::parse("cluster_count_3"), None, "small counts live in the tree");
+        assert_eq!(parse_affinity_slot(&affinity_slot(0xabc, 7)), Some((0xabc, 7)));
+    }
+
+    #[test]
+    fn group_names_are_pinned() {
+        // Chains in kernels out there are named after these: a change orphans them.
+        let group = GroupKey {
+            family: Family::V6,
+            port: "http".into(),
+            protocol: Protocol::Tcp,
+            kind: SetKind::Local,
+        };
+        let service = ServiceKey::new("shop", "web");
+        assert_eq!(
+            group.hash(&service),
+            kpng_model::hash::fnv1a64(b"v1|shop/web|6|http|TCP|local")
+        );
+    }
+}

@@ -1,5 +1,5 @@
 //! ENLS → kernel elements. Pure: a service (and the slots its endpoints held before) in,
-//! the elements it needs out.
+//! the elements and affinity groups it needs out.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -8,34 +8,15 @@ use ipnet::IpNet;
 use kpng_model::local::LocalServiceState;
 use kpng_model::{Family, LocalNode, Protocol, ServiceKey};
 
-use crate::affinity::{AffinityGroup, group_hash};
-use crate::objects::{Dest, ElementId, Key, MapName, PickKind, Value};
-use crate::slots::{Target, assign_slots};
+use crate::affinity::AffinityGroup;
+use crate::objects::{
+    Dest, ElementId, GroupKey, Key, MapName, PickKind, SetKind, TREE_BITS, TREE_COUNTS, Value,
+};
+use crate::slots::{Target, assign_slots, assign_sticky_slots};
 
-/// Which endpoint set a group of slots holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum SetKind {
-    /// The Cluster set.
-    Cluster,
-    /// The Local set.
-    Local,
-}
-
-/// Identifies the slot list of one service port, family and set.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct GroupKey {
-    /// The family.
-    pub family: Family,
-    /// The service port's name.
-    pub port: String,
-    /// The service port's protocol.
-    pub protocol: Protocol,
-    /// The set.
-    pub kind: SetKind,
-}
-
-/// The slots a service's endpoints occupy, per group.
-pub type Slots = BTreeMap<GroupKey, Vec<Target>>;
+/// The slots a service's endpoints occupy, per group. Holes (`None`) only in affinity
+/// groups, where endpoints never move.
+pub type Slots = BTreeMap<GroupKey, Vec<Option<Target>>>;
 
 /// A service's elements and the slots they use.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -62,13 +43,22 @@ impl NodeFacts {
     }
 }
 
+/// The members of the pick structures for `n` endpoints of `kind`: the bit sets of
+/// `n - 1` in the tree, or the count set of a count beyond it.
+pub fn count_sets(kind: PickKind, n: u32) -> Vec<MapName> {
+    if n > TREE_COUNTS {
+        return vec![MapName::Count(kind, n)];
+    }
+    (0..TREE_BITS).filter(|b| (n - 1) >> b & 1 == 1).map(|b| MapName::Bit(kind, b)).collect()
+}
+
 struct Out<'a> {
     family: Family,
     elements: Vec<(ElementId, Value)>,
     previous: &'a Slots,
     slots: Slots,
-    /// The service, and its affinity timeout when it asks for ClientIP affinity.
     service: &'a ServiceKey,
+    /// The affinity timeout when the service asks for ClientIP affinity.
     affinity: Option<u32>,
     /// The current port's groups, by set.
     cluster_group: Option<GroupKey>,
@@ -85,46 +75,51 @@ impl Out<'_> {
         self.put(map, key, Value::None);
     }
 
-    /// `key` picks among `slots` of `kind`: it joins the count set for their number, and
-    /// each slot is a backends element. For an affinity service, `key` goes to the
-    /// affinity chain of its group instead of a count set.
-    fn pick(&mut self, kind: PickKind, key: Key, slots: &[Target]) {
-        let group = match kind {
-            PickKind::Cluster | PickKind::NodePortCluster => self.cluster_group.clone(),
-            PickKind::Local | PickKind::NodePortLocal => self.local_group.clone(),
+    /// `key` picks among `slots` of `kind`: it joins the pick structures for their number,
+    /// and each live slot is a backends element. For an affinity service, `key` goes to the
+    /// affinity chain of its group instead.
+    fn pick(&mut self, kind: PickKind, key: Key, slots: &[Option<Target>]) {
+        let group = match kind.set_kind() {
+            SetKind::Cluster => self.cluster_group.clone(),
+            SetKind::Local => self.local_group.clone(),
         };
         if let (Some(timeout), Some(group)) = (self.affinity, group) {
-            let hash = group_hash(self.service, &group);
+            let hash = group.hash(self.service);
             self.put(kind.affinity_map(), key, Value::Affinity(hash));
             if !self.groups.iter().any(|g| g.hash == hash) {
                 let protocol = group.protocol;
+                let slots = slots.to_vec();
                 self.groups.push(AffinityGroup {
                     hash,
                     family: self.family,
                     protocol,
                     timeout,
-                    slots: slots.to_vec(),
+                    slots,
                 });
             }
         } else {
-            self.member(MapName::Count(kind, slots.len() as u32), key);
+            for map in count_sets(kind, slots.len() as u32) {
+                self.member(map, key);
+            }
         }
         // The backends elements: what the pick rules read, and for affinity groups the
-        // record of slot positions that a restart reads back.
-        for (i, (ip, port)) in slots.iter().enumerate() {
-            let slot_key = match key {
-                Key::Dest(dest) => Key::DestSlot(dest, i as u32),
-                Key::NodePort(protocol, port) => Key::NodePortSlot(protocol, port, i as u32),
-                _ => continue,
-            };
-            self.put(kind.backends(), slot_key, Value::Endpoint(*ip, *port));
+        // record of slot positions a restart reads back.
+        for (i, target) in slots.iter().enumerate() {
+            if let (Some((ip, port)), Some(slot_key)) = (target, key.slotted(i as u32)) {
+                self.put(kind.backends(), slot_key, Value::Endpoint(*ip, *port));
+            }
         }
     }
 
     /// Assigns slots for a group and returns them.
-    fn slots(&mut self, group: GroupKey, targets: &BTreeSet<Target>) -> Vec<Target> {
+    fn slots(&mut self, group: GroupKey, targets: &BTreeSet<Target>) -> Vec<Option<Target>> {
         let previous = self.previous.get(&group).map(Vec::as_slice).unwrap_or_default();
-        let slots = assign_slots(previous, targets);
+        let slots = if self.affinity.is_some() {
+            assign_sticky_slots(previous, targets)
+        } else {
+            let compact: Vec<Target> = previous.iter().flatten().copied().collect();
+            assign_slots(&compact, targets).into_iter().map(Some).collect()
+        };
         if !slots.is_empty() {
             self.slots.insert(group, slots.clone());
         }
@@ -153,47 +148,48 @@ fn port_sets(
     (cluster, local)
 }
 
-/// The slots a service's groups hold in an existing table, read through `lookup`: for each
-/// group, the slots under the first of its destinations that has any. Used after a restart
-/// so that re-rendering keeps the kernel's slot positions.
+/// The destinations of one service port in `family`: the cluster IP, external and LB IPs,
+/// and the NodePort.
+fn port_keys(
+    state: &LocalServiceState,
+    family: Family,
+    port: &kpng_model::local::LocalServicePort,
+) -> Vec<Key> {
+    let svc = &state.service;
+    let Some(cluster_ip) = svc.cluster_ip(family) else { return Vec::new() };
+    std::iter::once(cluster_ip)
+        .chain(svc.external_ips.iter().chain(&svc.load_balancer_ips).copied())
+        .filter(|ip| Family::of(ip) == family)
+        .map(|ip| Key::Dest(Dest { ip, protocol: port.protocol, port: port.port }))
+        .chain(port.node_port.map(|np| Key::NodePort(port.protocol, np)))
+        .collect()
+}
+
+/// The slots a service's groups hold in an existing table, read through `lookup` (the
+/// backends elements): for each group, the slots under the first of its destinations that
+/// has any. Used after a restart so that re-rendering keeps the kernel's slot positions.
+/// Affinity groups are better seeded from their chains ([`crate::memory`] and the kernel
+/// read them back), which also know their holes.
 pub fn seed_slots(
     state: &LocalServiceState,
     lookup: impl Fn(&ElementId) -> Option<Value>,
 ) -> Slots {
-    let svc = &state.service;
     let mut slots = Slots::new();
     for family in Family::ALL {
-        let Some(cluster_ip) = svc.cluster_ip(family) else { continue };
-        let extra: Vec<IpAddr> = svc
-            .external_ips
-            .iter()
-            .chain(&svc.load_balancer_ips)
-            .copied()
-            .filter(|ip| Family::of(ip) == family)
-            .collect();
-        for port in &svc.ports {
-            let dests: Vec<Key> = std::iter::once(cluster_ip)
-                .chain(extra.iter().copied())
-                .map(|ip| Key::Dest(Dest { ip, protocol: port.protocol, port: port.port }))
-                .chain(port.node_port.map(|np| Key::NodePort(port.protocol, np)))
-                .collect();
+        for port in &state.service.ports {
+            let keys = port_keys(state, family, port);
             for (kind, by_dest, by_nodeport) in [
                 (SetKind::Cluster, MapName::ClusterBackends, MapName::NodePortClusterBackends),
                 (SetKind::Local, MapName::LocalBackends, MapName::NodePortLocalBackends),
             ] {
-                let found = dests.iter().find_map(|dest| {
-                    let at = |i: u32| {
-                        let (map, key) = match dest {
-                            Key::Dest(d) => (by_dest, Key::DestSlot(*d, i)),
-                            Key::NodePort(p, n) => (by_nodeport, Key::NodePortSlot(*p, *n, i)),
-                            _ => return None,
-                        };
-                        match lookup(&ElementId { family, map, key }) {
-                            Some(Value::Endpoint(ip, port)) => Some((ip, port)),
-                            _ => None,
-                        }
+                let found = keys.iter().find_map(|key| {
+                    let map = if matches!(key, Key::NodePort(..)) { by_nodeport } else { by_dest };
+                    let at = |i: u32| match lookup(&ElementId { family, map, key: key.slotted(i)? })
+                    {
+                        Some(Value::Endpoint(ip, port)) => Some(Some((ip, port))),
+                        _ => None,
                     };
-                    let list: Vec<Target> = (0..).map_while(at).collect();
+                    let list: Vec<Option<Target>> = (0..).map_while(at).collect();
                     (!list.is_empty()).then_some(list)
                 });
                 if let Some(list) = found {
@@ -225,94 +221,15 @@ pub fn render_service(state: &LocalServiceState, node: &NodeFacts, previous: &Sl
         let Some(cluster_ip) = svc.cluster_ip(family) else { continue };
         out.family = family;
         out.put(MapName::ClusterIps, Key::Addr(cluster_ip), Value::None);
-        for endpoint in state.endpoints.values().filter(|e| e.local && Family::of(&e.ip) == family)
-        {
+        // A pod reaching itself through the service is masqueraded, whichever node the
+        // slice says it runs on.
+        let picked =
+            state.endpoints.values().filter(|e| e.ports.iter().any(|p| p.cluster || p.local));
+        for endpoint in picked.filter(|e| Family::of(&e.ip) == family) {
             out.put(MapName::Hairpin, Key::AddrPair(endpoint.ip, endpoint.ip), Value::None);
         }
-        let of_family = |ips: &[IpAddr]| {
-            ips.iter().copied().filter(|ip| Family::of(ip) == family).collect::<Vec<_>>()
-        };
-        let lb_ips = of_family(&svc.load_balancer_ips);
-        let external_ips = of_family(&svc.external_ips);
-        let ranges: Vec<IpNet> = svc
-            .load_balancer_source_ranges
-            .iter()
-            .copied()
-            .filter(|r| Family::of_net(r) == family)
-            .collect();
-
         for port in &svc.ports {
-            let (cluster, local) = port_sets(state, family, &port.name, port.protocol);
-            let has_endpoints = *port.has_endpoints.get(family);
-            let group =
-                |kind| GroupKey { family, port: port.name.clone(), protocol: port.protocol, kind };
-            let cluster_slots = out.slots(group(SetKind::Cluster), &cluster);
-            let local_slots = out.slots(group(SetKind::Local), &local);
-            out.cluster_group = Some(group(SetKind::Cluster));
-            out.local_group = Some(group(SetKind::Local));
-
-            // ClusterIP.
-            let dest = Dest { ip: cluster_ip, protocol: port.protocol, port: port.port };
-            let (kind, dests, slots) = if svc.internal_local {
-                (PickKind::Local, MapName::LocalDests, &local_slots)
-            } else {
-                (PickKind::Cluster, MapName::ClusterDests, &cluster_slots)
-            };
-            if slots.is_empty() {
-                out.member(
-                    if has_endpoints { MapName::DropDests } else { MapName::RejectDests },
-                    Key::Dest(dest),
-                );
-            } else {
-                out.member(dests, Key::Dest(dest));
-                out.pick(kind, Key::Dest(dest), slots);
-            }
-
-            // External IPs and load-balancer IPs.
-            for ip in external_ips.iter().chain(&lb_ips) {
-                let dest = Dest { ip: *ip, protocol: port.protocol, port: port.port };
-                external(
-                    &mut out,
-                    svc.external_local,
-                    Key::Dest(dest),
-                    &cluster_slots,
-                    &local_slots,
-                    has_endpoints,
-                );
-            }
-            if !ranges.is_empty() {
-                let node_in_range =
-                    node.node_ips.iter().any(|ip| ranges.iter().any(|r| r.contains(ip)));
-                for ip in &lb_ips {
-                    let dest = Dest { ip: *ip, protocol: port.protocol, port: port.port };
-                    out.put(MapName::FirewallDests, Key::Dest(dest), Value::None);
-                    for range in &ranges {
-                        out.put(MapName::FirewallAllow, Key::DestSource(dest, *range), Value::None);
-                    }
-                    if node_in_range {
-                        for own in &lb_ips {
-                            out.put(
-                                MapName::FirewallAllow,
-                                Key::DestSource(dest, IpNet::from(*own)),
-                                Value::None,
-                            );
-                        }
-                    }
-                }
-            }
-
-            // NodePort.
-            if let Some(node_port) = port.node_port {
-                let key = Key::NodePort(port.protocol, node_port);
-                external(
-                    &mut out,
-                    svc.external_local,
-                    key,
-                    &cluster_slots,
-                    &local_slots,
-                    has_endpoints,
-                );
-            }
+            render_port(&mut out, state, node, family, port);
         }
     }
     let mut elements = out.elements;
@@ -321,13 +238,86 @@ pub fn render_service(state: &LocalServiceState, node: &NodeFacts, previous: &Sl
     Rendered { elements, slots: out.slots, affinity: out.groups }
 }
 
+fn render_port(
+    out: &mut Out<'_>,
+    state: &LocalServiceState,
+    node: &NodeFacts,
+    family: Family,
+    port: &kpng_model::local::LocalServicePort,
+) {
+    let svc = &state.service;
+    let (cluster, local) = port_sets(state, family, &port.name, port.protocol);
+    let has_endpoints = *port.has_endpoints.get(family);
+    let group = |kind| GroupKey { family, port: port.name.clone(), protocol: port.protocol, kind };
+    let cluster_slots = out.slots(group(SetKind::Cluster), &cluster);
+    let local_slots = out.slots(group(SetKind::Local), &local);
+    out.cluster_group = Some(group(SetKind::Cluster));
+    out.local_group = Some(group(SetKind::Local));
+    let of_family = |ips: &[IpAddr]| -> Vec<IpAddr> {
+        ips.iter().copied().filter(|ip| Family::of(ip) == family).collect()
+    };
+    let lb_ips = of_family(&svc.load_balancer_ips);
+
+    // ClusterIP.
+    let Some(cluster_ip) = svc.cluster_ip(family) else { return };
+    let dest = Dest { ip: cluster_ip, protocol: port.protocol, port: port.port };
+    let held = |ip: &IpAddr| !port.yielded.contains(ip);
+    let (kind, dests, slots) = if svc.internal_local {
+        (PickKind::Local, MapName::LocalDests, &local_slots)
+    } else {
+        (PickKind::Cluster, MapName::ClusterDests, &cluster_slots)
+    };
+    if !held(&cluster_ip) {
+        // An older service holds this destination.
+    } else if slots.is_empty() {
+        let verdict = if has_endpoints { MapName::DropDests } else { MapName::RejectDests };
+        out.member(verdict, Key::Dest(dest));
+    } else {
+        out.member(dests, Key::Dest(dest));
+        out.pick(kind, Key::Dest(dest), slots);
+    }
+
+    // External IPs and load-balancer IPs.
+    for ip in of_family(&svc.external_ips).iter().chain(&lb_ips).filter(|ip| held(ip)) {
+        let key = Key::Dest(Dest { ip: *ip, protocol: port.protocol, port: port.port });
+        external(out, svc.external_local, key, &cluster_slots, &local_slots, has_endpoints);
+    }
+    let ranges: Vec<IpNet> = svc
+        .load_balancer_source_ranges
+        .iter()
+        .copied()
+        .filter(|r| Family::of_net(r) == family)
+        .collect();
+    if !ranges.is_empty() {
+        let node_in_range = node.node_ips.iter().any(|ip| ranges.iter().any(|r| r.contains(ip)));
+        for ip in lb_ips.iter().filter(|ip| held(ip)) {
+            let dest = Dest { ip: *ip, protocol: port.protocol, port: port.port };
+            out.member(MapName::FirewallDests, Key::Dest(dest));
+            for range in &ranges {
+                out.member(MapName::FirewallAllow, Key::DestSource(dest, *range));
+            }
+            if node_in_range {
+                for own in &lb_ips {
+                    out.member(MapName::FirewallAllow, Key::DestSource(dest, IpNet::from(*own)));
+                }
+            }
+        }
+    }
+
+    // NodePort.
+    if let Some(node_port) = port.node_port {
+        let key = Key::NodePort(port.protocol, node_port);
+        external(out, svc.external_local, key, &cluster_slots, &local_slots, has_endpoints);
+    }
+}
+
 /// Elements of an external destination (`Key::Dest`) or a NodePort (`Key::NodePort`).
 fn external(
     out: &mut Out<'_>,
     external_local: bool,
     key: Key,
-    cluster: &[Target],
-    local: &[Target],
+    cluster: &[Option<Target>],
+    local: &[Option<Target>],
     has_endpoints: bool,
 ) {
     let nodeport = matches!(key, Key::NodePort(..));
@@ -372,45 +362,19 @@ fn external(
     }
 }
 
-/// The local-traffic detector: `--cluster-cidr` when given, else the node's pod CIDRs.
-pub fn local_pods(node: Option<&LocalNode>, cluster_cidrs: &[IpNet]) -> Vec<IpNet> {
-    if cluster_cidrs.is_empty() {
-        node.map(|n| n.pod_cidrs.clone()).unwrap_or_default()
-    } else {
-        cluster_cidrs.to_vec()
-    }
-}
-
-/// Where NodePorts are accepted.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub enum NodePortAddresses {
-    /// The node's primary IPs (kube-proxy's default).
-    #[default]
-    Primary,
-    /// Local addresses inside these networks.
-    Cidrs(Vec<IpNet>),
-}
-
-/// The node-level elements: the NodePort addresses.
-pub fn render_node(
-    node: Option<&LocalNode>,
-    nodeports: &NodePortAddresses,
-    local_addrs: &[IpAddr],
-) -> Vec<(ElementId, Value)> {
-    let mut elements = Vec::new();
-    let mut put =
-        |map, key: Key, family| elements.push((ElementId { family, map, key }, Value::None));
-    let addrs: Vec<IpAddr> = match nodeports {
-        NodePortAddresses::Primary => node.map(|n| n.primary_ips.clone()).unwrap_or_default(),
-        NodePortAddresses::Cidrs(cidrs) => local_addrs
-            .iter()
-            .copied()
-            .filter(|ip| !ip.is_loopback() && cidrs.iter().any(|c| c.contains(ip)))
-            .collect(),
-    };
-    for ip in addrs {
-        put(MapName::NodePortAddrs, Key::Addr(ip), Family::of(&ip));
-    }
+/// The node-level elements: the addresses that carry NodePorts.
+pub fn render_node(addresses: &[IpAddr]) -> Vec<(ElementId, Value)> {
+    let mut elements: Vec<(ElementId, Value)> = addresses
+        .iter()
+        .map(|ip| {
+            let id = ElementId {
+                family: Family::of(ip),
+                map: MapName::NodePortAddrs,
+                key: Key::Addr(*ip),
+            };
+            (id, Value::None)
+        })
+        .collect();
     elements.sort();
     elements.dedup();
     elements

@@ -1,291 +1,286 @@
-//! The static part of each table: sets, maps, and chains whose rules never depend on the
-//! cluster's size. Loaded with `nft -f` at start-up; everything per service and per
-//! endpoint is an element of these sets and maps.
-
-use std::fmt::Write;
+//! The static part of each table: sets, maps, chains and the rules that never depend on
+//! the cluster's size. Everything per service and per endpoint is an element of these
+//! sets and maps. The skeleton depends only on [`SkeletonOptions`]; it is (re)written
+//! whole, in the same transaction as the elements, at start-up and at every repair.
+//!
+//! Picking an endpoint among `n` walks a fixed binary tree of chains, one level per bit of
+//! `n - 1` (`<kind>_bit_<b>` sets say which bits a destination has), down to the rule
+//! `numgen random mod n`: a new connection costs the same few lookups whatever the mix of
+//! endpoint counts, and a changed count is a few element updates, never a rule change.
 
 use ipnet::IpNet;
-use kpng_model::Family;
+use kpng_backend::proxy::LocalTraffic;
+use kpng_model::{Family, PerFamily};
+use kpng_netlink::nftables::objects::Hook;
+use kpng_netlink::nftables::{ChainSpec, Verdict};
 
-use crate::objects::{MapName, PickKind, TABLE};
+use crate::objects::{MapName, PickKind, TREE_BITS};
+use crate::rules::{DEST, Field, NODEPORT, Rule, RuleBuilder};
+use crate::sets::{SetDecl, declaration};
 
 /// Options that shape the static rules.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct SkeletonOptions {
     /// Masquerade all traffic to cluster IPs (`--masquerade-all`).
     pub masquerade_all: bool,
-    /// The local-traffic detector (`--cluster-cidr`, else the node's pod CIDRs), both
-    /// families. Where a family has none, ClusterIP traffic is not masqueraded for being
-    /// non-local and pod traffic to external addresses is not short-circuited.
-    pub local_pods: Vec<IpNet>,
+    /// How traffic from local pods is recognised.
+    pub local_detector: LocalTraffic,
     /// The packet-mark bit kpng uses to flag connections for masquerading (kube-proxy's
     /// default is 14, 0x4000). Only this bit is touched.
     pub masquerade_bit: u8,
+    /// Per family: NodePorts are accepted on every local address but loopback (a match-all
+    /// `--nodeport-addresses`), instead of the addresses in `nodeport_addrs`.
+    pub nodeports_on_all_local: PerFamily<bool>,
+    /// The cluster's service CIDRs: new connections to an address in them that no service
+    /// holds are dropped.
+    pub service_cidrs: Vec<IpNet>,
 }
 
 impl Default for SkeletonOptions {
     fn default() -> Self {
-        SkeletonOptions { masquerade_all: false, local_pods: Vec::new(), masquerade_bit: 14 }
+        SkeletonOptions {
+            masquerade_all: false,
+            local_detector: LocalTraffic::Unknown,
+            masquerade_bit: 14,
+            nodeports_on_all_local: PerFamily::default(),
+            service_cidrs: Vec::new(),
+        }
     }
 }
 
-fn local_pods(family: Family, options: &SkeletonOptions) -> Vec<IpNet> {
-    options.local_pods.iter().copied().filter(|n| Family::of_net(n) == family).collect()
+/// One chain with its rules.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Chain {
+    /// Name and hook.
+    pub spec: ChainSpec,
+    /// Its rules, in order.
+    pub rules: Vec<Rule>,
 }
 
-struct Names {
-    family_enum: Family,
-    family: &'static str,
-    addr: &'static str,
-    ip: &'static str,
+/// The static objects of one family's table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skeleton {
+    /// The family.
+    pub family: Family,
+    /// Every static set and map.
+    pub sets: Vec<SetDecl>,
+    /// Every static chain (base chains first), with its rules.
+    pub chains: Vec<Chain>,
 }
 
-fn names(family: Family) -> Names {
-    match family {
-        Family::V4 => Names { family_enum: family, family: "ip", addr: "ipv4_addr", ip: "ip" },
-        Family::V6 => Names { family_enum: family, family: "ip6", addr: "ipv6_addr", ip: "ip6" },
+fn hook(chain_type: &'static str, num: u32, priority: i32) -> Option<Hook> {
+    Some(Hook { chain_type, num, priority })
+}
+
+const PREROUTING: u32 = 0;
+const INPUT: u32 = 1;
+const FORWARD: u32 = 2;
+const OUTPUT: u32 = 3;
+const POSTROUTING: u32 = 4;
+
+/// The local-pod detector of `family`: none where the family has no network for it.
+fn detector(family: Family, options: &SkeletonOptions) -> LocalTraffic {
+    match &options.local_detector {
+        LocalTraffic::Cidrs(nets) => {
+            let nets: Vec<IpNet> =
+                nets.iter().copied().filter(|n| Family::of_net(n) == family).collect();
+            if nets.is_empty() { LocalTraffic::Unknown } else { LocalTraffic::Cidrs(nets) }
+        }
+        other => other.clone(),
     }
 }
 
-/// The key type of a destination-keyed set, or of a NodePort-keyed one.
-fn key_type(map_by_destination: bool, n: &Names) -> String {
-    if map_by_destination {
-        format!("{} . inet_proto . inet_service", n.addr)
-    } else {
-        "inet_proto . inet_service".to_string()
+/// Rules that match traffic from local pods, one per network or interface, each ending
+/// with `then`.
+fn from_pods(family: Family, detector: &LocalTraffic, then: Verdict) -> Vec<Rule> {
+    let start = || RuleBuilder::new(family);
+    match detector {
+        LocalTraffic::Unknown => Vec::new(),
+        LocalTraffic::Cidrs(nets) => {
+            nets.iter().map(|n| start().address_in(true, *n, false).verdict(then.clone())).collect()
+        }
+        LocalTraffic::Interface(name) => {
+            vec![start().input_interface(name, false, false).verdict(then)]
+        }
+        LocalTraffic::InterfacePrefix(prefix) => {
+            vec![start().input_interface(prefix, true, false).verdict(then)]
+        }
     }
 }
 
-/// The declaration of one set or map.
-fn declaration(map: MapName, n: &Names) -> String {
-    let (addr, ip) = (n.addr, n.ip);
-    let dest = key_type(true, n);
-    let nodeport = key_type(false, n);
-    let body = match map {
-        MapName::NodePortAddrs | MapName::ClusterIps => format!("type {addr};"),
-        MapName::ClusterDests
-        | MapName::LocalDests
-        | MapName::ExternalLocalDests
-        | MapName::RejectDests
-        | MapName::DropDests
-        | MapName::MasqDests
-        | MapName::FirewallDests => format!("type {dest};"),
-        MapName::NodePortClusterDests
-        | MapName::NodePortLocalDests
-        | MapName::RejectNodePorts
-        | MapName::DropNodePorts
-        | MapName::MasqNodePorts => format!("type {nodeport};"),
-        MapName::ClusterBackends | MapName::LocalBackends => {
-            format!(
-                "typeof {ip} daddr . meta l4proto . th dport . numgen random mod 1 : {ip} daddr . th dport;"
-            )
-        }
-        MapName::NodePortClusterBackends | MapName::NodePortLocalBackends => {
-            format!("typeof meta l4proto . th dport . numgen random mod 1 : {ip} daddr . th dport;")
-        }
-        MapName::FirewallAllow => format!("type {dest} . {addr}; flags interval;"),
-        MapName::Hairpin => format!("type {addr} . {addr};"),
-        MapName::AffinityCluster | MapName::AffinityLocal => format!("type {dest} : verdict;"),
-        MapName::AffinityNodePortCluster | MapName::AffinityNodePortLocal => {
-            format!("type {nodeport} : verdict;")
-        }
-        MapName::Count(kind, _) => format!("type {};", key_type(kind.by_destination(), n)),
-    };
-    let kind = if body.contains(':') { "map" } else { "set" };
-    format!("\t{kind} {map} {{ {body} }}\n")
-}
-
-/// The whole static skeleton of `family`'s table, as `nft -f` input. Loading it creates the
-/// table if needed, declares every set and map (existing ones keep their elements), and
-/// replaces the rules of the static chains in one transaction.
-pub fn skeleton(family: Family, options: &SkeletonOptions) -> String {
-    let n = names(family);
-    let (fam, ip) = (n.family, n.ip);
+/// The whole static skeleton of `family`'s table.
+pub fn skeleton(family: Family, options: &SkeletonOptions) -> Skeleton {
+    let r = || RuleBuilder::new(family);
     let mark = 1u32 << options.masquerade_bit;
-    let dest = format!("{ip} daddr . meta l4proto . th dport");
-    let mut out = String::new();
-    let _ = writeln!(out, "table {fam} {TABLE} {{");
-    for map in MapName::ALL {
-        out.push_str(&declaration(map, &n));
-    }
-    let _ = writeln!(out, "\tset local_pods {{ type {}; flags interval; }}", n.addr);
-    let nodeport = format!("{ip} daddr @nodeport_addrs meta l4proto . th dport");
-    let chains: Vec<(&str, Option<String>, Vec<String>)> = vec![
-        (
-            "nat_prerouting",
-            Some("type nat hook prerouting priority -100; policy accept;".into()),
-            vec!["jump services".into()],
-        ),
-        (
-            "nat_output",
-            Some("type nat hook output priority -100; policy accept;".into()),
-            vec!["jump services".into()],
-        ),
-        (
+    let detector = detector(family, options);
+    let all_local = *options.nodeports_on_all_local.get(family);
+    let nodeport = |set: &str| r().on_nodeport_address(all_local).member(NODEPORT, set, false);
+    let mut chains = vec![
+        base("nat_prerouting", hook("nat", PREROUTING, -100), vec![r().jump("services")]),
+        base("nat_output", hook("nat", OUTPUT, -100), vec![r().jump("services")]),
+        base(
             "nat_postrouting",
-            Some("type nat hook postrouting priority 100; policy accept;".into()),
-            vec!["ct status dnat jump masquerading".into()],
+            hook("nat", POSTROUTING, 100),
+            vec![r().ct_status_dnat().jump("masquerading")],
         ),
-        ("services", None, services_rules(&n, options)),
-        ("mark_for_masquerade", None, vec![format!("meta mark set meta mark | {mark:#x}")]),
-        (
-            "masquerading",
-            None,
-            vec![
-                format!("{ip} saddr . {ip} daddr @hairpin masquerade fully-random"),
-                format!("meta mark & {mark:#x} == 0 return"),
-                format!("meta mark set meta mark ^ {mark:#x}"),
-                "masquerade fully-random".into(),
-            ],
-        ),
-        ("external_local", None, external_local_rules(&n, options, "pick_cluster", "pick_local")),
-        (
-            "nodeport_local",
-            None,
-            external_local_rules(&n, options, "pick_nodeport_cluster", "pick_nodeport_local"),
-        ),
-        (
+        base(
             "filter_prerouting",
-            Some("type filter hook prerouting priority -110; policy accept;".into()),
-            vec!["ct state new jump firewall_check".into()],
+            hook("filter", PREROUTING, -110),
+            vec![r().ct_state_new().jump("firewall_check")],
         ),
-        (
+        base(
             "filter_output_early",
-            Some("type filter hook output priority -110; policy accept;".into()),
-            vec!["ct state new jump firewall_check".into()],
-        ),
-        (
-            "firewall_check",
-            None,
-            vec![format!("{dest} @firewall_dests {dest} . {ip} saddr != @firewall_allow drop")],
-        ),
-        (
-            "filter_input",
-            Some("type filter hook input priority 0; policy accept;".into()),
-            vec!["ct state new jump endpoint_check".into()],
-        ),
-        (
-            "filter_forward",
-            Some("type filter hook forward priority 0; policy accept;".into()),
-            vec!["ct state new jump endpoint_check".into()],
-        ),
-        (
-            "filter_output",
-            Some("type filter hook output priority 0; policy accept;".into()),
-            vec!["ct state new jump endpoint_check".into()],
-        ),
-        (
-            "endpoint_check",
-            None,
-            vec![
-                format!("{dest} @drop_dests drop"),
-                format!("{dest} @reject_dests goto reject_packet"),
-                format!("{nodeport} @drop_nodeports drop"),
-                format!("{nodeport} @reject_nodeports goto reject_packet"),
-                format!("{ip} daddr @cluster_ips goto reject_packet"),
-            ],
-        ),
-        ("reject_packet", None, vec!["reject".into()]),
-        ("pick_cluster", None, pick_entry_rules(&dest, PickKind::Cluster)),
-        ("pick_local", None, pick_entry_rules(&dest, PickKind::Local)),
-        (
-            "pick_nodeport_cluster",
-            None,
-            pick_entry_rules("meta l4proto . th dport", PickKind::NodePortCluster),
-        ),
-        (
-            "pick_nodeport_local",
-            None,
-            pick_entry_rules("meta l4proto . th dport", PickKind::NodePortLocal),
+            hook("filter", OUTPUT, -110),
+            vec![r().ct_state_new().jump("firewall_check")],
         ),
     ];
-    // The counts chains hold one rule per endpoint count in use, added over netlink: they
-    // are declared here but never flushed by a reload.
-    for kind in PickKind::ALL {
-        let _ = writeln!(out, "\tchain {} {{ }}", kind.counts_chain());
-    }
-    for (name, hook, _) in &chains {
-        let _ = writeln!(out, "\tchain {name} {{ {} }}", hook.as_deref().unwrap_or(""));
-    }
-    out.push_str("}\n");
-    // The detector and the rules of every static chain are replaced in the same
-    // transaction: a reload over an existing table leaves no window without rules and never
-    // duplicates them.
-    let _ = writeln!(out, "flush set {fam} {TABLE} local_pods");
-    let detector: Vec<String> =
-        local_pods(family, options).iter().map(ToString::to_string).collect();
-    if !detector.is_empty() {
-        let _ = writeln!(out, "add element {fam} {TABLE} local_pods {{ {} }}", detector.join(", "));
-    }
-    for (name, _, rules) in &chains {
-        let _ = writeln!(out, "flush chain {fam} {TABLE} {name}");
-        for rule in rules {
-            let _ = writeln!(out, "add rule {fam} {TABLE} {name} {rule}");
-        }
-    }
-    out
-}
-
-/// A pick entry: destinations of affinity services go to their own chain, the others to
-/// the rule for their endpoint count.
-fn pick_entry_rules(key: &str, kind: PickKind) -> Vec<String> {
-    vec![format!("{key} vmap @{}", kind.affinity_map()), format!("goto {}", kind.counts_chain())]
-}
-
-fn services_rules(n: &Names, options: &SkeletonOptions) -> Vec<String> {
-    let ip = n.ip;
-    let dest = format!("{ip} daddr . meta l4proto . th dport");
-    let nodeport = format!("{ip} daddr @nodeport_addrs meta l4proto . th dport");
-    let mut rules = Vec::new();
-    if options.masquerade_all {
-        rules.push(format!("{ip} daddr @cluster_ips jump mark_for_masquerade"));
-    } else if !local_pods(n.family_enum, options).is_empty() {
-        rules.push(format!(
-            "{ip} daddr @cluster_ips {ip} saddr != @local_pods jump mark_for_masquerade"
+    for (name, num) in
+        [("filter_input", INPUT), ("filter_forward", FORWARD), ("filter_output", OUTPUT)]
+    {
+        chains.push(base(
+            name,
+            hook("filter", num, 0),
+            vec![r().ct_state_new().jump("endpoint_check")],
         ));
     }
-    rules.push(format!("{dest} @masq_dests jump mark_for_masquerade"));
-    rules.push(format!("{nodeport} @masq_nodeports jump mark_for_masquerade"));
-    rules.push(format!("{dest} @cluster_dests goto pick_cluster"));
-    rules.push(format!("{dest} @local_dests goto pick_local"));
-    rules.push(format!("{dest} @external_local_dests goto external_local"));
-    rules.push(format!("{nodeport} @nodeport_cluster_dests goto pick_nodeport_cluster"));
-    rules.push(format!("{nodeport} @nodeport_local_dests goto nodeport_local"));
-    rules
-}
 
-fn external_local_rules(
-    n: &Names,
-    options: &SkeletonOptions,
-    cluster: &str,
-    local: &str,
-) -> Vec<String> {
-    let mut rules = Vec::new();
-    if !local_pods(n.family_enum, options).is_empty() {
-        rules.push(format!("{} saddr @local_pods goto {cluster}", n.ip));
+    let mut services = Vec::new();
+    if options.masquerade_all {
+        services
+            .push(r().member(&[Field::Daddr], "cluster_ips", false).jump("mark_for_masquerade"));
+    } else if detector != LocalTraffic::Unknown {
+        services
+            .push(r().member(&[Field::Daddr], "cluster_ips", false).jump("masquerade_unless_pod"));
+        let mut unless = from_pods(family, &detector, Verdict::Return);
+        unless.push(r().jump("mark_for_masquerade"));
+        chains.push(base("masquerade_unless_pod", None, unless));
     }
-    rules.push("fib saddr type local jump mark_for_masquerade".into());
-    rules.push(format!("fib saddr type local goto {cluster}"));
-    rules.push(format!("goto {local}"));
-    rules
+    services.extend([
+        r().member(DEST, "masq_dests", false).jump("mark_for_masquerade"),
+        nodeport("masq_nodeports").jump("mark_for_masquerade"),
+        r().member(DEST, "cluster_dests", false).goto("pick_cluster"),
+        r().member(DEST, "local_dests", false).goto("pick_local"),
+        r().member(DEST, "external_local_dests", false).goto("external_local"),
+        nodeport("nodeport_cluster_dests").goto("pick_nodeport_cluster"),
+        nodeport("nodeport_local_dests").goto("nodeport_local"),
+    ]);
+    chains.push(base("services", None, services));
+    chains.push(base("mark_for_masquerade", None, vec![r().mark_set(mark).end()]));
+    chains.push(base(
+        "masquerading",
+        None,
+        vec![
+            r().member(&[Field::Saddr, Field::Daddr], "hairpin", false).masquerade(),
+            r().mark_clear(mark).verdict(Verdict::Return),
+            r().mark_toggle(mark).end(),
+            r().masquerade(),
+        ],
+    ));
+    for (name, cluster, local) in [
+        ("external_local", "pick_cluster", "pick_local"),
+        ("nodeport_local", "pick_nodeport_cluster", "pick_nodeport_local"),
+    ] {
+        let mut rules = from_pods(family, &detector, Verdict::Goto(cluster.into()));
+        rules.push(r().from_the_node().jump("mark_for_masquerade"));
+        rules.push(r().from_the_node().goto(cluster));
+        rules.push(r().goto(local));
+        chains.push(base(name, None, rules));
+    }
+    chains.push(base(
+        "firewall_check",
+        None,
+        vec![
+            r().member(DEST, "firewall_dests", false)
+                .dest_source_not_in("firewall_allow")
+                .verdict(Verdict::Drop),
+        ],
+    ));
+    let mut check = vec![
+        r().member(DEST, "drop_dests", false).verdict(Verdict::Drop),
+        r().member(DEST, "reject_dests", false).goto("reject_packet"),
+        nodeport("drop_nodeports").verdict(Verdict::Drop),
+        nodeport("reject_nodeports").goto("reject_packet"),
+        r().member(&[Field::Daddr], "cluster_ips", false).goto("reject_packet"),
+    ];
+    for cidr in options.service_cidrs.iter().filter(|c| Family::of_net(c) == family) {
+        check.push(r().address_in(false, *cidr, false).verdict(Verdict::Drop));
+    }
+    chains.push(base("endpoint_check", None, check));
+    chains.push(base("reject_packet", None, vec![r().reject()]));
+    for kind in PickKind::ALL {
+        chains.extend(pick_chains(family, kind));
+    }
+    let sets = MapName::all_static().map(|m| declaration(m, family)).collect();
+    Skeleton { family, sets, chains }
 }
 
-/// The count set and pick rule for `count` endpoints of `kind`, as `nft -f` input (for
-/// display; the backend creates them over netlink).
-pub fn ladder(family: Family, kind: PickKind, count: u32) -> String {
-    let n = names(family);
-    let ip = n.ip;
-    let key = if kind.by_destination() {
-        format!("{ip} daddr . meta l4proto . th dport")
-    } else {
-        "meta l4proto . th dport".to_string()
-    };
-    let set = MapName::Count(kind, count);
-    format!(
-        "table {fam} {TABLE} {{\n{}}}\nadd rule {fam} {TABLE} {} {key} @{set} dnat {ip} to {key} . numgen random mod {count} map @{}\n",
-        declaration(set, &n),
-        kind.counts_chain(),
-        kind.backends(),
-        fam = n.family,
-    )
+fn base(name: &str, hook: Option<Hook>, rules: Vec<Rule>) -> Chain {
+    Chain { spec: ChainSpec { name: name.to_string(), hook }, rules }
 }
+
+fn key_fields(kind: PickKind) -> &'static [Field] {
+    if kind.by_destination() { DEST } else { NODEPORT }
+}
+
+/// `dnat <ip> to <key> . numgen random mod n map @<backends>`.
+pub fn pick(builder: RuleBuilder, kind: PickKind, n: u32) -> Rule {
+    let mut fields = key_fields(kind).to_vec();
+    fields.push(Field::Random(n));
+    builder.dnat_map(&fields, &kind.backends().name())
+}
+
+/// The entry chain of a pick kind, its counts chain (empty: rules for counts beyond the
+/// tree are added when first used), and the tree.
+fn pick_chains(family: Family, kind: PickKind) -> Vec<Chain> {
+    let r = || RuleBuilder::new(family);
+    let key = key_fields(kind);
+    let mut chains = vec![
+        base(
+            &kind.chain(),
+            None,
+            vec![
+                r().vmap(key, &kind.affinity_map().name()),
+                r().jump(kind.counts_chain()),
+                r().goto(kind.tree_chain(0, 0)),
+            ],
+        ),
+        base(&kind.counts_chain(), None, Vec::new()),
+    ];
+    for depth in 0..TREE_BITS {
+        let bit = TREE_BITS - 1 - depth;
+        let bit_set = MapName::Bit(kind, bit).name();
+        for prefix in 0..(1u32 << depth) {
+            let rules = if depth + 1 < TREE_BITS {
+                vec![
+                    r().member(key, &bit_set, false)
+                        .goto(kind.tree_chain(depth + 1, 2 * prefix + 1)),
+                    r().goto(kind.tree_chain(depth + 1, 2 * prefix)),
+                ]
+            } else {
+                // The last bit decides the count: `count - 1` is `2 * prefix + bit`.
+                vec![
+                    pick(r().member(key, &bit_set, false), kind, 2 * prefix + 2),
+                    pick(r(), kind, 2 * prefix + 1),
+                ]
+            };
+            chains.push(base(&kind.tree_chain(depth, prefix), None, rules));
+        }
+    }
+    chains
+}
+
+/// The rule of the counts chain for `n` endpoints of `kind` (beyond the tree).
+pub fn count_rule(family: Family, kind: PickKind, n: u32) -> Rule {
+    let set = MapName::Count(kind, n).name();
+    pick(RuleBuilder::new(family).member(key_fields(kind), &set, false), kind, n)
+}
+
+impl Skeleton {
+    /// The chain named `name`.
+    pub fn chain(&self, name: &str) -> Option<&Chain> {
+        self.chains.iter().find(|c| c.spec.name == name)
+    }
+}
+
+#[cfg(test)]
+mod tests;

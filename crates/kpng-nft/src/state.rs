@@ -1,57 +1,34 @@
 //! [`TableState`]: the elements kpng has committed, who wants each, and the difference an
 //! update makes.
 
-use std::collections::BTreeSet;
-
 use rustc_hash::FxHashMap as HashMap;
 
-use kpng_model::Family;
+use crate::objects::{ElementId, Value};
 
-use crate::objects::{ElementId, MapName, PickKind, Value};
+/// Who asked for an element. When owners disagree on a value, the lowest wins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Owner {
+    /// The node's own elements.
+    Node,
+    /// A service, by the number the backend gave it.
+    Service(u32),
+    /// Elements found in the kernel at start-up, until an owner claims them.
+    Kernel,
+}
 
-/// Who asked for an element: the node (0) or a service (its number).
-pub type Owner = u32;
-
-/// The node's own elements.
-pub const NODE_OWNER: Owner = 0;
-
-/// Elements found in the kernel at start-up, until an owner claims them.
-pub const KERNEL_OWNER: Owner = Owner::MAX;
-
-/// A pick rule and its count set: the destinations with `n` endpoints of a kind.
-pub type Ladder = (Family, PickKind, u32);
-
-/// What one transaction changes.
+/// The element changes of one transaction.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TableDiff {
-    /// Count sets (with their pick rule) to create before elements go into them.
-    pub new_ladders: BTreeSet<Ladder>,
-    /// Elements to delete (including the old value of replaced ones).
+    /// Elements to delete (including the old value of replaced ones), grouped by set.
     pub deletes: Vec<(ElementId, Value)>,
-    /// Elements to add (including the new value of replaced ones).
+    /// Elements to add (including the new value of replaced ones), grouped by set.
     pub adds: Vec<(ElementId, Value)>,
-    /// Affinity groups to create or rewrite, before elements point at them.
-    pub affinity_before: Vec<crate::affinity::AffinityOp>,
-    /// Affinity groups to remove, once no element points at them.
-    pub affinity_after: Vec<crate::affinity::AffinityOp>,
 }
 
 impl TableDiff {
-    /// Whether the transaction would change nothing.
+    /// Whether the transaction would change no element.
     pub fn is_empty(&self) -> bool {
-        self.new_ladders.is_empty()
-            && self.deletes.is_empty()
-            && self.adds.is_empty()
-            && self.affinity_before.is_empty()
-            && self.affinity_after.is_empty()
-    }
-
-    /// The count sets the added elements go into.
-    pub fn ladders_used(&self) -> impl Iterator<Item = Ladder> + '_ {
-        self.adds.iter().filter_map(|(id, _)| match id.map {
-            MapName::Count(kind, n) => Some((id.family, kind, n)),
-            _ => None,
-        })
+        self.deletes.is_empty() && self.adds.is_empty()
     }
 }
 
@@ -129,17 +106,17 @@ impl TableState {
         Self::default()
     }
 
-    /// The state the kernel holds: its elements, owned by [`KERNEL_OWNER`] until owners
+    /// The state the kernel holds: its elements, owned by [`Owner::Kernel`] until owners
     /// claim them.
     pub fn adopt(mut elements: Vec<(ElementId, Value)>) -> Self {
         elements.sort();
         elements.dedup_by(|a, b| a.0 == b.0);
         let mut state = TableState::default();
         for (id, value) in &elements {
-            state.elements.insert(*id, Owners::One((KERNEL_OWNER, *value)));
+            state.elements.insert(*id, Owners::One((Owner::Kernel, *value)));
         }
         if !elements.is_empty() {
-            state.owned.insert(KERNEL_OWNER, elements.into_iter().map(|(id, _)| id).collect());
+            state.owned.insert(Owner::Kernel, elements.into_iter().map(|(id, _)| id).collect());
         }
         state
     }
@@ -268,8 +245,10 @@ mod tests {
 
     use proptest::prelude::*;
 
+    use kpng_model::Family;
+
     use super::*;
-    use crate::objects::Key;
+    use crate::objects::{Key, MapName};
 
     /// A small space of elements, so owners often want the same ones with other values.
     fn element() -> impl Strategy<Value = (ElementId, Value)> {
@@ -298,6 +277,7 @@ mod tests {
             0..6,
         );
         prop::collection::vec((1u32..5, wanted.prop_map(|m| m.into_iter().collect())), 1..4)
+            .prop_map(|v| v.into_iter().map(|(o, w)| (Owner::Service(o), w)).collect())
     }
 
     /// Replays a diff on a simulated kernel, as a transaction would.
@@ -353,7 +333,7 @@ mod tests {
             let diff = loaded.update(update.clone());
             // The general path: a state holding one element nothing else touches.
             let mut general = TableState::new();
-            general.update(vec![(9, vec![element_at(0)])]);
+            general.update(vec![(Owner::Service(9), vec![element_at(0)])]);
             let general_diff = general.update(update);
             let sorted = |d: &TableDiff| {
                 let mut adds = d.adds.clone();

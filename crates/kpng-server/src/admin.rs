@@ -319,6 +319,13 @@ impl Collector for Metrics {
                 let metric = ConstGauge::new(n as i64);
                 metric.encode(family.encode_family(&[("traffic_policy", policy)])?)?;
             }
+            let conflicts = ConstGauge::new(stats.conflicts() as i64);
+            conflicts.encode(encoder.encode_descriptor(
+                "kpng_service_address_conflicts",
+                "Services yielding a destination to an older service claiming it too.",
+                None,
+                conflicts.metric_type(),
+            )?)?;
             let mut family = encoder.encode_descriptor(
                 "kubeproxy_proxy_healthz",
                 "/healthz answers by HTTP code.",

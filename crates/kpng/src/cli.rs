@@ -10,12 +10,20 @@
 //! <backend> := to-json | to-nft
 //! ```
 //!
-//! Options that concern the whole process (`--once`, `--node`, `--stats`, `--log`) are
-//! accepted anywhere after `kpng`.
+//! Options that concern the whole process ([`global`]: `--once`, `--node`, `--stats`, the
+//! proxy, conntrack, sync and server options) are accepted anywhere after `kpng`: they are
+//! moved to the front before parsing ([`hoist_global_args`]).
+
+mod global;
 
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+
+pub use global::{
+    GlobalArgs, GlobalOption, LogFormat, LoggingArgs, clap_message, global_args_from,
+    global_options, hoist_global_args,
+};
 
 const AFTER_HELP: &str = "\
 A pipeline reads left to right: a source fills the global model, a sink consumes it.
@@ -40,179 +48,6 @@ pub struct Cli {
     /// The source of the global model.
     #[command(subcommand)]
     pub source: SourceCommand,
-}
-
-/// Options for the whole process, accepted anywhere on the command line.
-#[derive(Debug, Clone, Args)]
-pub struct GlobalArgs {
-    /// Apply the state once, then exit: 0 after the first successful sync of every backend
-    /// (or the first write of `to-file`), non-zero with the error otherwise.
-    #[arg(long, global = true)]
-    pub once: bool,
-
-    /// Print a tab-separated stats line every second on standard error: time (ms), source
-    /// events, store revisions, node-state revisions, user and system CPU (ms), CPU %, RSS
-    /// (MiB), and revisions per event (%).
-    #[arg(long, global = true)]
-    pub stats: bool,
-
-    /// The node whose state `to-local` computes. Defaults to $NODE_NAME, then the hostname.
-    #[arg(long, global = true, env = "NODE_NAME", value_name = "NAME")]
-    pub node: Option<String>,
-
-    /// Log filter for standard error, in RUST_LOG syntax (`info`, `debug`, `kpng_sources=debug`).
-    #[arg(long, global = true, env = "KPNG_LOG", default_value = "info", value_name = "FILTER")]
-    pub log: String,
-
-    /// Print what backends would install (for `to-nft`: nft commands that `nft -f`
-    /// accepts) on standard output, and touch nothing.
-    #[arg(long, global = true)]
-    pub dry_run: bool,
-
-    /// The cluster's pod CIDRs (comma-separated, one per family): traffic from them is
-    /// "local pod" traffic, not masqueraded to cluster IPs and short-circuited to the
-    /// Cluster set for externalTrafficPolicy Local. Default: the node's podCIDRs.
-    #[arg(long, global = true, value_delimiter = ',', value_name = "CIDRS")]
-    pub cluster_cidr: Vec<ipnet::IpNet>,
-
-    /// Masquerade (SNAT) all traffic to cluster IPs.
-    #[arg(long, global = true)]
-    pub masquerade_all: bool,
-
-    /// Where NodePorts are accepted: `primary` (the Node object's primary IPs) or
-    /// comma-separated CIDRs (local addresses inside them; `0.0.0.0/0,::/0` for all but
-    /// loopback).
-    #[arg(long, global = true, default_value = "primary", value_name = "primary|CIDRS")]
-    pub nodeport_addresses: String,
-
-    /// The bit of the packet mark used to flag connections for masquerading (0-31).
-    /// Only this bit is read or written.
-    #[arg(long, global = true, default_value_t = 14, value_parser = clap::value_parser!(u8).range(0..32))]
-    pub masquerade_bit: u8,
-
-    /// Where /healthz, /livez and /readyz are served (port 0: not at all). Not with --once.
-    #[arg(
-        long,
-        global = true,
-        env = "KPNG_HEALTHZ_BIND_ADDRESS",
-        default_value = "0.0.0.0:10256",
-        value_name = "IP:PORT"
-    )]
-    pub healthz_bind_address: std::net::SocketAddr,
-
-    /// Where /metrics (Prometheus) and /state (the model and this node's state as JSON) are
-    /// served (port 0: not at all). Not with --once.
-    #[arg(
-        long,
-        global = true,
-        env = "KPNG_METRICS_BIND_ADDRESS",
-        default_value = "127.0.0.1:10249",
-        value_name = "IP:PORT"
-    )]
-    pub metrics_bind_address: std::net::SocketAddr,
-
-    /// Least time between two change sets applied by backends, after a burst of two;
-    /// changes arriving meanwhile are applied together (`0`: every change at once).
-    #[arg(long, global = true, default_value = "1s", value_parser = parse_duration, value_name = "DURATION")]
-    pub min_sync_period: std::time::Duration,
-
-    /// A YAML file with process-wide options keyed by flag name (`min-sync-period: 2s`);
-    /// flags win over it. `kpng config print-defaults` prints a complete one.
-    #[arg(long, global = true, value_name = "PATH")]
-    pub config: Option<PathBuf>,
-
-    /// The sync period: how often backends check that the kernel still holds what they
-    /// committed and repair what changed behind their back (`0`: never); /healthz and
-    /// /livez fail when a change has waited unapplied for more than twice this (`30s`,
-    /// `1m`, `500ms`).
-    #[arg(long, global = true, default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
-    pub sync_period: std::time::Duration,
-}
-
-/// The built-in default of process-wide option `--key`, as written on the command line.
-pub fn builtin_default(key: &str) -> Option<String> {
-    use clap::CommandFactory;
-    let command = Defaults::command();
-    let arg = command.get_arguments().find(|a| a.get_long() == Some(key))?;
-    arg.get_default_values().first().map(|v| v.to_string_lossy().into_owned())
-}
-
-/// Checks process-wide option arguments (`["--sync-period", "10s"]`) as the command line
-/// would; the error is clap's message.
-pub fn check_global_args(args: &[String]) -> Result<(), String> {
-    global_args_from(args).map(|_| ())
-}
-
-/// Process-wide options from `args` alone.
-pub fn global_args_from(args: &[String]) -> Result<GlobalArgs, String> {
-    Defaults::try_parse_from(args).map(|d| d.global).map_err(|e| e.to_string())
-}
-
-/// A duration: a number and a unit (`ms`, `s`, `m`, `h`), e.g. `30s`, `1m`, `1.5s`.
-pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
-    let at = text.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(text.len());
-    let (number, unit) = text.split_at(at);
-    let value: f64 = number.parse().map_err(|_| format!("{text:?} is not a duration like 30s"))?;
-    let seconds = match unit {
-        "" if value == 0.0 => 0.0,
-        "ms" => value / 1000.0,
-        "s" => value,
-        "m" => value * 60.0,
-        "h" => value * 3600.0,
-        _ => return Err(format!("{text:?}: the unit must be ms, s, m or h")),
-    };
-    std::time::Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"))
-}
-
-/// Parses no arguments: the defaults (and environment) of [`GlobalArgs`].
-#[derive(Debug, Parser)]
-#[command(no_binary_name = true)]
-struct Defaults {
-    #[command(flatten)]
-    global: GlobalArgs,
-}
-
-impl GlobalArgs {
-    /// The values of every option left unset.
-    pub fn default_values() -> GlobalArgs {
-        Defaults::try_parse_from(Vec::<String>::new()).expect("the defaults parse").global
-    }
-
-    /// Combines options given after a later backend with these.
-    pub fn merge(&mut self, later: GlobalArgs) {
-        self.once |= later.once;
-        self.stats |= later.stats;
-        self.dry_run |= later.dry_run;
-        self.masquerade_all |= later.masquerade_all;
-        if !later.cluster_cidr.is_empty() {
-            self.cluster_cidr = later.cluster_cidr;
-        }
-        if later.nodeport_addresses != "primary" {
-            self.nodeport_addresses = later.nodeport_addresses;
-        }
-        if later.masquerade_bit != 14 {
-            self.masquerade_bit = later.masquerade_bit;
-        }
-        if later.node.is_some() {
-            self.node = later.node;
-        }
-        if later.log != "info" {
-            self.log = later.log;
-        }
-        let defaults = Self::default_values();
-        if later.healthz_bind_address != defaults.healthz_bind_address {
-            self.healthz_bind_address = later.healthz_bind_address;
-        }
-        if later.metrics_bind_address != defaults.metrics_bind_address {
-            self.metrics_bind_address = later.metrics_bind_address;
-        }
-        if later.min_sync_period != defaults.min_sync_period {
-            self.min_sync_period = later.min_sync_period;
-        }
-        if later.sync_period != defaults.sync_period {
-            self.sync_period = later.sync_period;
-        }
-    }
 }
 
 /// Where the global model comes from.
@@ -477,8 +312,6 @@ pub enum BackendCommand {
     ToNft(Chain),
     /// iptables. Not available in this build.
     ToIptables(Chain),
-    /// A userspace proxy. Not available in this build.
-    ToUserspace(Chain),
 }
 
 impl BackendCommand {
@@ -488,7 +321,6 @@ impl BackendCommand {
             BackendCommand::ToJson(_) => "to-json",
             BackendCommand::ToNft(_) => "to-nft",
             BackendCommand::ToIptables(_) => "to-iptables",
-            BackendCommand::ToUserspace(_) => "to-userspace",
         }
     }
 
@@ -496,8 +328,7 @@ impl BackendCommand {
         match self {
             BackendCommand::ToJson(c)
             | BackendCommand::ToNft(c)
-            | BackendCommand::ToIptables(c)
-            | BackendCommand::ToUserspace(c) => c,
+            | BackendCommand::ToIptables(c) => c,
         }
     }
 }
@@ -517,27 +348,45 @@ pub struct Chain {
 
 /// The parser for backends after the first.
 #[derive(Debug, Parser)]
-#[command(name = "to-local", no_binary_name = true)]
+#[command(
+    name = "to-local",
+    no_binary_name = true,
+    override_usage = "kpng [OPTIONS] <SOURCE> ... to-local <BACKEND> [OPTIONS] [<BACKEND> [OPTIONS]]..."
+)]
 struct NextBackend {
-    #[command(flatten)]
-    global: GlobalArgs,
     #[command(subcommand)]
     backend: BackendCommand,
 }
 
 impl ToLocalArgs {
-    /// Every backend in command-line order. Options for the whole process given after a
-    /// later backend are merged into `global`.
-    pub fn backends(&self, global: &mut GlobalArgs) -> Result<Vec<BackendCommand>, clap::Error> {
+    /// Every backend in command-line order (process-wide options were moved out of the
+    /// chain before parsing).
+    pub fn backends(&self) -> Result<Vec<BackendCommand>, clap::Error> {
         let mut backends = vec![self.backend.clone()];
         let mut next = self.backend.chain().next.clone();
         while !next.is_empty() {
             let parsed = NextBackend::try_parse_from(&next)?;
-            global.merge(parsed.global);
             next = parsed.backend.chain().next.clone();
             backends.push(parsed.backend);
         }
         Ok(backends)
+    }
+}
+
+impl Cli {
+    /// The `to-local` arguments, wherever the command line has them.
+    pub fn to_local(&self) -> Option<&ToLocalArgs> {
+        let sink = match &self.source {
+            SourceCommand::File(args) => &args.sink,
+            SourceCommand::Kube(args) => &args.sink,
+            SourceCommand::Api(args) => &args.sink,
+            SourceCommand::Local(args) => return Some(&args.backends),
+            _ => return None,
+        };
+        match sink {
+            SinkCommand::ToLocal(args) => Some(args),
+            _ => None,
+        }
     }
 }
 
@@ -546,6 +395,7 @@ mod tests {
     use super::*;
 
     fn parse(args: &[&str]) -> Cli {
+        let args = hoist_global_args(args.iter().map(std::ffi::OsString::from).collect());
         Cli::try_parse_from(args).unwrap_or_else(|e| panic!("{e}"))
     }
 
@@ -555,13 +405,10 @@ mod tests {
             "kpng", "file", "--input", "c.yaml", "to-local", "--node", "n1", "to-json", "--once",
             "to-json", "--stats",
         ]);
-        let mut global = cli.global.clone();
-        let SourceCommand::File(file) = cli.source else { panic!() };
-        let SinkCommand::ToLocal(local) = file.sink else { panic!() };
-        let backends = local.backends(&mut global).unwrap();
+        let backends = cli.to_local().unwrap().backends().unwrap();
         assert_eq!(backends.iter().map(|b| b.name()).collect::<Vec<_>>(), ["to-json", "to-json"]);
-        assert!(global.once && global.stats);
-        assert_eq!(global.node.as_deref(), Some("n1"));
+        assert!(cli.global.once && cli.global.stats);
+        assert_eq!(cli.global.node.as_deref(), Some("n1"));
 
         let cli = parse(&[
             "kpng", "--once", "file", "-i", "c.yaml", "to-file", "-o", "out.json", "--format",
@@ -573,27 +420,9 @@ mod tests {
     #[test]
     fn unknown_backends_are_rejected() {
         let cli = parse(&["kpng", "file", "--input", "c", "to-local", "to-json", "to-bogus"]);
-        let mut global = cli.global.clone();
-        let SourceCommand::File(file) = cli.source else { panic!() };
-        let SinkCommand::ToLocal(local) = file.sink else { panic!() };
-        let err = local.backends(&mut global).unwrap_err().to_string();
+        let err = cli.to_local().unwrap().backends().unwrap_err().to_string();
         assert!(err.contains("to-bogus"), "{err}");
-    }
-}
-
-#[cfg(test)]
-mod duration_tests {
-    use super::parse_duration;
-    use std::time::Duration;
-
-    #[test]
-    fn durations_take_a_unit() {
-        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
-        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
-        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
-        assert!(parse_duration("30").unwrap_err().contains("unit"));
-        assert!(parse_duration("fast").unwrap_err().contains("not a duration"));
+        // The usage line shows the chain, not options the user never typed.
+        assert!(err.contains("to-local <BACKEND>") && !err.contains("--cluster-cidr"), "{err}");
     }
 }

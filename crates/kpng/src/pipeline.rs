@@ -12,7 +12,7 @@ use kpng_store::store;
 
 use crate::cli::{Cli, GlobalArgs, KubeArgs, SinkCommand, SourceCommand};
 use crate::sinks::to_file::run_to_file;
-use crate::sinks::to_local::{build_backends, run_to_local};
+use crate::sinks::to_local::{build_backends, node_local, run_to_local, runner_options};
 use crate::stats::{StatsPrinter, StatsSources, print_stats};
 
 /// Runs the pipeline the command line describes until it ends, fails, or a signal arrives.
@@ -135,16 +135,21 @@ where
     let node_stats = Arc::new(NodeStats::default());
 
     let mut collectors = Vec::new();
+    let mut _locks = Vec::new();
     // Validate the sink fully before starting anything.
     let sink = match sink {
         SinkCommand::ToFile(to_file) => Sink::File(to_file),
         SinkCommand::ToLocal(to_local) => {
-            let commands = to_local.backends(global).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let commands =
+                to_local.backends().map_err(|e| anyhow::anyhow!(crate::cli::clap_message(&e)))?;
             let built = build_backends(&commands, global)?;
             let mut backends = built.backends;
             backends.extend(health_checks(&commands, global, &node_stats));
             collectors = built.collectors;
-            Sink::Local { node: node_name(global)?, backends }
+            _locks = built.locks;
+            let (local, addresses) = node_local(global)?;
+            let options = runner_options(global, node_name(global)?, local);
+            Sink::Local { options, backends, addresses }
         }
         SinkCommand::ToApi(to_api) => {
             if global.once {
@@ -161,14 +166,14 @@ where
         kpng_server::admin::AdminSources {
             reader: Some(reader.clone()),
             node: match &sink {
-                Sink::Local { node, .. } => Some((node.clone(), node_stats.clone())),
+                Sink::Local { options, .. } => Some((options.node.clone(), node_stats.clone())),
                 _ => None,
             },
             server: match &sink {
                 Sink::Api { hub, .. } => Some(hub.stats()),
                 _ => None,
             },
-            health_timeout: global.sync_period * 2,
+            health_timeout: global.sync.sync_period * 2,
             collectors,
         },
     );
@@ -176,10 +181,9 @@ where
     let sink = async {
         match sink {
             Sink::File(to_file) => run_to_file(reader, to_file, once).await,
-            Sink::Local { node, backends } => {
-                tracing::info!(%node, "computing the node-local state");
-                let periods = (global.min_sync_period, global.sync_period);
-                run_to_local(reader, node, backends, once, periods, node_stats.clone()).await
+            Sink::Local { options, backends, addresses } => {
+                tracing::info!(node = %options.node, "computing the node-local state");
+                run_to_local(reader, backends, options, addresses, node_stats.clone()).await
             }
             Sink::Api { hub, listen, security } => {
                 kpng_server::serve(hub, &listen, &security, std::future::pending()).await?;
@@ -218,8 +222,16 @@ where
 
 enum Sink {
     File(crate::cli::ToFileArgs),
-    Local { node: String, backends: Vec<Box<dyn kpng_backend::Backend>> },
-    Api { hub: Arc<kpng_server::Hub>, listen: kpng_api::Address, security: kpng_api::Security },
+    Local {
+        options: kpng_backend::RunnerOptions,
+        backends: Vec<Box<dyn kpng_backend::Backend>>,
+        addresses: Option<kpng_backend::runner::AddressUpdates>,
+    },
+    Api {
+        hub: Arc<kpng_server::Hub>,
+        listen: kpng_api::Address,
+        security: kpng_api::Security,
+    },
 }
 
 /// The admin HTTP servers `global` asks for (none with --once; a port of 0 disables one).
@@ -232,13 +244,21 @@ fn admin_servers(
     let admin = Admin::new(sources);
     let mut servers = Vec::new();
     if !global.once {
-        if global.healthz_bind_address.port() != 0 {
+        if global.admin.healthz_bind_address.port() != 0 {
             let router = admin.health_router();
-            servers.push(tokio::spawn(serve_admin("healthz", global.healthz_bind_address, router)));
+            servers.push(tokio::spawn(serve_admin(
+                "healthz",
+                global.admin.healthz_bind_address,
+                router,
+            )));
         }
-        if global.metrics_bind_address.port() != 0 {
+        if global.admin.metrics_bind_address.port() != 0 {
             let router = admin.metrics_router();
-            servers.push(tokio::spawn(serve_admin("metrics", global.metrics_bind_address, router)));
+            servers.push(tokio::spawn(serve_admin(
+                "metrics",
+                global.admin.metrics_bind_address,
+                router,
+            )));
         }
     }
     async move {
@@ -266,7 +286,7 @@ fn health_checks(
     let programs = commands.iter().any(|c| matches!(c, crate::cli::BackendCommand::ToNft(_)));
     (programs && !global.dry_run).then(|| {
         let all = std::net::IpAddr::from(std::net::Ipv6Addr::UNSPECIFIED);
-        let proxy = (stats.clone(), global.sync_period * 2);
+        let proxy = (stats.clone(), global.sync.sync_period * 2);
         Box::new(kpng_server::healthcheck::HealthCheckBackend::new(all, Some(proxy)))
             as Box<dyn kpng_backend::Backend>
     })
@@ -276,7 +296,8 @@ fn health_checks(
 async fn run_local(args: crate::cli::LocalArgs, global: &mut GlobalArgs) -> anyhow::Result<()> {
     let security = args.conn.security();
     security.validate(&args.server)?;
-    let commands = args.backends.backends(global).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let commands =
+        args.backends.backends().map_err(|e| anyhow::anyhow!(crate::cli::clap_message(&e)))?;
     if global.stats {
         bail!(
             "--stats reports a store's revisions; `kpng local` has none (use it on the to-api side)"
@@ -285,12 +306,11 @@ async fn run_local(args: crate::cli::LocalArgs, global: &mut GlobalArgs) -> anyh
     let node = node_name(global)?;
     let stats = Arc::new(NodeStats::default());
     let built = build_backends(&commands, global)?;
+    let _locks = built.locks;
     let mut backends = built.backends;
     backends.extend(health_checks(&commands, global, &stats));
-    let mut options = kpng_backend::RunnerOptions::new(node.clone());
-    options.once = global.once;
-    options.min_sync_period = global.min_sync_period;
-    options.verify_period = (!global.sync_period.is_zero()).then_some(global.sync_period);
+    let (local, addresses) = node_local(global)?;
+    let options = runner_options(global, node.clone(), local);
     tracing::info!(%node, server = %args.server, "following the node-local state");
     let admin = admin_servers(
         global,
@@ -298,7 +318,7 @@ async fn run_local(args: crate::cli::LocalArgs, global: &mut GlobalArgs) -> anyh
             reader: None,
             node: Some((node.clone(), stats.clone())),
             server: None,
-            health_timeout: global.sync_period * 2,
+            health_timeout: global.sync.sync_period * 2,
             collectors: built.collectors,
         },
     );
@@ -307,7 +327,7 @@ async fn run_local(args: crate::cli::LocalArgs, global: &mut GlobalArgs) -> anyh
     tokio::select! {
         () = admin => Ok(()),
         () = follow => Ok(()),
-        result = kpng_backend::run_remote(received, backends, options, stats) => Ok(result?),
+        result = kpng_backend::run_remote(received, backends, options, stats, addresses) => Ok(result?),
         () = shutdown_signal() => {
             tracing::info!("signal received; exiting (kernel state, if any, stays in force)");
             Ok(())

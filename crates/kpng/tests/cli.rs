@@ -18,6 +18,25 @@ fn ops_of(stdout: &str) -> Vec<Value> {
 fn endpoint_ips(ops: &[Value], service: &str) -> Vec<String> {
     ops.iter()
         .filter(|op| op["op"] == "set" && op["endpoint"]["service"] == service)
+        .filter(|op| {
+            let ports = op["endpoint"]["endpoint"]["ports"].as_array().unwrap();
+            ports.iter().any(|p| p["cluster"] == true || p["local"] == true)
+        })
+        .map(|op| op["endpoint"]["endpoint"]["ip"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Endpoints of `service` listed only because they still serve a UDP port (kept so that
+/// conntrack entries towards them survive).
+fn serving_only_ips(ops: &[Value], service: &str) -> Vec<String> {
+    ops.iter()
+        .filter(|op| op["op"] == "set" && op["endpoint"]["service"] == service)
+        .filter(|op| {
+            let ports = op["endpoint"]["endpoint"]["ports"].as_array().unwrap();
+            ports
+                .iter()
+                .all(|p| p["cluster"] == false && p["local"] == false && p["protocol"] == "UDP")
+        })
         .map(|op| op["endpoint"]["endpoint"]["ip"].as_str().unwrap().to_string())
         .collect()
 }
@@ -43,8 +62,10 @@ fn example_op_stream_for_node_a() {
             "shop/web"
         ]
     );
-    // Zone hints: node-a (zone-1) uses the zone-1 DNS pod only.
+    // Zone hints: node-a (zone-1) uses the zone-1 DNS pod only; the other zone's pod still
+    // serves, so it is listed for its UDP port without being picked.
     assert_eq!(endpoint_ips(&ops, "kube-system/kube-dns"), ["10.244.0.5"]);
+    assert_eq!(serving_only_ips(&ops, "kube-system/kube-dns"), ["10.244.2.7"]);
     // internalTrafficPolicy Local: only the local cart pod.
     assert_eq!(endpoint_ips(&ops, "shop/cart"), ["10.244.0.30"]);
     // The terminating web pod is not used while others are ready; both families are present.
@@ -302,9 +323,9 @@ fn nft_dry_run_is_a_ruleset_nft_accepts() {
     ]);
     assert!(out.status.success(), "{}", out.stderr);
     for needle in [
-        "table ip kpng {",
-        "table ip6 kpng {",
-        "add element ip kpng cluster_count_2 { 10.96.1.20 . tcp . 443 }",
+        "add table ip kpng\n",
+        "add table ip6 kpng\n",
+        "add element ip kpng cluster_bit_0 { 10.96.1.20 . tcp . 443 }",
         "add element ip kpng external_local_dests { 203.0.113.10 . tcp . 443 }",
         "add element ip kpng reject_dests { 10.96.1.60 . tcp . 80 }",
     ] {
@@ -364,4 +385,72 @@ fn sigterm_ends_a_running_pipeline_cleanly() {
     let status = kpng.wait_exit(Duration::from_secs(10));
     assert_eq!(status.code(), Some(0), "{}", kpng.stderr());
     assert!(kpng.stderr().contains("signal received"), "{}", kpng.stderr());
+}
+
+#[test]
+fn logs_fit_a_node_agent() {
+    let example = example();
+    let args =
+        vec!["file", "--input", &example, "to-local", "--node", "node-a", "to-json", "--once"];
+
+    // Standard error is a pipe here: plain text, no colour codes.
+    let out = run(&args);
+    assert!(out.status.success(), "{}", out.stderr);
+    assert!(out.stderr.contains("INFO"), "{}", out.stderr);
+    assert!(!out.stderr.contains('\u{1b}'), "colour codes in {:?}", out.stderr);
+
+    // JSON: one object per line, with the time, the level, the message and the fields.
+    let mut json = args.clone();
+    json.extend(["--logging-format", "json"]);
+    let out = run(&json);
+    assert!(out.status.success(), "{}", out.stderr);
+    let lines: Vec<Value> = out
+        .stderr
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {l:?}: {e}")))
+        .collect();
+    assert!(!lines.is_empty());
+    for line in &lines {
+        for key in ["timestamp", "level", "message"] {
+            assert!(line.get(key).is_some(), "no {key} in {line}");
+        }
+    }
+    let computing = lines.iter().find(|l| l["message"] == "computing the node-local state");
+    assert_eq!(computing.expect("the start-up line")["node"], "node-a");
+}
+
+#[test]
+fn command_line_mistakes_are_reported_once_and_plainly() {
+    let example = example();
+    for args in [
+        vec!["file", "--input", &example, "to-local", "to-json", "--x"],
+        vec!["file", "--input", &example, "to-local", "to-json", "to-json", "--x"],
+        vec!["--x", "file", "--input", &example, "to-local", "to-json"],
+    ] {
+        let out = run(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", out.stderr);
+        assert_eq!(out.stderr.matches("error:").count(), 1, "{args:?}: {}", out.stderr);
+        assert!(out.stderr.contains("unexpected argument '--x'"), "{}", out.stderr);
+        // The usage line shows what the user can type, not options they never typed.
+        let usage = out.stderr.lines().find(|l| l.starts_with("Usage:")).expect("a usage line");
+        assert!(!usage.contains("--cluster-cidr"), "{usage}");
+        assert!(out.stdout.is_empty());
+    }
+
+    // Options that need one another are checked before anything starts.
+    let out = run(&[
+        "file",
+        "--input",
+        &example,
+        "to-local",
+        "--node",
+        "n",
+        "to-json",
+        "--once",
+        "--detect-local-mode",
+        "BridgeInterface",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", out.stderr);
+    assert!(out.stderr.contains("needs --pod-bridge-interface"), "{}", out.stderr);
+    assert!(out.stdout.is_empty());
 }

@@ -65,6 +65,7 @@ async fn backends_get_reset_then_only_real_changes() {
         vec![Box::new(recorder.clone())],
         RunnerOptions::new("a"),
         stats.clone(),
+        None,
     ));
     settle().await;
     {
@@ -113,6 +114,7 @@ async fn a_failed_backend_is_retried_with_the_full_state() {
         vec![Box::new(recorder.clone())],
         RunnerOptions::new("a"),
         stats.clone(),
+        None,
     ));
     settle().await;
     assert_eq!(stats.failures(), 1);
@@ -139,14 +141,15 @@ async fn once_stops_after_the_first_sync_or_fails() {
     let mut options = RunnerOptions::new("a");
     options.once = true;
     let ok = Recorder::default();
-    run_node(reader.clone(), vec![Box::new(ok.clone())], options.clone(), Default::default())
+    run_node(reader.clone(), vec![Box::new(ok.clone())], options.clone(), Default::default(), None)
         .await
         .unwrap();
     assert_eq!(ok.log.lock().unwrap().len(), 1);
     let failing = Recorder::default();
     *failing.fail.lock().unwrap() = true;
-    let err =
-        run_node(reader, vec![Box::new(failing)], options, Default::default()).await.unwrap_err();
+    let err = run_node(reader, vec![Box::new(failing)], options, Default::default(), None)
+        .await
+        .unwrap_err();
     let text = crate::backend::error_chain(&err);
     assert!(text.contains("injected failure"), "{text}");
 }
@@ -171,6 +174,7 @@ async fn remote_change_sets_reach_backends_and_a_same_state_reconnect_costs_noth
         vec![Box::new(recorder.clone())],
         RunnerOptions::new("a"),
         stats.clone(),
+        None,
     ));
     tx.send(remote_reset(&[("10.0.0.1", "a")])).await.unwrap();
     settle().await;
@@ -216,6 +220,7 @@ async fn min_sync_period_paces_change_sets_and_coalesces_what_waits() {
         vec![Box::new(recorder.clone())],
         options,
         Arc::new(NodeStats::default()),
+        None,
     ));
     settle().await;
     // The burst: the first state and the first change go at once.
@@ -257,8 +262,13 @@ async fn a_drifted_dataplane_gets_the_whole_state_at_the_next_verification() {
     let mut options = RunnerOptions::new("a");
     options.verify_period = Some(Duration::from_secs(30));
     let stats = Arc::new(NodeStats::default());
-    let task =
-        tokio::spawn(run_node(reader, vec![Box::new(recorder.clone())], options, stats.clone()));
+    let task = tokio::spawn(run_node(
+        reader,
+        vec![Box::new(recorder.clone())],
+        options,
+        stats.clone(),
+        None,
+    ));
     settle().await;
     assert_eq!(recorder.log.lock().unwrap().len(), 1);
     // Verified and intact: nothing sent.
@@ -311,6 +321,7 @@ async fn services_with_a_local_policy_and_no_local_endpoint_are_counted() {
         vec![Box::new(Recorder::default())],
         RunnerOptions::new("a"),
         stats.clone(),
+        None,
     ));
     settle().await;
     assert_eq!(stats.no_local_endpoints(), (1, 0), "the only endpoint is on node b");

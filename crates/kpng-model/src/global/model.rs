@@ -5,7 +5,9 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::global::{EndpointSlice, Node, Service, ServiceCidr, ServiceKey, SliceKey};
+use crate::global::{
+    Claim, Claims, EndpointSlice, Node, Service, ServiceCidr, ServiceKey, SliceKey,
+};
 
 /// The kinds of object the model holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -122,6 +124,8 @@ pub struct GlobalModel {
     slices_by_service: BTreeMap<ServiceKey, Vec<SliceKey>>,
     nodes: BTreeMap<String, Node>,
     service_cidrs: BTreeMap<String, ServiceCidr>,
+    /// Who claims each destination.
+    claims: Claims,
 }
 
 impl GlobalModel {
@@ -135,12 +139,17 @@ impl GlobalModel {
     pub fn apply(&mut self, object: Object) -> Option<Vec<Touched>> {
         match object {
             Object::Service(service) => {
-                if self.services.get(&service.key).map(|s| &**s) == Some(&service) {
+                let old = self.services.get(&service.key);
+                if old.map(|s| &**s) == Some(&service) {
                     return None;
                 }
+                let before = old.map(|s| s.claims()).unwrap_or_default();
+                let rivals = self.claims.update(&service.key, &before, &service.claims());
                 let key = service.key.clone();
                 self.services.insert(key.clone(), Box::new(service));
-                Some(vec![Touched::Service(key)])
+                let mut touched = vec![Touched::Service(key)];
+                touched.extend(rivals.into_iter().map(Touched::Service));
+                Some(touched)
             }
             Object::EndpointSlice(slice) => {
                 if self.slices.get(&slice.key).map(|s| &**s) == Some(&slice) {
@@ -180,8 +189,11 @@ impl GlobalModel {
     pub fn delete(&mut self, key: &ObjectRef) -> Option<Vec<Touched>> {
         let touched = match key {
             ObjectRef::Service(k) => {
-                self.services.remove(k)?;
-                vec![Touched::Service(k.clone())]
+                let old = self.services.remove(k)?;
+                let rivals = self.claims.update(k, &old.claims(), &[]);
+                let mut touched = vec![Touched::Service(k.clone())];
+                touched.extend(rivals.into_iter().map(Touched::Service));
+                touched
             }
             ObjectRef::EndpointSlice(k) => self.remove_slice(k),
             ObjectRef::Node(name) => {
@@ -223,6 +235,21 @@ impl GlobalModel {
             .into_iter()
             .flatten()
             .filter_map(|slice_key| self.slices.get(slice_key).map(|s| &**s))
+    }
+
+    /// The services claiming `claim`.
+    pub fn claimants(&self, claim: &Claim) -> &[ServiceKey] {
+        self.claims.claimants(claim)
+    }
+
+    /// Whether `service` holds `claim`: no older service claims it too.
+    pub fn holds(&self, service: &Service, claim: &Claim) -> bool {
+        let mine = service.seniority();
+        self.claimants(claim)
+            .iter()
+            .filter(|k| **k != service.key)
+            .filter_map(|k| self.service(k))
+            .all(|rival| rival.seniority() > mine)
     }
 
     /// The node named `name`.

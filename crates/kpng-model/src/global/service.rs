@@ -208,8 +208,8 @@ pub struct Service {
     /// service (`None`: the default proxy). See [`is_for_proxy`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proxy_name: Option<String>,
-    /// `metadata.creationTimestamp` as Unix seconds, when known: the older of two services
-    /// claiming one address is the one that keeps it.
+    /// `metadata.creationTimestamp` in seconds since the Unix epoch, when known: the oldest
+    /// of two services claiming one destination holds it (see [`Service::seniority`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub created_at: Option<i64>,
 }

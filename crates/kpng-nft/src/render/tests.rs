@@ -6,6 +6,8 @@ use kpng_local::project_node_state;
 use kpng_local::project_service;
 use kpng_local::select::NodeView;
 use kpng_model::global::{IpMode, LoadBalancerIngress, ServiceType, TrafficPolicy};
+
+use crate::objects::PickKind;
 use kpng_model::{GlobalModel, Object, Protocol, ServiceKey};
 use kpng_testkit::builders::{endpoint, node, service, slice};
 
@@ -65,8 +67,9 @@ fn cluster_ip_with_endpoints() {
         expect(&[
             "ip cluster_ips 10.96.0.1",
             "ip hairpin 10.0.0.1 . 10.0.0.1",
+            "ip hairpin 10.0.0.2 . 10.0.0.2",
             "ip cluster_dests 10.96.0.1 . tcp . 80",
-            "ip cluster_count_2 10.96.0.1 . tcp . 80",
+            "ip cluster_bit_0 10.96.0.1 . tcp . 80",
             "ip cluster_backends 10.96.0.1 . tcp . 80 . 0 : 10.0.0.1 . 8080",
             "ip cluster_backends 10.96.0.1 . tcp . 80 . 1 : 10.0.0.2 . 8080",
         ])
@@ -115,8 +118,8 @@ fn dual_stack_with_only_ipv4_endpoints_rejects_on_ipv6() {
         got,
         expect(&[
             "ip cluster_ips 10.96.0.1",
+            "ip hairpin 10.0.0.2 . 10.0.0.2",
             "ip cluster_dests 10.96.0.1 . tcp . 80",
-            "ip cluster_count_1 10.96.0.1 . tcp . 80",
             "ip cluster_backends 10.96.0.1 . tcp . 80 . 0 : 10.0.0.2 . 8080",
             "ip6 cluster_ips fd00::1",
             "ip6 reject_dests fd00::1 . tcp . 80",
@@ -147,16 +150,14 @@ fn node_port_and_external_ip_with_policy_cluster_masquerade() {
         got,
         expect(&[
             "ip cluster_ips 10.96.0.1",
+            "ip hairpin 10.0.0.2 . 10.0.0.2",
             "ip cluster_dests 10.96.0.1 . tcp . 80",
-            "ip cluster_count_1 10.96.0.1 . tcp . 80",
             "ip cluster_backends 10.96.0.1 . tcp . 80 . 0 : 10.0.0.2 . 8080",
             "ip masq_dests 192.0.2.5 . tcp . 80",
             "ip cluster_dests 192.0.2.5 . tcp . 80",
-            "ip cluster_count_1 192.0.2.5 . tcp . 80",
             "ip cluster_backends 192.0.2.5 . tcp . 80 . 0 : 10.0.0.2 . 8080",
             "ip masq_nodeports tcp . 30080",
             "ip nodeport_cluster_dests tcp . 30080",
-            "ip nodeport_cluster_count_1 tcp . 30080",
             "ip nodeport_cluster_backends tcp . 30080 . 0 : 10.0.0.2 . 8080",
         ])
     );
@@ -190,12 +191,11 @@ fn load_balancer_with_local_policy_and_source_ranges() {
         got,
         expect(&[
             "ip cluster_ips 10.96.0.1",
+            "ip hairpin 10.0.0.2 . 10.0.0.2",
             "ip cluster_dests 10.96.0.1 . tcp . 80",
-            "ip cluster_count_1 10.96.0.1 . tcp . 80",
             "ip cluster_backends 10.96.0.1 . tcp . 80 . 0 : 10.0.0.2 . 8080",
             // No local endpoint: outsiders are dropped, pods and the node short-circuit.
             "ip external_local_dests 198.51.100.1 . tcp . 80",
-            "ip cluster_count_1 198.51.100.1 . tcp . 80",
             "ip cluster_backends 198.51.100.1 . tcp . 80 . 0 : 10.0.0.2 . 8080",
             "ip drop_dests 198.51.100.1 . tcp . 80",
             "ip firewall_dests 198.51.100.1 . tcp . 80",
@@ -204,7 +204,6 @@ fn load_balancer_with_local_policy_and_source_ranges() {
             // The node's IP is inside a range: the LB IP itself is an allowed source.
             "ip firewall_allow 198.51.100.1 . tcp . 80 . 198.51.100.1/32",
             "ip nodeport_local_dests tcp . 30080",
-            "ip nodeport_cluster_count_1 tcp . 30080",
             "ip nodeport_cluster_backends tcp . 30080 . 0 : 10.0.0.2 . 8080",
             "ip drop_nodeports tcp . 30080",
         ])
@@ -212,23 +211,38 @@ fn load_balancer_with_local_policy_and_source_ranges() {
 }
 
 #[test]
-fn node_elements_follow_the_nodeport_option_and_detector() {
-    let mut n = node("a", None, &["192.168.0.10", "fd00::10"]);
-    n.pod_cidrs = vec!["10.244.1.0/24".parse().unwrap()];
-    let mut model = GlobalModel::new();
-    model.apply(Object::Node(n));
-    let local = project_node_state(&model, "a").node;
-    let primary = lines(&render_node(local.as_ref(), &NodePortAddresses::Primary, &[]));
-    assert_eq!(primary, expect(&["ip nodeport_addrs 192.168.0.10", "ip6 nodeport_addrs fd00::10"]));
-    let pods: Vec<String> =
-        local_pods(local.as_ref(), &[]).iter().map(ToString::to_string).collect();
-    assert_eq!(pods, ["10.244.1.0/24"]);
-    let given: ipnet::IpNet = "10.0.0.0/8".parse().unwrap();
-    assert_eq!(local_pods(local.as_ref(), &[given]), vec![given]);
-    let cidrs = NodePortAddresses::Cidrs(vec!["0.0.0.0/0".parse().unwrap()]);
-    let addrs = ["127.0.0.1".parse().unwrap(), "172.16.0.5".parse().unwrap()];
-    let all = lines(&render_node(local.as_ref(), &cidrs, &addrs));
-    assert_eq!(all, expect(&["ip nodeport_addrs 172.16.0.5"]));
+fn node_elements_are_the_nodeport_addresses() {
+    let addresses = ["192.168.0.10".parse().unwrap(), "fd00::10".parse().unwrap()];
+    let got = lines(&render_node(&addresses));
+    assert_eq!(got, expect(&["ip nodeport_addrs 192.168.0.10", "ip6 nodeport_addrs fd00::10"]));
+}
+
+#[test]
+fn endpoint_counts_become_bits_of_the_pick_tree() {
+    let names = |n| {
+        count_sets(PickKind::Cluster, n).iter().map(|m| m.name().into_owned()).collect::<Vec<_>>()
+    };
+    assert!(names(1).is_empty(), "one endpoint is the tree's first leaf");
+    assert_eq!(names(6), ["cluster_bit_0", "cluster_bit_2"], "6 - 1 = 0b101");
+    assert_eq!(names(256).len(), 8);
+    assert_eq!(names(257), ["cluster_count_257"], "beyond the tree: a count set");
+}
+
+#[test]
+fn endpoints_of_every_node_get_a_hairpin_pair() {
+    let mut e = endpoint("10.0.0.3", "b");
+    e.node_name = None;
+    let got = render(
+        vec![
+            Object::Service(service("ns", "web", &["10.96.0.1"], &[HTTP])),
+            Object::EndpointSlice(slice("ns", "web-1", "web", &[SLICE_HTTP], vec![e])),
+        ],
+        "a",
+    );
+    assert!(
+        got.contains("ip hairpin 10.0.0.3 . 10.0.0.3"),
+        "a slice entry without nodeName: {got:?}"
+    );
 }
 
 #[test]
@@ -251,7 +265,7 @@ fn affinity_services_enter_their_group_chain() {
     let group = &rendered.affinity[0];
     assert_eq!(group.timeout, 600);
     let targets: Vec<String> =
-        group.slots.iter().map(|(ip, port)| format!("{ip}:{port}")).collect();
+        group.slots.iter().flatten().map(|(ip, port)| format!("{ip}:{port}")).collect();
     assert_eq!(targets, ["10.0.0.1:8080", "10.0.0.2:8080"]);
     let chain = crate::objects::affinity_chain(group.hash);
     let got = lines(&rendered.elements);
@@ -260,14 +274,14 @@ fn affinity_services_enter_their_group_chain() {
         "{got:?}"
     );
     assert!(
-        !got.iter().any(|l| l.contains("cluster_count_")),
-        "no count set for an affinity service: {got:?}"
+        !got.iter().any(|l| l.contains("cluster_bit_")),
+        "no pick tree for an affinity service: {got:?}"
     );
     // The slot record a restart reads back.
     assert!(got.contains("ip cluster_backends 10.96.0.1 . tcp . 80 . 0 : 10.0.0.1 . 8080"));
     // The group's chains: a known client goes to its slot, a new one picks uniformly.
-    let rules = crate::affinity::entry_rules(group);
+    let rules: Vec<String> = group.entry_rules().into_iter().map(|r| r.text).collect();
     assert_eq!(rules.len(), 2 + 1 + 1);
     assert!(rules[2].starts_with("numgen random mod 2 == 0 goto"), "{rules:?}");
-    assert!(crate::affinity::slot_rule(group, 1).ends_with("dnat ip to 10.0.0.2:8080"));
+    assert!(group.slot_rule(1).unwrap().text.ends_with("dnat ip to 10.0.0.2:8080"));
 }

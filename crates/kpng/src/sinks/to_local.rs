@@ -3,9 +3,12 @@
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
+use kpng_backend::conntrack::tuning::HostSysctls;
+use kpng_backend::conntrack::{ConntrackCleaner, ConntrackMetrics};
+use kpng_backend::lock::InstanceLock;
+use kpng_backend::runner::AddressUpdates;
 use kpng_backend::{Backend, JsonBackend, NodeStats, RunnerOptions, run_node};
-use kpng_nft::render::NodePortAddresses;
-use kpng_nft::skeleton::SkeletonOptions;
+use kpng_local::NodeLocal;
 use kpng_nft::{DryRunKernel, NetlinkKernel, NftBackend, NftOptions};
 use kpng_store::StoreReader;
 
@@ -17,6 +20,8 @@ pub struct Backends {
     pub backends: Vec<Box<dyn Backend>>,
     /// Metrics of their own.
     pub collectors: Vec<Box<dyn prometheus_client::collector::Collector>>,
+    /// One kpng per node and dataplane: held as long as the backends run.
+    pub locks: Vec<InstanceLock>,
 }
 
 /// Builds the backends named on the command line. Backends this build lacks are an error.
@@ -24,13 +29,16 @@ pub fn build_backends(
     commands: &[BackendCommand],
     global: &GlobalArgs,
 ) -> anyhow::Result<Backends> {
-    let mut built = Backends { backends: Vec::new(), collectors: Vec::new() };
+    let mut built = Backends { backends: Vec::new(), collectors: Vec::new(), locks: Vec::new() };
     for command in commands {
         match command {
             BackendCommand::ToJson(_) => {
                 built.backends.push(Box::new(JsonBackend::new(std::io::stdout())))
             }
             BackendCommand::ToNft(_) => {
+                if !global.dry_run {
+                    built.locks.push(InstanceLock::take("nftables")?);
+                }
                 let backend = nft_backend(global)?;
                 built.collectors.push(Box::new(kpng_nft::NftMetrics(backend.stats())));
                 built.backends.push(Box::new(backend));
@@ -38,32 +46,26 @@ pub fn build_backends(
             other => bail!("backend {} is not available in this build of kpng", other.name()),
         }
     }
+    let programs_kernel = commands.iter().any(|c| matches!(c, BackendCommand::ToNft(_)));
+    if programs_kernel && !global.dry_run {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        global.conntrack.tuning().apply(&mut HostSysctls::default(), cpus);
+        // Stale UDP flows, once the dataplanes hold each state.
+        let cleaner = ConntrackCleaner::new();
+        built.collectors.push(Box::new(ConntrackMetrics(cleaner.stats())));
+        built.backends.push(Box::new(cleaner));
+    }
     Ok(built)
 }
 
 /// The nftables backend as the options describe it.
 fn nft_backend(global: &GlobalArgs) -> anyhow::Result<NftBackend> {
-    let nodeport_addresses = match global.nodeport_addresses.trim() {
-        "primary" | "" => NodePortAddresses::Primary,
-        list => NodePortAddresses::Cidrs(
-            list.split(',')
-                .map(|c| c.trim().parse::<ipnet::IpNet>().map(|n| n.trunc()))
-                .collect::<Result<_, _>>()
-                .with_context(|| {
-                    format!(
-                        "--nodeport-addresses {list:?}: expected `primary` or comma-separated CIDRs"
-                    )
-                })?,
-        ),
-    };
     let options = NftOptions {
-        skeleton: SkeletonOptions {
-            masquerade_all: global.masquerade_all,
-            local_pods: Vec::new(),
-            masquerade_bit: global.masquerade_bit,
-        },
-        nodeport_addresses,
-        cluster_cidrs: global.cluster_cidr.iter().map(|n| n.trunc()).collect(),
+        masquerade_all: global.proxy.masquerade_all,
+        masquerade_bit: global.proxy.masquerade_bit,
+        local_detection: global.proxy.local_detection()?,
+        cluster_cidrs: global.proxy.cluster_cidr.iter().map(|n| n.trunc()).collect(),
+        service_cidrs: global.proxy.service_cidr.iter().map(|n| n.trunc()).collect(),
     };
     let kernel: Box<dyn kpng_nft::Kernel> = if global.dry_run {
         Box::new(DryRunKernel::new(std::io::stdout()))
@@ -73,20 +75,56 @@ fn nft_backend(global: &GlobalArgs) -> anyhow::Result<NftBackend> {
     Ok(NftBackend::new(options, kernel))
 }
 
+/// What only this node knows, and a watcher of its addresses when they matter.
+pub fn node_local(global: &GlobalArgs) -> anyhow::Result<(NodeLocal, Option<AddressUpdates>)> {
+    let nodeports = global.proxy.nodeport_addresses.clone();
+    if !nodeports.needs_local_addresses() || global.dry_run {
+        return Ok((NodeLocal { nodeports, addresses: Vec::new() }, None));
+    }
+    let addresses = kpng_netlink::rtnetlink::local_addresses()
+        .context("listing the node's addresses for --nodeport-addresses")?;
+    let mut watcher = kpng_netlink::rtnetlink::AddressWatcher::open()
+        .context("watching the node's addresses for --nodeport-addresses")?;
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    std::thread::Builder::new()
+        .name("addresses".into())
+        .spawn(move || {
+            while watcher.wait().is_ok() {
+                // Addresses often change in bursts (an interface coming up): one look after.
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                match kpng_netlink::rtnetlink::local_addresses() {
+                    Ok(addresses) => {
+                        if tx.blocking_send(addresses).is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) => tracing::warn!(error = %kpng_backend::error_chain(&e), "cannot list the node's addresses"),
+                }
+            }
+            tracing::warn!("the node's addresses are no longer watched");
+        })
+        .context("starting the address watcher")?;
+    Ok((NodeLocal { nodeports, addresses }, Some(rx)))
+}
+
 /// Runs the node's backends until the source ends (or once, with `once`).
 pub async fn run_to_local(
     reader: StoreReader,
-    node: String,
     backends: Vec<Box<dyn Backend>>,
-    once: bool,
-    periods: (std::time::Duration, std::time::Duration),
+    options: RunnerOptions,
+    addresses: Option<AddressUpdates>,
     stats: Arc<NodeStats>,
 ) -> anyhow::Result<()> {
-    let (min_sync_period, sync_period) = periods;
-    let mut options = RunnerOptions::new(node);
-    options.once = once;
-    options.min_sync_period = min_sync_period;
-    options.verify_period = (!sync_period.is_zero()).then_some(sync_period);
-    run_node(reader, backends, options, stats).await?;
+    run_node(reader, backends, options, stats, addresses).await?;
     Ok(())
+}
+
+/// The runner's options from the command line.
+pub fn runner_options(global: &GlobalArgs, node: String, local: NodeLocal) -> RunnerOptions {
+    let mut options = RunnerOptions::new(node);
+    options.once = global.once;
+    options.min_sync_period = global.sync.min_sync_period;
+    options.verify_period = (!global.sync.sync_period.is_zero()).then_some(global.sync.sync_period);
+    options.local = local;
+    options
 }

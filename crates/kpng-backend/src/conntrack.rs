@@ -1,0 +1,99 @@
+//! UDP conntrack cleanup, the same for every dataplane.
+//!
+//! UDP has no connection teardown, so a conntrack entry keeps sending a client's datagrams
+//! to the endpoint it first chose, even after that endpoint is gone (the classic DNS
+//! blackhole). After every state the dataplanes apply, the [`ConntrackCleaner`] deletes the
+//! UDP entries whose original destination is a service address and port (ClusterIP,
+//! external IP, LB IP, or a NodePort on a NodePort address) and whose reply source is not
+//! an endpoint that still serves that port — serving anywhere, whether or not this node
+//! picks it now (topology hints, a traffic-policy switch, terminating fallback all keep
+//! their flows). That covers removed endpoints, endpoints that stopped serving, services
+//! scaled to zero, and entries created before the rules existed (their reply source is the
+//! service address itself). TCP and SCTP entries are never touched.
+
+use std::collections::BTreeSet;
+use std::net::{IpAddr, SocketAddr};
+
+use kpng_model::local::LocalServiceState;
+use kpng_model::{Family, Protocol};
+
+mod cleaner;
+pub mod tuning;
+
+pub use cleaner::{ConntrackCleaner, ConntrackMetrics, ConntrackStats};
+
+/// A UDP destination whose entries are checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum UdpTarget {
+    /// A service address and port.
+    Dest(SocketAddr),
+    /// A NodePort of a family, on any NodePort address.
+    NodePort(Family, u16),
+}
+
+/// A target and the endpoints that may answer for it now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UdpCheck {
+    /// The destination clients use.
+    pub target: UdpTarget,
+    /// The endpoints serving it (`ip:port` on the endpoint).
+    pub serving: BTreeSet<SocketAddr>,
+}
+
+/// Every UDP destination of a service, with the endpoints (of the destination's family)
+/// that serve its port.
+pub fn udp_checks(state: &LocalServiceState) -> Vec<UdpCheck> {
+    let svc = &state.service;
+    let mut checks = Vec::new();
+    for port in svc.ports.iter().filter(|p| p.protocol == Protocol::Udp) {
+        for family in Family::ALL {
+            let Some(cluster_ip) = svc.cluster_ip(family) else { continue };
+            let serving: BTreeSet<SocketAddr> = state
+                .endpoints
+                .values()
+                .filter(|e| Family::of(&e.ip) == family && (e.ready || e.serving))
+                .flat_map(|e| {
+                    e.ports
+                        .iter()
+                        .filter(|p| p.name == port.name && p.protocol == port.protocol)
+                        .map(move |p| SocketAddr::new(e.ip, p.port))
+                })
+                .collect();
+            let addresses = std::iter::once(cluster_ip)
+                .chain(svc.external_ips.iter().copied())
+                .chain(svc.load_balancer_ips.iter().copied())
+                .filter(|ip| Family::of(ip) == family && !port.yielded.contains(ip));
+            for ip in addresses {
+                let target = UdpTarget::Dest(SocketAddr::new(ip, port.port));
+                checks.push(UdpCheck { target, serving: serving.clone() });
+            }
+            if let Some(node_port) = port.node_port {
+                let target = UdpTarget::NodePort(family, node_port);
+                checks.push(UdpCheck { target, serving: serving.clone() });
+            }
+        }
+    }
+    checks
+}
+
+/// One conntrack entry, as far as cleanup cares.
+pub use kpng_netlink::ctnetlink::Entry;
+
+/// The entries among `entries` (already those towards the target's port) that are stale.
+/// NodePort targets match entries towards one of `nodeport_addrs`.
+pub fn stale(entries: &[Entry], check: &UdpCheck, nodeport_addrs: &[IpAddr]) -> Vec<Entry> {
+    entries
+        .iter()
+        .filter(|e| match check.target {
+            UdpTarget::Dest(dest) => e.orig_dst == dest,
+            UdpTarget::NodePort(_, port) => {
+                e.orig_dst.port() == port && nodeport_addrs.contains(&e.orig_dst.ip())
+            }
+        })
+        .filter(|e| !check.serving.contains(&e.reply_src))
+        .copied()
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,97 @@
+//! [`NftStats`]: the nftables backend's counters, and [`NftMetrics`], their Prometheus form.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+
+/// Counters of the nftables backend, shared with whoever reports them (metrics).
+#[derive(Debug)]
+pub struct NftStats {
+    /// Transactions committed.
+    pub transactions: AtomicU64,
+    /// Transactions the kernel refused.
+    pub transaction_failures: AtomicU64,
+    /// Elements added, over all transactions.
+    pub elements_added: AtomicU64,
+    /// Elements deleted, over all transactions.
+    pub elements_deleted: AtomicU64,
+    /// Seconds the kernel took to commit each transaction.
+    pub commit_seconds: Histogram,
+    /// Elements per committed transaction.
+    pub transaction_elements: Histogram,
+}
+
+impl Default for NftStats {
+    fn default() -> Self {
+        NftStats {
+            transactions: AtomicU64::default(),
+            transaction_failures: AtomicU64::default(),
+            elements_added: AtomicU64::default(),
+            elements_deleted: AtomicU64::default(),
+            // 10 µs to about 1.3 s.
+            commit_seconds: Histogram::new(exponential_buckets(0.00001, 2.0, 18)),
+            // 1 to about 260,000 elements.
+            transaction_elements: Histogram::new(exponential_buckets(1.0, 4.0, 10)),
+        }
+    }
+}
+
+impl NftStats {
+    /// Counts one committed transaction.
+    pub fn record_commit(&self, adds: usize, deletes: usize, took: Duration) {
+        self.transactions.fetch_add(1, Ordering::Relaxed);
+        self.elements_added.fetch_add(adds as u64, Ordering::Relaxed);
+        self.elements_deleted.fetch_add(deletes as u64, Ordering::Relaxed);
+        self.commit_seconds.observe(took.as_secs_f64());
+        self.transaction_elements.observe((adds + deletes) as f64);
+    }
+}
+
+/// The nftables backend's counters as Prometheus metrics.
+#[derive(Debug)]
+pub struct NftMetrics(pub Arc<NftStats>);
+
+impl prometheus_client::collector::Collector for NftMetrics {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric;
+        use prometheus_client::metrics::counter::ConstCounter;
+        let stats = &self.0;
+        let counters = [
+            ("kpng_nft_transactions", "nftables transactions committed.", &stats.transactions),
+            (
+                "kpng_nft_transaction_failures",
+                "nftables transactions the kernel refused.",
+                &stats.transaction_failures,
+            ),
+            ("kpng_nft_elements_added", "Set and map elements added.", &stats.elements_added),
+            ("kpng_nft_elements_deleted", "Set and map elements deleted.", &stats.elements_deleted),
+        ];
+        for (name, help, value) in counters {
+            let metric = ConstCounter::new(value.load(Ordering::Relaxed));
+            metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)?;
+        }
+        let histograms = [
+            (
+                "kpng_nft_commit_duration_seconds",
+                "Time the kernel took to commit one transaction.",
+                &stats.commit_seconds,
+            ),
+            (
+                "kpng_nft_transaction_elements",
+                "Elements added or deleted per transaction.",
+                &stats.transaction_elements,
+            ),
+        ];
+        for (name, help, histogram) in histograms {
+            let descriptor =
+                encoder.encode_descriptor(name, help, None, histogram.metric_type())?;
+            histogram.encode(descriptor)?;
+        }
+        Ok(())
+    }
+}

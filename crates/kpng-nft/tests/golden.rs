@@ -1,0 +1,214 @@
+//! The dry run prints exactly what is committed: the same node state loaded by `nft -f`
+//! from the dry-run text and by kpng over netlink, each in a fresh network namespace,
+//! reads back identical from the kernel — every set (with nft's description), chain, rule
+//! (expression bytes) and element.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+
+use ipnet::IpNet;
+use kpng_backend::proxy::LocalDetection;
+use kpng_backend::{Backend, ChangeSet};
+use kpng_local::{NodeLocal, NodePortSelection, project_node_state_with};
+use kpng_model::global::{
+    IpMode, LoadBalancerIngress, ServiceType, SessionAffinity, TrafficPolicy,
+};
+use kpng_model::{Family, GlobalModel, LocalState, Object, Protocol};
+use kpng_netlink::message::NETLINK_NETFILTER;
+use kpng_netlink::nftables::dump;
+use kpng_netlink::{NetlinkSocket, ProtoFamily};
+use kpng_nft::{DryRunKernel, NetlinkKernel, NftBackend, NftOptions};
+use kpng_testkit::builders::{endpoint, node, service, slice};
+use kpng_testkit::netns::Netns;
+use kpng_testkit::privileged::require;
+use kpng_testkit::topology::in_netns;
+
+const HTTP: (&str, Protocol, u16) = ("http", Protocol::Tcp, 80);
+const DNS: (&str, Protocol, u16) = ("dns", Protocol::Udp, 53);
+const SLICE_HTTP: (&str, Protocol, u16) = ("http", Protocol::Tcp, 8080);
+const SLICE_DNS: (&str, Protocol, u16) = ("dns", Protocol::Udp, 5353);
+
+/// A node state that uses every kind of element and rule kpng makes.
+fn state(nodeports: NodePortSelection) -> LocalState {
+    let mut model = GlobalModel::new();
+    let mut n = node("a", Some("z1"), &["192.168.10.1", "fd00:10::1"]);
+    n.pod_cidrs = vec!["10.244.0.0/24".parse().unwrap(), "fd00:244::/64".parse().unwrap()];
+    model.apply(Object::Node(n));
+    let mut web = service("ns", "web", &["10.96.0.1", "fd00:96::1"], &[HTTP, DNS]);
+    web.service_type = ServiceType::LoadBalancer;
+    web.ports[0].node_port = Some(30080);
+    web.external_ips = vec!["192.0.2.5".parse().unwrap()];
+    web.load_balancer_ingress =
+        vec![LoadBalancerIngress { ip: "203.0.113.1".parse().unwrap(), ip_mode: IpMode::VIP }];
+    web.load_balancer_source_ranges =
+        vec!["198.51.100.0/24".parse().unwrap(), "192.168.10.0/24".parse().unwrap()];
+    model.apply(Object::Service(web));
+    let eps: Vec<_> = (1..=3)
+        .map(|i| endpoint(&format!("10.244.0.{i}"), if i == 1 { "a" } else { "b" }))
+        .collect();
+    model.apply(Object::EndpointSlice(slice("ns", "web-4", "web", &[SLICE_HTTP, SLICE_DNS], eps)));
+    model.apply(Object::EndpointSlice(kpng_model::global::EndpointSlice {
+        family: Family::V6,
+        ..slice("ns", "web-6", "web", &[SLICE_HTTP], vec![endpoint("fd00:244::1", "a")])
+    }));
+    let mut sticky = service("ns", "sticky", &["10.96.0.2"], &[HTTP]);
+    sticky.session_affinity = SessionAffinity::ClientIP { timeout_seconds: 300 };
+    sticky.external_traffic_policy = TrafficPolicy::Local;
+    sticky.service_type = ServiceType::NodePort;
+    sticky.ports[0].node_port = Some(30081);
+    model.apply(Object::Service(sticky));
+    let eps = vec![endpoint("10.244.0.7", "a"), endpoint("10.244.1.7", "b")];
+    model.apply(Object::EndpointSlice(slice("ns", "sticky-1", "sticky", &[SLICE_HTTP], eps)));
+    let mut local = service("ns", "local", &["10.96.0.3"], &[HTTP]);
+    local.internal_traffic_policy = TrafficPolicy::Local;
+    model.apply(Object::Service(local));
+    model.apply(Object::EndpointSlice(slice(
+        "ns",
+        "local-1",
+        "local",
+        &[SLICE_HTTP],
+        vec![endpoint("10.244.0.8", "a")],
+    )));
+    // Beyond the pick tree: a count set and a rule of its own.
+    model.apply(Object::Service(service("ns", "big", &["10.96.0.4"], &[HTTP])));
+    let eps =
+        (0..300).map(|i| endpoint(&format!("10.245.{}.{}", i / 200, i % 200 + 1), "b")).collect();
+    model.apply(Object::EndpointSlice(slice("ns", "big-1", "big", &[SLICE_HTTP], eps)));
+    let addresses = vec!["192.168.10.1".parse().unwrap(), "192.168.20.1".parse().unwrap()];
+    project_node_state_with(&model, "a", &NodeLocal { nodeports, addresses })
+}
+
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// What the kernel holds of kpng's tables, raw.
+#[derive(Debug, PartialEq, Eq)]
+struct Held {
+    sets: BTreeMap<(u8, String), dump::DumpedSet>,
+    chains: BTreeMap<(u8, String), dump::DumpedChain>,
+    rules: BTreeMap<(u8, String), Vec<Vec<u8>>>,
+    elements: BTreeMap<(u8, String), BTreeSet<String>>,
+}
+
+fn read_back() -> Held {
+    let mut socket = NetlinkSocket::open(NETLINK_NETFILTER).unwrap();
+    let mut held = Held {
+        sets: BTreeMap::new(),
+        chains: BTreeMap::new(),
+        rules: BTreeMap::new(),
+        elements: BTreeMap::new(),
+    };
+    for (n, family) in [(4u8, ProtoFamily::Ipv4), (6, ProtoFamily::Ipv6)] {
+        for body in socket.dump(&dump::sets_request(family, "kpng")).unwrap() {
+            let set = dump::set(&body).unwrap();
+            let mut elements = BTreeSet::new();
+            for body in socket.dump(&dump::elements_request(family, "kpng", &set.name)).unwrap() {
+                elements.extend(dump::elements(&body).iter().map(|e| format!("{e:?}")));
+            }
+            held.elements.insert((n, set.name.clone()), elements);
+            held.sets.insert((n, set.name.clone()), set);
+        }
+        for body in socket.dump(&dump::chains_request(family, "kpng")).unwrap() {
+            let chain = dump::chain(&body).unwrap();
+            held.chains.insert((n, chain.name.clone()), chain);
+        }
+        for body in socket.dump(&dump::rules_request(family, "kpng", None)).unwrap() {
+            let rule = dump::rule(&body).unwrap();
+            held.rules.entry((n, rule.chain.clone())).or_default().push(rule.raw);
+        }
+    }
+    held
+}
+
+fn compare(options: NftOptions, nodeports: NodePortSelection) {
+    let state = state(nodeports);
+    let out = Captured::default();
+    let mut dry = NftBackend::new(options.clone(), Box::new(DryRunKernel::new(out.clone())));
+    dry.apply(&ChangeSet::full(&state)).unwrap();
+    let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+
+    let by_nft = Netns::new("gold-nft");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("dry-run.nft");
+    std::fs::write(&path, &text).unwrap();
+    by_nft.exec("nft", &["-f", path.to_str().unwrap()]);
+    let by_netlink = Netns::new("gold-nl");
+    let netlink_state = state.clone();
+    in_netns(&by_netlink, move || {
+        let kernel = NetlinkKernel::open().unwrap();
+        let mut backend = NftBackend::new(options, Box::new(kernel));
+        backend.apply(&ChangeSet::full(&netlink_state)).unwrap();
+    });
+    let (a, b) = (in_netns(&by_nft, read_back), in_netns(&by_netlink, read_back));
+    assert!(a.chains.len() > 2000, "the pick trees: {} chains", a.chains.len());
+    assert!(a.elements.values().map(BTreeSet::len).sum::<usize>() > 300);
+    for (name, rules) in &a.rules {
+        let theirs = b.rules.get(name).cloned().unwrap_or_default();
+        for (i, (nft, kpng)) in
+            rules.iter().zip(theirs.iter().chain(std::iter::repeat(&Vec::new()))).enumerate()
+        {
+            let show = |raw: &[u8]| {
+                kpng_netlink::nftables::expr::decode_all(raw)
+                    .iter()
+                    .map(|e| e.as_ref().map_or("?".into(), ToString::to_string))
+                    .collect::<Vec<_>>()
+                    .join(" | ")
+            };
+            assert!(
+                nft == kpng,
+                "chain {name:?} rule {i}:\n nft:  {}\n kpng: {}",
+                show(nft),
+                show(kpng)
+            );
+        }
+        assert_eq!(rules.len(), theirs.len(), "chain {name:?}");
+    }
+    assert_eq!(a.rules.len(), b.rules.len());
+    let differing: Vec<String> = a
+        .sets
+        .iter()
+        .filter(|(name, set)| b.sets.get(*name) != Some(*set))
+        .map(|(name, set)| format!("{name:?}: nft {set:?}, kpng {:?}", b.sets.get(name)))
+        .collect();
+    assert!(differing.is_empty(), "sets differ:\n{}", differing.join("\n"));
+    assert_eq!(a.sets.len(), b.sets.len());
+    assert_eq!(a.chains, b.chains);
+    assert_eq!(a.elements, b.elements);
+}
+
+#[test]
+fn the_dry_run_is_what_the_kernel_receives() {
+    if !require("the_dry_run_is_what_the_kernel_receives", &["nft", "ip"]) {
+        return;
+    }
+    compare(NftOptions::default(), NodePortSelection::Primary);
+    let nets = |list: &[&str]| list.iter().map(|s| s.parse::<IpNet>().unwrap()).collect::<Vec<_>>();
+    compare(
+        NftOptions {
+            masquerade_all: true,
+            masquerade_bit: 3,
+            local_detection: LocalDetection::InterfaceNamePrefix("veth".into()),
+            cluster_cidrs: Vec::new(),
+            service_cidrs: nets(&["10.96.0.0/12", "fd00:96::/112"]),
+        },
+        NodePortSelection::Cidrs(nets(&["0.0.0.0/0", "fd00:10::/64"])),
+    );
+    compare(
+        NftOptions {
+            local_detection: LocalDetection::BridgeInterface("cbr0".into()),
+            ..NftOptions::default()
+        },
+        NodePortSelection::Cidrs(nets(&["192.168.20.0/24"])),
+    );
+}
