@@ -159,3 +159,6 @@ impl NodeProjector {
         ops
     }
 }
+
+#[cfg(test)]
+mod tests;

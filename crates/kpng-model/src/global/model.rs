@@ -144,7 +144,16 @@ impl GlobalModel {
                     return None;
                 }
                 let before = old.map(|s| s.claims()).unwrap_or_default();
-                let rivals = self.claims.update(&service.key, &before, &service.claims());
+                let after = service.claims();
+                let mut rivals = self.claims.update(&service.key, &before, &after);
+                if old.is_some_and(|o| o.created_at != service.created_at) {
+                    // A new seniority (the object was re-created under the same name): who
+                    // holds each destination it kept may change too.
+                    for claim in &after {
+                        rivals.extend(self.claims.claimants(claim).iter().cloned());
+                    }
+                    rivals.remove(&service.key);
+                }
                 let key = service.key.clone();
                 self.services.insert(key.clone(), Box::new(service));
                 let mut touched = vec![Touched::Service(key)];
