@@ -99,11 +99,9 @@ pub struct KubeArgs {
     #[arg(long, alias = "master", value_name = "URL")]
     pub server: Option<String>,
 
-    /// This proxy's name: only Services and EndpointSlices labelled
-    /// `service.kubernetes.io/service-proxy-name=NAME` are proxied (the API server sends only
-    /// those); unlabelled ones belong to the default proxy. Without it, only unlabelled ones.
-    #[arg(long, value_name = "NAME", value_parser = parse_proxy_name)]
-    pub service_proxy_name: Option<String>,
+    /// Which Services and EndpointSlices are this proxy's (the API server sends only those).
+    #[command(flatten)]
+    pub proxy_name: ProxyNameArgs,
 
     /// Watch every Node, not only this one (what a cluster-wide `to-api` needs).
     #[arg(long)]
@@ -122,6 +120,24 @@ pub struct KubeArgs {
     /// What consumes the model.
     #[command(subcommand)]
     pub sink: SinkCommand,
+}
+
+/// Which Services and EndpointSlices a source keeps: the same option on every source that
+/// reads them (`kube`, `file`, `api`).
+#[derive(Debug, Clone, Args)]
+pub struct ProxyNameArgs {
+    /// This proxy's name: only Services and EndpointSlices labelled
+    /// `service.kubernetes.io/service-proxy-name=NAME` are proxied; unlabelled ones belong to
+    /// the default proxy. Without it, only unlabelled ones.
+    #[arg(long, value_name = "NAME", value_parser = parse_proxy_name)]
+    pub service_proxy_name: Option<String>,
+}
+
+impl ProxyNameArgs {
+    /// The conversion options this choice makes.
+    pub fn convert_options(&self) -> kpng_sources::ConvertOptions {
+        kpng_sources::ConvertOptions { service_proxy_name: self.service_proxy_name.clone() }
+    }
 }
 
 fn parse_proxy_name(text: &str) -> Result<String, String> {
@@ -165,11 +181,9 @@ pub struct FileArgs {
     #[arg(long)]
     pub watch: bool,
 
-    /// This proxy's name: only Services and EndpointSlices labelled
-    /// `service.kubernetes.io/service-proxy-name=NAME` are proxied; unlabelled ones belong to
-    /// the default proxy. Without it, only unlabelled ones.
-    #[arg(long, value_name = "NAME", value_parser = parse_proxy_name)]
-    pub service_proxy_name: Option<String>,
+    /// Which Services and EndpointSlices are this proxy's.
+    #[command(flatten)]
+    pub proxy_name: ProxyNameArgs,
 
     /// What consumes the model.
     #[command(subcommand)]
@@ -246,11 +260,9 @@ pub struct ApiArgs {
     /// Connection security.
     #[command(flatten)]
     pub conn: ConnArgs,
-    /// This proxy's name: only Services and EndpointSlices labelled
-    /// `service.kubernetes.io/service-proxy-name=NAME` are kept from the stream; unlabelled
-    /// ones belong to the default proxy. Without it, only unlabelled ones.
-    #[arg(long, value_name = "NAME", value_parser = parse_proxy_name)]
-    pub service_proxy_name: Option<String>,
+    /// Which Services and EndpointSlices of the stream are this proxy's.
+    #[command(flatten)]
+    pub proxy_name: ProxyNameArgs,
     /// What consumes the model.
     #[command(subcommand)]
     pub sink: SinkCommand,

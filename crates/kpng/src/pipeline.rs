@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use kpng_backend::NodeStats;
-use kpng_sources::ConvertOptions;
 use kpng_sources::file::FileSource;
 use kpng_sources::kube::{KubeSource, NodeSelection, Pacer};
 use kpng_store::store;
@@ -20,8 +19,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     let mut global = cli.global;
     match cli.source {
         SourceCommand::File(args) => {
-            let options = ConvertOptions { service_proxy_name: args.service_proxy_name.clone() };
-            let source = FileSource::new(&args.input, args.watch, options);
+            let source =
+                FileSource::new(&args.input, args.watch, args.proxy_name.convert_options());
             let feed = |writer| async move { source.run(writer).await.context("file source") };
             run_pipeline(&FileSource::KINDS, feed, args.sink, &mut global).await
         }
@@ -31,7 +30,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 true => NodeSelection::All,
                 false => NodeSelection::One(node_name(&global)?),
             };
-            let options = ConvertOptions { service_proxy_name: args.service_proxy_name.clone() };
+            let options = args.proxy_name.convert_options();
             let pacer = Pacer::new(args.kube_api_qps, args.kube_api_burst);
             let source = KubeSource::new(client, options, nodes).with_pacer(pacer);
             let feed = |writer| async move {
@@ -44,7 +43,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             let security = args.conn.security();
             security.validate(&args.server)?;
             let server = args.server.clone();
-            let proxy = args.service_proxy_name.clone();
+            let proxy = args.proxy_name.service_proxy_name.clone();
             tracing::info!(server = %server, "replicating the global model");
             let feed = |writer| async move {
                 kpng_api::client::follow_global(server, security, proxy, writer).await;
