@@ -47,6 +47,7 @@ on_dataplane!(nft, Nft:
     parity::node_ports_follow_addresses_added_after_start,
     parity::hairpin_without_node_name,
     parity::unallocated_service_addresses_are_dropped,
+    parity::service_cidr_objects_take_effect_as_they_change,
     parity::pods_are_recognised_by_interface_or_bridge,
     repair::a_rejected_transaction_is_retried_and_the_table_rebuilt,
     repair::a_flushed_table_is_repaired_at_the_next_verification,
