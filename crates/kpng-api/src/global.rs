@@ -25,17 +25,11 @@ pub use node::{decode_node, decode_service_cidr, node_item, service_cidr_item};
 pub use service::{decode_service, service_item};
 pub use slice::{decode_slice, endpoint_path, slice_items, slice_key_of};
 
+use kpng_model::hash::fnv1a64;
 use kpng_model::{GlobalModel, ServiceKey};
 use prost::Message;
 
 use crate::localv1;
-
-/// The 64-bit FNV-1a hash of `bytes`: stable across versions and platforms.
-pub fn hash(bytes: &[u8]) -> u64 {
-    bytes
-        .iter()
-        .fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3))
-}
 
 /// One item of the global stream: its set, path and encoded info.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -68,10 +62,10 @@ pub fn delete_op(set: localv1::Set, path: &str) -> localv1::OpItem {
     localv1::OpItem { op: Some(localv1::op_item::Op::Delete(reference)) }
 }
 
-/// The encoding of `message` with its hash field set (by `set_hash`) to the hash of its
-/// encoding without it.
+/// The encoding of `message` with its hash field set (by `set_hash`) to the FNV-1a hash of
+/// its encoding without it: stable across versions and platforms.
 fn with_hash<M: Message>(mut message: M, set_hash: impl Fn(&mut M, u64)) -> Vec<u8> {
-    let h = hash(&message.encode_to_vec());
+    let h = fnv1a64(&message.encode_to_vec());
     set_hash(&mut message, h);
     message.encode_to_vec()
 }
