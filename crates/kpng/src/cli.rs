@@ -1,9 +1,9 @@
 //! The command line: a source, then a sink, then (for `to-local`) one or more backends.
 //!
 //! ```text
-//! kpng file --input PATH [--watch] <sink>
-//! kpng kube [--kubeconfig PATH] [--server URL] <sink>
-//! kpng api --server ADDR <sink>
+//! kpng file --input PATH [--watch] [--service-proxy-name NAME] <sink>
+//! kpng kube [--kubeconfig PATH] [--server URL] [--service-proxy-name NAME] <sink>
+//! kpng api --server ADDR [--service-proxy-name NAME] <sink>
 //! kpng local --server ADDR <backend> [<backend>...]
 //! <sink>    := to-file --output PATH [--format yaml|json] | to-local <backend> [<backend>...]
 //!            | to-api --listen ADDR
@@ -53,9 +53,10 @@ pub struct Cli {
 /// Where the global model comes from.
 #[derive(Debug, Subcommand)]
 pub enum SourceCommand {
-    /// Read Kubernetes manifests (Service, EndpointSlice, Node) from a file.
+    /// Read Kubernetes manifests (Service, EndpointSlice, Node, ServiceCIDR) from a file.
     File(FileArgs),
-    /// Watch a Kubernetes API server: Services, EndpointSlices and this node (or every node).
+    /// Watch a Kubernetes API server: Services, EndpointSlices, ServiceCIDRs and this node
+    /// (or every node).
     Kube(KubeArgs),
     /// Replicate another kpng's global model from its `to-api` (gRPC), so kpng instances
     /// chain: cluster watcher -> relay -> nodes.
@@ -172,12 +173,16 @@ pub enum CleanupBackend {
 #[derive(Debug, Args)]
 pub struct FileArgs {
     /// The manifests: multi-document YAML, JSON, or a `kind: List` (as printed by
-    /// `kubectl get svc,endpointslices,nodes -A -o yaml`). Other kinds are skipped.
+    /// `kubectl get svc,endpointslices,nodes,servicecidrs -A -o yaml`). Other kinds are
+    /// skipped.
     #[arg(long, short, value_name = "PATH")]
     pub input: PathBuf,
 
-    /// Re-read the file whenever it changes and apply only the difference. An invalid
-    /// edit is logged and the last good state stays in force.
+    /// Re-read the file whenever it changes and apply only the difference. What looks like
+    /// a write in progress is not applied: an empty, unreadable or invalid file is logged
+    /// and the last good state stays in force; one that ends mid-line or would remove more
+    /// than half of the objects is applied only if it stays so for 10 s (to remove
+    /// everything, write a List with `items: []`).
     #[arg(long)]
     pub watch: bool,
 
