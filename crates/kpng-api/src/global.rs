@@ -9,10 +9,10 @@
 //! encoding, for clients that compare.
 //!
 //! # Layout
-//! - [`mod@service`]: `ServiceInfo` (creation time and proxy name included).
-//! - [`mod@slice`]: `EndpointInfo`s, endpoint paths, slices rebuilt from their endpoints.
-//! - [`mod@node`]: `NodeInfo` and `ServiceCidrInfo`.
-//! - [`mod@mirror`]: [`Mirror`], a client's copy of the stream turned back into store
+//! - `service`: `ServiceInfo` (creation time and proxy name included).
+//! - `slice`: `EndpointInfo`s, endpoint paths, slices rebuilt from their endpoints.
+//! - `node`: `NodeInfo` and `ServiceCidrInfo`.
+//! - `mirror`: [`Mirror`], a client's copy of the stream turned back into store
 //!   events, with the service-proxy-name rule of the receiving proxy.
 
 mod mirror;

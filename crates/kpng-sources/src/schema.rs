@@ -13,7 +13,7 @@
 //! # Layout
 //! - [`meta`]: `metadata` with the few labels and annotations that matter, and the lenient
 //!   head that names an object that cannot be parsed.
-//! - [`service`], [`slice`], [`node`], [`service_cidr`]: one kind each.
+//! - [`service`], [`mod@slice`], [`node`], [`service_cidr`]: one kind each.
 
 pub mod meta;
 pub mod node;
