@@ -51,7 +51,12 @@ pub fn udp_flows_to_an_endpoint_that_still_serves_are_kept(dp: Dataplane) {
         backends_of(&cluster, "10.96.0.50 . udp . 53") == ["10.244.1.10 . 8080"]
     });
     for _ in 0..4 {
-        assert!(is("dns-a")(&flow()), "the flow to a serving endpoint was cut:\n{}", kpng.log());
+        let outcome = flow();
+        assert!(
+            is("dns-a")(&outcome),
+            "the flow to a serving endpoint was cut ({outcome}):\n{}",
+            kpng.log()
+        );
     }
     assert!(is("dns-b")(&Cluster::udp(&cluster.client, "10.96.0.50:53", 40101)));
 
