@@ -42,6 +42,12 @@ pub type AddressUpdates = tokio::sync::mpsc::Receiver<Vec<std::net::IpAddr>>;
 /// Change sets allowed back to back before `min_sync_period` paces them.
 pub const SYNC_BURST: f64 = 2.0;
 
+/// Shortest sync after which the runner rests before the next one. A sync this long is a
+/// large share of the time under a storm of changes: resting as long as it took holds the
+/// runner to half a core, and the changes that arrive meanwhile coalesce into the next
+/// sync. Shorter syncs (a change set is about 0.1 ms) follow each other at once.
+pub const REST_AFTER: Duration = Duration::from_millis(2);
+
 impl RunnerOptions {
     /// Options for `node` with the default retry delays (0.5 s doubling up to 30 s).
     pub fn new(node: impl Into<String>) -> Self {
@@ -228,24 +234,38 @@ struct Slots {
     pace: Pace,
 }
 
-/// A token bucket: [`SYNC_BURST`] syncs at once, then one per period.
+/// When the next sync may start: a token bucket of [`SYNC_BURST`] syncs at once, then one
+/// per `period` (none with a zero period), and a rest after a long sync ([`REST_AFTER`]).
 struct Pace {
     period: Duration,
     tokens: f64,
     at: Instant,
+    rest_until: Option<Instant>,
 }
 
 impl Pace {
-    /// When the next sync may start (now if a token is left).
+    fn new(period: Duration) -> Self {
+        Pace { period, tokens: SYNC_BURST, at: Instant::now(), rest_until: None }
+    }
+
+    /// When the next sync may start (now if a token is left and no rest is due).
     fn next(&mut self) -> Instant {
         let now = Instant::now();
+        let rested = self.rest_until.filter(|&until| until > now).unwrap_or(now);
         if self.period.is_zero() {
-            return now;
+            return rested;
         }
         let refill = now.duration_since(self.at).as_secs_f64() / self.period.as_secs_f64();
         self.tokens = (self.tokens + refill).min(SYNC_BURST);
         self.at = now;
-        if self.tokens >= 1.0 { now } else { now + self.period.mul_f64(1.0 - self.tokens) }
+        let paced =
+            if self.tokens >= 1.0 { now } else { now + self.period.mul_f64(1.0 - self.tokens) };
+        paced.max(rested)
+    }
+
+    /// Records how long a sync took: after a long one the next waits as long.
+    fn finished(&mut self, took: Duration) {
+        self.rest_until = (took >= REST_AFTER).then(|| Instant::now() + took);
     }
 
     /// Waits until the next sync may start. With a token left it returns at once: a
@@ -273,7 +293,7 @@ impl Slots {
             .into_iter()
             .map(|backend| Slot { backend, needs_reset: true, failures: 0, retry_at: now })
             .collect();
-        let pace = Pace { period: options.min_sync_period, tokens: SYNC_BURST, at: now };
+        let pace = Pace::new(options.min_sync_period);
         Slots { slots, options, stats, pace }
     }
 
@@ -465,6 +485,7 @@ pub async fn run_node(
         // Paced: revisions that arrive meanwhile are applied together.
         slots.pace.ready().await;
         slots.pace.spend();
+        let syncing = Instant::now();
         // While every backend waits for a full state, the differences are not needed.
         let (ops, changed) = {
             let snapshot = reader.snapshot();
@@ -480,6 +501,7 @@ pub async fn run_node(
         };
         slots.count_revision(changed, ops.len());
         slots.deliver(&ops, projector.state())?;
+        slots.pace.finished(syncing.elapsed());
         if changed && slots.all_applied() {
             observe_programming(&slots.stats, &reader, &ops);
         }
@@ -675,7 +697,9 @@ pub async fn run_remote(
             },
             _ = sleep_until(retry), if retry.is_some() => Vec::new(),
         };
+        let delivering = Instant::now();
         slots.deliver(&ops, &state)?;
+        slots.pace.finished(delivering.elapsed());
         if once && slots.all_applied() {
             return Ok(());
         }

@@ -7,6 +7,8 @@
 //!   transaction, with the kernel's commit time alone, against a full `nft -f` reload of the
 //!   same ruleset (the resync-per-change approach), and against kube-proxy's iptables mode
 //!   (the whole nat table through `iptables-restore`);
+//! - `restart`: kpng started over a table far larger than the cluster it finds (read back,
+//!   reconcile, one transaction), against a cold start of the small cluster;
 //! - `kube`: one change at a time again, now from the fake API server's event through the
 //!   kube source, store, node projection and runner to the committed transaction;
 //! - `churn`: the kube source, store, projection and nftables backend against the fake API
@@ -28,6 +30,7 @@
 //! # Layout
 //! - [`cluster`]: the synthetic cluster as model objects, and the changes applied to it.
 //! - [`nft`]: the nftables scenario.
+//! - [`restart`]: the restart over a stale table.
 //! - [`kube`]: the in-process pipeline against the fake API server, and one change through it.
 //! - [`churn`]: the churn scenario: kube source to kernel under a no-op-heavy event stream.
 //! - [`memory`]: the kpng binary's resident set, loaded vs empty.
@@ -52,6 +55,7 @@ mod nft;
 mod nftlb;
 mod plot;
 mod probe;
+mod restart;
 mod table;
 
 use clap::Parser;
@@ -112,6 +116,10 @@ struct Cli {
     /// compare each size with the first (0 skips the scenario).
     #[arg(long, value_delimiter = ',', default_value = "100")]
     dataplane_services: Vec<usize>,
+    /// Dataplane: distinct endpoint counts among the services (service i has 1 + i % N
+    /// endpoints), comma-separated; every size runs with each (0: all alike).
+    #[arg(long, value_delimiter = ',', default_value = "2,200")]
+    dataplane_counts: Vec<usize>,
     /// Dataplane: connections timed per size and path.
     #[arg(long, default_value_t = 1000)]
     dataplane_connections: usize,
@@ -125,6 +133,13 @@ struct Cli {
     /// API: endpoint changes to time per stream count.
     #[arg(long, default_value_t = 20)]
     api_repeat: usize,
+    /// Restart over a stale table: services in the table when kpng starts, comma-separated
+    /// (0 skips the scenario).
+    #[arg(long, value_delimiter = ',', default_value = "1000")]
+    restart_stale: Vec<usize>,
+    /// Restart: services in the cluster kpng finds.
+    #[arg(long, default_value_t = 100)]
+    restart_kept: usize,
     /// Also draw the run as an SVG bar chart into this file (log time axis: kpng against
     /// full reloads, nftlb, and the dataplane without a service).
     #[arg(long, value_name = "FILE")]
@@ -151,6 +166,14 @@ fn main() -> anyhow::Result<()> {
     }
     if !nft_rows.is_empty() {
         table::print_nft(&nft_rows);
+    }
+    let mut restart_rows = Vec::new();
+    for &stale in cli.restart_stale.iter().filter(|s| **s > 0) {
+        restart_rows.push(restart::run(stale, cli.restart_kept, cli.endpoints)?);
+    }
+    if !restart_rows.is_empty() {
+        println!();
+        restart::print(&restart_rows);
     }
     let mut kube_rows = Vec::new();
     for &services in cli.kube_services.iter().filter(|s| **s > 0) {
@@ -216,7 +239,7 @@ fn main() -> anyhow::Result<()> {
     let dataplane_rows = if sizes.is_empty() {
         Vec::new()
     } else {
-        dataplane::run(&sizes, cli.endpoints, cli.dataplane_connections)?
+        dataplane::run(&sizes, &cli.dataplane_counts, cli.endpoints, cli.dataplane_connections)?
     };
     if !dataplane_rows.is_empty() {
         println!();

@@ -22,7 +22,7 @@ use crate::error::NftError;
 use crate::kernel::{Kernel, KernelContents};
 use crate::layout::{LargeCount, Layout, groups_wanted};
 use crate::objects::{ElementId, GroupKey, MapName, SetKind, Value};
-use crate::plan::Plan;
+use crate::plan::{Command, Plan};
 use crate::reconcile::{Reconciled, Wanted, reconcile};
 use crate::render::{NodeFacts, Slots, render_node, render_service, seed_slots};
 use crate::skeleton::SkeletonOptions;
@@ -235,9 +235,12 @@ impl NftBackend {
             .collect();
         drop(adopted);
         let mut table = TableState::adopt(kept);
-        let diff = table.update(updates);
+        let (flushed, diff) = table.update(updates).flushing_stale_sets(&table);
         let mut plan = Plan::new();
         plan.commands.extend(reconciled.before.iter().cloned());
+        for (family, map) in &flushed {
+            plan.push(*family, Command::FlushSet(map.name().into_owned()));
+        }
         plan.elements(false, &diff.deletes);
         plan.elements(true, &diff.adds);
         plan.commands.extend(reconciled.after.iter().cloned());

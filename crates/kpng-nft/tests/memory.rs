@@ -334,3 +334,72 @@ fn removing_the_node_and_every_service_at_once_empties_the_table() {
     assert!(left.is_empty(), "left behind: {left:#?}");
     let _ = MapName::ClusterIps;
 }
+
+/// The memory kernel, counting what each commit asks for.
+struct Counting {
+    inner: MemoryKernel,
+    last: std::sync::Arc<std::sync::Mutex<(usize, usize)>>,
+}
+
+impl kpng_nft::Kernel for Counting {
+    fn commit(&mut self, plan: &kpng_nft::plan::Plan<'_>) -> Result<(), kpng_nft::NftError> {
+        let flushes = plan
+            .commands
+            .iter()
+            .filter(|(_, c)| matches!(c, kpng_nft::plan::Command::FlushSet(_)))
+            .count();
+        *self.last.lock().unwrap() = (flushes, plan.element_count().1);
+        self.inner.commit(plan)
+    }
+
+    fn read(&mut self) -> Result<Option<kpng_nft::KernelContents>, kpng_nft::NftError> {
+        self.inner.read()
+    }
+}
+
+/// A node state with `services` services of two endpoints each.
+fn services_state(services: usize) -> LocalState {
+    use kpng_testkit::builders::{endpoint, node, service, slice};
+    let mut model = GlobalModel::new();
+    model.apply(kpng_model::Object::Node(node(NODE, None, &["10.0.0.200"])));
+    for i in 0..services {
+        let name = format!("s{i}");
+        let ip = format!("10.96.{}.{}", i / 250, i % 250 + 1);
+        model.apply(kpng_model::Object::Service(service(
+            "ns",
+            &name,
+            &[&ip],
+            &[("http", Protocol::Tcp, 80)],
+        )));
+        let eps = vec![endpoint("10.244.0.1", NODE), endpoint("10.244.1.1", "other")];
+        model.apply(kpng_model::Object::EndpointSlice(slice(
+            "ns",
+            &format!("{name}-1"),
+            &name,
+            &[("http", Protocol::Tcp, 8080)],
+            eps,
+        )));
+    }
+    let mut projector = NodeProjector::new(NODE);
+    projector.update(&model, &Changes::All);
+    projector.state().clone()
+}
+
+#[test]
+fn a_restart_over_a_far_larger_table_flushes_what_is_stale() {
+    let kernel = MemoryKernel::new();
+    let mut backend = NftBackend::new(NftOptions::default(), Box::new(kernel.clone()));
+    backend.apply(&ChangeSet::full(&services_state(600))).unwrap();
+
+    // kpng comes back to a cluster of 20 of those services.
+    let last = std::sync::Arc::new(std::sync::Mutex::new((0, 0)));
+    let counting = Counting { inner: kernel.clone(), last: last.clone() };
+    let mut backend = NftBackend::new(NftOptions::default(), Box::new(counting));
+    let small = services_state(20);
+    backend.apply(&ChangeSet::full(&small)).unwrap();
+    let (flushes, deletes) = *last.lock().unwrap();
+    assert!(flushes > 0, "the mostly stale sets are flushed");
+    assert!(deletes < 100, "not deleted element by element: {deletes} deletes");
+    check_against_fresh(&kernel, &small).unwrap();
+    assert!(backend.verify().unwrap());
+}
