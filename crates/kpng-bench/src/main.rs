@@ -18,6 +18,9 @@
 //!   served by the fake API server, against the same binary synced to an empty one;
 //! - `cold`: the real `kpng` binary, kube source to nftables, from process start to its first
 //!   committed sync, with its peak resident set;
+//! - `storm`: the real `kpng` binary with its default flags under a steady rate of real
+//!   endpoint changes: API event to the kernel's commit notification, commits per second,
+//!   kpng's CPU, against the same with kube-proxy's `--min-sync-period 1s`;
 //! - `nftlb`: the nftlb daemon (Debian package) driven through its REST API as kube-nftlb
 //!   drives it, against kpng's nftables backend: the same cluster loaded, services of 10, 50
 //!   and 100 endpoints created and deleted, one endpoint added and removed;
@@ -36,6 +39,7 @@
 //! - [`memory`]: the kpng binary's resident set, loaded vs empty.
 //! - [`iptables`]: kube-proxy's iptables layout for the same cluster, for comparison.
 //! - [`cold`]: the kpng binary's cold start through the kube source into nftables.
+//! - [`storm`]: the kpng binary under a steady rate of real changes.
 //! - [`api`]: the gRPC API scenario.
 //! - [`dataplane`]: first-packet latency through the node's rules.
 //! - [`nftlb`]: nftlb through its REST API, side by side with kpng.
@@ -56,6 +60,7 @@ mod nftlb;
 mod plot;
 mod probe;
 mod restart;
+mod storm;
 mod table;
 
 use clap::Parser;
@@ -140,6 +145,20 @@ struct Cli {
     /// Restart: services in the cluster kpng finds.
     #[arg(long, default_value_t = 100)]
     restart_kept: usize,
+    /// Storm: real endpoint changes per second sent to the kpng binary, comma-separated (0
+    /// skips the scenario; needs the kpng binary built).
+    #[arg(long, value_delimiter = ',', default_value = "10,100,1000")]
+    storm_rates: Vec<u64>,
+    /// Storm: cluster sizes (services), comma-separated; endpoints as --endpoints.
+    #[arg(long, value_delimiter = ',', default_value = "1000")]
+    storm_services: Vec<usize>,
+    /// Storm: seconds per rate.
+    #[arg(long, default_value_t = 5)]
+    storm_seconds: u64,
+    /// Storm: `--min-sync-period` values to run beside the default, comma-separated (none:
+    /// the default only).
+    #[arg(long, value_delimiter = ',', default_value = "1s")]
+    storm_min_sync_periods: Vec<String>,
     /// Also draw the run as an SVG bar chart into this file (log time axis: kpng against
     /// full reloads, nftlb, and the dataplane without a service).
     #[arg(long, value_name = "FILE")]
@@ -211,6 +230,22 @@ fn main() -> anyhow::Result<()> {
     if !cold_rows.is_empty() {
         println!();
         cold::print(&cold_rows);
+    }
+    let mut storm_rows = Vec::new();
+    for &services in cli.storm_services.iter().filter(|s| **s > 0) {
+        for &rate in cli.storm_rates.iter().filter(|r| **r > 0) {
+            let periods = std::iter::once(None)
+                .chain(cli.storm_min_sync_periods.iter().filter(|p| !p.is_empty()).map(Some));
+            for period in periods {
+                let period = period.map(String::as_str);
+                let seconds = cli.storm_seconds;
+                storm_rows.push(storm::run(services, cli.endpoints, rate, seconds, period)?);
+            }
+        }
+    }
+    if !storm_rows.is_empty() {
+        println!();
+        storm::print(&storm_rows);
     }
     let mut nftlb_rows = Vec::new();
     for &services in cli.nftlb_services.iter().filter(|s| **s > 0) {
