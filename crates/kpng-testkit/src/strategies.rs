@@ -248,8 +248,11 @@ pub fn arb_node() -> impl Strategy<Value = Node> {
 /// ServiceCIDR names of the universe.
 const SERVICE_CIDRS: [&str; 2] = ["kubernetes", "extra"];
 
-/// Service ranges of the universe.
-const SERVICE_NETS: [&str; 4] = ["10.0.0.0/24", "10.96.0.0/16", "fd00::/112", "fd00:96::/108"];
+/// Service ranges of the universe. As in a real cluster, they hold cluster IPs (`.100`,
+/// `::64`) and no pod, external or node address: a proxy drops new connections to an
+/// address inside them that no service holds, and checks that after DNAT, as kube-proxy
+/// does, so an endpoint inside one would be unreachable.
+const SERVICE_NETS: [&str; 4] = ["10.0.0.96/28", "10.96.0.0/16", "fd00::60/124", "fd00:96::/108"];
 
 /// A ServiceCIDR of the universe: one or two ranges.
 pub fn arb_service_cidr() -> impl Strategy<Value = ServiceCidr> {
