@@ -18,9 +18,11 @@ use kpng_model::local::LocalServiceState;
 use kpng_model::{Family, Protocol};
 
 mod cleaner;
+mod table;
 pub mod tuning;
 
 pub use cleaner::{ConntrackCleaner, ConntrackMetrics, ConntrackStats};
+pub use table::{ConntrackTable, Ctnetlink};
 
 /// A UDP destination whose entries are checked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -8,7 +8,8 @@
 //! # Layout
 //! - [`backend`]: the [`Backend`] trait and [`ChangeSet`].
 //! - [`conntrack`]: which UDP conntrack entries are stale, and [`conntrack::ConntrackCleaner`],
-//!   the backend that deletes them after the dataplanes applied a state.
+//!   the backend that deletes them after the dataplanes applied a state, on a thread of its
+//!   own through a [`conntrack::ConntrackTable`] (ctnetlink); conntrack tuning at start-up.
 //! - [`runner`]: [`run_node`], the loop from store revisions to backend change sets, and
 //!   its counters ([`NodeStats`]).
 //! - [`lock`]: one kpng per node and dataplane (an abstract Unix socket).

@@ -14,10 +14,9 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::time::Duration;
 
 use kpng_model::{Family, LocalNode, ServiceKey};
-use kpng_netlink::ctnetlink;
-use kpng_netlink::message::NETLINK_NETFILTER;
-use kpng_netlink::{NetlinkError, NetlinkSocket, ProtoFamily};
+use kpng_netlink::NetlinkError;
 
+use super::table::{ConntrackTable, Ctnetlink};
 use super::{Entry, UdpCheck, UdpTarget, stale, udp_checks};
 use crate::backend::{Backend, BackendError, ChangeSet};
 
@@ -135,7 +134,7 @@ impl ConntrackCleaner {
             let stats = self.stats.clone();
             let thread = std::thread::Builder::new()
                 .name("kpng-conntrack".into())
-                .spawn(move || Cleanup::new(stats).run(receiver))
+                .spawn(move || Cleanup::new(Box::<Ctnetlink>::default(), stats).run(receiver))
                 .expect("spawning the conntrack cleanup thread");
             (sender, thread)
         });
@@ -156,7 +155,7 @@ impl Drop for ConntrackCleaner {
 
 /// The cleanup thread's state.
 struct Cleanup {
-    socket: Option<NetlinkSocket>,
+    table: Box<dyn ConntrackTable>,
     /// Checks not done yet, by destination.
     pending: BTreeMap<UdpTarget, BTreeSet<SocketAddr>>,
     nodeports: NodePorts,
@@ -164,13 +163,8 @@ struct Cleanup {
 }
 
 impl Cleanup {
-    fn new(stats: Arc<ConntrackStats>) -> Self {
-        Cleanup {
-            socket: None,
-            pending: BTreeMap::new(),
-            nodeports: (Vec::new(), [false; 2]),
-            stats,
-        }
+    fn new(table: Box<dyn ConntrackTable>, stats: Arc<ConntrackStats>) -> Self {
+        Cleanup { table, pending: BTreeMap::new(), nodeports: (Vec::new(), [false; 2]), stats }
     }
 
     fn merge(&mut self, work: Work) {
@@ -186,12 +180,13 @@ impl Cleanup {
 
     /// Cleans what arrives until the cleaner is dropped, then what is left, once.
     fn run(mut self, work: Receiver<Work>) {
-        let mut delay = RETRY_FIRST;
+        // The wait before the next retry, and the one after it.
+        let (mut retry, mut delay) = (RETRY_FIRST, RETRY_FIRST);
         loop {
             let next = if self.pending.is_empty() {
                 work.recv().map_err(|_| RecvTimeoutError::Disconnected)
             } else {
-                work.recv_timeout(delay)
+                work.recv_timeout(retry)
             };
             let open = match next {
                 Ok(w) => {
@@ -208,6 +203,7 @@ impl Cleanup {
             if self.clean() {
                 delay = RETRY_FIRST;
             } else {
+                retry = delay;
                 delay = (delay * 2).min(RETRY_MAX);
             }
             if !open {
@@ -242,7 +238,6 @@ impl Cleanup {
                 true
             }
             Err(error) => {
-                self.socket = None;
                 self.stats.failures.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(error = %crate::error_chain(&error), pending = self.pending.len(), "UDP conntrack cleanup failed; it will be retried");
                 false
@@ -251,17 +246,14 @@ impl Cleanup {
     }
 
     fn delete_stale(&mut self, checks: &[UdpCheck]) -> Result<usize, NetlinkError> {
-        let socket = match &mut self.socket {
-            Some(socket) => socket,
-            None => self.socket.insert(NetlinkSocket::open(NETLINK_NETFILTER)?),
-        };
         let mut addresses = self.nodeports.0.clone();
         if self.nodeports.1.iter().any(|all| *all) {
-            addresses.extend(kpng_netlink::rtnetlink::local_addresses()?.into_iter().filter(
-                |ip| {
-                    !ip.is_loopback() && self.nodeports.1[usize::from(Family::of(ip) == Family::V6)]
-                },
-            ));
+            let all = self.nodeports.1;
+            addresses.extend(
+                self.table.local_addresses()?.into_iter().filter(|ip| {
+                    !ip.is_loopback() && all[usize::from(Family::of(ip) == Family::V6)]
+                }),
+            );
         }
         // The kernel walks its whole conntrack hash for every dump, filtered or not: one
         // dump per family, filtered in the kernel only when it serves a single check.
@@ -276,9 +268,9 @@ impl Cleanup {
                         UdpTarget::Dest(dest) => Some(dest.ip()),
                         UdpTarget::NodePort(..) => None,
                     };
-                    dump(socket, family, ip, Some(target_port(&check.target)))?
+                    self.table.dump(family, ip, Some(target_port(&check.target)))?
                 }
-                _ => dump(socket, family, None, None)?,
+                _ => self.table.dump(family, None, None)?,
             };
             let mut by_port: HashMap<u16, Vec<Entry>> = HashMap::new();
             for entry in entries {
@@ -292,10 +284,7 @@ impl Cleanup {
         }
         doomed.sort();
         doomed.dedup();
-        let requests: Vec<Vec<u8>> = doomed.iter().map(ctnetlink::delete).collect();
-        let codes = socket.requests(&requests)?;
-        let enoent = -(nix::errno::Errno::ENOENT as i32);
-        Ok(codes.iter().filter(|c| **c == 0 || **c == enoent).count())
+        self.table.delete(&doomed)
     }
 }
 
@@ -311,20 +300,6 @@ fn target_port(target: &UdpTarget) -> u16 {
         UdpTarget::Dest(dest) => dest.port(),
         UdpTarget::NodePort(_, port) => *port,
     }
-}
-
-fn dump(
-    socket: &mut NetlinkSocket,
-    family: Family,
-    ip: Option<IpAddr>,
-    port: Option<u16>,
-) -> Result<Vec<Entry>, NetlinkError> {
-    let family = match family {
-        Family::V4 => ProtoFamily::Ipv4,
-        Family::V6 => ProtoFamily::Ipv6,
-    };
-    let bodies = socket.dump(&ctnetlink::dump_udp(family, ip, port))?;
-    Ok(bodies.iter().filter_map(|b| ctnetlink::entry(b)).collect())
 }
 
 fn nodeport_addresses(node: &LocalNode) -> (Vec<IpAddr>, [bool; 2]) {
@@ -392,30 +367,4 @@ impl prometheus_client::collector::Collector for ConntrackMetrics {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn update(serving: &[&str], required: bool) -> Update {
-        Update { serving: serving.iter().map(|s| s.parse().unwrap()).collect(), required }
-    }
-
-    #[test]
-    fn a_pending_check_follows_the_endpoints_that_joined_meanwhile() {
-        let mut cleanup = Cleanup::new(Arc::default());
-        let (dns, web) = (
-            UdpTarget::Dest("10.96.0.10:53".parse().unwrap()),
-            UdpTarget::Dest("10.96.0.20:53".parse().unwrap()),
-        );
-        let nodeports = (Vec::new(), [false; 2]);
-        let first = [(dns, update(&["10.244.0.5:53"], true))];
-        cleanup.merge(Work::Check(first.into_iter().collect(), nodeports.clone()));
-        // Say that cleanup failed: it stays pending. Then an endpoint joins both services.
-        let joined = [
-            (dns, update(&["10.244.0.5:53", "10.244.1.5:53"], false)),
-            (web, update(&["10.244.1.6:53"], false)),
-        ];
-        cleanup.merge(Work::Check(joined.into_iter().collect(), nodeports));
-        assert_eq!(cleanup.pending.len(), 1, "a join alone calls for no check");
-        assert_eq!(cleanup.pending[&dns].len(), 2, "the new endpoint's flows are kept");
-    }
-}
+mod tests;
