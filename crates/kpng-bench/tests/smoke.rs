@@ -29,6 +29,7 @@ fn every_scenario_runs_and_prints_its_table() {
     }
     let kpng = std::path::Path::new(env!("CARGO_BIN_EXE_kpng-bench")).with_file_name("kpng");
     let memory = if kpng.exists() { "300" } else { "0" };
+    let storm_rates = if kpng.exists() { "50" } else { "0" };
     let plot = tempfile::NamedTempFile::new().expect("temporary file");
     let out = Command::new(env!("CARGO_BIN_EXE_kpng-bench"))
         .args(["--services", "300", "--repeat", "5", "--reloads", "1"])
@@ -39,6 +40,9 @@ fn every_scenario_runs_and_prints_its_table() {
         .args(["--dataplane-services", "20,40", "--dataplane-counts", "2,200"])
         .args(["--dataplane-connections", "50"])
         .args(["--kube-services", "300"])
+        .args(["--restart-stale", "300", "--restart-kept", "30"])
+        .args(["--storm-services", "300", "--storm-rates", storm_rates, "--storm-seconds", "1"])
+        .args(["--storm-min-sync-periods", "200ms"])
         .arg("--plot")
         .arg(plot.path())
         .output()
@@ -89,6 +93,25 @@ fn every_scenario_runs_and_prints_its_table() {
         let cold = table(&stdout, "cold start:");
         assert_eq!(cold.len(), 1, "{cold:?}");
         assert!(number(&cold[0][2]) > 0.0 && number(&cold[0][3]) > 0.0, "{cold:?}");
+    }
+
+    let restart = table(&stdout, "Restart over a stale table");
+    assert_eq!(restart.len(), 1, "{restart:?}");
+    assert_eq!((restart[0][0].as_str(), restart[0][1].as_str()), ("300", "30"), "{restart:?}");
+    let (before, after) = (number(&restart[0][2]), number(&restart[0][4]));
+    assert!(before > after && after > 0.0, "the stale elements went: {restart:?}");
+    restart[0][5..].iter().for_each(|f| assert!(number(f) >= 0.0, "{restart:?}"));
+
+    if storm_rates != "0" {
+        let storm = table(&stdout, "storm:");
+        let runs: Vec<(&str, &str, &str)> =
+            storm.iter().map(|r| (r[0].as_str(), r[1].as_str(), r[2].as_str())).collect();
+        assert_eq!(runs, [("300", "50", "default"), ("300", "50", "200ms")], "{storm:?}");
+        for row in &storm {
+            let (events, seen) = (number(&row[3]), number(&row[4]));
+            assert!(events == 50.0 && seen > 0.0 && seen <= events, "{row:?}");
+            row[5..].iter().for_each(|f| assert!(number(f) >= 0.0, "{row:?}"));
+        }
     }
 
     let nftlb = table(&stdout, "nftlb:");
