@@ -13,7 +13,7 @@
 //! - [`runner`]: [`run_node`], the loop from store revisions to backend change sets, and
 //!   its counters ([`NodeStats`]).
 //! - [`lock`]: one kpng per node and dataplane (an abstract Unix socket).
-//! - [`proxy`]: proxy facts every dataplane shares (local-traffic detection, service CIDRs).
+//! - [`proxy`]: proxy facts every dataplane shares (local-traffic detection).
 //! - [`json`]: [`JsonBackend`], which writes each op as one JSON line: the debugging
 //!   backend, and a readable proof of what the diff emits.
 

@@ -38,7 +38,8 @@ fn report_conflicts(model: &GlobalModel, old: &LocalState, new: &LocalState) {
 }
 
 /// One node's ENLS, updated incrementally. Only the services a revision touched are
-/// projected again; everything else is left as it is.
+/// projected again, and the node only when its Node object or the set of ServiceCIDRs
+/// changed; everything else is left as it is.
 #[derive(Debug, Clone)]
 pub struct NodeProjector {
     name: String,
@@ -94,7 +95,9 @@ impl NodeProjector {
             Changes::Touched(touched) => touched,
         };
         let old_node = self.state.node.clone();
-        let node_touched = touched.contains(&Touched::Node(self.name.clone()));
+        // The node state carries the cluster's service CIDRs as well as the Node object.
+        let node_touched = touched.contains(&Touched::Node(self.name.clone()))
+            || touched.contains(&Touched::ServiceCidrs);
         let new_node = if node_touched {
             project_node_with(model, &self.name, &self.local)
         } else {
@@ -110,7 +113,7 @@ impl NodeProjector {
             .iter()
             .filter_map(|t| match t {
                 Touched::Service(key) => Some(key),
-                Touched::Node(_) => None,
+                Touched::Node(_) | Touched::ServiceCidrs => None,
             })
             .collect();
         let zone = zone(&new_node);
@@ -159,3 +162,6 @@ impl NodeProjector {
         ops
     }
 }
+
+#[cfg(test)]
+mod tests;

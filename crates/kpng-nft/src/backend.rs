@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use ipnet::IpNet;
-use kpng_backend::proxy::{LocalDetection, service_cidrs};
+use kpng_backend::proxy::LocalDetection;
 use kpng_backend::{Backend, BackendError, ChangeSet};
 use kpng_model::local::LocalServiceState;
 use kpng_model::{Family, LocalNode, ServiceKey};
@@ -42,8 +42,6 @@ pub struct NftOptions {
     pub local_detection: LocalDetection,
     /// `--cluster-cidr`.
     pub cluster_cidrs: Vec<IpNet>,
-    /// `--service-cidr`: service CIDRs beyond the cluster's ServiceCIDR objects.
-    pub service_cidrs: Vec<IpNet>,
 }
 
 impl Default for NftOptions {
@@ -53,7 +51,6 @@ impl Default for NftOptions {
             masquerade_bit: 14,
             local_detection: LocalDetection::Auto,
             cluster_cidrs: Vec::new(),
-            service_cidrs: Vec::new(),
         }
     }
 }
@@ -165,7 +162,8 @@ impl NftBackend {
             nodeports_on_all_local: node
                 .map(|n| n.nodeport_addresses.all_local)
                 .unwrap_or_default(),
-            service_cidrs: service_cidrs(node, &self.options.service_cidrs),
+            // The node state carries the ServiceCIDR objects' ranges and `--service-cidr`.
+            service_cidrs: node.map(|n| n.service_cidrs.clone()).unwrap_or_default(),
         }
     }
 

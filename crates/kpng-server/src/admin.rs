@@ -214,6 +214,7 @@ impl Collector for Metrics {
                 (kpng_model::Kind::Service, "service"),
                 (kpng_model::Kind::EndpointSlice, "endpointslice"),
                 (kpng_model::Kind::Node, "node"),
+                (kpng_model::Kind::ServiceCidr, "servicecidr"),
             ];
             let mut family = encoder.encode_descriptor(
                 "kpng_source_events",

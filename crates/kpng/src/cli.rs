@@ -1,9 +1,9 @@
 //! The command line: a source, then a sink, then (for `to-local`) one or more backends.
 //!
 //! ```text
-//! kpng file --input PATH [--watch] <sink>
-//! kpng kube [--kubeconfig PATH] [--server URL] <sink>
-//! kpng api --server ADDR <sink>
+//! kpng file --input PATH [--watch] [--service-proxy-name NAME] <sink>
+//! kpng kube [--kubeconfig PATH] [--server URL] [--service-proxy-name NAME] <sink>
+//! kpng api --server ADDR [--service-proxy-name NAME] <sink>
 //! kpng local --server ADDR <backend> [<backend>...]
 //! <sink>    := to-file --output PATH [--format yaml|json] | to-local <backend> [<backend>...]
 //!            | to-api --listen ADDR
@@ -54,9 +54,10 @@ pub struct Cli {
 /// Where the global model comes from.
 #[derive(Debug, Subcommand)]
 pub enum SourceCommand {
-    /// Read Kubernetes manifests (Service, EndpointSlice, Node) from a file.
+    /// Read Kubernetes manifests (Service, EndpointSlice, Node, ServiceCIDR) from a file.
     File(FileArgs),
-    /// Watch a Kubernetes API server: Services, EndpointSlices and this node (or every node).
+    /// Watch a Kubernetes API server: Services, EndpointSlices, ServiceCIDRs and this node
+    /// (or every node).
     Kube(KubeArgs),
     /// Replicate another kpng's global model from its `to-api` (gRPC), so kpng instances
     /// chain: cluster watcher -> relay -> nodes.
@@ -101,16 +102,16 @@ pub struct KubeArgs {
     #[arg(long, alias = "master", value_name = "URL")]
     pub server: Option<String>,
 
-    /// This proxy's name: objects labelled `service.kubernetes.io/service-proxy-name` with
-    /// this value are proxied, objects with another value are ignored.
-    #[arg(long, value_name = "NAME")]
-    pub service_proxy_name: Option<String>,
+    /// Which Services and EndpointSlices are this proxy's (the API server sends only those).
+    #[command(flatten)]
+    pub proxy_name: ProxyNameArgs,
 
     /// Watch every Node, not only this one (what a cluster-wide `to-api` needs).
     #[arg(long)]
     pub all_nodes: bool,
 
-    /// API requests per second, on average, from this client (0: no limit). Watches are
+    /// API requests per second, on average, from this client (0: no limit). A list counts
+    /// once however many pages it takes, a watch once when it starts; watches are
     /// long-lived, so this paces lists and re-lists.
     #[arg(long, default_value_t = 5.0, value_name = "QPS", value_parser = parse_qps, allow_negative_numbers = true)]
     pub kube_api_qps: f64,
@@ -122,6 +123,28 @@ pub struct KubeArgs {
     /// What consumes the model.
     #[command(subcommand)]
     pub sink: SinkCommand,
+}
+
+/// Which Services and EndpointSlices a source keeps: the same option on every source that
+/// reads them (`kube`, `file`, `api`).
+#[derive(Debug, Clone, Args)]
+pub struct ProxyNameArgs {
+    /// This proxy's name: only Services and EndpointSlices labelled
+    /// `service.kubernetes.io/service-proxy-name=NAME` are proxied; unlabelled ones belong to
+    /// the default proxy. Without it, only unlabelled ones.
+    #[arg(long, value_name = "NAME", value_parser = parse_proxy_name)]
+    pub service_proxy_name: Option<String>,
+}
+
+impl ProxyNameArgs {
+    /// The conversion options this choice makes.
+    pub fn convert_options(&self) -> kpng_sources::ConvertOptions {
+        kpng_sources::ConvertOptions { service_proxy_name: self.service_proxy_name.clone() }
+    }
+}
+
+fn parse_proxy_name(text: &str) -> Result<String, String> {
+    kpng_sources::convert::check_proxy_name(text).map(|()| text.to_string())
 }
 
 fn parse_qps(text: &str) -> Result<f64, String> {
@@ -170,19 +193,22 @@ pub enum CleanupBackend {
 #[derive(Debug, Args)]
 pub struct FileArgs {
     /// The manifests: multi-document YAML, JSON, or a `kind: List` (as printed by
-    /// `kubectl get svc,endpointslices,nodes -A -o yaml`). Other kinds are skipped.
+    /// `kubectl get svc,endpointslices,nodes,servicecidrs -A -o yaml`). Other kinds are
+    /// skipped.
     #[arg(long, short, value_name = "PATH")]
     pub input: PathBuf,
 
-    /// Re-read the file whenever it changes and apply only the difference. An invalid
-    /// edit is logged and the last good state stays in force.
+    /// Re-read the file whenever it changes and apply only the difference. What looks like
+    /// a write in progress is not applied: an empty, unreadable or invalid file is logged
+    /// and the last good state stays in force; one that ends mid-line or would remove more
+    /// than half of the objects is applied only if it stays so for 10 s (to remove
+    /// everything, write a List with `items: []`).
     #[arg(long)]
     pub watch: bool,
 
-    /// This proxy's name: objects labelled `service.kubernetes.io/service-proxy-name` with
-    /// this value are proxied, objects with another value are ignored.
-    #[arg(long, value_name = "NAME")]
-    pub service_proxy_name: Option<String>,
+    /// Which Services and EndpointSlices are this proxy's.
+    #[command(flatten)]
+    pub proxy_name: ProxyNameArgs,
 
     /// What consumes the model.
     #[command(subcommand)]
@@ -259,6 +285,9 @@ pub struct ApiArgs {
     /// Connection security.
     #[command(flatten)]
     pub conn: ConnArgs,
+    /// Which Services and EndpointSlices of the stream are this proxy's.
+    #[command(flatten)]
+    pub proxy_name: ProxyNameArgs,
     /// What consumes the model.
     #[command(subcommand)]
     pub sink: SinkCommand,

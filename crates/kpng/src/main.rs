@@ -11,14 +11,12 @@
 //!   handles signals and `--once`.
 //! - [`sinks`]: `to-file` and `to-local`.
 //! - [`stats`]: the `--stats` line.
-//! - [`throttle`]: the API client's request rate limit.
 
 mod cli;
 mod config;
 mod pipeline;
 mod sinks;
 mod stats;
-mod throttle;
 
 use std::io::IsTerminal;
 

@@ -5,9 +5,8 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use kpng_backend::NodeStats;
-use kpng_sources::ConvertOptions;
 use kpng_sources::file::FileSource;
-use kpng_sources::kube::{KubeSource, NodeSelection};
+use kpng_sources::kube::{KubeSource, NodeSelection, Pacer};
 use kpng_store::store;
 
 use crate::cli::{Cli, GlobalArgs, KubeArgs, SinkCommand, SourceCommand};
@@ -16,15 +15,14 @@ use crate::sinks::to_local::{
     build_backends, node_local, programs_kernel, run_to_local, runner_options,
 };
 use crate::stats::{StatsPrinter, StatsSources, print_stats};
-use crate::throttle::ThrottleLayer;
 
 /// Runs the pipeline the command line describes until it ends, fails, or a signal arrives.
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     let mut global = cli.global;
     match cli.source {
         SourceCommand::File(args) => {
-            let options = ConvertOptions { service_proxy_name: args.service_proxy_name.clone() };
-            let source = FileSource::new(&args.input, args.watch, options);
+            let source =
+                FileSource::new(&args.input, args.watch, args.proxy_name.convert_options());
             let feed = |writer| async move { source.run(writer).await.context("file source") };
             run_pipeline(&FileSource::KINDS, feed, args.sink, &mut global).await
         }
@@ -34,8 +32,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 true => NodeSelection::All,
                 false => NodeSelection::One(node_name(&global)?),
             };
-            let options = ConvertOptions { service_proxy_name: args.service_proxy_name.clone() };
-            let source = KubeSource::new(client, options, nodes);
+            let options = args.proxy_name.convert_options();
+            let pacer = Pacer::new(args.kube_api_qps, args.kube_api_burst);
+            let source = KubeSource::new(client, options, nodes).with_pacer(pacer);
             let feed = |writer| async move {
                 source.run(writer).await;
                 Ok(())
@@ -46,9 +45,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             let security = args.conn.security();
             security.validate(&args.server)?;
             let server = args.server.clone();
+            let proxy = args.proxy_name.service_proxy_name.clone();
             tracing::info!(server = %server, "replicating the global model");
             let feed = |writer| async move {
-                kpng_api::client::follow_global(server, security, writer).await;
+                kpng_api::client::follow_global(server, security, proxy, writer).await;
                 Ok(())
             };
             run_pipeline(&kpng_model::Kind::ALL, feed, args.sink, &mut global).await
@@ -139,13 +139,7 @@ async fn kube_client(args: &KubeArgs) -> anyhow::Result<kube::Client> {
     if let Some(server) = &args.server {
         config.cluster_url = parse(server)?;
     }
-    let builder =
-        kube::client::ClientBuilder::try_from(config).context("creating the Kubernetes client")?;
-    Ok(if args.kube_api_qps > 0.0 {
-        builder.with_layer(&ThrottleLayer::new(args.kube_api_qps, args.kube_api_burst)).build()
-    } else {
-        builder.build()
-    })
+    kube::Client::try_from(config).context("creating the Kubernetes client")
 }
 
 /// Runs `feed` (a source writing to the store) and the sink the command line names.

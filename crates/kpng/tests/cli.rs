@@ -180,7 +180,9 @@ fn malformed_input_without_watch_fails_with_the_object_and_field() {
     ]);
     assert!(!out.status.success());
     assert!(out.stdout.is_empty(), "nothing applied: {}", out.stdout);
-    for needle in ["document 5", "Service kube-system/kube-dns", "spec.ports[0].protocol", "QUIC"] {
+    for needle in
+        ["document 4 (line 57)", "Service kube-system/kube-dns", "spec.ports[0].protocol", "QUIC"]
+    {
         assert!(out.stderr.contains(needle), "missing {needle:?} in {}", out.stderr);
     }
 }

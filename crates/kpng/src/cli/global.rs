@@ -116,9 +116,10 @@ pub struct ProxyArgs {
     #[arg(long, global = true, value_name = "PREFIX")]
     pub pod_interface_name_prefix: Option<String>,
 
-    /// The cluster's service CIDRs (comma-separated), for clusters without ServiceCIDR
-    /// objects: new connections to an address in them that no service holds are dropped
-    /// (an allocated ClusterIP on a port it does not define is still rejected).
+    /// Service CIDRs (comma-separated) added to the ranges of the cluster's ServiceCIDR
+    /// objects, for clusters without them: new connections to an address in any of these
+    /// ranges that no service holds are dropped (an allocated ClusterIP on a port it does
+    /// not define is still rejected).
     #[arg(long, global = true, value_delimiter = ',', value_name = "CIDRS")]
     pub service_cidr: Vec<ipnet::IpNet>,
 

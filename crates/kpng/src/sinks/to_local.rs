@@ -79,7 +79,6 @@ fn nft_backend(global: &GlobalArgs) -> anyhow::Result<NftBackend> {
         masquerade_bit: global.proxy.masquerade_bit,
         local_detection: global.proxy.local_detection()?,
         cluster_cidrs: global.proxy.cluster_cidr.iter().map(|n| n.trunc()).collect(),
-        service_cidrs: global.proxy.service_cidr.iter().map(|n| n.trunc()).collect(),
     };
     let kernel: Box<dyn kpng_nft::Kernel> = if global.dry_run {
         Box::new(DryRunKernel::new(std::io::stdout()))
@@ -109,8 +108,9 @@ fn ebpf_backend(args: &EbpfArgs, global: &GlobalArgs) -> anyhow::Result<kpng_ebp
 /// What only this node knows, and a watcher of its addresses when they matter.
 pub fn node_local(global: &GlobalArgs) -> anyhow::Result<(NodeLocal, Option<AddressUpdates>)> {
     let nodeports = global.proxy.nodeport_addresses.clone();
+    let service_cidrs = global.proxy.service_cidr.iter().map(|n| n.trunc()).collect();
     if !nodeports.needs_local_addresses() || global.dry_run {
-        return Ok((NodeLocal { nodeports, addresses: Vec::new() }, None));
+        return Ok((NodeLocal { nodeports, addresses: Vec::new(), service_cidrs }, None));
     }
     let addresses = kpng_netlink::rtnetlink::local_addresses()
         .context("listing the node's addresses for --nodeport-addresses")?;
@@ -135,7 +135,7 @@ pub fn node_local(global: &GlobalArgs) -> anyhow::Result<(NodeLocal, Option<Addr
             tracing::warn!("the node's addresses are no longer watched");
         })
         .context("starting the address watcher")?;
-    Ok((NodeLocal { nodeports, addresses }, Some(rx)))
+    Ok((NodeLocal { nodeports, addresses, service_cidrs }, Some(rx)))
 }
 
 /// Runs the node's backends until the source ends (or once, with `once`).

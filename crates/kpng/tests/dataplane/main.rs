@@ -55,6 +55,7 @@ on_dataplane!(nft, crate::harness::Dataplane::Nft;
     parity::node_ports_follow_addresses_added_after_start,
     parity::hairpin_without_node_name,
     parity::unallocated_service_addresses_are_dropped,
+    parity::service_cidr_objects_take_effect_as_they_change,
     parity::pods_are_recognised_by_interface_or_bridge,
     repair::a_rejected_transaction_is_retried_and_the_table_rebuilt,
     repair::a_flushed_table_is_repaired_at_the_next_verification,
@@ -85,6 +86,7 @@ on_dataplane!(ebpf, crate::harness::Dataplane::ebpf();
     parity::node_ports_follow_addresses_added_after_start,
     parity::hairpin_without_node_name,
     parity::unallocated_service_addresses_are_dropped,
+    parity::service_cidr_objects_take_effect_as_they_change,
     parity::pods_are_recognised_by_interface_or_bridge,
     repair::programs_and_maps_removed_behind_kpngs_back_are_restored,
 );

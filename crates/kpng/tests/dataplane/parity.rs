@@ -1,6 +1,7 @@
 //! Parity with kube-proxy where users notice: UDP flows to endpoints that still serve,
 //! affinity through a scale-down, NodePorts on new addresses, hairpin without `nodeName`,
-//! unallocated service addresses, and how pods are recognised.
+//! unallocated service addresses (from `--service-cidr` and from ServiceCIDR objects), and
+//! how pods are recognised.
 
 use kpng_testkit::netns::Netns;
 use kpng_testkit::probe::Outcome;
@@ -51,7 +52,11 @@ pub fn udp_flows_to_an_endpoint_that_still_serves_are_kept(dp: Dataplane) {
     });
     for _ in 0..4 {
         let outcome = flow();
-        assert!(is("dns-a")(&outcome), "the flow to dns-a was cut ({outcome}):\n{}", kpng.log());
+        assert!(
+            is("dns-a")(&outcome),
+            "the flow to a serving endpoint was cut ({outcome}):\n{}",
+            kpng.log()
+        );
     }
     assert!(is("dns-b")(&Cluster::udp(&cluster.client, "10.96.0.50:53", 40101)));
 
@@ -178,14 +183,20 @@ pub fn hairpin_without_node_name(dp: Dataplane) {
     }
 }
 
-pub fn unallocated_service_addresses_are_dropped(dp: Dataplane) {
+/// Pods web-a (node-a) and web-b (node-b), and something answering at 10.96.0.200 outside
+/// the node (web-b holds that address too), an address no service is allocated.
+fn cluster_with_an_unallocated_answer() -> Cluster {
     let mut cluster = Cluster::new();
     cluster.add_pod("web-a", true, 10, &[8080]);
     cluster.add_pod("web-b", false, 10, &[8080]);
-    // Something answers at 10.96.0.200, outside the node: web-b holds that address too.
     cluster.pod("web-b").ns.ip(&["addr", "add", "10.96.0.200/32", "dev", "eth0"]);
     cluster.remote.ip(&["route", "add", "10.96.0.200/32", "dev", "v10"]);
     cluster.node.ip(&["route", "add", "10.96.0.200/32", "via", "192.168.10.2"]);
+    cluster
+}
+
+pub fn unallocated_service_addresses_are_dropped(dp: Dataplane) {
+    let cluster = cluster_with_an_unallocated_answer();
     let manifests = web("10.96.0.10", &[WEB_A]);
     program(&cluster, dp, &manifests, &[]);
     assert!(
@@ -204,6 +215,26 @@ pub fn unallocated_service_addresses_are_dropped(dp: Dataplane) {
         "an allocated one still rejects"
     );
     assert_eq!(reach(&cluster.client, "10.96.0.10:80").0, "web-a");
+}
+
+pub fn service_cidr_objects_take_effect_as_they_change(dp: Dataplane) {
+    let cluster = cluster_with_an_unallocated_answer();
+    let manifests = web("10.96.0.10", &[WEB_A]);
+    let service_cidr = "---\napiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nmetadata: {name: kubernetes}\nspec:\n  cidrs: [10.96.0.0/16, \"fd00:96::/112\"]\n";
+    let kpng = Watched::start(&cluster, dp, &manifests);
+    let unallocated = || Cluster::tcp(&cluster.client, "10.96.0.200:8080");
+    assert!(is("web-b")(&eventually(unallocated, is("web-b"))), "routed:\n{}", kpng.log());
+
+    // The ServiceCIDR arrives: its range is the cluster's, the address in it is dropped.
+    kpng.write(&format!("{manifests}{service_cidr}"));
+    let dropped = |o: &Outcome| *o == Outcome::Timeout;
+    assert!(dropped(&eventually(unallocated, dropped)), "dropped:\n{}", kpng.log());
+    assert_eq!(Cluster::tcp(&cluster.client, "10.96.0.10:81"), Outcome::Refused);
+    assert_eq!(reach(&cluster.client, "10.96.0.10:80").0, "web-a");
+
+    // Deleted, the range no longer applies.
+    kpng.write(&manifests);
+    assert!(is("web-b")(&eventually(unallocated, is("web-b"))), "routed:\n{}", kpng.log());
 }
 
 /// A pod attached to a bridge `cbr0` on the node (10.245.0.5/24, gateway 10.245.0.1).
