@@ -48,6 +48,10 @@ pub const SYNC_BURST: f64 = 2.0;
 /// sync. Shorter syncs (a change set is about 0.1 ms) follow each other at once.
 pub const REST_AFTER: Duration = Duration::from_millis(2);
 
+/// The longest rest: a one-off long sync (the whole state at start-up, seconds at 30k
+/// services) must not hold back the change after it for as long.
+pub const REST_MAX: Duration = Duration::from_millis(100);
+
 impl RunnerOptions {
     /// Options for `node` with the default retry delays (0.5 s doubling up to 30 s).
     pub fn new(node: impl Into<String>) -> Self {
@@ -263,9 +267,10 @@ impl Pace {
         paced.max(rested)
     }
 
-    /// Records how long a sync took: after a long one the next waits as long.
+    /// Records how long a sync took: after a long one the next waits as long, at most
+    /// [`REST_MAX`].
     fn finished(&mut self, took: Duration) {
-        self.rest_until = (took >= REST_AFTER).then(|| Instant::now() + took);
+        self.rest_until = (took >= REST_AFTER).then(|| Instant::now() + took.min(REST_MAX));
     }
 
     /// Waits until the next sync may start. With a token left it returns at once: a

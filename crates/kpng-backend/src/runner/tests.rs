@@ -363,14 +363,22 @@ async fn without_a_min_sync_period_only_a_long_sync_makes_the_next_wait() {
 
 #[tokio::test(start_paused = true)]
 async fn a_rest_and_a_min_sync_period_both_hold() {
-    let mut pace = Pace::new(Duration::from_millis(100));
+    let mut pace = Pace::new(Duration::from_millis(50));
     pace.spend();
     pace.spend();
-    pace.finished(Duration::from_millis(300));
+    pace.finished(Duration::from_millis(80));
     let now = Instant::now();
-    assert_eq!(pace.next(), now + Duration::from_millis(300), "the rest is the longer wait");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(pace.next(), now + Duration::from_millis(80), "the rest is the longer wait");
+    tokio::time::sleep(Duration::from_millis(80)).await;
     assert_eq!(pace.next(), Instant::now(), "tokens refilled meanwhile");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_one_off_long_sync_holds_back_the_next_change_briefly() {
+    let mut pace = Pace::new(Duration::ZERO);
+    // The whole state at start-up can take seconds at 30k services.
+    pace.finished(Duration::from_secs(5));
+    assert_eq!(pace.next(), Instant::now() + REST_MAX);
 }
 
 /// A backend whose every apply takes `took` of real time.
