@@ -256,8 +256,8 @@ pub struct SyncArgs {
     /// changes arriving meanwhile are applied together. By default (`0`) a change set is
     /// applied as soon as the one before it has committed, and what arrives meanwhile
     /// coalesces into the next; after a sync that took longer than 2 ms the next waits as
-    /// long (at most 100 ms), so a storm of changes costs about half a core. kube-proxy's `1s` paces its
-    /// full-table syncs; kpng's change sets are incremental and need no pace.
+    /// long (at most 100 ms), so a storm of changes costs about half a core. kube-proxy's
+    /// `1s` paces its full-table syncs; kpng's change sets are incremental and need no pace.
     #[arg(long, global = true, default_value = "0s", value_parser = parse_duration, value_name = "DURATION")]
     pub min_sync_period: Duration,
 
