@@ -1,6 +1,12 @@
 # kpng's image. kpng speaks netlink to the kernel and needs no other program; `nft` is
 # kept in the image for whoever debugs a node (`kubectl exec ... nft list table ip kpng`).
 FROM rust:1-bookworm AS build
+# to-ebpf's programs are compiled by the build with clang against libbpf's headers; a
+# missing toolchain fails the build rather than leaving to-ebpf out.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends clang llvm libbpf-dev \
+    && rm -rf /var/lib/apt/lists/*
+ENV KPNG_EBPF_REQUIRE=1
 WORKDIR /src
 COPY . .
 RUN cargo build --release --locked -p kpng && strip target/release/kpng

@@ -282,11 +282,14 @@ pub async fn follow_node(
 
 /// Follows the global stream of the server at `address` into `writer`: each (re)connection
 /// starts with a relist, so objects that vanished meanwhile are deleted. An invalid item is
-/// reported (naming the object and field) and the stream restarted. Failures are retried
-/// with backoff, except a permanent one under [`Retry::UntilPermanent`], which is returned.
+/// reported (naming the object and field) and the stream restarted. Services and slices are
+/// kept only if the proxy named `proxy` (`None`: the default proxy) handles them, by their
+/// service-proxy-name label. Failures are retried with backoff, except a permanent one
+/// under [`Retry::UntilPermanent`], which is returned.
 pub async fn follow_global(
     address: Address,
     security: Security,
+    proxy: Option<String>,
     mut writer: kpng_store::StoreWriter,
     retry: Retry,
 ) -> Result<(), ClientError> {
@@ -295,7 +298,7 @@ pub async fn follow_global(
         let stream = async {
             let channel = connect(&address, &security).await?;
             let mut watch = GlobalWatch::start(channel).await?;
-            let mut mirror = crate::global::Mirror::default();
+            let mut mirror = crate::global::Mirror::for_proxy(proxy.clone());
             while let Some(items) = watch.next_items().await? {
                 writer.apply(mirror.apply(&items)?);
                 backoff = Backoff(Backoff::MIN);

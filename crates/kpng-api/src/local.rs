@@ -183,6 +183,7 @@ pub fn encode_service(service: &LocalService) -> localv1::Service {
                 protocol: wire_protocol(p.protocol) as i32,
                 v4: p.has_endpoints.v4,
                 v6: p.has_endpoints.v6,
+                yielded: (!p.yielded.is_empty()).then(|| ip_set(&p.yielded)),
             })
             .collect(),
     }
@@ -195,11 +196,15 @@ pub fn decode_service(wire: &localv1::Service, path: &str) -> Result<LocalServic
     let mut ports = Vec::with_capacity(wire.ports.len());
     for (i, p) in wire.ports.iter().enumerate() {
         let proto = protocol_at(p.protocol, path, || format!("ports[{i}].protocol"))?;
-        let has_endpoints = wire
-            .port_endpoints
-            .iter()
-            .find(|e| e.name == p.name && e.protocol == p.protocol)
-            .map_or(PerFamily { v4: true, v6: true }, |e| PerFamily { v4: e.v4, v6: e.v6 });
+        let extra =
+            wire.port_endpoints.iter().find(|e| e.name == p.name && e.protocol == p.protocol);
+        let has_endpoints =
+            extra.map_or(PerFamily { v4: true, v6: true }, |e| PerFamily { v4: e.v4, v6: e.v6 });
+        let mut yielded = match extra {
+            Some(e) => parse_ips(e.yielded.as_ref(), path, &format!("portEndpoints[{i}].yielded"))?,
+            None => Vec::new(),
+        };
+        yielded.sort();
         ports.push(LocalServicePort {
             name: p.name.clone(),
             protocol: proto,
@@ -209,6 +214,7 @@ pub fn decode_service(wire: &localv1::Service, path: &str) -> Result<LocalServic
                 n => Some(port_at(n, path, || format!("ports[{i}].nodePort"))?),
             },
             has_endpoints,
+            yielded,
         });
     }
     let set = |f: fn(&localv1::ServiceIPs) -> Option<&localv1::IpSet>| ips.and_then(f);

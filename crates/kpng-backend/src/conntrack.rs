@@ -18,8 +18,11 @@ use kpng_model::local::LocalServiceState;
 use kpng_model::{Family, Protocol};
 
 mod cleaner;
+mod table;
+pub mod tuning;
 
 pub use cleaner::{ConntrackCleaner, ConntrackMetrics, ConntrackStats};
+pub use table::{ConntrackTable, Ctnetlink};
 
 /// A UDP destination whose entries are checked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -61,7 +64,7 @@ pub fn udp_checks(state: &LocalServiceState) -> Vec<UdpCheck> {
             let addresses = std::iter::once(cluster_ip)
                 .chain(svc.external_ips.iter().copied())
                 .chain(svc.load_balancer_ips.iter().copied())
-                .filter(|ip| Family::of(ip) == family);
+                .filter(|ip| Family::of(ip) == family && !port.yielded.contains(ip));
             for ip in addresses {
                 let target = UdpTarget::Dest(SocketAddr::new(ip, port.port));
                 checks.push(UdpCheck { target, serving: serving.clone() });

@@ -1,5 +1,6 @@
 //! Proxy facts every dataplane shares, decided once above the backends: how traffic from
-//! this node's pods is recognised, and which service CIDRs apply.
+//! this node's pods is recognised. (The service CIDRs in force are part of the node state:
+//! `LocalNode::service_cidrs`.)
 
 use ipnet::IpNet;
 use kpng_model::LocalNode;
@@ -56,20 +57,6 @@ impl LocalDetection {
     }
 }
 
-/// The service CIDRs in force: the node state's (ServiceCIDR objects) and `--service-cidr`,
-/// merged, sorted, without duplicates.
-pub fn service_cidrs(node: Option<&LocalNode>, flag: &[IpNet]) -> Vec<IpNet> {
-    let mut cidrs: Vec<IpNet> = node
-        .map(|n| n.service_cidrs.clone())
-        .unwrap_or_default()
-        .into_iter()
-        .chain(flag.iter().copied())
-        .collect();
-    cidrs.sort();
-    cidrs.dedup();
-    cidrs
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -82,7 +69,7 @@ mod tests {
             pod_cidrs: vec![pod.parse().unwrap()],
             draining: false,
             nodeport_addresses: Default::default(),
-            service_cidrs: vec!["10.96.0.0/12".parse().unwrap()],
+            service_cidrs: Vec::new(),
         }
     }
 
@@ -102,10 +89,5 @@ mod tests {
             resolve(LocalDetection::InterfaceNamePrefix("veth".into()), &[]),
             LocalTraffic::InterfacePrefix("veth".into())
         );
-        let merged = service_cidrs(
-            Some(&n),
-            &["10.96.0.0/12".parse().unwrap(), "fd00:96::/112".parse().unwrap()],
-        );
-        assert_eq!(merged.len(), 2, "{merged:?}");
     }
 }

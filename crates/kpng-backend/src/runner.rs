@@ -47,6 +47,16 @@ pub type AddressUpdates = tokio::sync::mpsc::Receiver<Vec<std::net::IpAddr>>;
 /// Change sets allowed back to back before `min_sync_period` paces them.
 pub const SYNC_BURST: f64 = 2.0;
 
+/// Shortest sync after which the runner rests before the next one. A sync this long is a
+/// large share of the time under a storm of changes: resting as long as it took holds the
+/// runner to half a core, and the changes that arrive meanwhile coalesce into the next
+/// sync. Shorter syncs (a change set is about 0.1 ms) follow each other at once.
+pub const REST_AFTER: Duration = Duration::from_millis(2);
+
+/// The longest rest: a one-off long sync (the whole state at start-up, seconds at 30k
+/// services) must not hold back the change after it for as long.
+pub const REST_MAX: Duration = Duration::from_millis(100);
+
 impl RunnerOptions {
     /// Options for `node` with the default retry delays (0.5 s doubling up to 30 s).
     pub fn new(node: impl Into<String>) -> Self {
@@ -76,11 +86,13 @@ pub struct NodeStats {
     no_local: std::sync::Mutex<NoLocal>,
 }
 
-/// Services whose Local traffic policy finds no endpoint on this node.
+/// Services whose Local traffic policy finds no endpoint on this node, and services that
+/// yield a destination to an older service claiming it too.
 #[derive(Debug, Default)]
 struct NoLocal {
     internal: std::collections::HashSet<kpng_model::ServiceKey>,
     external: std::collections::HashSet<kpng_model::ServiceKey>,
+    yielding: std::collections::HashSet<kpng_model::ServiceKey>,
 }
 
 impl Default for NodeStats {
@@ -153,6 +165,12 @@ impl NodeStats {
         (no_local.internal.len(), no_local.external.len())
     }
 
+    /// Services that yield a destination (an address and port, or a NodePort) to an older
+    /// service claiming it too.
+    pub fn conflicts(&self) -> usize {
+        self.no_local.lock().unwrap_or_else(|e| e.into_inner()).yielding.len()
+    }
+
     /// Updates the services without local endpoints: all of `state` when `keys` is `None`.
     fn track_no_local<'k>(
         &self,
@@ -160,12 +178,13 @@ impl NodeStats {
         keys: Option<impl Iterator<Item = &'k kpng_model::ServiceKey>>,
     ) {
         let mut guard = self.no_local.lock().unwrap_or_else(|e| e.into_inner());
-        let NoLocal { internal, external } = &mut *guard;
+        let NoLocal { internal, external, yielding } = &mut *guard;
         let keys: Vec<&kpng_model::ServiceKey> = match keys {
             Some(keys) => keys.collect(),
             None => {
                 internal.clear();
                 external.clear();
+                yielding.clear();
                 state.services.keys().collect()
             }
         };
@@ -178,6 +197,10 @@ impl NodeStats {
             };
             track(internal, empty && service.is_some_and(|s| s.service.internal_local));
             track(external, empty && service.is_some_and(|s| s.service.external_local));
+            track(
+                yielding,
+                service.is_some_and(|s| s.service.ports.iter().any(|p| !p.yielded.is_empty())),
+            );
         }
     }
 
@@ -244,24 +267,39 @@ struct Slots {
     pace: Pace,
 }
 
-/// A token bucket: [`SYNC_BURST`] syncs at once, then one per period.
+/// When the next sync may start: a token bucket of [`SYNC_BURST`] syncs at once, then one
+/// per `period` (none with a zero period), and a rest after a long sync ([`REST_AFTER`]).
 struct Pace {
     period: Duration,
     tokens: f64,
     at: Instant,
+    rest_until: Option<Instant>,
 }
 
 impl Pace {
-    /// When the next sync may start (now if a token is left).
+    fn new(period: Duration) -> Self {
+        Pace { period, tokens: SYNC_BURST, at: Instant::now(), rest_until: None }
+    }
+
+    /// When the next sync may start (now if a token is left and no rest is due).
     fn next(&mut self) -> Instant {
         let now = Instant::now();
+        let rested = self.rest_until.filter(|&until| until > now).unwrap_or(now);
         if self.period.is_zero() {
-            return now;
+            return rested;
         }
         let refill = now.duration_since(self.at).as_secs_f64() / self.period.as_secs_f64();
         self.tokens = (self.tokens + refill).min(SYNC_BURST);
         self.at = now;
-        if self.tokens >= 1.0 { now } else { now + self.period.mul_f64(1.0 - self.tokens) }
+        let paced =
+            if self.tokens >= 1.0 { now } else { now + self.period.mul_f64(1.0 - self.tokens) };
+        paced.max(rested)
+    }
+
+    /// Records how long a sync took: after a long one the next waits as long, at most
+    /// [`REST_MAX`].
+    fn finished(&mut self, took: Duration) {
+        self.rest_until = (took >= REST_AFTER).then(|| Instant::now() + took.min(REST_MAX));
     }
 
     /// Waits until the next sync may start. With a token left it returns at once: a
@@ -289,7 +327,7 @@ impl Slots {
             .into_iter()
             .map(|backend| Slot { backend, needs_reset: true, failures: 0, retry_at: now })
             .collect();
-        let pace = Pace { period: options.min_sync_period, tokens: SYNC_BURST, at: now };
+        let pace = Pace::new(options.min_sync_period);
         Slots { slots, options, stats, pace }
     }
 
@@ -501,6 +539,7 @@ async fn follow_store(
         // Paced: revisions that arrive meanwhile are applied together.
         slots.pace.ready().await;
         slots.pace.spend();
+        let syncing = Instant::now();
         // While every backend waits for a full state, the differences are not needed.
         let (ops, changed) = {
             let snapshot = reader.snapshot();
@@ -516,6 +555,7 @@ async fn follow_store(
         };
         slots.count_revision(changed, ops.len());
         slots.deliver(&ops, projector.state())?;
+        slots.pace.finished(syncing.elapsed());
         if changed && slots.all_applied() {
             observe_programming(&slots.stats, &reader, &ops);
         }
@@ -722,7 +762,9 @@ async fn follow_changes(
             },
             _ = sleep_until(retry), if retry.is_some() => Vec::new(),
         };
+        let delivering = Instant::now();
         slots.deliver(&ops, &state)?;
+        slots.pace.finished(delivering.elapsed());
         if once && slots.all_applied() {
             return Ok(());
         }

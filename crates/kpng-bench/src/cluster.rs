@@ -2,12 +2,10 @@
 
 use std::collections::BTreeSet;
 
-use k8s_openapi::api::core::v1 as core;
-use k8s_openapi::api::discovery::v1 as discovery;
 use kpng_model::global::{Endpoint, EndpointSlice, SliceKey};
 use kpng_model::{GlobalModel, Object, ObjectRef, ServiceKey, Touched};
 use kpng_sources::ConvertOptions;
-use kpng_sources::convert::{convert_node, convert_service, convert_slice};
+use kpng_sources::object::{Input, kind_of, read_object};
 use kpng_testkit::generate::{ClusterSpec, generate};
 
 /// Every object of the generated cluster, converted as a source would.
@@ -15,21 +13,9 @@ pub fn objects(spec: &ClusterSpec) -> anyhow::Result<Vec<Object>> {
     let options = ConvertOptions::default();
     let mut objects = Vec::new();
     for value in generate(spec) {
-        let kind = value["kind"].as_str().unwrap_or_default().to_string();
-        let object = match kind.as_str() {
-            "Service" => {
-                convert_service(&serde_json::from_value::<core::Service>(value)?, &options)?
-                    .map(Object::Service)
-            }
-            "EndpointSlice" => {
-                let slice = serde_json::from_value::<discovery::EndpointSlice>(value)?;
-                convert_slice(&slice, &options)?.map(Object::EndpointSlice)
-            }
-            "Node" => {
-                convert_node(&serde_json::from_value::<core::Node>(value)?)?.map(Object::Node)
-            }
-            _ => continue,
-        };
+        let text = |field: &str| value[field].as_str().unwrap_or_default().to_string();
+        let Some(kind) = kind_of(&text("apiVersion"), &text("kind")) else { continue };
+        let object = read_object(kind, Input::Value(&value), &options, &mut Vec::new())?;
         objects.extend(object.proxied());
     }
     Ok(objects)

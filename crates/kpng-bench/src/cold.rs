@@ -44,6 +44,21 @@ pub fn run(services: usize, endpoints: usize) -> anyhow::Result<ColdRow> {
     // The process's own high-water mark, read until it exits (the children's rusage
     // would count the bench's memory, shared by the child between fork and exec).
     let (mut child, mut peak_kib) = (child, 0);
+    // Drained as it comes (a full pipe would stop kpng at its next log line); the last
+    // lines explain a failure.
+    let log = child.stderr.take().map(|stderr| {
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            let mut last = std::collections::VecDeque::new();
+            for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+                if last.len() == 20 {
+                    last.pop_front();
+                }
+                last.push_back(line);
+            }
+            Vec::from(last).join("\n")
+        })
+    });
     let status = loop {
         if let Some(status) = child.try_wait()? {
             break status;
@@ -53,7 +68,8 @@ pub fn run(services: usize, endpoints: usize) -> anyhow::Result<ColdRow> {
     };
     let total_ms = start.elapsed().as_secs_f64() * 1000.0;
     drop(server);
-    anyhow::ensure!(status.success(), "kpng did not sync: {status}");
+    let log = log.and_then(|thread| thread.join().ok()).unwrap_or_default();
+    anyhow::ensure!(status.success(), "kpng did not sync: {status}\n{log}");
     Ok(ColdRow { services, endpoints, total_ms, peak_kib })
 }
 

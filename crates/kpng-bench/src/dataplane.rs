@@ -28,12 +28,14 @@ use crate::table::percentiles;
 /// Services pointed at real pods, spread over the table.
 const PROBED: usize = 8;
 /// The pods' port (the generated slices' target port).
-const POD_PORT: u16 = 8080;
+pub(crate) const POD_PORT: u16 = 8080;
 
 /// One size's results.
 pub struct DataplaneRow {
     /// Services in the node's table.
     pub services: usize,
+    /// Distinct endpoint counts among the services (0: every service has the same count).
+    pub counts: usize,
     /// Connections timed per path.
     pub connections: usize,
     /// To a cluster IP: p50, p99, max (ms).
@@ -47,16 +49,20 @@ pub struct DataplaneRow {
 const ROUNDS: usize = 5;
 
 /// A size's node state and probe targets.
-struct Size {
-    services: usize,
-    state: kpng_model::LocalState,
-    targets: Vec<SocketAddr>,
+pub(crate) struct Size {
+    pub(crate) services: usize,
+    pub(crate) counts: usize,
+    pub(crate) state: kpng_model::LocalState,
+    pub(crate) targets: Vec<SocketAddr>,
 }
 
 /// The node state for `services` generated services, a few of them pointed at `pods`.
-fn size(
+/// With `counts` > 0, service `i` gets `1 + i % counts` endpoints instead, so the table
+/// holds that many distinct endpoint counts.
+pub(crate) fn size(
     services: usize,
     endpoints: usize,
+    counts: usize,
     pods: &[(IpAddr, &'static str)],
 ) -> anyhow::Result<Size> {
     anyhow::ensure!(services >= PROBED, "the dataplane scenario needs at least {PROBED} services");
@@ -66,6 +72,14 @@ fn size(
         model.apply(object);
     }
     let probed: Vec<usize> = (0..PROBED).map(|k| k * services / PROBED).collect();
+    if counts > 0 {
+        for i in (0..services).filter(|i| !probed.contains(i)) {
+            let mut slice = cluster::slice_of(&model, i);
+            slice.endpoints =
+                (0..1 + i % counts).map(|j| cluster::extra_endpoint(j, "node-1")).collect();
+            model.apply(Object::EndpointSlice(slice));
+        }
+    }
     for &i in &probed {
         let mut slice = cluster::slice_of(&model, i);
         slice.endpoints = pods
@@ -80,12 +94,12 @@ fn size(
         .iter()
         .map(|&i| format!("{}:80", service_ip(i)).parse())
         .collect::<Result<_, _>>()?;
-    Ok(Size { services, state: projector.state().clone(), targets })
+    Ok(Size { services, counts, state: projector.state().clone(), targets })
 }
 
 /// Replaces the node's tables with `state`. The backend's socket (and the `nft` it runs
 /// for the skeleton) must be created inside the node's namespace.
-fn load(net: &Cluster, state: &kpng_model::LocalState) -> anyhow::Result<()> {
+pub(crate) fn load(net: &Cluster, state: &kpng_model::LocalState) -> anyhow::Result<()> {
     let state = state.clone();
     in_netns(&net.node, move || -> Result<(), String> {
         kpng_nft::kernel::cleanup().map_err(|e| e.to_string())?;
@@ -96,10 +110,12 @@ fn load(net: &Cluster, state: &kpng_model::LocalState) -> anyhow::Result<()> {
     .map_err(|e| anyhow::anyhow!("loading the node's table: {e}"))
 }
 
-/// For each of `sizes` (services in the node's table), times `connections` connections
-/// from the client to cluster IPs and as many to the pods, over interleaved rounds.
+/// For each of `sizes` (services in the node's table) and each of `counts` (distinct
+/// endpoint counts, 0: uniform), times `connections` connections from the client to cluster
+/// IPs and as many to the pods, over interleaved rounds.
 pub fn run(
     sizes: &[usize],
+    counts: &[usize],
     endpoints: usize,
     connections: usize,
 ) -> anyhow::Result<Vec<DataplaneRow>> {
@@ -116,8 +132,12 @@ pub fn run(
     net.client.ip(&["route", "add", "10.244.0.0/16", "via", "192.168.10.1"]);
     let direct: Vec<SocketAddr> =
         pods.iter().map(|(ip, _)| SocketAddr::new(*ip, POD_PORT)).collect();
-    let sizes: Vec<Size> =
-        sizes.iter().map(|&n| size(n, endpoints, &pods)).collect::<Result<_, _>>()?;
+    let counts = if counts.is_empty() { &[0][..] } else { counts };
+    let sizes: Vec<Size> = sizes
+        .iter()
+        .flat_map(|&n| counts.iter().map(move |&k| (n, k)))
+        .map(|(n, k)| size(n, endpoints, k, &pods))
+        .collect::<Result<_, _>>()?;
     let per_round = connections.div_ceil(ROUNDS);
     let mut samples: Vec<(Vec<Duration>, Vec<Duration>)> = vec![Default::default(); sizes.len()];
     for _ in 0..ROUNDS {
@@ -143,6 +163,7 @@ pub fn run(
         .zip(samples)
         .map(|(size, (mut service, mut pod))| DataplaneRow {
             services: size.services,
+            counts: size.counts,
             connections: service.len(),
             service: percentiles(&mut service),
             direct: percentiles(&mut pod),
@@ -188,8 +209,9 @@ pub fn print(rows: &[DataplaneRow]) {
         "dataplane: TCP connect from a client namespace, first packet through the node's rules"
     );
     println!(
-        "{:>8} {:>6} | {:>8} {:>8} {:>8} | {:>10} {:>10} | {:>9} {:>9}",
+        "{:>8} {:>6} {:>6} | {:>8} {:>8} {:>8} | {:>10} {:>10} | {:>9} {:>9}",
         "services",
+        "counts",
         "conns",
         "p50(ms)",
         "p99(ms)",
@@ -205,8 +227,9 @@ pub fn print(rows: &[DataplaneRow]) {
         let ratio = |now: f64, then: f64| if then > 0.0 { now / then } else { 0.0 };
         let (f50, f99) = first.map_or((0.0, 0.0), |f| (f.0, f.1));
         println!(
-            "{:>8} {:>6} | {:>8.3} {:>8.3} {:>8.3} | {:>10.3} {:>10.3} | {:>9.2} {:>9.2}",
+            "{:>8} {:>6} {:>6} | {:>8.3} {:>8.3} {:>8.3} | {:>10.3} {:>10.3} | {:>9.2} {:>9.2}",
             row.services,
+            if row.counts == 0 { "1".to_string() } else { row.counts.to_string() },
             row.connections,
             p50,
             p99,
@@ -218,6 +241,6 @@ pub fn print(rows: &[DataplaneRow]) {
         );
     }
     println!(
-        "* to {PROBED} cluster IPs spread over the table (3 pods behind each); pod: the same connections straight to the pods"
+        "* to {PROBED} cluster IPs spread over the table (3 pods behind each); counts: distinct endpoint counts among the other services; pod: the same connections straight to the pods"
     );
 }

@@ -7,6 +7,8 @@
 //!   transaction, with the kernel's commit time alone, against a full `nft -f` reload of the
 //!   same ruleset (the resync-per-change approach), and against kube-proxy's iptables mode
 //!   (the whole nat table through `iptables-restore`);
+//! - `restart`: kpng started over a table far larger than the cluster it finds (read back,
+//!   reconcile, one transaction), against a cold start of the small cluster;
 //! - `kube`: one change at a time again, now from the fake API server's event through the
 //!   kube source, store, node projection and runner to the committed transaction;
 //! - `churn`: the kube source, store, projection and nftables backend against the fake API
@@ -16,6 +18,9 @@
 //!   served by the fake API server, against the same binary synced to an empty one;
 //! - `cold`: the real `kpng` binary, kube source to nftables, from process start to its first
 //!   committed sync, with its peak resident set;
+//! - `storm`: the real `kpng` binary with its default flags under a steady rate of real
+//!   endpoint changes: API event to the kernel's commit notification, commits per second,
+//!   kpng's CPU, against the same with kube-proxy's `--min-sync-period 1s`;
 //! - `nftlb`: the nftlb daemon (Debian package) driven through its REST API as kube-nftlb
 //!   drives it, against kpng's nftables backend: the same cluster loaded, services of 10, 50
 //!   and 100 endpoints created and deleted, one endpoint added and removed;
@@ -23,19 +28,28 @@
 //!   namespace holding N services, time to connect (the first packet walks the rules), at
 //!   each size against the first;
 //! - `api`: one `to-api` server and N node streams: time until every node has its state,
-//!   time for one endpoint change to reach every node, memory per connected node.
+//!   time for one endpoint change to reach every node, memory per connected node;
+//! - `ebpf`: a pod on the node connects to cluster IPs through `to-ebpf` (translated at
+//!   `connect()`), through `to-nft` (DNAT), and straight to the pods: connect latency,
+//!   requests per second and conntrack entries per connection, at each size in one run;
+//! - `ebpf changes`: one endpoint change through `to-ebpf` (map writes) and `to-nft` (one
+//!   transaction) at each size, and each one's full load.
 //!
 //! # Layout
 //! - [`cluster`]: the synthetic cluster as model objects, and the changes applied to it.
 //! - [`nft`]: the nftables scenario.
+//! - [`restart`]: the restart over a stale table.
 //! - [`kube`]: the in-process pipeline against the fake API server, and one change through it.
 //! - [`churn`]: the churn scenario: kube source to kernel under a no-op-heavy event stream.
 //! - [`memory`]: the kpng binary's resident set, loaded vs empty.
 //! - [`iptables`]: kube-proxy's iptables layout for the same cluster, for comparison.
 //! - [`cold`]: the kpng binary's cold start through the kube source into nftables.
+//! - [`storm`]: the kpng binary under a steady rate of real changes.
 //! - [`api`]: the gRPC API scenario.
 //! - [`dataplane`]: first-packet latency through the node's rules.
 //! - [`nftlb`]: nftlb through its REST API, side by side with kpng.
+//! - [`ebpf`]: pod to cluster IP through eBPF, nftables and straight; the pod client.
+//! - [`ebpf_change`]: one endpoint change through eBPF and nftables.
 //! - [`probe`]: the netlink kernel, instrumented (commit time, transactions, elements).
 //! - [`table`]: percentiles and table printing.
 //! - [`plot`]: the run as an SVG bar chart (`--plot`).
@@ -45,6 +59,8 @@ mod churn;
 mod cluster;
 mod cold;
 mod dataplane;
+mod ebpf;
+mod ebpf_change;
 mod iptables;
 mod kube;
 mod memory;
@@ -52,6 +68,8 @@ mod nft;
 mod nftlb;
 mod plot;
 mod probe;
+mod restart;
+mod storm;
 mod table;
 
 use clap::Parser;
@@ -112,6 +130,10 @@ struct Cli {
     /// compare each size with the first (0 skips the scenario).
     #[arg(long, value_delimiter = ',', default_value = "100")]
     dataplane_services: Vec<usize>,
+    /// Dataplane: distinct endpoint counts among the services (service i has 1 + i % N
+    /// endpoints), comma-separated; every size runs with each (0: all alike).
+    #[arg(long, value_delimiter = ',', default_value = "2,200")]
+    dataplane_counts: Vec<usize>,
     /// Dataplane: connections timed per size and path.
     #[arg(long, default_value_t = 1000)]
     dataplane_connections: usize,
@@ -125,6 +147,38 @@ struct Cli {
     /// API: endpoint changes to time per stream count.
     #[arg(long, default_value_t = 20)]
     api_repeat: usize,
+    /// eBPF vs nftables vs direct, a pod on the node connecting to cluster IPs: cluster
+    /// sizes (services), comma-separated (0 skips it; needs clang at build time).
+    #[arg(long, value_delimiter = ',', default_value = "100")]
+    ebpf_services: Vec<usize>,
+    /// eBPF dataplane: connections timed per size and path.
+    #[arg(long, default_value_t = 600)]
+    ebpf_connections: usize,
+    /// One endpoint change through eBPF and nftables: cluster sizes, comma-separated (0 skips
+    /// it); repetitions as --repeat (each an addition and a removal).
+    #[arg(long, value_delimiter = ',', default_value = "1000")]
+    ebpf_change_services: Vec<usize>,
+    /// Restart over a stale table: services in the table when kpng starts, comma-separated
+    /// (0 skips the scenario).
+    #[arg(long, value_delimiter = ',', default_value = "1000")]
+    restart_stale: Vec<usize>,
+    /// Restart: services in the cluster kpng finds.
+    #[arg(long, default_value_t = 100)]
+    restart_kept: usize,
+    /// Storm: real endpoint changes per second sent to the kpng binary, comma-separated (0
+    /// skips the scenario; needs the kpng binary built).
+    #[arg(long, value_delimiter = ',', default_value = "10,100,1000")]
+    storm_rates: Vec<u64>,
+    /// Storm: cluster sizes (services), comma-separated; endpoints as --endpoints.
+    #[arg(long, value_delimiter = ',', default_value = "1000")]
+    storm_services: Vec<usize>,
+    /// Storm: seconds per rate.
+    #[arg(long, default_value_t = 5)]
+    storm_seconds: u64,
+    /// Storm: `--min-sync-period` values to run beside the default, comma-separated (none:
+    /// the default only).
+    #[arg(long, value_delimiter = ',', default_value = "1s")]
+    storm_min_sync_periods: Vec<String>,
     /// Also draw the run as an SVG bar chart into this file (log time axis: kpng against
     /// full reloads, nftlb, and the dataplane without a service).
     #[arg(long, value_name = "FILE")]
@@ -132,6 +186,11 @@ struct Cli {
 }
 
 fn main() -> anyhow::Result<()> {
+    // The eBPF scenario's client process: `kpng-bench pod-client COUNT TARGET...`.
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("pod-client") {
+        return ebpf::pod_client(&args[2..]);
+    }
     let cli = Cli::parse();
     let filter = std::env::var("KPNG_LOG").unwrap_or_else(|_| "warn".into());
     tracing_subscriber::fmt()
@@ -151,6 +210,14 @@ fn main() -> anyhow::Result<()> {
     }
     if !nft_rows.is_empty() {
         table::print_nft(&nft_rows);
+    }
+    let mut restart_rows = Vec::new();
+    for &stale in cli.restart_stale.iter().filter(|s| **s > 0) {
+        restart_rows.push(restart::run(stale, cli.restart_kept, cli.endpoints)?);
+    }
+    if !restart_rows.is_empty() {
+        println!();
+        restart::print(&restart_rows);
     }
     let mut kube_rows = Vec::new();
     for &services in cli.kube_services.iter().filter(|s| **s > 0) {
@@ -189,6 +256,22 @@ fn main() -> anyhow::Result<()> {
         println!();
         cold::print(&cold_rows);
     }
+    let mut storm_rows = Vec::new();
+    for &services in cli.storm_services.iter().filter(|s| **s > 0) {
+        for &rate in cli.storm_rates.iter().filter(|r| **r > 0) {
+            let periods = std::iter::once(None)
+                .chain(cli.storm_min_sync_periods.iter().filter(|p| !p.is_empty()).map(Some));
+            for period in periods {
+                let period = period.map(String::as_str);
+                let seconds = cli.storm_seconds;
+                storm_rows.push(storm::run(services, cli.endpoints, rate, seconds, period)?);
+            }
+        }
+    }
+    if !storm_rows.is_empty() {
+        println!();
+        storm::print(&storm_rows);
+    }
     let mut nftlb_rows = Vec::new();
     for &services in cli.nftlb_services.iter().filter(|s| **s > 0) {
         nftlb_rows.push(nftlb::run(services, cli.endpoints, cli.nftlb_repeat)?);
@@ -210,13 +293,27 @@ fn main() -> anyhow::Result<()> {
         println!();
         api::print(&rows);
     }
+    let mut change_rows = Vec::new();
+    for &services in cli.ebpf_change_services.iter().filter(|s| **s > 0) {
+        change_rows.push(ebpf_change::run(services, cli.endpoints, cli.repeat)?);
+    }
+    if !change_rows.is_empty() {
+        println!();
+        ebpf_change::print(&change_rows);
+    }
+    let sizes: Vec<usize> = cli.ebpf_services.iter().copied().filter(|s| *s > 0).collect();
+    if !sizes.is_empty() {
+        let rows = ebpf::run(&sizes, cli.endpoints, cli.ebpf_connections)?;
+        println!();
+        ebpf::print(&rows);
+    }
     // Last: tearing down its namespaces (large tables, many conntrack entries) keeps the
     // kernel busy for a while, which would disturb any scenario after it.
     let sizes: Vec<usize> = cli.dataplane_services.iter().copied().filter(|s| *s > 0).collect();
     let dataplane_rows = if sizes.is_empty() {
         Vec::new()
     } else {
-        dataplane::run(&sizes, cli.endpoints, cli.dataplane_connections)?
+        dataplane::run(&sizes, &cli.dataplane_counts, cli.endpoints, cli.dataplane_connections)?
     };
     if !dataplane_rows.is_empty() {
         println!();

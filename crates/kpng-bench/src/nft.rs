@@ -69,6 +69,11 @@ impl Bench {
         Ok((Bench { model, projector, backend, probe }, cold))
     }
 
+    /// Elements the backend holds.
+    pub(crate) fn elements(&self) -> usize {
+        self.backend.state().len()
+    }
+
     /// Applies one model change and pushes the resulting change set to the backend.
     pub(crate) fn change(
         &mut self,

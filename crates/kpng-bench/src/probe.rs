@@ -12,6 +12,7 @@ use kpng_nft::{Kernel, KernelContents, NetlinkKernel, NftError};
 #[derive(Debug)]
 pub struct Probe {
     last_commit: Mutex<Duration>,
+    last_read: Mutex<Duration>,
     /// Transactions so far and when the last one ended, published after each commit.
     committed: tokio::sync::watch::Sender<(u64, Option<Instant>)>,
     last_bytes: AtomicU64,
@@ -23,6 +24,7 @@ impl Default for Probe {
     fn default() -> Self {
         Probe {
             last_commit: Mutex::default(),
+            last_read: Mutex::default(),
             committed: tokio::sync::watch::Sender::new((0, None)),
             last_bytes: AtomicU64::default(),
             transactions: AtomicU64::default(),
@@ -40,6 +42,11 @@ impl Probe {
     /// The duration of the last commit (zero after [`Probe::reset_last`]).
     pub fn last_commit(&self) -> Duration {
         *self.last_commit.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The duration of the last read-back of the tables.
+    pub fn last_read(&self) -> Duration {
+        *self.last_read.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Netlink bytes the last commit sent (zero after [`Probe::reset_last`]).
@@ -93,6 +100,9 @@ impl Kernel for ProbedKernel {
     }
 
     fn read(&mut self) -> Result<Option<KernelContents>, NftError> {
-        self.inner.read()
+        let start = Instant::now();
+        let contents = self.inner.read();
+        *self.probe.last_read.lock().unwrap_or_else(|e| e.into_inner()) = start.elapsed();
+        contents
     }
 }

@@ -29,6 +29,7 @@ fn every_scenario_runs_and_prints_its_table() {
     }
     let kpng = std::path::Path::new(env!("CARGO_BIN_EXE_kpng-bench")).with_file_name("kpng");
     let memory = if kpng.exists() { "300" } else { "0" };
+    let storm_rates = if kpng.exists() { "50" } else { "0" };
     let plot = tempfile::NamedTempFile::new().expect("temporary file");
     let out = Command::new(env!("CARGO_BIN_EXE_kpng-bench"))
         .args(["--services", "300", "--repeat", "5", "--reloads", "1"])
@@ -36,8 +37,12 @@ fn every_scenario_runs_and_prints_its_table() {
         .args(["--memory-services", memory, "--api-streams", "10", "--api-services", "300"])
         .args(["--api-repeat", "2", "--cold-services", memory])
         .args(["--nftlb-services", "20", "--nftlb-repeat", "2"])
-        .args(["--dataplane-services", "20,40", "--dataplane-connections", "50"])
+        .args(["--dataplane-services", "20,40", "--dataplane-counts", "2,200"])
+        .args(["--dataplane-connections", "50"])
         .args(["--kube-services", "300"])
+        .args(["--restart-stale", "300", "--restart-kept", "30"])
+        .args(["--storm-services", "300", "--storm-rates", storm_rates, "--storm-seconds", "1"])
+        .args(["--storm-min-sync-periods", "200ms"])
         .arg("--plot")
         .arg(plot.path())
         .output()
@@ -90,6 +95,25 @@ fn every_scenario_runs_and_prints_its_table() {
         assert!(number(&cold[0][2]) > 0.0 && number(&cold[0][3]) > 0.0, "{cold:?}");
     }
 
+    let restart = table(&stdout, "Restart over a stale table");
+    assert_eq!(restart.len(), 1, "{restart:?}");
+    assert_eq!((restart[0][0].as_str(), restart[0][1].as_str()), ("300", "30"), "{restart:?}");
+    let (before, after) = (number(&restart[0][2]), number(&restart[0][4]));
+    assert!(before > after && after > 0.0, "the stale elements went: {restart:?}");
+    restart[0][5..].iter().for_each(|f| assert!(number(f) >= 0.0, "{restart:?}"));
+
+    if storm_rates != "0" {
+        let storm = table(&stdout, "storm:");
+        let runs: Vec<(&str, &str, &str)> =
+            storm.iter().map(|r| (r[0].as_str(), r[1].as_str(), r[2].as_str())).collect();
+        assert_eq!(runs, [("300", "50", "default"), ("300", "50", "200ms")], "{storm:?}");
+        for row in &storm {
+            let (events, seen) = (number(&row[3]), number(&row[4]));
+            assert!(events == 50.0 && seen > 0.0 && seen <= events, "{row:?}");
+            row[5..].iter().for_each(|f| assert!(number(f) >= 0.0, "{row:?}"));
+        }
+    }
+
     let nftlb = table(&stdout, "nftlb:");
     let operations: Vec<String> = nftlb.iter().map(|r| r[2..r.len() - 7].join(" ")).collect();
     assert_eq!(
@@ -111,12 +135,33 @@ fn every_scenario_runs_and_prints_its_table() {
         row[row.len() - 7..].iter().for_each(|f| assert!(number(f) >= 0.0, "{row:?}"));
     }
 
+    // Each size with each number of distinct endpoint counts (`--dataplane-counts`).
     let dataplane = table(&stdout, "dataplane:");
-    assert_eq!(dataplane.iter().map(|r| r[0].as_str()).collect::<Vec<_>>(), ["20", "40"]);
+    let sizes: Vec<(&str, &str)> =
+        dataplane.iter().map(|r| (r[0].as_str(), r[1].as_str())).collect();
+    assert_eq!(
+        sizes,
+        [("20", "2"), ("20", "200"), ("40", "2"), ("40", "200")],
+        "each size with each count"
+    );
     for row in &dataplane {
-        assert_eq!(row[1], "50");
-        row[2..].iter().for_each(|f| assert!(number(f) > 0.0, "{row:?}"));
+        assert_eq!(row[2], "50");
+        // Latencies are positive; a ratio to the first size can round to 0.00 when the
+        // first size had an outlier (timings are not judged here).
+        row[3..8].iter().for_each(|f| assert!(number(f) > 0.0, "{row:?}"));
+        row[8..].iter().for_each(|f| assert!(number(f) >= 0.0, "{row:?}"));
     }
+
+    // eBPF: one endpoint change through both backends, and a pod's connections by every
+    // path; only the nftables path NATs.
+    let changes = table(&stdout, "ebpf changes:");
+    assert_eq!(changes.iter().map(|r| r[0].as_str()).collect::<Vec<_>>(), ["1000"]);
+    let paths = table(&stdout, "ebpf: a pod");
+    let paths: Vec<&Vec<String>> = paths.iter().filter(|r| r[1] != "services:").collect();
+    let names: Vec<&str> = paths.iter().map(|r| r[1].as_str()).collect();
+    assert_eq!(names, ["ebpf", "nft", "direct", "direct+cg"]);
+    let nat = |row: &Vec<String>| number(&row[row.len() - 3]);
+    assert!(nat(paths[0]) == 0.0 && nat(paths[1]) > 0.0, "{paths:?}");
 
     let svg = std::fs::read_to_string(plot.path()).expect("the plot was written");
     for section in ["One endpoint added", "Cold start", "nftlb's REST API", "First packet"] {

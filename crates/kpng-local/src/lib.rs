@@ -11,7 +11,8 @@
 //! - [`select`]: endpoint selection for one service port and family (the Cluster set, the
 //!   Local set, and whether the port has endpoints at all).
 //! - [`project`]: [`project_node_state`], [`project_service`], [`project_node`]: global
-//!   model → ENLS.
+//!   model → ENLS; [`NodeLocal`], what only the node knows (`--nodeport-addresses`, its
+//!   addresses, `--service-cidr`), merged into the node's part.
 //! - [`mod@diff`]: [`diff()`] and [`diff_services`]: two ENLS → ops, services before their
 //!   endpoints, endpoints deleted before their service.
 //! - [`nodeports`]: where the node accepts NodePorts (`--nodeport-addresses`), per family.

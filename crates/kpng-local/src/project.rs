@@ -3,8 +3,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 
+use ipnet::IpNet;
 use kpng_model::global::{
-    Endpoint, Service, ServicePort, ServiceType, SessionAffinity, TrafficPolicy,
+    Claim, Endpoint, Service, ServicePort, ServiceType, SessionAffinity, TrafficPolicy,
 };
 use kpng_model::local::{EndpointPort, LocalServicePort, LocalServiceState};
 use kpng_model::{
@@ -14,25 +15,51 @@ use kpng_model::{
 use crate::nodeports::{NodePortSelection, nodeport_addresses};
 use crate::select::{NodeView, SetsUsed, select_endpoints};
 
-/// What only the node itself knows: where it accepts NodePorts, and its own addresses.
+/// What only the node itself knows: where it accepts NodePorts, its own addresses, and the
+/// service CIDRs its options name.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NodeLocal {
     /// The `--nodeport-addresses` option.
     pub nodeports: NodePortSelection,
     /// The node's addresses (only needed for a CIDR selection).
     pub addresses: Vec<IpAddr>,
+    /// The `--service-cidr` option: service CIDRs the node enforces besides the ranges of
+    /// the cluster's ServiceCIDR objects.
+    pub service_cidrs: Vec<IpNet>,
 }
 
 impl NodeLocal {
-    /// Fills in what the node itself decides (its NodePort addresses) in `node`.
+    /// Fills in what the node itself decides in `node`: its NodePort addresses, and its own
+    /// service CIDRs added to those `node` carries (from ServiceCIDR objects). Completing a
+    /// node twice changes nothing more.
     pub fn complete(&self, node: &mut LocalNode) {
         node.nodeport_addresses =
             nodeport_addresses(&self.nodeports, &node.primary_ips, &self.addresses);
+        if !self.service_cidrs.is_empty() {
+            let mut cidrs = std::mem::take(&mut node.service_cidrs);
+            cidrs.extend_from_slice(&self.service_cidrs);
+            node.service_cidrs = normalised(cidrs);
+        }
     }
 }
 
-/// What the node knows about itself, from its Node object (`None` until the model has one),
-/// with NodePorts on its primary IPs.
+/// The ranges of every ServiceCIDR object of `model`, truncated to their network, sorted,
+/// without duplicates.
+fn cluster_service_cidrs(model: &GlobalModel) -> Vec<IpNet> {
+    normalised(model.service_cidrs().flat_map(|c| c.cidrs.iter().copied()).collect())
+}
+
+fn normalised(mut cidrs: Vec<IpNet>) -> Vec<IpNet> {
+    for cidr in &mut cidrs {
+        *cidr = cidr.trunc();
+    }
+    cidrs.sort();
+    cidrs.dedup();
+    cidrs
+}
+
+/// What the node knows about itself, from its Node object (`None` until the model has one)
+/// and the cluster's ServiceCIDRs, with NodePorts on its primary IPs.
 pub fn project_node(model: &GlobalModel, name: &str) -> Option<LocalNode> {
     project_node_with(model, name, &NodeLocal::default())
 }
@@ -47,7 +74,7 @@ pub fn project_node_with(model: &GlobalModel, name: &str, local: &NodeLocal) -> 
         pod_cidrs: node.pod_cidrs.clone(),
         draining: node.deleting || node.to_be_deleted,
         nodeport_addresses: Default::default(),
-        service_cidrs: Vec::new(),
+        service_cidrs: cluster_service_cidrs(model),
     };
     local.complete(&mut projected);
     Some(projected)
@@ -81,7 +108,7 @@ pub fn project_service(
     node: &NodeView<'_>,
 ) -> Option<LocalServiceState> {
     let service = model.service(key)?;
-    let mut local = local_service(service);
+    let mut local = local_service(model, service);
     let mut endpoints: BTreeMap<IpAddr, EndpointDraft<'_>> = BTreeMap::new();
 
     for family in Family::ALL {
@@ -174,7 +201,23 @@ fn sorted(ips: &[IpAddr]) -> Vec<IpAddr> {
     ips
 }
 
-fn local_service(service: &Service) -> LocalService {
+/// The addresses of `service` whose destination on `port` an older service holds.
+fn yielded(model: &GlobalModel, service: &Service, port: &ServicePort) -> Vec<IpAddr> {
+    let addresses = service
+        .cluster_ips
+        .iter()
+        .copied()
+        .chain(service.external_ips.iter().copied())
+        .chain(Family::ALL.iter().flat_map(|f| service.load_balancer_vips(*f)));
+    let mut yielded: Vec<IpAddr> = addresses
+        .filter(|ip| !model.holds(service, &Claim::Address(*ip, port.protocol, port.port)))
+        .collect();
+    yielded.sort();
+    yielded.dedup();
+    yielded
+}
+
+fn local_service(model: &GlobalModel, service: &Service) -> LocalService {
     let mut load_balancer_ips: Vec<IpAddr> =
         Family::ALL.iter().flat_map(|f| service.load_balancer_vips(*f)).collect();
     load_balancer_ips.sort();
@@ -199,8 +242,11 @@ fn local_service(service: &Service) -> LocalService {
                 name: p.name.clone(),
                 protocol: p.protocol,
                 port: p.port,
-                node_port: p.node_port,
+                node_port: p
+                    .node_port
+                    .filter(|n| model.holds(service, &Claim::NodePort(p.protocol, *n))),
                 has_endpoints: Default::default(),
+                yielded: yielded(model, service, p),
             })
             .collect(),
         affinity_timeout_seconds: match service.session_affinity {

@@ -6,8 +6,40 @@ use crate::diff::{diff, diff_services};
 use crate::project::{NodeLocal, project_node_state_with, project_node_with, project_service};
 use crate::select::NodeView;
 
+/// Logs the destinations a service newly yields to an older service claiming them too.
+fn report_conflicts(model: &GlobalModel, old: &LocalState, new: &LocalState) {
+    use kpng_model::global::Claim;
+    for (key, state) in &new.services {
+        let Some(service) = model.service(key) else { continue };
+        let before = old.services.get(key).map(|s| &s.service);
+        for (i, port) in state.service.ports.iter().enumerate() {
+            let known = |ip: &std::net::IpAddr| {
+                before.and_then(|b| b.ports.get(i)).is_some_and(|p| p.yielded.contains(ip))
+            };
+            for ip in port.yielded.iter().filter(|ip| !known(ip)) {
+                let claim = Claim::Address(*ip, port.protocol, port.port);
+                let holder = model
+                    .claimants(&claim)
+                    .iter()
+                    .filter_map(|k| model.service(k))
+                    .min_by(|a, b| a.seniority().cmp(&b.seniority()))
+                    .map(|s| s.key.to_string())
+                    .unwrap_or_default();
+                tracing::warn!(service = %key, destination = %claim, %holder, "two services claim one destination; the older one holds it");
+            }
+            let lost_node_port = service.ports.get(i).and_then(|p| p.node_port).is_some()
+                && port.node_port.is_none();
+            let had = before.and_then(|b| b.ports.get(i)).is_some_and(|p| p.node_port.is_none());
+            if lost_node_port && !had {
+                tracing::warn!(service = %key, port = %port.name, "an older service holds this NodePort");
+            }
+        }
+    }
+}
+
 /// One node's ENLS, updated incrementally. Only the services a revision touched are
-/// projected again; everything else is left as it is.
+/// projected again, and the node only when its Node object or the set of ServiceCIDRs
+/// changed; everything else is left as it is.
 #[derive(Debug, Clone)]
 pub struct NodeProjector {
     name: String,
@@ -63,7 +95,9 @@ impl NodeProjector {
             Changes::Touched(touched) => touched,
         };
         let old_node = self.state.node.clone();
-        let node_touched = touched.contains(&Touched::Node(self.name.clone()));
+        // The node state carries the cluster's service CIDRs as well as the Node object.
+        let node_touched = touched.contains(&Touched::Node(self.name.clone()))
+            || touched.contains(&Touched::ServiceCidrs);
         let new_node = if node_touched {
             project_node_with(model, &self.name, &self.local)
         } else {
@@ -79,7 +113,7 @@ impl NodeProjector {
             .iter()
             .filter_map(|t| match t {
                 Touched::Service(key) => Some(key),
-                Touched::Node(_) => None,
+                Touched::Node(_) | Touched::ServiceCidrs => None,
             })
             .collect();
         let zone = zone(&new_node);
@@ -94,6 +128,7 @@ impl NodeProjector {
                 new_part.services.insert((*key).clone(), new);
             }
         }
+        report_conflicts(model, &old_part, &new_part);
         let ops = diff_services(&old_part, &new_part, keys.iter().copied());
         if !ops.is_empty() {
             self.state.node = new_part.node;
@@ -113,6 +148,7 @@ impl NodeProjector {
     pub fn refresh(&mut self, model: &GlobalModel, changes: &Changes) -> bool {
         let Changes::All = changes else { return !self.update(model, changes).is_empty() };
         let new = project_node_state_with(model, &self.name, &self.local);
+        report_conflicts(model, &self.state, &new);
         let changed = new != self.state;
         self.state = new;
         changed
@@ -120,8 +156,12 @@ impl NodeProjector {
 
     fn recompute(&mut self, model: &GlobalModel) -> Vec<Op> {
         let new = project_node_state_with(model, &self.name, &self.local);
+        report_conflicts(model, &self.state, &new);
         let ops = diff(&self.state, &new);
         self.state = new;
         ops
     }
 }
+
+#[cfg(test)]
+mod tests;

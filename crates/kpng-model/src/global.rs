@@ -4,15 +4,20 @@
 //! fields, status a proxy does not use, labels nobody selects on) is dropped at ingest, so a
 //! change to it costs nothing downstream.
 
+mod claims;
 mod endpoints;
 mod model;
 mod node;
 mod service;
+mod service_cidr;
 
+pub use claims::{Claim, Claims};
 pub use endpoints::{Endpoint, EndpointSlice, SliceKey, SlicePort};
 pub use model::{Changes, GlobalModel, Kind, ModelDocument, Object, ObjectRef, Touched};
 pub use node::{Node, NodeAddress, NodeAddressKind, TO_BE_DELETED_TAINT, ZONE_LABEL};
 pub use service::{
-    DEFAULT_AFFINITY_TIMEOUT_SECONDS, InvalidKey, IpMode, LoadBalancerIngress, Service, ServiceKey,
-    ServicePort, ServiceType, SessionAffinity, TargetPort, TrafficPolicy,
+    DEFAULT_AFFINITY_TIMEOUT_SECONDS, InvalidKey, IpMode, LoadBalancerIngress,
+    SERVICE_PROXY_NAME_LABEL, Service, ServiceKey, ServicePort, ServiceType, SessionAffinity,
+    TargetPort, TrafficPolicy, is_for_proxy,
 };
+pub use service_cidr::ServiceCidr;

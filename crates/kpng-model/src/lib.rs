@@ -9,7 +9,8 @@
 //! - [`hash`]: FNV-1a, for names and hashes that must be stable across processes and versions.
 //! - [`net`]: IP families, protocols and lenient parsing of IPs and CIDRs as Kubernetes writes them.
 //! - [`global`]: the reduced global model: [`global::Service`], [`global::EndpointSlice`],
-//!   [`global::Node`], and [`global::GlobalModel`] which holds them and reports what a change touched.
+//!   [`global::Node`], [`global::ServiceCidr`], and [`global::GlobalModel`] which holds them
+//!   and reports what a change touched; [`global::is_for_proxy`], the service-proxy-name rule.
 //! - [`local`]: the ENLS of one node: [`local::LocalState`] with its services, endpoints and node.
 //! - [`ops`]: [`ops::Op`], the vocabulary every sink consumes (reset, set, delete, sync), and
 //!   [`local::LocalState::apply`] which replays ops onto a state.
@@ -21,8 +22,8 @@ pub mod net;
 pub mod ops;
 
 pub use global::{
-    Changes, EndpointSlice, GlobalModel, Kind, Node, Object, ObjectRef, Service, ServiceKey,
-    SliceKey, Touched,
+    Changes, EndpointSlice, GlobalModel, Kind, Node, Object, ObjectRef, Service, ServiceCidr,
+    ServiceKey, SliceKey, Touched,
 };
 pub use local::{Endpoints, LocalEndpoint, LocalNode, LocalService, LocalState, NodePortAddresses};
 pub use net::{Family, PerFamily, Protocol};

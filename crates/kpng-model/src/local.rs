@@ -69,6 +69,10 @@ pub struct LocalServicePort {
     /// the port rejects traffic; when true but the set its traffic uses is empty, the
     /// traffic is dropped.
     pub has_endpoints: PerFamily<bool>,
+    /// Addresses of the service (cluster, external, load-balancer) whose destination on
+    /// this port an older service holds: traffic to them is not this service's. (A NodePort
+    /// an older service holds is not listed: `node_port` is then `None`.)
+    pub yielded: Vec<IpAddr>,
 }
 
 /// A service as this node proxies it.

@@ -13,21 +13,23 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use ipnet::IpNet;
-use kpng_backend::proxy::{LocalDetection, service_cidrs};
+use kpng_backend::proxy::LocalDetection;
 use kpng_backend::{Backend, BackendError, ChangeSet};
 use kpng_model::local::LocalServiceState;
-use kpng_model::{Family, Item, ItemRef, LocalNode, LocalState, Op, ServiceKey};
+use kpng_model::{Family, LocalNode, ServiceKey};
 
 use crate::error::NftError;
-use crate::kernel::{Kernel, KernelContents};
+use crate::kernel::Kernel;
 use crate::layout::{LargeCount, Layout, groups_wanted};
-use crate::objects::{ElementId, GroupKey, MapName, SetKind, Value};
+use crate::objects::{ElementId, MapName, Value};
 use crate::plan::Plan;
 use crate::reconcile::{Reconciled, Wanted, reconcile};
-use crate::render::{NodeFacts, Slots, render_node, render_service, seed_slots};
+use crate::render::{NodeFacts, Slots, render_node, render_service};
 use crate::skeleton::SkeletonOptions;
 use crate::state::{Owner, TableState};
 use crate::stats::NftStats;
+
+mod resync;
 
 /// Configuration of the nftables backend.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,8 +42,6 @@ pub struct NftOptions {
     pub local_detection: LocalDetection,
     /// `--cluster-cidr`.
     pub cluster_cidrs: Vec<IpNet>,
-    /// `--service-cidr`: service CIDRs beyond the cluster's ServiceCIDR objects.
-    pub service_cidrs: Vec<IpNet>,
 }
 
 impl Default for NftOptions {
@@ -51,7 +51,6 @@ impl Default for NftOptions {
             masquerade_bit: 14,
             local_detection: LocalDetection::Auto,
             cluster_cidrs: Vec::new(),
-            service_cidrs: Vec::new(),
         }
     }
 }
@@ -163,7 +162,8 @@ impl NftBackend {
             nodeports_on_all_local: node
                 .map(|n| n.nodeport_addresses.all_local)
                 .unwrap_or_default(),
-            service_cidrs: service_cidrs(node, &self.options.service_cidrs),
+            // The node state carries the ServiceCIDR objects' ranges and `--service-cidr`.
+            service_cidrs: node.map(|n| n.service_cidrs.clone()).unwrap_or_default(),
         }
     }
 
@@ -200,68 +200,10 @@ impl NftBackend {
         }
     }
 
-    /// Reads the tables back and reconciles them with the whole of `state`.
-    fn resync(&mut self, state: &LocalState) -> Result<bool, NftError> {
-        let contents = self.kernel.read()?.unwrap_or_default();
-        let adopted = TableState::adopt(contents.elements.clone());
-        self.owners = ServiceOwners::default();
-        self.slots.clear();
-        self.group_hashes.clear();
-        let facts = NodeFacts::from_node(state.node.as_ref());
-        let seed = |service: &LocalServiceState| seed_from_kernel(service, &adopted, &contents);
-        let mut layout =
-            Layout { options: self.skeleton_options(state.node.as_ref()), ..Layout::default() };
-        let mut services = Vec::with_capacity(state.services.len());
-        for (key, service) in &state.services {
-            services.push(self.render(key, Some(service), &facts, &seed));
-        }
-        let mut updates = vec![(Owner::Node, node_elements(state.node.as_ref()))];
-        for update in &mut services {
-            for group in &update.groups {
-                layout.groups.insert(group.hash, group.clone());
-            }
-            updates.push((update.owner, std::mem::take(&mut update.elements)));
-        }
-        updates.push((Owner::Kernel, Vec::new()));
-        layout.large = large_counts(updates.iter().flat_map(|(_, e)| e));
-        let reconciled = reconcile(&layout.wanted(), &contents.present);
-        // Elements of sets that go, or come back empty, are not the kernel's any more.
-        let wanted = layout.wanted();
-        let kept: Vec<(ElementId, Value)> = contents
-            .elements
-            .into_iter()
-            .filter(|(id, _)| {
-                let name = (id.family, id.map.name().into_owned());
-                wanted.sets.contains_key(&name) && !reconciled.emptied.contains(&name)
-            })
-            .collect();
-        drop(adopted);
-        let mut table = TableState::adopt(kept);
-        let diff = table.update(updates);
-        let mut plan = Plan::new();
-        plan.commands.extend(reconciled.before.iter().cloned());
-        plan.elements(false, &diff.deletes);
-        plan.elements(true, &diff.adds);
-        plan.commands.extend(reconciled.after.iter().cloned());
-        if !plan.is_empty() {
-            self.commit(&plan)?;
-        } else {
-            tracing::info!(elements = table.len(), "nftables: the kernel already holds this state");
-        }
-        log_reconciled(&reconciled);
-        self.state = table;
-        self.layout = layout;
-        for update in services {
-            self.remember(update);
-        }
-        self.sync = TableSync::InSync;
-        Ok(!plan.is_empty())
-    }
-
     /// Applies the changes of one change set, touching only what they concern.
     fn apply_changes(&mut self, changes: &ChangeSet<'_>) -> Result<bool, NftError> {
         let state = changes.state;
-        let (mut keys, node_changed) = touched(changes);
+        let (mut keys, node_changed) = changes.touched();
         let options = self.skeleton_options(state.node.as_ref());
         if node_changed {
             // Node IPs shape firewall elements: render every service again.
@@ -429,77 +371,6 @@ fn large_counts<'e>(
             _ => None,
         })
         .collect()
-}
-
-/// A service's slots as the kernel holds them: backends elements for ordinary groups,
-/// the slot chains (with their holes) for affinity groups.
-fn seed_from_kernel(
-    service: &LocalServiceState,
-    adopted: &TableState,
-    contents: &KernelContents,
-) -> Slots {
-    let mut slots = seed_slots(service, |id| adopted.get(id).copied());
-    if service.service.affinity_timeout_seconds.is_some() {
-        for group in group_keys(service) {
-            let found = contents.affinity_slots(group.family, group.hash(&service.service.key));
-            if found.is_empty() {
-                slots.remove(&group);
-            } else {
-                slots.insert(group, found);
-            }
-        }
-    }
-    slots
-}
-
-/// Every group a service can have: per family with a cluster IP, port, and set.
-fn group_keys(service: &LocalServiceState) -> Vec<GroupKey> {
-    let svc = &service.service;
-    let mut keys = Vec::new();
-    for family in Family::ALL.into_iter().filter(|f| svc.cluster_ip(*f).is_some()) {
-        for port in &svc.ports {
-            for kind in [SetKind::Cluster, SetKind::Local] {
-                keys.push(GroupKey {
-                    family,
-                    port: port.name.clone(),
-                    protocol: port.protocol,
-                    kind,
-                });
-            }
-        }
-    }
-    keys
-}
-
-/// The services a change set touches, and whether the node changed.
-fn touched(changes: &ChangeSet<'_>) -> (Vec<ServiceKey>, bool) {
-    let mut keys = Vec::new();
-    let mut node_changed = false;
-    for op in changes.ops() {
-        match &*op {
-            Op::Set(Item::Node(_)) | Op::Delete(ItemRef::Node) => node_changed = true,
-            Op::Set(Item::Service(s)) => keys.push(s.key.clone()),
-            Op::Set(Item::Endpoint { service, .. })
-            | Op::Delete(ItemRef::Service(service))
-            | Op::Delete(ItemRef::Endpoint { service, .. }) => keys.push(service.clone()),
-            Op::Reset | Op::Sync => {}
-        }
-    }
-    keys.sort();
-    keys.dedup();
-    (keys, node_changed)
-}
-
-fn log_reconciled(reconciled: &Reconciled) {
-    if reconciled.reasons.is_empty() {
-        return;
-    }
-    let shown: Vec<&str> = reconciled.reasons.iter().take(8).map(String::as_str).collect();
-    tracing::info!(
-        differences = reconciled.reasons.len(),
-        first = %shown.join("; "),
-        "nftables: reconciled kpng's tables with the node state"
-    );
 }
 
 impl Backend for NftBackend {

@@ -81,7 +81,8 @@
 //! - [`kernel`]: the [`Kernel`] trait and [`NetlinkKernel`], the real kernel.
 //! - [`dry_run`]: [`DryRunKernel`], which prints instead of applying.
 //! - [`memory`]: [`MemoryKernel`], an in-memory table for tests that traces packets.
-//! - [`backend`]: [`NftBackend`], its sync state, and its options.
+//! - [`backend`]: [`NftBackend`], its sync state, and its options; `backend/resync.rs`, the
+//!   read-back and reconciliation with the whole state.
 //! - [`stats`]: counters and metrics.
 //! - [`error`]: the backend's errors ([`NftError`]).
 

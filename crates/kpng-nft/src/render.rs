@@ -261,12 +261,15 @@ fn render_port(
     // ClusterIP.
     let Some(cluster_ip) = svc.cluster_ip(family) else { return };
     let dest = Dest { ip: cluster_ip, protocol: port.protocol, port: port.port };
+    let held = |ip: &IpAddr| !port.yielded.contains(ip);
     let (kind, dests, slots) = if svc.internal_local {
         (PickKind::Local, MapName::LocalDests, &local_slots)
     } else {
         (PickKind::Cluster, MapName::ClusterDests, &cluster_slots)
     };
-    if slots.is_empty() {
+    if !held(&cluster_ip) {
+        // An older service holds this destination.
+    } else if slots.is_empty() {
         let verdict = if has_endpoints { MapName::DropDests } else { MapName::RejectDests };
         out.member(verdict, Key::Dest(dest));
     } else {
@@ -275,7 +278,7 @@ fn render_port(
     }
 
     // External IPs and load-balancer IPs.
-    for ip in of_family(&svc.external_ips).iter().chain(&lb_ips) {
+    for ip in of_family(&svc.external_ips).iter().chain(&lb_ips).filter(|ip| held(ip)) {
         let key = Key::Dest(Dest { ip: *ip, protocol: port.protocol, port: port.port });
         external(out, svc.external_local, key, &cluster_slots, &local_slots, has_endpoints);
     }
@@ -287,7 +290,7 @@ fn render_port(
         .collect();
     if !ranges.is_empty() {
         let node_in_range = node.node_ips.iter().any(|ip| ranges.iter().any(|r| r.contains(ip)));
-        for ip in &lb_ips {
+        for ip in lb_ips.iter().filter(|ip| held(ip)) {
             let dest = Dest { ip: *ip, protocol: port.protocol, port: port.port };
             out.member(MapName::FirewallDests, Key::Dest(dest));
             for range in &ranges {

@@ -3,7 +3,9 @@
 
 use rustc_hash::FxHashMap as HashMap;
 
-use crate::objects::{ElementId, Value};
+use kpng_model::Family;
+
+use crate::objects::{ElementId, MapName, Value};
 
 /// Who asked for an element. When owners disagree on a value, the lowest wins.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -229,7 +231,48 @@ fn distinct_owners(updates: &[(Owner, Vec<(ElementId, Value)>)]) -> bool {
     owners.windows(2).all(|pair| pair[0] != pair[1])
 }
 
+/// A set that loses at least this many elements, and more than twice as many as it keeps,
+/// is flushed and refilled rather than emptied element by element.
+pub const FLUSH_AT: usize = 256;
+
 impl TableDiff {
+    /// The same change, with every set that loses most of its elements flushed instead
+    /// (`table`: the state once the change is made). The sets to flush are returned; their
+    /// elements' deletes are dropped and every element they keep is added back, in the same
+    /// transaction, so no packet sees them empty. At a restart over a table far larger than
+    /// the cluster, this is one command per set instead of a delete per stale element.
+    pub fn flushing_stale_sets(self, table: &TableState) -> (Vec<(Family, MapName)>, TableDiff) {
+        let mut losses: HashMap<(Family, MapName), usize> = HashMap::default();
+        for (id, _) in &self.deletes {
+            *losses.entry((id.family, id.map)).or_default() += 1;
+        }
+        losses.retain(|_, lost| *lost >= FLUSH_AT);
+        if losses.is_empty() {
+            return (Vec::new(), self);
+        }
+        let mut kept: HashMap<(Family, MapName), usize> = HashMap::default();
+        for (id, _) in table.iter().filter(|(id, _)| losses.contains_key(&(id.family, id.map))) {
+            *kept.entry((id.family, id.map)).or_default() += 1;
+        }
+        let mut flushed: Vec<(Family, MapName)> = losses
+            .into_iter()
+            .filter(|(set, lost)| *lost > 2 * kept.get(set).copied().unwrap_or(0))
+            .map(|(set, _)| set)
+            .collect();
+        if flushed.is_empty() {
+            return (Vec::new(), self);
+        }
+        flushed.sort_unstable();
+        let is_flushed = |id: &ElementId| flushed.binary_search(&(id.family, id.map)).is_ok();
+        let mut diff = TableDiff {
+            deletes: self.deletes.into_iter().filter(|(id, _)| !is_flushed(id)).collect(),
+            adds: self.adds.into_iter().filter(|(id, _)| !is_flushed(id)).collect(),
+        };
+        diff.adds.extend(table.iter().filter(|(id, _)| is_flushed(id)).map(|(id, v)| (*id, *v)));
+        diff.group_by_set();
+        (flushed, diff)
+    }
+
     /// Puts the elements of one set next to each other (one netlink message per set);
     /// their order within a set does not matter.
     fn group_by_set(&mut self) {
@@ -354,5 +397,49 @@ mod tests {
             key: Key::Addr(IpAddr::from([10, 9, 9, host])),
         };
         (id, Value::None)
+    }
+
+    fn addr_element(map: MapName, n: u32) -> (ElementId, Value) {
+        let id =
+            ElementId { family: Family::V4, map, key: Key::Addr(IpAddr::from(n.to_be_bytes())) };
+        let value = match map {
+            MapName::ClusterIps => Value::None,
+            _ => Value::Endpoint(IpAddr::from([10, 1, 0, 1]), 80),
+        };
+        (id, value)
+    }
+
+    #[test]
+    fn sets_that_lose_most_elements_are_flushed_and_refilled() {
+        // The kernel holds 1,000 destinations and 300 cluster IPs; 10 of each stay, and
+        // 400 local destinations of which 300 stay.
+        let held: Vec<_> = (0..1000)
+            .map(|n| addr_element(MapName::ClusterDests, n))
+            .chain((0..300).map(|n| addr_element(MapName::ClusterIps, n)))
+            .chain((0..400).map(|n| addr_element(MapName::LocalDests, n)))
+            .collect();
+        let mut state = TableState::adopt(held.clone());
+        let wanted: Vec<_> = (0..10)
+            .map(|n| addr_element(MapName::ClusterDests, n))
+            .chain((0..10).map(|n| addr_element(MapName::ClusterIps, n)))
+            .chain((0..300).map(|n| addr_element(MapName::LocalDests, n)))
+            .chain([addr_element(MapName::ClusterDests, 5000)])
+            .collect();
+        let diff = state.update(vec![(Owner::Service(1), wanted), (Owner::Kernel, Vec::new())]);
+        let (flushed, diff) = diff.flushing_stale_sets(&state);
+        // 990 of 1,000 and 290 of 300 go: flushed; 100 of 400 go: deleted one by one.
+        assert_eq!(
+            flushed,
+            [(Family::V4, MapName::ClusterIps), (Family::V4, MapName::ClusterDests)]
+        );
+        assert_eq!(diff.deletes.len(), 100);
+        assert!(diff.deletes.iter().all(|(id, _)| id.map == MapName::LocalDests));
+        // Replayed as a transaction: flush, deletes, adds; the kernel ends as the state.
+        let mut kernel: BTreeMap<ElementId, Value> = held.into_iter().collect();
+        kernel.retain(|id, _| !flushed.contains(&(id.family, id.map)));
+        replay(&mut kernel, &diff);
+        assert_eq!(kernel, effective(&state));
+        // 10 cluster IPs, 11 destinations, 300 local destinations.
+        assert_eq!(kernel.len(), 321);
     }
 }

@@ -12,7 +12,7 @@ use kpng_backend::proxy::LocalDetection;
 use kpng_backend::{Backend, ChangeSet};
 use kpng_local::{NodeLocal, NodePortSelection, project_node_state_with};
 use kpng_model::global::{
-    IpMode, LoadBalancerIngress, ServiceType, SessionAffinity, TrafficPolicy,
+    IpMode, LoadBalancerIngress, ServiceCidr, ServiceType, SessionAffinity, TrafficPolicy,
 };
 use kpng_model::{Family, GlobalModel, LocalState, Object, Protocol};
 use kpng_netlink::message::NETLINK_NETFILTER;
@@ -29,9 +29,14 @@ const DNS: (&str, Protocol, u16) = ("dns", Protocol::Udp, 53);
 const SLICE_HTTP: (&str, Protocol, u16) = ("http", Protocol::Tcp, 8080);
 const SLICE_DNS: (&str, Protocol, u16) = ("dns", Protocol::Udp, 5353);
 
-/// A node state that uses every kind of element and rule kpng makes.
-fn state(nodeports: NodePortSelection) -> LocalState {
+/// A node state that uses every kind of element and rule kpng makes, with a ServiceCIDR
+/// object over `service_cidrs`.
+fn state(nodeports: NodePortSelection, service_cidrs: &[IpNet]) -> LocalState {
     let mut model = GlobalModel::new();
+    if !service_cidrs.is_empty() {
+        let cidr = ServiceCidr::new("kubernetes", service_cidrs.iter().copied());
+        model.apply(Object::ServiceCidr(cidr));
+    }
     let mut n = node("a", Some("z1"), &["192.168.10.1", "fd00:10::1"]);
     n.pod_cidrs = vec!["10.244.0.0/24".parse().unwrap(), "fd00:244::/64".parse().unwrap()];
     model.apply(Object::Node(n));
@@ -76,7 +81,11 @@ fn state(nodeports: NodePortSelection) -> LocalState {
         (0..300).map(|i| endpoint(&format!("10.245.{}.{}", i / 200, i % 200 + 1), "b")).collect();
     model.apply(Object::EndpointSlice(slice("ns", "big-1", "big", &[SLICE_HTTP], eps)));
     let addresses = vec!["192.168.10.1".parse().unwrap(), "192.168.20.1".parse().unwrap()];
-    project_node_state_with(&model, "a", &NodeLocal { nodeports, addresses })
+    project_node_state_with(
+        &model,
+        "a",
+        &NodeLocal { nodeports, addresses, ..NodeLocal::default() },
+    )
 }
 
 #[derive(Clone, Default)]
@@ -131,8 +140,8 @@ fn read_back() -> Held {
     held
 }
 
-fn compare(options: NftOptions, nodeports: NodePortSelection) {
-    let state = state(nodeports);
+fn compare(options: NftOptions, nodeports: NodePortSelection, service_cidrs: &[IpNet]) {
+    let state = state(nodeports, service_cidrs);
     let out = Captured::default();
     let mut dry = NftBackend::new(options.clone(), Box::new(DryRunKernel::new(out.clone())));
     dry.apply(&ChangeSet::full(&state)).unwrap();
@@ -192,7 +201,7 @@ fn the_dry_run_is_what_the_kernel_receives() {
     if !require("the_dry_run_is_what_the_kernel_receives", &["nft", "ip"]) {
         return;
     }
-    compare(NftOptions::default(), NodePortSelection::Primary);
+    compare(NftOptions::default(), NodePortSelection::Primary, &[]);
     let nets = |list: &[&str]| list.iter().map(|s| s.parse::<IpNet>().unwrap()).collect::<Vec<_>>();
     compare(
         NftOptions {
@@ -200,9 +209,9 @@ fn the_dry_run_is_what_the_kernel_receives() {
             masquerade_bit: 3,
             local_detection: LocalDetection::InterfaceNamePrefix("veth".into()),
             cluster_cidrs: Vec::new(),
-            service_cidrs: nets(&["10.96.0.0/12", "fd00:96::/112"]),
         },
         NodePortSelection::Cidrs(nets(&["0.0.0.0/0", "fd00:10::/64"])),
+        &nets(&["10.96.0.0/12", "fd00:96::/112"]),
     );
     compare(
         NftOptions {
@@ -210,5 +219,6 @@ fn the_dry_run_is_what_the_kernel_receives() {
             ..NftOptions::default()
         },
         NodePortSelection::Cidrs(nets(&["192.168.20.0/24"])),
+        &[],
     );
 }

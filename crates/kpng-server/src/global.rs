@@ -4,7 +4,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Weak};
 
-use kpng_api::global::{GlobalItem, delete_op, model_items, node_item, service_items};
+use kpng_api::global::{
+    GlobalItem, delete_op, model_items, node_item, service_cidr_item, service_items,
+};
 use kpng_api::localv1;
 use kpng_model::{Changes, GlobalModel, ServiceKey, Touched};
 use kpng_store::{Revision, StoreReader};
@@ -80,6 +82,11 @@ impl GlobalContent {
                         Touched::Node(name) => {
                             old.push((localv1::Set::GlobalNodeInfos, name.clone()));
                             new.extend(model.node(name).map(node_item));
+                        }
+                        Touched::ServiceCidrs => {
+                            let set = localv1::Set::GlobalServiceCidrInfos;
+                            old.extend(self.items.keys().filter(|(s, _)| *s == set).cloned());
+                            new.extend(model.service_cidrs().map(service_cidr_item));
                         }
                     }
                 }

@@ -279,6 +279,7 @@ impl Fanout {
                 true
             }
             Changes::Touched(touched) => {
+                let mut all_nodes = false;
                 for t in touched {
                     match t {
                         Touched::Service(key) => {
@@ -287,9 +288,11 @@ impl Fanout {
                         Touched::Node(name) => {
                             nodes.insert(name.as_str());
                         }
+                        // Every node's item carries the cluster's service CIDRs.
+                        Touched::ServiceCidrs => all_nodes = true,
                     }
                 }
-                false
+                all_nodes
             }
         };
         let (mut slots, mut removed) = (Vec::new(), Vec::new());

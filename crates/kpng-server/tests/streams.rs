@@ -139,7 +139,23 @@ async fn the_global_stream_mirrors_the_model() {
         timeout(Duration::from_secs(5), watch.next_items()).await.unwrap().unwrap().unwrap();
     assert_eq!(items.len(), 2, "one endpoint deleted, one set: {items:?}");
     mirror_writer.apply(mirrored.apply(&items).unwrap());
-    assert_eq!(mirror.snapshot().model(), &model_of(changed));
+    assert_eq!(mirror.snapshot().model(), &model_of(changed.clone()));
+
+    // A ServiceCIDR appears: one item of its own, mirrored exactly.
+    let cidr = kpng_testkit::builders::service_cidr("kubernetes", &["10.96.0.0/16"]);
+    server.writer.apply([SourceEvent::Applied(Object::ServiceCidr(cidr.clone()))]);
+    let items =
+        timeout(Duration::from_secs(5), watch.next_items()).await.unwrap().unwrap().unwrap();
+    assert_eq!(items.len(), 1, "{items:?}");
+    mirror_writer.apply(mirrored.apply(&items).unwrap());
+    let mut with_cidr = changed;
+    with_cidr.push(Object::ServiceCidr(cidr));
+    assert_eq!(mirror.snapshot().model(), &model_of(with_cidr.clone()));
+    server.writer.apply(relist(with_cidr[..3].to_vec()));
+    let items =
+        timeout(Duration::from_secs(5), watch.next_items()).await.unwrap().unwrap().unwrap();
+    mirror_writer.apply(mirrored.apply(&items).unwrap());
+    assert_eq!(mirror.snapshot().model().service_cidrs().count(), 0, "deleted: {items:?}");
 }
 
 /// The original kpng's messages, exactly as its field table lists them (no extensions).

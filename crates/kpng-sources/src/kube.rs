@@ -1,35 +1,68 @@
-//! The kube source: Services, EndpointSlices and Nodes from the Kubernetes API.
+//! The kube source: Services, EndpointSlices, Nodes and ServiceCIDRs from the Kubernetes
+//! API.
 //!
-//! One kube-rs watcher per kind (with backoff, so an unreachable API server is retried,
-//! not hammered) feeds the store. What the proxy must ignore is dropped by the API server
-//! itself through label selectors (`!service.kubernetes.io/headless`, and
-//! `!service.kubernetes.io/service-proxy-name` unless this proxy has a name); Nodes are
-//! watched by name (this node only) unless every node is wanted. Each object is reduced at
-//! ingest by the same conversion as the file source, so an event whose reduced value is
-//! unchanged costs no store revision. Every (re)list is applied as a relist, so objects
-//! that vanished while the watch was down are deleted and nothing else is touched. Events
-//! that arrive together are applied as one batch (one revision).
+//! Each kind has its own list/watch loop ([`watcher::KindWatcher`]) on top of raw requests
+//! of a `kube::Client`, and the four run at once. A list is read in pages of
+//! [`PAGE_SIZE`] objects (`limit`/`continue`), each page's objects handed to the store as
+//! soon as the page is read while the next page is already on its way; then the kind is
+//! watched (`watch=true&allowWatchBookmarks=true&resourceVersion=...`) until the server
+//! closes the watch (it is opened again from the last version seen) or answers `410 Gone`
+//! (the kind is listed again). Failures are retried with backoff (0.5 s doubling to 30 s).
+//!
+//! Objects are parsed into kpng's own types ([`crate::schema`]), which hold only what a
+//! proxy reads, and converted like the file source's. A malformed object (a field of the
+//! wrong type, an invalid value) is reported once per version, naming its kind,
+//! namespace/name and field, and skipped: the rest of its kind is applied, and the
+//! object's last good version, if any, stays in force (also through a relist).
+//!
+//! What the proxy must ignore is dropped by the API server itself through label selectors
+//! ([`ConvertOptions::label_selector`]); Nodes are watched by name (this node only) unless
+//! every node is wanted. A cluster that does not serve ServiceCIDRs (`404`) or does not let
+//! the proxy read them (`403`) is treated as having none. An event whose reduced object is
+//! unchanged costs no store revision; events that arrive together are applied as one
+//! batch. The store releases nothing to sinks before every kind has completed its first
+//! list.
+//!
+//! Requests are paced by a shared token bucket ([`Pacer`]): a list counts once, however
+//! many pages it takes, and so does a watch.
+//!
+//! # Layout
+//! - [`resource`]: each kind's API path, selectors, and whether it may be absent.
+//! - [`request`]: raw requests: list pages, watch lines, errors classified.
+//! - [`decode`]: pages and watch events → store events, malformed objects reported once.
+//! - [`watcher`]: one kind's list/watch loop, as a state machine.
+//! - [`pace`]: the request pacing (`--kube-api-qps`, `--kube-api-burst`).
 
-use std::fmt::Debug;
+pub mod decode;
+pub mod pace;
+pub mod request;
+pub mod resource;
+pub mod watcher;
 
-use futures::{FutureExt, Stream, StreamExt};
-use k8s_openapi::api::core::v1 as core;
-use k8s_openapi::api::discovery::v1 as discovery;
-use kpng_model::global::SliceKey;
-use kpng_model::{Kind, Object, ObjectRef, ServiceKey};
+use kpng_model::Kind;
 use kpng_store::{SourceEvent, StoreWriter};
-use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, Event};
-use kube::{Api, Client, Resource, ResourceExt};
-use serde::de::DeserializeOwned;
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
 
-use crate::convert::{
-    ConvertError, ConvertOptions, Converted, HEADLESS_LABEL, SERVICE_PROXY_NAME_LABEL,
-    convert_node, convert_service, convert_slice,
-};
+pub use pace::Pacer;
 
-/// At most this many events go into one batch.
+use crate::convert::ConvertOptions;
+use decode::Reader;
+use resource::Resource;
+use watcher::KindWatcher;
+
+/// At most this many events go into one store batch.
 const MAX_BATCH: usize = 4096;
+
+/// Objects per list page. Large enough that a relist of tens of thousands of objects is a
+/// few dozen round trips, small enough that a page is a few hundred kilobytes.
+pub const PAGE_SIZE: usize = 500;
+
+/// Batches of events waiting for the store (each a page or a watch event).
+const QUEUE: usize = 16;
+
+/// The kinds this source lists.
+pub const KINDS: [Kind; 4] = Kind::ALL;
 
 /// Which nodes to watch.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,128 +75,60 @@ pub enum NodeSelection {
 
 /// The kube source.
 pub struct KubeSource {
-    client: Client,
+    client: kube::Client,
     options: ConvertOptions,
     nodes: NodeSelection,
+    pacer: Pacer,
+    page_size: usize,
 }
 
-/// The kinds this source lists.
-pub const KINDS: [Kind; 3] = Kind::ALL;
-
-type Events = std::pin::Pin<Box<dyn Stream<Item = Vec<SourceEvent>> + Send>>;
-
 impl KubeSource {
-    /// A source reading through `client`.
-    pub fn new(client: Client, options: ConvertOptions, nodes: NodeSelection) -> Self {
-        KubeSource { client, options, nodes }
+    /// A source reading through `client`, without pacing.
+    pub fn new(client: kube::Client, options: ConvertOptions, nodes: NodeSelection) -> Self {
+        KubeSource { client, options, nodes, pacer: Pacer::unlimited(), page_size: PAGE_SIZE }
     }
 
-    fn label_selector(&self) -> String {
-        match self.options.service_proxy_name {
-            Some(_) => format!("!{HEADLESS_LABEL}"),
-            None => format!("!{HEADLESS_LABEL},!{SERVICE_PROXY_NAME_LABEL}"),
-        }
+    /// Paces lists and watches with `pacer`.
+    pub fn with_pacer(mut self, pacer: Pacer) -> Self {
+        self.pacer = pacer;
+        self
     }
 
-    /// Feeds the store until cancelled. Watch errors are logged and retried with backoff.
+    /// Lists in pages of `page_size` objects (at least 1).
+    pub fn with_page_size(mut self, page_size: usize) -> Self {
+        self.page_size = page_size.max(1);
+        self
+    }
+
+    /// Feeds the store until cancelled. Each kind's loop runs in a task of its own on the
+    /// current runtime; the tasks end when this future is dropped.
     pub async fn run(self, mut writer: StoreWriter) {
-        let labels = self.label_selector();
-        let service_config = watcher::Config::default().labels(&labels);
-        let nodes_config = match &self.nodes {
-            NodeSelection::One(name) => {
-                watcher::Config::default().fields(&format!("metadata.name={name}"))
-            }
-            NodeSelection::All => watcher::Config::default(),
-        };
-        let services = watch::<core::Service>(
-            Api::all(self.client.clone()),
-            service_config.clone(),
-            Kind::Service,
-            {
-                let options = self.options.clone();
-                move |s| reported(convert_service(s, &options)).map(|c| c.map(Object::Service))
-            },
-        );
-        let slices = watch::<discovery::EndpointSlice>(
-            Api::all(self.client.clone()),
-            service_config,
-            Kind::EndpointSlice,
-            {
-                let options = self.options.clone();
-                move |s| reported(convert_slice(s, &options)).map(|c| c.map(Object::EndpointSlice))
-            },
-        );
-        let nodes = watch::<core::Node>(
-            Api::all(self.client.clone()),
-            nodes_config,
-            Kind::Node,
-            move |n| reported(convert_node(n)).map(|c| c.map(Object::Node)),
-        );
-        let mut events = futures::stream::select_all([services, slices, nodes]);
-        while let Some(mut batch) = events.next().await {
+        let (events, mut received) = mpsc::channel::<Vec<SourceEvent>>(QUEUE);
+        let mut loops = JoinSet::new();
+        for kind in KINDS {
+            let resource = Resource::new(kind, &self.options, &self.nodes);
+            let reader = Reader::new(kind, self.options.clone());
+            let watcher = KindWatcher::new(
+                self.client.clone(),
+                resource,
+                reader,
+                self.pacer.clone(),
+                events.clone(),
+                self.page_size,
+            );
+            loops.spawn(watcher.run());
+        }
+        drop(events);
+        while let Some(mut batch) = received.recv().await {
             // Whatever else is ready joins this batch: a burst is one revision.
             while batch.len() < MAX_BATCH {
-                match events.next().now_or_never() {
-                    Some(Some(more)) => batch.extend(more),
-                    _ => break,
+                match received.try_recv() {
+                    Ok(more) => batch.extend(more),
+                    Err(_) => break,
                 }
             }
             let revision = writer.apply(batch);
-            tracing::debug!(?revision, "applied API events");
+            tracing::trace!(?revision, "applied API events");
         }
     }
-}
-
-/// A conversion result with errors logged: `None` skips the object.
-fn reported<T>(result: Result<Converted<T>, ConvertError>) -> Option<Converted<T>> {
-    match result {
-        Ok(c) => Some(c),
-        Err(e) => {
-            tracing::warn!(error = %e, "skipping an invalid object");
-            None
-        }
-    }
-}
-
-/// The store key of a Kubernetes object of `kind`.
-fn key_of<K: Resource>(kind: Kind, object: &K) -> ObjectRef {
-    let namespace = object.namespace().unwrap_or_else(|| "default".into());
-    let name = object.name_any();
-    match kind {
-        Kind::Service => ObjectRef::Service(ServiceKey::new(namespace, name)),
-        Kind::EndpointSlice => ObjectRef::EndpointSlice(SliceKey::new(namespace, name)),
-        Kind::Node => ObjectRef::Node(name),
-    }
-}
-
-fn watch<K>(
-    api: Api<K>,
-    config: watcher::Config,
-    kind: Kind,
-    convert: impl Fn(&K) -> Option<Converted<Object>> + Send + 'static,
-) -> Events
-where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
-{
-    let to_event = move |object: &K| match convert(object) {
-        Some(Converted::Proxied(o)) => Some(SourceEvent::Applied(o)),
-        Some(Converted::Ignored { key, .. }) => Some(SourceEvent::Deleted(key)),
-        None => None,
-    };
-    watcher::watcher(api, config)
-        .default_backoff()
-        .filter_map(move |event| {
-            let events = match event {
-                Ok(Event::Init) => vec![SourceEvent::ListStarted(kind)],
-                Ok(Event::InitApply(o)) | Ok(Event::Apply(o)) => to_event(&o).into_iter().collect(),
-                Ok(Event::InitDone) => vec![SourceEvent::ListDone(kind)],
-                Ok(Event::Delete(o)) => vec![SourceEvent::Deleted(key_of(kind, &o))],
-                Err(e) => {
-                    tracing::warn!(%kind, error = %e, "watch failed; retrying with backoff");
-                    Vec::new()
-                }
-            };
-            futures::future::ready((!events.is_empty()).then_some(events))
-        })
-        .boxed()
 }

@@ -9,8 +9,10 @@ use kpng_testkit::generate::{ClusterSpec, generate, to_json_list, to_yaml};
 fn generated_clusters_parse_in_yaml_and_json() {
     let spec = ClusterSpec { services: 40, endpoints: 3, nodes: 4, zones: 2 };
     let objects = generate(&spec);
-    let yaml = parse_manifests(&to_yaml(&objects).unwrap(), &ConvertOptions::default()).unwrap();
-    let json = parse_manifests(&to_json_list(&objects), &ConvertOptions::default()).unwrap();
+    let yaml =
+        parse_manifests(&to_yaml(&objects).unwrap(), &ConvertOptions::default()).unwrap().objects;
+    let json =
+        parse_manifests(&to_json_list(&objects), &ConvertOptions::default()).unwrap().objects;
     assert_eq!(yaml, json);
     assert_eq!(yaml.len(), objects.len());
     let services = yaml.iter().filter(|o| matches!(o, Object::Service(_))).count();

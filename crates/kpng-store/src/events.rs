@@ -11,6 +11,10 @@ pub enum SourceEvent {
     Applied(Object),
     /// The object no longer exists (or is no longer proxied): remove it.
     Deleted(ObjectRef),
+    /// The object exists but the source could not read its current version (it is
+    /// malformed): keep whatever the store holds for it. A list in progress counts it as
+    /// listed, so a relist does not delete its last good version.
+    Kept(ObjectRef),
     /// A full list of `kind` begins. Every object of that kind that is not `Applied` before
     /// the matching [`SourceEvent::ListDone`] is deleted then. Used for the initial list and
     /// for every relist (a file re-read, a watch that expired).

@@ -11,15 +11,18 @@ pub struct StoreStats {
     events: AtomicU64,
     changes: AtomicU64,
     revisions: AtomicU64,
-    events_by_kind: [AtomicU64; 3],
-    changes_by_kind: [AtomicU64; 3],
+    events_by_kind: [AtomicU64; KINDS],
+    changes_by_kind: [AtomicU64; KINDS],
 }
+
+/// The number of kinds, which index the per-kind counters (`Kind as usize`).
+const KINDS: usize = Kind::ALL.len();
 
 /// Events and changes of one batch, by kind (indexed by `Kind as usize`).
 #[derive(Debug, Default)]
 pub(crate) struct KindCounts {
-    pub events: [u64; 3],
-    pub changes: [u64; 3],
+    pub events: [u64; KINDS],
+    pub changes: [u64; KINDS],
 }
 
 /// The counters at one moment.
@@ -43,7 +46,7 @@ impl StoreStats {
     }
 
     pub(crate) fn record_kinds(&self, counts: &KindCounts) {
-        for i in 0..3 {
+        for i in 0..KINDS {
             self.events_by_kind[i].fetch_add(counts.events[i], Ordering::Relaxed);
             self.changes_by_kind[i].fetch_add(counts.changes[i], Ordering::Relaxed);
         }

@@ -106,6 +106,13 @@ impl StoreWriter {
                         touched.extend(t);
                     }
                 }
+                SourceEvent::Kept(key) => {
+                    object_events += 1;
+                    by_kind.events[key.kind() as usize] += 1;
+                    if let Some(listing) = inner.listing.get_mut(&key.kind()) {
+                        listing.insert(key);
+                    }
+                }
                 SourceEvent::ListStarted(kind) => {
                     inner.listing.insert(kind, BTreeSet::new());
                 }

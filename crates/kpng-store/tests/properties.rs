@@ -59,6 +59,48 @@ proptest! {
         prop_assert_eq!(changed.is_some(), reader.snapshot().revision() != rev_before);
         prop_assert!(reader.is_ready());
     }
+
+    /// A relist streamed in pages (one batch each, as the kube source writes them) ends
+    /// where a relist in one batch does.
+    #[test]
+    fn a_relist_in_pages_converges_like_one_batch(
+        before in proptest::collection::vec(arb_mutation(), 0..15),
+        after in proptest::collection::vec(arb_mutation(), 0..15),
+        page in 1usize..4,
+    ) {
+        let (mut writer, reader) = store(&Kind::ALL);
+        writer.apply(before.iter().map(event));
+        let wanted = final_objects(&after);
+        writer.apply(Kind::ALL.map(SourceEvent::ListStarted));
+        for chunk in wanted.chunks(page) {
+            writer.apply(chunk.iter().cloned().map(SourceEvent::Applied));
+        }
+        writer.apply(Kind::ALL.map(SourceEvent::ListDone));
+        let (mut fresh, fresh_reader) = store(&[]);
+        fresh.apply(wanted.into_iter().map(SourceEvent::Applied));
+        { let (a, b) = (reader.snapshot(), fresh_reader.snapshot()); prop_assert_eq!(a.model(), b.model()); }
+        prop_assert!(reader.is_ready());
+    }
+}
+
+#[test]
+fn a_kept_object_survives_a_relist_that_could_not_read_it() {
+    let (mut writer, reader) = store(&[Kind::Service]);
+    let svc = kpng_testkit::builders::service("ns", "a", &["10.96.0.1"], &[]);
+    let other = kpng_testkit::builders::service("ns", "b", &["10.96.0.2"], &[]);
+    writer.apply(SourceEvent::relist(
+        &[Kind::Service],
+        [Object::Service(svc.clone()), Object::Service(other)],
+    ));
+    // The relist cannot read `a` any more (malformed) and no longer lists `b`.
+    writer.apply([
+        SourceEvent::ListStarted(Kind::Service),
+        SourceEvent::Kept(ObjectRef::Service(svc.key.clone())),
+        SourceEvent::ListDone(Kind::Service),
+    ]);
+    let snapshot = reader.snapshot();
+    let left: Vec<&kpng_model::Service> = snapshot.model().services().collect();
+    assert_eq!(left, [&svc], "the unreadable object keeps its last good value; b is gone");
 }
 
 #[test]

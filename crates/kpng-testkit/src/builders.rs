@@ -4,8 +4,9 @@
 use std::collections::BTreeMap;
 
 use kpng_model::global::{
-    Endpoint, EndpointSlice, Node, NodeAddress, NodeAddressKind, Service, ServiceKey, ServicePort,
-    ServiceType, SessionAffinity, SliceKey, SlicePort, TargetPort, TrafficPolicy, ZONE_LABEL,
+    Endpoint, EndpointSlice, Node, NodeAddress, NodeAddressKind, Service, ServiceCidr, ServiceKey,
+    ServicePort, ServiceType, SessionAffinity, SliceKey, SlicePort, TargetPort, TrafficPolicy,
+    ZONE_LABEL,
 };
 use kpng_model::net::parse_ip;
 use kpng_model::{Family, Protocol};
@@ -38,6 +39,8 @@ pub fn service(
         internal_traffic_policy: TrafficPolicy::Cluster,
         external_traffic_policy: TrafficPolicy::Cluster,
         health_check_node_port: None,
+        proxy_name: None,
+        created_at: None,
     }
 }
 
@@ -79,7 +82,13 @@ pub fn slice(
             .collect(),
         endpoints,
         trigger_time: None,
+        proxy_name: None,
     }
+}
+
+/// A ServiceCIDR `name` over `cidrs` (normalised).
+pub fn service_cidr(name: &str, cidrs: &[&str]) -> ServiceCidr {
+    ServiceCidr::new(name, cidrs.iter().map(|c| c.parse().expect("test CIDR")))
 }
 
 /// A node `name` in `zone` with InternalIP addresses `ips`.

@@ -172,6 +172,18 @@ pub fn to_yaml(objects: &[Value]) -> Result<String, serde_saphyr::ser::Error> {
     Ok(out)
 }
 
+/// The cluster as one `kind: List` YAML document, as `kubectl get svc,endpointslices,nodes
+/// -A -o yaml` prints it.
+pub fn to_yaml_list(objects: &[Value]) -> Result<String, serde_saphyr::ser::Error> {
+    let list = json!({
+        "apiVersion": "v1",
+        "items": objects,
+        "kind": "List",
+        "metadata": { "resourceVersion": "" },
+    });
+    serde_saphyr::to_string(&list)
+}
+
 /// The cluster as a `kind: List` JSON document.
 pub fn to_json_list(objects: &[Value]) -> String {
     json!({ "apiVersion": "v1", "kind": "List", "items": objects }).to_string()

@@ -35,7 +35,12 @@ pub fn require(test: &str, tools: &[&str]) -> bool {
     if missing.is_empty() {
         return true;
     }
-    let message = format!("{test} needs {}", missing.join(", "));
+    skip(&format!("{test} needs {}", missing.join(", ")))
+}
+
+/// Skips a test that cannot run for the reason `message` gives: prints it and returns
+/// false, or under `CI=true` panics with it.
+pub fn skip(message: &str) -> bool {
     if std::env::var("CI").is_ok_and(|v| v == "true") {
         panic!("{message} (CI=true: privileged tests must run)");
     }

@@ -78,6 +78,25 @@ pub fn tcp(target: SocketAddr, timeout: Duration) -> Outcome {
     }
 }
 
+/// One TCP connection to `target` from the local address `source`.
+pub fn tcp_from(source: IpAddr, target: SocketAddr, timeout: Duration) -> Outcome {
+    use socket2::{Domain, Socket, Type};
+    let domain = if target.is_ipv4() { Domain::IPV4 } else { Domain::IPV6 };
+    let connected = Socket::new(domain, Type::STREAM, None)
+        .and_then(|s| s.bind(&SocketAddr::new(source, 0).into()).map(|()| s))
+        .and_then(|s| s.connect_timeout(&target.into(), timeout).map(|()| s));
+    let mut stream: TcpStream = match connected {
+        Ok(socket) => socket.into(),
+        Err(e) => return classify(e),
+    };
+    let _ = stream.set_read_timeout(Some(timeout));
+    let mut buf = [0u8; 256];
+    match stream.read(&mut buf) {
+        Ok(n) => parse_answer(&String::from_utf8_lossy(&buf[..n])),
+        Err(e) => classify(e),
+    }
+}
+
 /// One UDP exchange with `target`, from `source_port` (0: any).
 pub fn udp(target: SocketAddr, source_port: u16, timeout: Duration) -> Outcome {
     let bind: SocketAddr = if target.is_ipv4() {

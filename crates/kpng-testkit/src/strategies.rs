@@ -6,8 +6,8 @@ use std::net::IpAddr;
 
 use kpng_model::global::{
     Endpoint, EndpointSlice, IpMode, LoadBalancerIngress, Node, NodeAddress, NodeAddressKind,
-    Service, ServiceKey, ServicePort, ServiceType, SessionAffinity, SliceKey, SlicePort,
-    TargetPort, TrafficPolicy, ZONE_LABEL,
+    Service, ServiceCidr, ServiceKey, ServicePort, ServiceType, SessionAffinity, SliceKey,
+    SlicePort, TargetPort, TrafficPolicy, ZONE_LABEL,
 };
 use kpng_model::{Family, Object, ObjectRef, Protocol};
 use proptest::prelude::*;
@@ -102,10 +102,12 @@ pub fn arb_service() -> impl Strategy<Value = Service> {
         proptest::collection::vec(arb_any_ip(), 0..2),
         proptest::collection::vec((arb_any_ip(), any::<bool>()), 0..2),
         (arb_policy(), arb_policy(), any::<bool>(), proptest::option::of(30000u16..30010)),
+        (arb_proxy_name(), proptest::option::of(1_500_000_000i64..1_800_000_000)),
     )
         .prop_map(
-            |(key, families, ports, service_type, mut external_ips, ingress, policies)| {
+            |(key, families, ports, service_type, mut external_ips, ingress, policies, meta)| {
                 let (itp, etp, affinity, hc) = policies;
+                let (proxy_name, created_at) = meta;
                 let node_ports = service_type != ServiceType::ClusterIP;
                 external_ips.sort();
                 external_ips.dedup();
@@ -148,9 +150,16 @@ pub fn arb_service() -> impl Strategy<Value = Service> {
                     }),
                     key,
                     service_type,
+                    proxy_name,
+                    created_at,
                 }
             },
         )
+}
+
+/// A service-proxy-name label value, usually none.
+fn arb_proxy_name() -> impl Strategy<Value = Option<String>> {
+    prop_oneof![4 => Just(None), 1 => Just(Some("other".to_string()))]
 }
 
 fn arb_endpoint(family: Family) -> impl Strategy<Value = Endpoint> {
@@ -189,8 +198,9 @@ pub fn arb_slice() -> impl Strategy<Value = EndpointSlice> {
         arb_family(),
         subsequence(&PORTS[..], 0..=PORTS.len()),
         prop_oneof![9 => Just(None), 1 => select(&SERVICES[..]).prop_map(Some)],
+        arb_proxy_name(),
     )
-        .prop_flat_map(|((key, svc), family, ports, other)| {
+        .prop_flat_map(|((key, svc), family, ports, other, proxy_name)| {
             proptest::collection::vec(arb_endpoint(family), 0..5).prop_map(move |endpoints| {
                 EndpointSlice {
                     key: key.clone(),
@@ -206,6 +216,7 @@ pub fn arb_slice() -> impl Strategy<Value = EndpointSlice> {
                         .collect(),
                     endpoints,
                     trigger_time: None,
+                    proxy_name: proxy_name.clone(),
                 }
             })
         })
@@ -234,12 +245,29 @@ pub fn arb_node() -> impl Strategy<Value = Node> {
     )
 }
 
+/// ServiceCIDR names of the universe.
+const SERVICE_CIDRS: [&str; 2] = ["kubernetes", "extra"];
+
+/// Service ranges of the universe. As in a real cluster, they hold cluster IPs (`.100`,
+/// `::64`) and no pod, external or node address: a proxy drops new connections to an
+/// address inside them that no service holds, and checks that after DNAT, as kube-proxy
+/// does, so an endpoint inside one would be unreachable.
+const SERVICE_NETS: [&str; 4] = ["10.0.0.96/28", "10.96.0.0/16", "fd00::60/124", "fd00:96::/108"];
+
+/// A ServiceCIDR of the universe: one or two ranges.
+pub fn arb_service_cidr() -> impl Strategy<Value = ServiceCidr> {
+    (select(&SERVICE_CIDRS[..]), subsequence(&SERVICE_NETS[..], 1..=2)).prop_map(|(name, nets)| {
+        ServiceCidr::new(name, nets.iter().map(|n| n.parse().expect("a valid CIDR")))
+    })
+}
+
 /// Any object of the universe.
 pub fn arb_object() -> impl Strategy<Value = Object> {
     prop_oneof![
-        2 => arb_service().prop_map(Object::Service),
-        3 => arb_slice().prop_map(Object::EndpointSlice),
-        1 => arb_node().prop_map(Object::Node),
+        4 => arb_service().prop_map(Object::Service),
+        6 => arb_slice().prop_map(Object::EndpointSlice),
+        2 => arb_node().prop_map(Object::Node),
+        1 => arb_service_cidr().prop_map(Object::ServiceCidr),
     ]
 }
 
@@ -250,5 +278,7 @@ pub fn arb_mutation() -> impl Strategy<Value = Mutation> {
         1 => arb_service_key().prop_map(|k| Mutation::Delete(ObjectRef::Service(k))),
         1 => arb_slice_key().prop_map(|(k, _)| Mutation::Delete(ObjectRef::EndpointSlice(k))),
         1 => select(&NODES[..]).prop_map(|n| Mutation::Delete(ObjectRef::Node(n.to_string()))),
+        1 => select(&SERVICE_CIDRS[..])
+            .prop_map(|n| Mutation::Delete(ObjectRef::ServiceCidr(n.to_string()))),
     ]
 }

@@ -185,6 +185,13 @@ impl Cluster {
         in_netns(from, move || probe::tcp(target, Duration::from_millis(1500)))
     }
 
+    /// One TCP probe from `from` to `target`, from its local address `source`.
+    pub fn tcp_from(from: &Netns, source: &str, target: &str) -> Outcome {
+        let target: SocketAddr = target.parse().expect("target address");
+        let source: IpAddr = source.parse().expect("source address");
+        in_netns(from, move || probe::tcp_from(source, target, Duration::from_millis(1500)))
+    }
+
     /// One SCTP probe (IPv4) from `from` to `target`, from source port `source_port`.
     pub fn sctp(from: &Netns, target: &str, source_port: u16) -> Outcome {
         let target: SocketAddr = target.parse().expect("target address");

@@ -1,21 +1,31 @@
 //! The command line: a source, then a sink, then (for `to-local`) one or more backends.
 //!
 //! ```text
-//! kpng file --input PATH [--watch] <sink>
-//! kpng kube [--kubeconfig PATH] [--server URL] <sink>
-//! kpng api --server ADDR <sink>
+//! kpng file --input PATH [--watch] [--service-proxy-name NAME] <sink>
+//! kpng kube [--kubeconfig PATH] [--server URL] [--service-proxy-name NAME] <sink>
+//! kpng api --server ADDR [--service-proxy-name NAME] <sink>
 //! kpng local --server ADDR <backend> [<backend>...]
 //! <sink>    := to-file --output PATH [--format yaml|json] | to-local <backend> [<backend>...]
-//!            | to-api --listen ADDR
-//! <backend> := to-json | to-nft
+//!            | to-api --listen ADDR [--max-clients N] [--client-timeout DURATION]
+//! <backend> := to-json | to-nft | to-ebpf [--cgroup-path PATH] [--bpf-pin-path PATH]
+//! kpng cleanup [--backend nft|ebpf|all] [--bpf-pin-path PATH]
 //! ```
 //!
-//! Options that concern the whole process (`--once`, `--node`, `--stats`, `--log`) are
-//! accepted anywhere after `kpng`.
+//! Options that concern the whole process ([`global`]: `--once`, `--node`, `--stats`, the
+//! proxy, conntrack, sync and server options) are accepted anywhere after `kpng`: they are
+//! moved to the front before parsing ([`hoist_global_args`]).
+
+mod global;
 
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use global::parse_duration;
+
+pub use global::{
+    GlobalArgs, GlobalOption, LogFormat, LoggingArgs, clap_message, global_args_from,
+    global_options, hoist_global_args,
+};
 
 const AFTER_HELP: &str = "\
 A pipeline reads left to right: a source fills the global model, a sink consumes it.
@@ -42,221 +52,13 @@ pub struct Cli {
     pub source: SourceCommand,
 }
 
-/// Options for the whole process, accepted anywhere on the command line.
-#[derive(Debug, Clone, Args)]
-pub struct GlobalArgs {
-    /// Apply the state once, then exit: 0 after the first successful sync of every backend
-    /// (or the first write of `to-file`), non-zero with the error otherwise.
-    #[arg(long, global = true)]
-    pub once: bool,
-
-    /// Print a tab-separated stats line every second on standard error: time (ms), source
-    /// events, store revisions, node-state revisions, user and system CPU (ms), CPU %, RSS
-    /// (MiB), and revisions per event (%).
-    #[arg(long, global = true)]
-    pub stats: bool,
-
-    /// The node whose state `to-local` computes. Defaults to $NODE_NAME, then the hostname.
-    #[arg(long, global = true, env = "NODE_NAME", value_name = "NAME")]
-    pub node: Option<String>,
-
-    /// Log filter for standard error, in RUST_LOG syntax (`info`, `debug`, `kpng_sources=debug`).
-    #[arg(long, global = true, env = "KPNG_LOG", default_value = "info", value_name = "FILTER")]
-    pub log: String,
-
-    /// Print what backends would install (for `to-nft`: nft commands that `nft -f`
-    /// accepts) on standard output, and touch nothing.
-    #[arg(long, global = true)]
-    pub dry_run: bool,
-
-    /// The cluster's pod CIDRs (comma-separated, one per family): traffic from them is
-    /// "local pod" traffic, not masqueraded to cluster IPs and short-circuited to the
-    /// Cluster set for externalTrafficPolicy Local. Default: the node's podCIDRs.
-    #[arg(long, global = true, value_delimiter = ',', value_name = "CIDRS")]
-    pub cluster_cidr: Vec<ipnet::IpNet>,
-
-    /// Masquerade (SNAT) all traffic to cluster IPs.
-    #[arg(long, global = true)]
-    pub masquerade_all: bool,
-
-    /// How traffic from this node's pods is recognised: `ClusterCIDR` (sources in
-    /// --cluster-cidr), `NodeCIDR` (sources in the Node's podCIDRs), `BridgeInterface`
-    /// (arriving on --pod-bridge-interface) or `InterfaceNamePrefix` (arriving on an
-    /// interface named --pod-interface-name-prefix*). Default: ClusterCIDR when
-    /// --cluster-cidr is given, else NodeCIDR.
-    #[arg(long, global = true, value_parser = ["ClusterCIDR", "NodeCIDR", "BridgeInterface", "InterfaceNamePrefix"], value_name = "MODE")]
-    pub detect_local_mode: Option<String>,
-
-    /// The bridge pods are attached to (with --detect-local-mode BridgeInterface).
-    #[arg(long, global = true, value_name = "INTERFACE")]
-    pub pod_bridge_interface: Option<String>,
-
-    /// The name prefix of pods' interfaces on the node (with --detect-local-mode
-    /// InterfaceNamePrefix).
-    #[arg(long, global = true, value_name = "PREFIX")]
-    pub pod_interface_name_prefix: Option<String>,
-
-    /// The cluster's service CIDRs (comma-separated), for clusters without ServiceCIDR
-    /// objects: new connections to an address in them that no service holds are dropped
-    /// (an allocated ClusterIP on a port it does not define is still rejected).
-    #[arg(long, global = true, value_delimiter = ',', value_name = "CIDRS")]
-    pub service_cidr: Vec<ipnet::IpNet>,
-
-    /// Where NodePorts are accepted: `primary` (the Node object's primary IPs) or
-    /// comma-separated CIDRs: the node's addresses inside them, followed as addresses come
-    /// and go; a zero CIDR (`0.0.0.0/0`, `::/0`) means every local address of its family but
-    /// loopback; a family without a CIDR in the list uses its primary IP.
-    #[arg(long, global = true, default_value = "primary", value_name = "primary|CIDRS")]
-    pub nodeport_addresses: String,
-
-    /// The bit of the packet mark used to flag connections for masquerading (0-31).
-    /// Only this bit is read or written.
-    #[arg(long, global = true, default_value_t = 14, value_parser = clap::value_parser!(u8).range(0..32))]
-    pub masquerade_bit: u8,
-
-    /// Where /healthz, /livez and /readyz are served (port 0: not at all). Not with --once.
-    #[arg(
-        long,
-        global = true,
-        env = "KPNG_HEALTHZ_BIND_ADDRESS",
-        default_value = "0.0.0.0:10256",
-        value_name = "IP:PORT"
-    )]
-    pub healthz_bind_address: std::net::SocketAddr,
-
-    /// Where /metrics (Prometheus) and /state (the model and this node's state as JSON) are
-    /// served (port 0: not at all). Not with --once.
-    #[arg(
-        long,
-        global = true,
-        env = "KPNG_METRICS_BIND_ADDRESS",
-        default_value = "127.0.0.1:10249",
-        value_name = "IP:PORT"
-    )]
-    pub metrics_bind_address: std::net::SocketAddr,
-
-    /// Least time between two change sets applied by backends, after a burst of two;
-    /// changes arriving meanwhile are applied together (`0`: every change at once).
-    #[arg(long, global = true, default_value = "1s", value_parser = parse_duration, value_name = "DURATION")]
-    pub min_sync_period: std::time::Duration,
-
-    /// A YAML file with process-wide options keyed by flag name (`min-sync-period: 2s`);
-    /// flags win over it. `kpng config print-defaults` prints a complete one.
-    #[arg(long, global = true, value_name = "PATH")]
-    pub config: Option<PathBuf>,
-
-    /// The sync period: how often backends check that the kernel still holds what they
-    /// committed and repair what changed behind their back (`0`: never); /healthz and
-    /// /livez fail when a change has waited unapplied for more than twice this (`30s`,
-    /// `1m`, `500ms`).
-    #[arg(long, global = true, default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
-    pub sync_period: std::time::Duration,
-}
-
-/// The built-in default of process-wide option `--key`, as written on the command line.
-pub fn builtin_default(key: &str) -> Option<String> {
-    use clap::CommandFactory;
-    let command = Defaults::command();
-    let arg = command.get_arguments().find(|a| a.get_long() == Some(key))?;
-    arg.get_default_values().first().map(|v| v.to_string_lossy().into_owned())
-}
-
-/// Checks process-wide option arguments (`["--sync-period", "10s"]`) as the command line
-/// would; the error is clap's message.
-pub fn check_global_args(args: &[String]) -> Result<(), String> {
-    global_args_from(args).map(|_| ())
-}
-
-/// Process-wide options from `args` alone.
-pub fn global_args_from(args: &[String]) -> Result<GlobalArgs, String> {
-    Defaults::try_parse_from(args).map(|d| d.global).map_err(|e| e.to_string())
-}
-
-/// A duration: a number and a unit (`ms`, `s`, `m`, `h`), e.g. `30s`, `1m`, `1.5s`.
-pub fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
-    let at = text.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(text.len());
-    let (number, unit) = text.split_at(at);
-    let value: f64 = number.parse().map_err(|_| format!("{text:?} is not a duration like 30s"))?;
-    let seconds = match unit {
-        "" if value == 0.0 => 0.0,
-        "ms" => value / 1000.0,
-        "s" => value,
-        "m" => value * 60.0,
-        "h" => value * 3600.0,
-        _ => return Err(format!("{text:?}: the unit must be ms, s, m or h")),
-    };
-    std::time::Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"))
-}
-
-/// Parses no arguments: the defaults (and environment) of [`GlobalArgs`].
-#[derive(Debug, Parser)]
-#[command(no_binary_name = true)]
-struct Defaults {
-    #[command(flatten)]
-    global: GlobalArgs,
-}
-
-impl GlobalArgs {
-    /// The values of every option left unset.
-    pub fn default_values() -> GlobalArgs {
-        Defaults::try_parse_from(Vec::<String>::new()).expect("the defaults parse").global
-    }
-
-    /// Combines options given after a later backend with these.
-    pub fn merge(&mut self, later: GlobalArgs) {
-        self.once |= later.once;
-        self.stats |= later.stats;
-        self.dry_run |= later.dry_run;
-        self.masquerade_all |= later.masquerade_all;
-        if later.detect_local_mode.is_some() {
-            self.detect_local_mode = later.detect_local_mode;
-        }
-        if later.pod_bridge_interface.is_some() {
-            self.pod_bridge_interface = later.pod_bridge_interface;
-        }
-        if later.pod_interface_name_prefix.is_some() {
-            self.pod_interface_name_prefix = later.pod_interface_name_prefix;
-        }
-        if !later.service_cidr.is_empty() {
-            self.service_cidr = later.service_cidr;
-        }
-        if !later.cluster_cidr.is_empty() {
-            self.cluster_cidr = later.cluster_cidr;
-        }
-        if later.nodeport_addresses != "primary" {
-            self.nodeport_addresses = later.nodeport_addresses;
-        }
-        if later.masquerade_bit != 14 {
-            self.masquerade_bit = later.masquerade_bit;
-        }
-        if later.node.is_some() {
-            self.node = later.node;
-        }
-        if later.log != "info" {
-            self.log = later.log;
-        }
-        let defaults = Self::default_values();
-        if later.healthz_bind_address != defaults.healthz_bind_address {
-            self.healthz_bind_address = later.healthz_bind_address;
-        }
-        if later.metrics_bind_address != defaults.metrics_bind_address {
-            self.metrics_bind_address = later.metrics_bind_address;
-        }
-        if later.min_sync_period != defaults.min_sync_period {
-            self.min_sync_period = later.min_sync_period;
-        }
-        if later.sync_period != defaults.sync_period {
-            self.sync_period = later.sync_period;
-        }
-    }
-}
-
 /// Where the global model comes from.
 #[derive(Debug, Subcommand)]
 pub enum SourceCommand {
-    /// Read Kubernetes manifests (Service, EndpointSlice, Node) from a file.
+    /// Read Kubernetes manifests (Service, EndpointSlice, Node, ServiceCIDR) from a file.
     File(FileArgs),
-    /// Watch a Kubernetes API server: Services, EndpointSlices and this node (or every node).
+    /// Watch a Kubernetes API server: Services, EndpointSlices, ServiceCIDRs and this node
+    /// (or every node).
     Kube(KubeArgs),
     /// Replicate another kpng's global model from its `to-api` (gRPC), so kpng instances
     /// chain: cluster watcher -> relay -> nodes.
@@ -265,7 +67,8 @@ pub enum SourceCommand {
     /// reconnection that finds nothing new changes nothing in the kernel.
     Local(LocalArgs),
     /// Remove every kernel object kpng installed (its `ip kpng` and `ip6 kpng` nftables
-    /// tables) and nothing else, then exit.
+    /// tables, its eBPF programs' links and maps pinned under --bpf-pin-path) and nothing
+    /// else, then exit.
     Cleanup(CleanupArgs),
     /// Print the version, the git commit built from, and what this build contains.
     Version,
@@ -300,16 +103,16 @@ pub struct KubeArgs {
     #[arg(long, alias = "master", value_name = "URL")]
     pub server: Option<String>,
 
-    /// This proxy's name: objects labelled `service.kubernetes.io/service-proxy-name` with
-    /// this value are proxied, objects with another value are ignored.
-    #[arg(long, value_name = "NAME")]
-    pub service_proxy_name: Option<String>,
+    /// Which Services and EndpointSlices are this proxy's (the API server sends only those).
+    #[command(flatten)]
+    pub proxy_name: ProxyNameArgs,
 
     /// Watch every Node, not only this one (what a cluster-wide `to-api` needs).
     #[arg(long)]
     pub all_nodes: bool,
 
-    /// API requests per second, on average, from this client (0: no limit). Watches are
+    /// API requests per second, on average, from this client (0: no limit). A list counts
+    /// once however many pages it takes, a watch once when it starts; watches are
     /// long-lived, so this paces lists and re-lists.
     #[arg(long, default_value_t = 5.0, value_name = "QPS", value_parser = parse_qps, allow_negative_numbers = true)]
     pub kube_api_qps: f64,
@@ -323,6 +126,28 @@ pub struct KubeArgs {
     pub sink: SinkCommand,
 }
 
+/// Which Services and EndpointSlices a source keeps: the same option on every source that
+/// reads them (`kube`, `file`, `api`).
+#[derive(Debug, Clone, Args)]
+pub struct ProxyNameArgs {
+    /// This proxy's name: only Services and EndpointSlices labelled
+    /// `service.kubernetes.io/service-proxy-name=NAME` are proxied; unlabelled ones belong to
+    /// the default proxy. Without it, only unlabelled ones.
+    #[arg(long, value_name = "NAME", value_parser = parse_proxy_name)]
+    pub service_proxy_name: Option<String>,
+}
+
+impl ProxyNameArgs {
+    /// The conversion options this choice makes.
+    pub fn convert_options(&self) -> kpng_sources::ConvertOptions {
+        kpng_sources::ConvertOptions { service_proxy_name: self.service_proxy_name.clone() }
+    }
+}
+
+fn parse_proxy_name(text: &str) -> Result<String, String> {
+    kpng_sources::convert::check_proxy_name(text).map(|()| text.to_string())
+}
+
 fn parse_qps(text: &str) -> Result<f64, String> {
     match text.parse::<f64>() {
         Ok(qps) if qps.is_finite() && qps >= 0.0 => Ok(qps),
@@ -333,9 +158,25 @@ fn parse_qps(text: &str) -> Result<f64, String> {
 /// `kpng cleanup`.
 #[derive(Debug, Args)]
 pub struct CleanupArgs {
-    /// Which backend's objects to remove.
+    /// Which backend's objects to remove: `nft` only the nftables tables, `ebpf` only the
+    /// eBPF links and maps, `all` both.
     #[arg(long, value_enum, default_value_t = CleanupBackend::All)]
     pub backend: CleanupBackend,
+    /// Where `to-ebpf` pinned them.
+    #[command(flatten)]
+    pub pins: BpfPinArgs,
+}
+
+impl CleanupBackend {
+    /// Whether the nftables tables are removed.
+    pub fn nft(self) -> bool {
+        matches!(self, CleanupBackend::Nft | CleanupBackend::All)
+    }
+
+    /// Whether the eBPF links and maps are removed.
+    pub fn ebpf(self) -> bool {
+        matches!(self, CleanupBackend::Ebpf | CleanupBackend::All)
+    }
 }
 
 /// Backends `kpng cleanup` knows.
@@ -343,6 +184,8 @@ pub struct CleanupArgs {
 pub enum CleanupBackend {
     /// The nftables tables.
     Nft,
+    /// The eBPF programs (detached) and maps (unpinned) under `--bpf-pin-path`.
+    Ebpf,
     /// Everything kpng may have installed.
     All,
 }
@@ -351,19 +194,22 @@ pub enum CleanupBackend {
 #[derive(Debug, Args)]
 pub struct FileArgs {
     /// The manifests: multi-document YAML, JSON, or a `kind: List` (as printed by
-    /// `kubectl get svc,endpointslices,nodes -A -o yaml`). Other kinds are skipped.
+    /// `kubectl get svc,endpointslices,nodes,servicecidrs -A -o yaml`). Other kinds are
+    /// skipped.
     #[arg(long, short, value_name = "PATH")]
     pub input: PathBuf,
 
-    /// Re-read the file whenever it changes and apply only the difference. An invalid
-    /// edit is logged and the last good state stays in force.
+    /// Re-read the file whenever it changes and apply only the difference. What looks like
+    /// a write in progress is not applied: an empty, unreadable or invalid file is logged
+    /// and the last good state stays in force; one that ends mid-line or would remove more
+    /// than half of the objects is applied only if it stays so for 10 s (to remove
+    /// everything, write a List with `items: []`).
     #[arg(long)]
     pub watch: bool,
 
-    /// This proxy's name: objects labelled `service.kubernetes.io/service-proxy-name` with
-    /// this value are proxied, objects with another value are ignored.
-    #[arg(long, value_name = "NAME")]
-    pub service_proxy_name: Option<String>,
+    /// Which Services and EndpointSlices are this proxy's.
+    #[command(flatten)]
+    pub proxy_name: ProxyNameArgs,
 
     /// What consumes the model.
     #[command(subcommand)]
@@ -448,6 +294,9 @@ pub struct ApiArgs {
     /// Connection security.
     #[command(flatten)]
     pub conn: ConnArgs,
+    /// Which Services and EndpointSlices of the stream are this proxy's.
+    #[command(flatten)]
+    pub proxy_name: ProxyNameArgs,
     /// What consumes the model.
     #[command(subcommand)]
     pub sink: SinkCommand,
@@ -507,10 +356,14 @@ pub enum BackendCommand {
     /// nftables: one table per family with a constant number of chains; services and
     /// endpoints are elements of hash maps. Use --dry-run to print the ruleset.
     ToNft(Chain),
+    /// eBPF socket-level translation: cgroup programs choose the endpoint at connect()
+    /// (TCP) or sendmsg() (UDP) for sockets of this node, so their packets need no NAT.
+    /// Cluster IPs, and for local sockets NodePorts, external and load-balancer IPs; SCTP
+    /// and traffic from other hosts stay on the packet path: use with to-nft
+    /// (`to-local to-ebpf to-nft`). --dry-run prints the map writes.
+    ToEbpf(EbpfArgs),
     /// iptables. Not available in this build.
     ToIptables(Chain),
-    /// A userspace proxy. Not available in this build.
-    ToUserspace(Chain),
 }
 
 impl BackendCommand {
@@ -519,8 +372,18 @@ impl BackendCommand {
         match self {
             BackendCommand::ToJson(_) => "to-json",
             BackendCommand::ToNft(_) => "to-nft",
+            BackendCommand::ToEbpf(_) => "to-ebpf",
             BackendCommand::ToIptables(_) => "to-iptables",
-            BackendCommand::ToUserspace(_) => "to-userspace",
+        }
+    }
+
+    /// Whether the backend programs the kernel's dataplane. Such a backend takes the node's
+    /// instance lock, and brings with it what every kernel dataplane needs: conntrack
+    /// tuning and stale-flow cleanup, and the health-check NodePort servers.
+    pub fn programs_kernel(&self) -> bool {
+        match self {
+            BackendCommand::ToNft(_) | BackendCommand::ToEbpf(_) => true,
+            BackendCommand::ToJson(_) | BackendCommand::ToIptables(_) => false,
         }
     }
 
@@ -528,10 +391,34 @@ impl BackendCommand {
         match self {
             BackendCommand::ToJson(c)
             | BackendCommand::ToNft(c)
-            | BackendCommand::ToIptables(c)
-            | BackendCommand::ToUserspace(c) => c,
+            | BackendCommand::ToIptables(c) => c,
+            BackendCommand::ToEbpf(e) => &e.chain,
         }
     }
+}
+
+/// `to-ebpf` options.
+#[derive(Debug, Clone, Args)]
+pub struct EbpfArgs {
+    /// The cgroup v2 whose sockets (and its descendants') are translated. Default: the
+    /// root of the cgroup2 mount (every socket of the node).
+    #[arg(long, value_name = "PATH")]
+    pub cgroup_path: Option<PathBuf>,
+    /// Where the links and maps are pinned.
+    #[command(flatten)]
+    pub pins: BpfPinArgs,
+    /// Further backends.
+    #[command(flatten)]
+    pub chain: Chain,
+}
+
+/// Where `to-ebpf` pins its programs' links and maps; `kpng cleanup` looks there too.
+#[derive(Debug, Clone, Args)]
+pub struct BpfPinArgs {
+    /// The bpffs directory where kpng pins its programs' links and maps (bpffs is mounted
+    /// at /sys/fs/bpf when it is not).
+    #[arg(long, default_value = kpng_ebpf::support::DEFAULT_PIN_ROOT, value_name = "PATH")]
+    pub bpf_pin_path: PathBuf,
 }
 
 /// What follows a backend: further backends, with their own options.
@@ -549,27 +436,45 @@ pub struct Chain {
 
 /// The parser for backends after the first.
 #[derive(Debug, Parser)]
-#[command(name = "to-local", no_binary_name = true)]
+#[command(
+    name = "to-local",
+    no_binary_name = true,
+    override_usage = "kpng [OPTIONS] <SOURCE> ... to-local <BACKEND> [OPTIONS] [<BACKEND> [OPTIONS]]..."
+)]
 struct NextBackend {
-    #[command(flatten)]
-    global: GlobalArgs,
     #[command(subcommand)]
     backend: BackendCommand,
 }
 
 impl ToLocalArgs {
-    /// Every backend in command-line order. Options for the whole process given after a
-    /// later backend are merged into `global`.
-    pub fn backends(&self, global: &mut GlobalArgs) -> Result<Vec<BackendCommand>, clap::Error> {
+    /// Every backend in command-line order (process-wide options were moved out of the
+    /// chain before parsing).
+    pub fn backends(&self) -> Result<Vec<BackendCommand>, clap::Error> {
         let mut backends = vec![self.backend.clone()];
         let mut next = self.backend.chain().next.clone();
         while !next.is_empty() {
             let parsed = NextBackend::try_parse_from(&next)?;
-            global.merge(parsed.global);
             next = parsed.backend.chain().next.clone();
             backends.push(parsed.backend);
         }
         Ok(backends)
+    }
+}
+
+impl Cli {
+    /// The `to-local` arguments, wherever the command line has them.
+    pub fn to_local(&self) -> Option<&ToLocalArgs> {
+        let sink = match &self.source {
+            SourceCommand::File(args) => &args.sink,
+            SourceCommand::Kube(args) => &args.sink,
+            SourceCommand::Api(args) => &args.sink,
+            SourceCommand::Local(args) => return Some(&args.backends),
+            _ => return None,
+        };
+        match sink {
+            SinkCommand::ToLocal(args) => Some(args),
+            _ => None,
+        }
     }
 }
 
@@ -578,6 +483,7 @@ mod tests {
     use super::*;
 
     fn parse(args: &[&str]) -> Cli {
+        let args = hoist_global_args(args.iter().map(std::ffi::OsString::from).collect());
         Cli::try_parse_from(args).unwrap_or_else(|e| panic!("{e}"))
     }
 
@@ -587,13 +493,10 @@ mod tests {
             "kpng", "file", "--input", "c.yaml", "to-local", "--node", "n1", "to-json", "--once",
             "to-json", "--stats",
         ]);
-        let mut global = cli.global.clone();
-        let SourceCommand::File(file) = cli.source else { panic!() };
-        let SinkCommand::ToLocal(local) = file.sink else { panic!() };
-        let backends = local.backends(&mut global).unwrap();
+        let backends = cli.to_local().unwrap().backends().unwrap();
         assert_eq!(backends.iter().map(|b| b.name()).collect::<Vec<_>>(), ["to-json", "to-json"]);
-        assert!(global.once && global.stats);
-        assert_eq!(global.node.as_deref(), Some("n1"));
+        assert!(cli.global.once && cli.global.stats);
+        assert_eq!(cli.global.node.as_deref(), Some("n1"));
 
         let cli = parse(&[
             "kpng", "--once", "file", "-i", "c.yaml", "to-file", "-o", "out.json", "--format",
@@ -603,29 +506,48 @@ mod tests {
     }
 
     #[test]
-    fn unknown_backends_are_rejected() {
-        let cli = parse(&["kpng", "file", "--input", "c", "to-local", "to-json", "to-bogus"]);
-        let mut global = cli.global.clone();
-        let SourceCommand::File(file) = cli.source else { panic!() };
-        let SinkCommand::ToLocal(local) = file.sink else { panic!() };
-        let err = local.backends(&mut global).unwrap_err().to_string();
-        assert!(err.contains("to-bogus"), "{err}");
-    }
-}
+    fn ebpf_options_stay_with_their_backend() {
+        let cli = parse(&[
+            "kpng",
+            "file",
+            "-i",
+            "c",
+            "to-local",
+            "to-ebpf",
+            "--cgroup-path",
+            "/cg",
+            "--once",
+            "--bpf-pin-path",
+            "/sys/fs/bpf/x",
+            "to-nft",
+            "to-json",
+        ]);
+        let backends = cli.to_local().unwrap().backends().unwrap();
+        let names: Vec<_> = backends.iter().map(|b| b.name()).collect();
+        assert_eq!(names, ["to-ebpf", "to-nft", "to-json"]);
+        let BackendCommand::ToEbpf(ebpf) = &backends[0] else { unreachable!("parsed above") };
+        assert_eq!(ebpf.cgroup_path.as_deref(), Some(std::path::Path::new("/cg")));
+        assert_eq!(ebpf.pins.bpf_pin_path, std::path::Path::new("/sys/fs/bpf/x"));
+        assert!(cli.global.once, "a process-wide option between a backend's own is hoisted");
+        let kernel: Vec<bool> = backends.iter().map(BackendCommand::programs_kernel).collect();
+        assert_eq!(kernel, [true, true, false]);
 
-#[cfg(test)]
-mod duration_tests {
-    use super::parse_duration;
-    use std::time::Duration;
+        let cli = parse(&["kpng", "cleanup", "--backend", "nft"]);
+        let SourceCommand::Cleanup(args) = cli.source else { unreachable!("parsed above") };
+        assert!(args.backend.nft() && !args.backend.ebpf());
+        assert_eq!(args.pins.bpf_pin_path, std::path::Path::new("/sys/fs/bpf/kpng"));
+        let cli = parse(&["kpng", "cleanup", "--backend", "ebpf", "--bpf-pin-path", "/p"]);
+        let SourceCommand::Cleanup(args) = cli.source else { unreachable!("parsed above") };
+        assert!(!args.backend.nft() && args.backend.ebpf());
+        assert_eq!(args.pins.bpf_pin_path, std::path::Path::new("/p"));
+    }
 
     #[test]
-    fn durations_take_a_unit() {
-        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
-        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
-        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
-        assert!(parse_duration("30").unwrap_err().contains("unit"));
-        assert!(parse_duration("fast").unwrap_err().contains("not a duration"));
+    fn unknown_backends_are_rejected() {
+        let cli = parse(&["kpng", "file", "--input", "c", "to-local", "to-json", "to-bogus"]);
+        let err = cli.to_local().unwrap().backends().unwrap_err().to_string();
+        assert!(err.contains("to-bogus"), "{err}");
+        // The usage line shows the chain, not options the user never typed.
+        assert!(err.contains("to-local <BACKEND>") && !err.contains("--cluster-cidr"), "{err}");
     }
 }

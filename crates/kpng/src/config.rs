@@ -2,68 +2,68 @@
 //! names. Flags on the command line win over the file; the file wins over the
 //! environment and the defaults.
 
+use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::Path;
 
 use anyhow::{Context, bail};
 use serde::Deserialize;
 
-/// The keys a config file may set, each with its flag's meaning.
-const KEYS: &[(&str, &str)] = &[
-    ("node", "The node whose state to-local computes (default: $NODE_NAME, then the hostname)."),
-    ("log", "Log filter for standard error, in RUST_LOG syntax."),
-    ("cluster-cidr", "The cluster's pod CIDRs, one per family (default: the node's podCIDRs)."),
-    ("masquerade-all", "Masquerade (SNAT) all traffic to cluster IPs."),
-    ("nodeport-addresses", "Where NodePorts are accepted: primary, or CIDRs."),
-    ("masquerade-bit", "The packet-mark bit that flags connections for masquerading (0-31)."),
-    ("healthz-bind-address", "Where /healthz, /livez and /readyz are served (port 0: not)."),
-    ("metrics-bind-address", "Where /metrics and /state are served (port 0: not)."),
-    ("min-sync-period", "Least time between two change sets, after a burst of two (0: none)."),
-    ("sync-period", "Verify the kernel's rules this often (0: never); twice this fails health."),
-];
+use crate::cli::{GlobalOption, global_options};
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
-struct ConfigFile {
-    node: Option<String>,
-    log: Option<String>,
-    cluster_cidr: Option<Vec<String>>,
-    masquerade_all: Option<bool>,
-    nodeport_addresses: Option<String>,
-    masquerade_bit: Option<u8>,
-    healthz_bind_address: Option<String>,
-    metrics_bind_address: Option<String>,
-    min_sync_period: Option<String>,
-    sync_period: Option<String>,
+/// Process-wide options that describe one invocation, not a node's configuration.
+const NOT_KEYS: &[&str] = &["config", "once", "dry-run", "stats"];
+
+/// The options a config file may set: every process-wide option but [`NOT_KEYS`].
+fn keys() -> Vec<GlobalOption> {
+    global_options().into_iter().filter(|o| !NOT_KEYS.contains(&o.name.as_str())).collect()
 }
 
-impl ConfigFile {
-    /// `(key, flag arguments)` for every key the file sets.
-    fn settings(&self) -> Vec<(&'static str, Vec<String>)> {
-        let mut out = Vec::new();
-        let mut value = |key: &'static str, v: &Option<String>| {
-            if let Some(v) = v {
-                out.push((key, vec![format!("--{key}"), v.clone()]));
-            }
-        };
-        value("node", &self.node);
-        value("log", &self.log);
-        value("nodeport-addresses", &self.nodeport_addresses);
-        value("healthz-bind-address", &self.healthz_bind_address);
-        value("metrics-bind-address", &self.metrics_bind_address);
-        value("min-sync-period", &self.min_sync_period);
-        value("sync-period", &self.sync_period);
-        if let Some(cidrs) = self.cluster_cidr.as_ref().filter(|c| !c.is_empty()) {
-            out.push(("cluster-cidr", vec!["--cluster-cidr".into(), cidrs.join(",")]));
+/// A value in the file: a scalar, or a list for list options.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Value {
+    Switch(bool),
+    Integer(i64),
+    Number(f64),
+    Text(String),
+    List(Vec<Value>),
+}
+
+impl Value {
+    fn text(&self) -> Option<String> {
+        match self {
+            Value::Switch(b) => Some(b.to_string()),
+            Value::Integer(i) => Some(i.to_string()),
+            Value::Number(n) => Some(n.to_string()),
+            Value::Text(t) => Some(t.clone()),
+            Value::List(_) => None,
         }
-        if self.masquerade_all == Some(true) {
-            out.push(("masquerade-all", vec!["--masquerade-all".into()]));
-        }
-        if let Some(bit) = self.masquerade_bit {
-            out.push(("masquerade-bit", vec!["--masquerade-bit".into(), bit.to_string()]));
-        }
-        out
     }
+}
+
+/// The flag arguments that set `option` to `value`.
+fn flag_args(option: &GlobalOption, value: &Value) -> Result<Vec<String>, String> {
+    let flag = format!("--{}", option.name);
+    if !option.takes_value {
+        return match value {
+            Value::Switch(true) => Ok(vec![flag]),
+            Value::Switch(false) => Ok(Vec::new()),
+            _ => Err("expected true or false".into()),
+        };
+    }
+    let text = match value {
+        Value::List(items) if option.list => {
+            let items: Option<Vec<String>> = items.iter().map(Value::text).collect();
+            items.ok_or("expected a list of values")?.join(",")
+        }
+        Value::List(_) => return Err("expected one value, not a list".into()),
+        scalar => scalar.text().unwrap_or_default(),
+    };
+    if option.list && text.is_empty() {
+        return Ok(Vec::new());
+    }
+    Ok(vec![flag, text])
 }
 
 /// The path given with `--config PATH` or `--config=PATH`, if any.
@@ -98,19 +98,28 @@ pub fn expand_args(args: Vec<OsString>) -> anyhow::Result<Vec<OsString>> {
     let path = Path::new(&path);
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("reading the config file {}", path.display()))?;
-    let file: ConfigFile = if text.trim().is_empty() {
-        ConfigFile::default()
+    let file: BTreeMap<String, Value> = if text.trim().is_empty() {
+        BTreeMap::new()
     } else {
         serde_saphyr::from_str(&text)
             .map_err(|e| anyhow::anyhow!("config file {}: {e}", path.display()))?
     };
+    let keys = keys();
     let mut injected: Vec<OsString> = Vec::new();
-    for (key, flag_args) in file.settings() {
+    for (key, value) in &file {
+        let Some(option) = keys.iter().find(|o| &o.name == key) else {
+            bail!(
+                "config file {}: unknown key `{key}`; `kpng config print-defaults` lists them",
+                path.display()
+            );
+        };
         if given(&args, key) {
             continue;
         }
-        if let Err(e) = crate::cli::check_global_args(&flag_args) {
-            bail!("config file {}: key `{key}`: {}", path.display(), e.trim_end());
+        let flag_args = flag_args(option, value)
+            .map_err(|e| anyhow::anyhow!("config file {}: key `{key}`: {e}", path.display()))?;
+        if let Err(e) = crate::cli::global_args_from(&flag_args) {
+            bail!("config file {}: key `{key}`: {e}", path.display());
         }
         injected.extend(flag_args.into_iter().map(OsString::from));
     }
@@ -123,6 +132,24 @@ pub fn expand_args(args: Vec<OsString>) -> anyhow::Result<Vec<OsString>> {
     Ok(out)
 }
 
+/// `text` as `# ` comment lines of at most 90 columns.
+fn comment(text: &str) -> String {
+    let mut out = String::new();
+    let mut line = String::from("#");
+    for word in text.split_whitespace() {
+        if line.len() + 1 + word.len() > 90 && line.len() > 1 {
+            out.push_str(&line);
+            out.push('\n');
+            line = String::from("#");
+        }
+        line.push(' ');
+        line.push_str(word);
+    }
+    out.push_str(&line);
+    out.push('\n');
+    out
+}
+
 /// A complete config file with every key at its built-in default (not the environment's),
 /// each explained.
 pub fn print_defaults() -> String {
@@ -131,20 +158,20 @@ pub fn print_defaults() -> String {
          # Flags on the command line win over this file; this file wins over the\n\
          # environment. Use with: kpng --config PATH <source> ...\n",
     );
-    for (key, help) in KEYS {
-        let value = match (*key, crate::cli::builtin_default(key)) {
-            // Per node: usually $NODE_NAME from the downward API, not a shared file.
-            ("node", _) => {
-                out.push_str(&format!("\n# {help}\n# node: NAME\n"));
+    for option in keys() {
+        let GlobalOption { name, help, value_name, .. } = &option;
+        let value = match (&option.default, option.takes_value, option.list) {
+            (_, false, _) => "false".to_string(),
+            (None, _, true) => "[]".to_string(),
+            (Some(value), _, _) if value.contains(':') => format!("\"{value}\""),
+            (Some(value), _, _) => value.clone(),
+            // Without a default (the node: usually $NODE_NAME from the downward API).
+            (None, _, false) => {
+                out.push_str(&format!("\n{}# {name}: {value_name}\n", comment(help)));
                 continue;
             }
-            ("cluster-cidr", _) => "[]".to_string(),
-            ("masquerade-all", _) => "false".to_string(),
-            (_, Some(value)) if value.contains(':') => format!("\"{value}\""),
-            (_, Some(value)) => value,
-            (other, None) => unreachable!("no default for {other}"),
         };
-        out.push_str(&format!("\n# {help}\n{key}: {value}\n"));
+        out.push_str(&format!("\n{}{name}: {value}\n", comment(help)));
     }
     out
 }
@@ -173,7 +200,9 @@ mod tests {
             &["file", "--input", "x", "to-local", "to-json", "--sync-period", "10s"],
         )
         .unwrap();
-        assert_eq!(out[1..4], ["--min-sync-period", "5s", "--masquerade-all"]);
+        let mut injected = out[1..4].to_vec();
+        injected.sort();
+        assert_eq!(injected, ["--masquerade-all", "--min-sync-period", "5s"]);
         assert_eq!(out.iter().filter(|a| *a == "--sync-period").count(), 1);
     }
 
@@ -183,18 +212,42 @@ mod tests {
         assert!(error.contains("min-sync-priod"), "{error}");
         let error = with_config("sync-period: soon\n", &["file"]).unwrap_err().to_string();
         assert!(error.contains("key `sync-period`") && error.contains("soon"), "{error}");
+        assert!(!error.contains("error:"), "{error}");
+        let error = with_config("masquerade-all: 3\n", &["file"]).unwrap_err().to_string();
+        assert!(error.contains("key `masquerade-all`: expected true or false"), "{error}");
+        // Invocation switches are not configuration.
+        let error = with_config("once: true\n", &["file"]).unwrap_err().to_string();
+        assert!(error.contains("unknown key `once`"), "{error}");
+    }
+
+    #[test]
+    fn every_process_wide_option_is_a_key() {
+        let out = with_config(
+            "cluster-cidr: [10.0.0.0/16, fd00::/48]\nconntrack-min: 1000\n\
+             conntrack-tcp-be-liberal: true\ndetect-local-mode: InterfaceNamePrefix\n\
+             pod-interface-name-prefix: veth\nlogging-format: json\n",
+            &["file"],
+        )
+        .unwrap();
+        let parsed = crate::cli::global_args_from(&out[1..out.len() - 3]).unwrap();
+        assert_eq!(parsed.proxy.cluster_cidr.len(), 2);
+        assert_eq!(parsed.conntrack.conntrack_min, 1000);
+        assert!(parsed.conntrack.conntrack_tcp_be_liberal);
+        assert_eq!(parsed.logging.logging_format, crate::cli::LogFormat::Json);
+        parsed.validate().unwrap();
     }
 
     #[test]
     fn the_printed_defaults_are_a_valid_file_of_defaults() {
         let text = print_defaults();
-        for (key, _) in KEYS.iter().filter(|(k, _)| *k != "node") {
-            assert!(text.contains(&format!("\n{key}: ")), "{key} missing:\n{text}");
+        for option in keys() {
+            let line = match option.default.is_some() || !option.takes_value || option.list {
+                true => format!("\n{}: ", option.name),
+                false => format!("\n# {}: ", option.name),
+            };
+            assert!(text.contains(&line), "{} missing:\n{text}", option.name);
         }
-        let file: ConfigFile = serde_saphyr::from_str(&text).unwrap();
-        for (_, flag_args) in file.settings() {
-            crate::cli::check_global_args(&flag_args).unwrap();
-        }
+        assert!(text.lines().all(|l| l.len() <= 100), "{text}");
         let out = with_config(&text, &["file"]).unwrap();
         let defaults = crate::cli::GlobalArgs::default_values();
         // [kpng, injected..., --config, PATH, file]

@@ -15,7 +15,6 @@
 //! - [`signals`]: SIGTERM and SIGINT (stop between two transactions), SIGHUP (ignored).
 //! - [`sinks`]: `to-file` and `to-local`.
 //! - [`stats`]: the `--stats` line.
-//! - [`throttle`]: the API client's request rate limit.
 
 mod cli;
 mod config;
@@ -25,7 +24,8 @@ mod servers;
 mod signals;
 mod sinks;
 mod stats;
-mod throttle;
+
+use std::io::IsTerminal;
 
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
@@ -35,15 +35,19 @@ fn main() -> std::process::ExitCode {
         Ok(args) => args,
         Err(e) => {
             eprintln!("kpng: error: {e:#}");
-            return std::process::ExitCode::FAILURE;
+            return std::process::ExitCode::from(2);
         }
     };
-    let cli = cli::Cli::parse_from(args);
-    let filter = EnvFilter::try_new(&cli.global.log).unwrap_or_else(|e| {
-        eprintln!("kpng: invalid --log filter {:?}: {e}; using \"info\"", cli.global.log);
-        EnvFilter::new("info")
-    });
-    tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter(filter).init();
+    let cli = cli::Cli::parse_from(cli::hoist_global_args(args));
+    // Everything is checked before anything is bound or started.
+    if let Some(Err(e)) = cli.to_local().map(|to_local| to_local.backends()) {
+        e.exit();
+    }
+    if let Err(e) = cli.global.validate() {
+        eprintln!("kpng: error: {e:#}");
+        return std::process::ExitCode::from(2);
+    }
+    init_logging(&cli.global.logging);
     let process = pipeline::Process::new(limits::raise_and_share());
 
     let runtime =
@@ -64,5 +68,22 @@ fn main() -> std::process::ExitCode {
             eprintln!("kpng: error: {e:#}");
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+/// Logs on standard error: text (coloured only on a terminal, and not with $NO_COLOR) or
+/// one JSON object per line.
+fn init_logging(args: &cli::LoggingArgs) {
+    let filter = EnvFilter::try_new(&args.log).unwrap_or_else(|e| {
+        eprintln!("kpng: invalid --log filter {:?}: {e}; using \"info\"", args.log);
+        EnvFilter::new("info")
+    });
+    let builder = tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter(filter);
+    match args.logging_format {
+        cli::LogFormat::Text => {
+            let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+            builder.with_ansi(ansi).init();
+        }
+        cli::LogFormat::Json => builder.json().flatten_event(true).with_current_span(false).init(),
     }
 }

@@ -8,9 +8,8 @@ use kpng_api::client::Retry;
 use kpng_backend::NodeStats;
 use kpng_backend::runner::Stop;
 use kpng_server::http::{BindProblems, HttpLimits};
-use kpng_sources::ConvertOptions;
 use kpng_sources::file::FileSource;
-use kpng_sources::kube::{KubeSource, NodeSelection};
+use kpng_sources::kube::{KubeSource, NodeSelection, Pacer};
 use kpng_store::store;
 
 use crate::cli::{Cli, GlobalArgs, KubeArgs, SinkCommand, SourceCommand};
@@ -22,7 +21,6 @@ use crate::sinks::to_local::{
     build_backends, node_local, on_own_thread, run_to_local, runner_options,
 };
 use crate::stats::{StatsPrinter, StatsSources, print_stats};
-use crate::throttle::ThrottleLayer;
 
 /// What every long-running pipeline shares.
 pub struct Process {
@@ -47,14 +45,17 @@ impl Process {
 /// Runs the pipeline the command line describes until it ends, fails, or a signal arrives.
 pub async fn run(cli: Cli, process: Process) -> anyhow::Result<()> {
     let _hangups = signals::ignore_hangups();
+    // Listening from now on: a signal while the sink starts (the first change set is being
+    // written, say) still counts.
+    let shutdown = signals::shutdown();
     let mut global = cli.global;
     let retry = if global.once { Retry::UntilPermanent } else { Retry::Always };
     match cli.source {
         SourceCommand::File(args) => {
-            let options = ConvertOptions { service_proxy_name: args.service_proxy_name.clone() };
-            let source = FileSource::new(&args.input, args.watch, options);
+            let source =
+                FileSource::new(&args.input, args.watch, args.proxy_name.convert_options());
             let feed = |writer| async move { source.run(writer).await.context("file source") };
-            run_pipeline(&FileSource::KINDS, feed, args.sink, &mut global, &process).await
+            run_pipeline(&FileSource::KINDS, feed, args.sink, &mut global, &process, shutdown).await
         }
         SourceCommand::Kube(args) => {
             let client = kube_client(&args).await?;
@@ -62,28 +63,39 @@ pub async fn run(cli: Cli, process: Process) -> anyhow::Result<()> {
                 true => NodeSelection::All,
                 false => NodeSelection::One(node_name(&global)?),
             };
-            let options = ConvertOptions { service_proxy_name: args.service_proxy_name.clone() };
-            let source = KubeSource::new(client, options, nodes);
+            let options = args.proxy_name.convert_options();
+            let pacer = Pacer::new(args.kube_api_qps, args.kube_api_burst);
+            let source = KubeSource::new(client, options, nodes).with_pacer(pacer);
             let feed = |writer| async move {
                 source.run(writer).await;
                 Ok(())
             };
-            run_pipeline(&kpng_sources::kube::KINDS, feed, args.sink, &mut global, &process).await
+            run_pipeline(
+                &kpng_sources::kube::KINDS,
+                feed,
+                args.sink,
+                &mut global,
+                &process,
+                shutdown,
+            )
+            .await
         }
         SourceCommand::Api(args) => {
             let security = args.conn.security();
             security.validate(&args.server)?;
             let server = args.server.clone();
+            let proxy = args.proxy_name.service_proxy_name.clone();
             tracing::info!(server = %server, "replicating the global model");
             let feed = |writer| async move {
                 let context = format!("replicating the global model of {server}");
-                kpng_api::client::follow_global(server, security, writer, retry)
+                kpng_api::client::follow_global(server, security, proxy, writer, retry)
                     .await
                     .context(context)
             };
-            run_pipeline(&kpng_model::Kind::ALL, feed, args.sink, &mut global, &process).await
+            run_pipeline(&kpng_model::Kind::ALL, feed, args.sink, &mut global, &process, shutdown)
+                .await
         }
-        SourceCommand::Local(args) => run_local(args, &mut global, &process, retry).await,
+        SourceCommand::Local(args) => run_local(args, &mut global, &process, retry, shutdown).await,
         SourceCommand::Config(args) => match args.command {
             crate::cli::ConfigCommand::PrintDefaults => {
                 print!("{}", crate::config::print_defaults());
@@ -95,19 +107,41 @@ pub async fn run(cli: Cli, process: Process) -> anyhow::Result<()> {
             println!("commit: {}", env!("KPNG_GIT_COMMIT"));
             println!("sources: kube file api");
             println!("sinks: to-file to-local to-api");
-            println!("backends: to-nft to-json");
+            match kpng_ebpf::support::available() {
+                true => println!("backends: to-nft to-ebpf to-json"),
+                false => println!(
+                    "backends: to-nft to-json (to-ebpf unavailable: {})",
+                    kpng_ebpf::support::UNAVAILABLE.trim()
+                ),
+            }
             println!("wire: localv1 globalv1 (kpng extensions from field 100)");
             Ok(())
         }
-        SourceCommand::Cleanup(_) => {
-            let removed = kpng_nft::kernel::cleanup()?;
-            let names: Vec<String> = removed
-                .iter()
-                .map(|f| format!("{} kpng", kpng_nft::objects::table_family(*f)))
-                .collect();
-            match names.is_empty() {
-                true => eprintln!("kpng: no kpng table to remove"),
-                false => eprintln!("kpng: removed table {}", names.join(" and ")),
+        SourceCommand::Cleanup(args) => {
+            if args.backend.nft() {
+                let removed = kpng_nft::kernel::cleanup()?;
+                let names: Vec<String> = removed
+                    .iter()
+                    .map(|f| format!("{} kpng", kpng_nft::objects::table_family(*f)))
+                    .collect();
+                match names.is_empty() {
+                    true => eprintln!("kpng: no kpng table to remove"),
+                    false => eprintln!("kpng: removed table {}", names.join(" and ")),
+                }
+            }
+            if args.backend.ebpf() {
+                let removed = kpng_ebpf::pins::cleanup(&args.pins.bpf_pin_path)
+                    .context("removing kpng's eBPF programs and maps")?;
+                match removed.is_empty() {
+                    true => {
+                        eprintln!("kpng: no eBPF pin under {}", args.pins.bpf_pin_path.display())
+                    }
+                    false => eprintln!(
+                        "kpng: detached and unpinned {} eBPF objects under {}",
+                        removed.len(),
+                        args.pins.bpf_pin_path.display()
+                    ),
+                }
             }
             Ok(())
         }
@@ -147,13 +181,7 @@ async fn kube_client(args: &KubeArgs) -> anyhow::Result<kube::Client> {
     if let Some(server) = &args.server {
         config.cluster_url = parse(server)?;
     }
-    let builder =
-        kube::client::ClientBuilder::try_from(config).context("creating the Kubernetes client")?;
-    Ok(if args.kube_api_qps > 0.0 {
-        builder.with_layer(&ThrottleLayer::new(args.kube_api_qps, args.kube_api_burst)).build()
-    } else {
-        builder.build()
-    })
+    kube::Client::try_from(config).context("creating the Kubernetes client")
 }
 
 /// Runs `feed` (a source writing to the store) and the sink the command line names.
@@ -163,6 +191,7 @@ async fn run_pipeline<F, Fut>(
     sink: SinkCommand,
     global: &mut GlobalArgs,
     process: &Process,
+    shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()>
 where
     F: FnOnce(kpng_store::StoreWriter) -> Fut,
@@ -173,15 +202,18 @@ where
     let node_stats = Arc::new(NodeStats::default());
 
     let mut collectors = Vec::new();
+    let mut _locks = Vec::new();
     // Validate the sink fully before starting anything.
     let sink = match sink {
         SinkCommand::ToFile(to_file) => Sink::File(to_file),
         SinkCommand::ToLocal(to_local) => {
-            let commands = to_local.backends(global).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let commands =
+                to_local.backends().map_err(|e| anyhow::anyhow!(crate::cli::clap_message(&e)))?;
             let built = build_backends(&commands, global)?;
             let mut backends = built.backends;
             backends.extend(health_checks(&commands, global, &node_stats, process));
             collectors = built.collectors;
+            _locks = built.locks;
             let (local, addresses) = node_local(global)?;
             let mut options = runner_options(global, node_name(global)?, local);
             options.stop = process.stop.clone();
@@ -216,7 +248,7 @@ where
                 Sink::Api { hub, .. } => Some(hub.stats()),
                 _ => None,
             },
-            health_timeout: global.sync_period * 2,
+            health_timeout: global.sync.sync_period * 2,
             collectors,
             bind_problems: process.problems.clone(),
             http: Some(process.http.clone()),
@@ -256,7 +288,7 @@ where
         result = sink => result,
         () = stats => Ok(()),
         () = admin => Ok(()),
-        () = signals::shutdown() => {
+        () = shutdown => {
             process.stop.stop();
             tracing::info!("signal received; exiting (kernel state, if any, stays in force)");
             Ok(())
@@ -289,10 +321,12 @@ async fn run_local(
     global: &mut GlobalArgs,
     process: &Process,
     retry: Retry,
+    shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let security = args.conn.security();
     security.validate(&args.server)?;
-    let commands = args.backends.backends(global).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let commands =
+        args.backends.backends().map_err(|e| anyhow::anyhow!(crate::cli::clap_message(&e)))?;
     if global.stats {
         bail!(
             "--stats reports a store's revisions; `kpng local` has none (use it on the to-api side)"
@@ -301,6 +335,7 @@ async fn run_local(
     let node = node_name(global)?;
     let stats = Arc::new(NodeStats::default());
     let built = build_backends(&commands, global)?;
+    let _locks = built.locks;
     let mut backends = built.backends;
     backends.extend(health_checks(&commands, global, &stats, process));
     let (local, addresses) = node_local(global)?;
@@ -313,7 +348,7 @@ async fn run_local(
             reader: None,
             node: Some((node.clone(), stats.clone())),
             server: None,
-            health_timeout: global.sync_period * 2,
+            health_timeout: global.sync.sync_period * 2,
             collectors: built.collectors,
             bind_problems: process.problems.clone(),
             http: Some(process.http.clone()),
@@ -334,7 +369,7 @@ async fn run_local(
             Err(error) => Err(error).context(context),
         },
         result = &mut runner => Ok(result??),
-        () = signals::shutdown() => {
+        () = shutdown => {
             process.stop.stop();
             tracing::info!("signal received; exiting (kernel state, if any, stays in force)");
             Ok(())

@@ -8,6 +8,7 @@ use kpng_server::http::system_binder;
 
 use crate::cli::GlobalArgs;
 use crate::pipeline::Process;
+use crate::sinks::to_local::programs_kernel;
 
 /// The admin HTTP servers `global` asks for (none with --once; a port of 0 disables one),
 /// within the process's HTTP limits. Never returns.
@@ -21,8 +22,8 @@ pub fn admin_servers(
     let mut servers = Vec::new();
     if !global.once {
         let wanted = [
-            ("healthz", global.healthz_bind_address, admin.health_router()),
-            ("metrics", global.metrics_bind_address, admin.metrics_router()),
+            ("healthz", global.admin.healthz_bind_address, admin.health_router()),
+            ("metrics", global.admin.metrics_bind_address, admin.metrics_router()),
         ];
         for (name, address, router) in wanted.into_iter().filter(|(_, a, _)| a.port() != 0) {
             let (limits, problems) = (process.http.clone(), process.problems.clone());
@@ -45,8 +46,8 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// The health-check NodePort servers, alongside a backend that programs the kernel (not
-/// for `to-json` or a dry run).
+/// The health-check NodePort servers, alongside backends that program the kernel
+/// ([`programs_kernel`]; not for `to-json` alone, nor in a dry run).
 pub fn health_checks(
     commands: &[crate::cli::BackendCommand],
     global: &GlobalArgs,
@@ -54,11 +55,10 @@ pub fn health_checks(
     process: &Process,
 ) -> Option<Box<dyn kpng_backend::Backend>> {
     use kpng_server::healthcheck::{HealthCheckBackend, HealthCheckOptions};
-    let programs = commands.iter().any(|c| matches!(c, crate::cli::BackendCommand::ToNft(_)));
-    (programs && !global.dry_run).then(|| {
+    programs_kernel(commands, global).then(|| {
         let options = HealthCheckOptions {
             address: std::net::IpAddr::from(std::net::Ipv6Addr::UNSPECIFIED),
-            proxy: Some((stats.clone(), global.sync_period * 2)),
+            proxy: Some((stats.clone(), global.sync.sync_period * 2)),
             // The servers run here, not on the runner's thread, which a long apply blocks.
             runtime: tokio::runtime::Handle::current(),
             limits: process.http.clone(),

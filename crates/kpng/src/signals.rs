@@ -5,34 +5,54 @@
 //! start, and the default action (death without clean-up, leaving the `to-api` socket
 //! behind) helps nobody.
 
-use tokio::signal::unix::{SignalKind, signal};
+use tokio::signal::unix::{Signal, SignalKind, signal};
 
-/// Resolves on SIGINT or SIGTERM. From then on a second one ends the process at once,
-/// whatever is still winding down.
-pub async fn shutdown() {
-    first_shutdown_signal().await;
-    std::thread::spawn(|| {
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
-        if let Ok(runtime) = runtime {
-            runtime.block_on(first_shutdown_signal());
-            eprintln!("kpng: second signal; exiting now");
-            std::process::exit(130);
-        }
-    });
+/// Resolves on SIGINT or SIGTERM, listening from the moment it is called: a signal that
+/// arrives before the future is first polled still counts. From then on a second one ends
+/// the process at once, whatever is still winding down.
+pub fn shutdown() -> impl std::future::Future<Output = ()> + use<> {
+    let signals = Signals::listen();
+    async move {
+        signals.first().await;
+        std::thread::spawn(|| {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
+            if let Ok(runtime) = runtime {
+                runtime.block_on(async { Signals::listen().first().await });
+                eprintln!("kpng: second signal; exiting now");
+                std::process::exit(130);
+            }
+        });
+    }
 }
 
-async fn first_shutdown_signal() {
-    let terminate = async {
-        match signal(SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending().await,
+/// SIGTERM and SIGINT handlers, installed when created (inside a runtime).
+struct Signals {
+    terminate: Option<Signal>,
+    interrupt: Option<Signal>,
+}
+
+impl Signals {
+    fn listen() -> Signals {
+        Signals {
+            terminate: signal(SignalKind::terminate()).ok(),
+            interrupt: signal(SignalKind::interrupt()).ok(),
         }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        () = terminate => {}
+    }
+
+    /// The first of the two signals.
+    async fn first(mut self) {
+        async fn next(signal: &mut Option<Signal>) {
+            match signal {
+                Some(s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending().await,
+            }
+        }
+        tokio::select! {
+            () = next(&mut self.terminate) => {}
+            () = next(&mut self.interrupt) => {}
+        }
     }
 }
 

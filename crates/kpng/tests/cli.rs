@@ -180,7 +180,9 @@ fn malformed_input_without_watch_fails_with_the_object_and_field() {
     ]);
     assert!(!out.status.success());
     assert!(out.stdout.is_empty(), "nothing applied: {}", out.stdout);
-    for needle in ["document 5", "Service kube-system/kube-dns", "spec.ports[0].protocol", "QUIC"] {
+    for needle in
+        ["document 4 (line 57)", "Service kube-system/kube-dns", "spec.ports[0].protocol", "QUIC"]
+    {
         assert!(out.stderr.contains(needle), "missing {needle:?} in {}", out.stderr);
     }
 }
@@ -362,7 +364,32 @@ fn version_names_the_build() {
         commit == "unknown" || commit.chars().take(12).all(|c| c.is_ascii_hexdigit()),
         "{commit}"
     );
-    assert!(out.stdout.contains("backends: to-nft to-json"), "{}", out.stdout);
+    let backends = out.stdout.lines().find_map(|l| l.strip_prefix("backends: ")).unwrap();
+    assert!(backends.starts_with("to-nft"), "{backends}");
+    assert!(backends.contains("to-json") && backends.contains("to-ebpf"), "{backends}");
+}
+
+#[test]
+fn ebpf_dry_run_prints_the_map_writes() {
+    let out = run(&[
+        "file",
+        "--input",
+        &example(),
+        "to-local",
+        "--node",
+        "node-a",
+        "to-ebpf",
+        "--dry-run",
+        "--once",
+    ]);
+    assert!(out.status.success(), "{}", out.stderr);
+    assert!(out.stdout.contains("# maps created with capacities"), "{}", out.stdout);
+    assert!(
+        out.stdout.contains("update kpng_frontends TCP 10.96.1.10:80 => group"),
+        "{}",
+        out.stdout
+    );
+    assert!(out.stdout.contains("update kpng_cluster_ips fd00:96::10 => 1"), "{}", out.stdout);
 }
 
 #[test]
@@ -383,4 +410,72 @@ fn sigterm_ends_a_running_pipeline_cleanly() {
     let status = kpng.wait_exit(Duration::from_secs(10));
     assert_eq!(status.code(), Some(0), "{}", kpng.stderr());
     assert!(kpng.stderr().contains("signal received"), "{}", kpng.stderr());
+}
+
+#[test]
+fn logs_fit_a_node_agent() {
+    let example = example();
+    let args =
+        vec!["file", "--input", &example, "to-local", "--node", "node-a", "to-json", "--once"];
+
+    // Standard error is a pipe here: plain text, no colour codes.
+    let out = run(&args);
+    assert!(out.status.success(), "{}", out.stderr);
+    assert!(out.stderr.contains("INFO"), "{}", out.stderr);
+    assert!(!out.stderr.contains('\u{1b}'), "colour codes in {:?}", out.stderr);
+
+    // JSON: one object per line, with the time, the level, the message and the fields.
+    let mut json = args.clone();
+    json.extend(["--logging-format", "json"]);
+    let out = run(&json);
+    assert!(out.status.success(), "{}", out.stderr);
+    let lines: Vec<Value> = out
+        .stderr
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON: {l:?}: {e}")))
+        .collect();
+    assert!(!lines.is_empty());
+    for line in &lines {
+        for key in ["timestamp", "level", "message"] {
+            assert!(line.get(key).is_some(), "no {key} in {line}");
+        }
+    }
+    let computing = lines.iter().find(|l| l["message"] == "computing the node-local state");
+    assert_eq!(computing.expect("the start-up line")["node"], "node-a");
+}
+
+#[test]
+fn command_line_mistakes_are_reported_once_and_plainly() {
+    let example = example();
+    for args in [
+        vec!["file", "--input", &example, "to-local", "to-json", "--x"],
+        vec!["file", "--input", &example, "to-local", "to-json", "to-json", "--x"],
+        vec!["--x", "file", "--input", &example, "to-local", "to-json"],
+    ] {
+        let out = run(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", out.stderr);
+        assert_eq!(out.stderr.matches("error:").count(), 1, "{args:?}: {}", out.stderr);
+        assert!(out.stderr.contains("unexpected argument '--x'"), "{}", out.stderr);
+        // The usage line shows what the user can type, not options they never typed.
+        let usage = out.stderr.lines().find(|l| l.starts_with("Usage:")).expect("a usage line");
+        assert!(!usage.contains("--cluster-cidr"), "{usage}");
+        assert!(out.stdout.is_empty());
+    }
+
+    // Options that need one another are checked before anything starts.
+    let out = run(&[
+        "file",
+        "--input",
+        &example,
+        "to-local",
+        "--node",
+        "n",
+        "to-json",
+        "--once",
+        "--detect-local-mode",
+        "BridgeInterface",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", out.stderr);
+    assert!(out.stderr.contains("needs --pod-bridge-interface"), "{}", out.stderr);
+    assert!(out.stdout.is_empty());
 }

@@ -80,3 +80,33 @@ fn the_configmap_is_a_config_kpng_accepts() {
     assert!(out.status.success(), "{}", out.stderr);
     assert!(out.stdout.starts_with("{\"op\":\"reset\"}"), "{}", out.stdout);
 }
+
+#[test]
+fn the_cluster_role_lets_the_kube_source_list_and_watch_every_kind_it_reads() {
+    use kpng_sources::kube::resource::Resource;
+    let docs = documents(&deploy_dir().join("rbac.yaml"));
+    let role = docs.iter().find(|d| d["kind"] == "ClusterRole").expect("a ClusterRole");
+    let rules = role["rules"].as_array().unwrap();
+    let options = kpng_sources::ConvertOptions::default();
+    let nodes = kpng_sources::kube::NodeSelection::All;
+    for kind in kpng_sources::kube::KINDS {
+        let path = Resource::new(kind, &options, &nodes).path;
+        // "/api/v1/services" or "/apis/<group>/v1/<resource>".
+        let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+        let (group, resource) = match parts[..] {
+            ["api", _, resource] => ("", resource),
+            ["apis", group, _, resource] => (group, resource),
+            _ => panic!("unexpected path {path}"),
+        };
+        let granted = rules.iter().any(|rule| {
+            let has = |field: &str, value: &str| {
+                rule[field].as_array().unwrap().iter().any(|v| v == value)
+            };
+            has("apiGroups", group)
+                && has("resources", resource)
+                && has("verbs", "list")
+                && has("verbs", "watch")
+        });
+        assert!(granted, "no list/watch on {group}/{resource}");
+    }
+}

@@ -152,3 +152,29 @@ async fn node_updates_and_deletion_move_topology_hints() {
         ["set node", "set endpoint kube-system/kube-dns 10.244.2.7", "sync"]
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_service_in_the_list_does_not_hold_back_the_rest() {
+    let server = FakeApiServer::start(Duration::from_millis(200)).await.unwrap();
+    for object in example_objects() {
+        server.apply(object);
+    }
+    let mut bad = example_objects().into_iter().find(|o| o["metadata"]["name"] == "cart").unwrap();
+    bad["spec"]["ports"] = json!("notalist");
+    server.apply(bad);
+    let url = server.url();
+    let mut kpng =
+        Kpng::spawn(&["kube", "--server", &url, "to-local", "--node", "node-a", "to-json"]);
+    // Ready with everything else: the state of the file without shop/cart.
+    let first = tokio::task::block_in_place(|| kpng.next_change_set());
+    let without_cart: Vec<String> =
+        summary(&file_reference()).into_iter().filter(|op| !op.contains("shop/cart")).collect();
+    assert_eq!(summary(&first), without_cart);
+    let stderr = kpng.stderr();
+    let reports: Vec<&str> = stderr.lines().filter(|l| l.contains("malformed")).collect();
+    assert_eq!(reports.len(), 1, "reported once: {stderr}");
+    for needle in ["Service", "shop/cart", "spec.ports", "notalist"] {
+        assert!(reports[0].contains(needle), "{needle:?} not in {}", reports[0]);
+    }
+    assert!(!stderr.contains("shop/legacy"), "no list body in the logs: {stderr}");
+}

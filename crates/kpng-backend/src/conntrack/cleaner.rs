@@ -1,22 +1,28 @@
 //! [`ConntrackCleaner`]: the backend that deletes stale UDP conntrack entries after the
-//! dataplane backends applied a state. A cleanup that fails is kept and retried with the
-//! next change set and at every verification, until it succeeds.
+//! dataplane backends applied a state. The kernel walks its whole conntrack table for every
+//! dump, which takes milliseconds on a large table: the dumps and deletions run on a thread
+//! of their own, so they never hold back the next change set. What a change set calls for
+//! is handed to that thread, which merges what arrives while it works; a cleanup that
+//! fails stays pending and is retried with backoff, and at every verification, until it
+//! succeeds.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::time::Duration;
 
 use kpng_model::{Family, LocalNode, ServiceKey};
-use kpng_netlink::ctnetlink;
-use kpng_netlink::message::NETLINK_NETFILTER;
-use kpng_netlink::{NetlinkError, NetlinkSocket, ProtoFamily};
+use kpng_netlink::NetlinkError;
 
+use super::table::{ConntrackTable, Ctnetlink};
 use super::{Entry, UdpCheck, UdpTarget, stale, udp_checks};
 use crate::backend::{Backend, BackendError, ChangeSet};
 
-/// Above this many destinations, one unfiltered dump beats one filtered dump each.
-const BULK_CHECKS: usize = 16;
+/// The first retry of a failed cleanup; each failure doubles it up to [`RETRY_MAX`].
+const RETRY_FIRST: Duration = Duration::from_millis(500);
+const RETRY_MAX: Duration = Duration::from_secs(30);
 
 /// Counters of the cleaner.
 #[derive(Debug, Default)]
@@ -27,15 +33,33 @@ pub struct ConntrackStats {
     pub failures: AtomicU64,
 }
 
+/// A destination whose endpoints changed: `required` when an entry towards it may have
+/// gone stale; otherwise it only updates a check still pending from a failed cleanup.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Update {
+    pub(super) serving: BTreeSet<SocketAddr>,
+    pub(super) required: bool,
+}
+
+/// What the cleanup thread is handed.
+enum Work {
+    /// Destinations to check, and where NodePorts are accepted.
+    Check(BTreeMap<UdpTarget, Update>, NodePorts),
+    /// Retry what is pending now.
+    Retry,
+}
+
+/// Where NodePorts are accepted: the addresses, and per family every local address.
+type NodePorts = (Vec<IpAddr>, [bool; 2]);
+
 /// Deletes stale UDP conntrack entries of the services each change set touched.
 pub struct ConntrackCleaner {
-    socket: Option<NetlinkSocket>,
-    /// The UDP destinations each service had at its last change.
-    targets: HashMap<ServiceKey, Vec<UdpTarget>>,
-    /// Checks not done yet (a failed cleanup), by destination.
-    pending: BTreeMap<UdpTarget, BTreeSet<SocketAddr>>,
-    /// Where NodePorts are accepted: the addresses, and per family every local address.
-    nodeports: (Vec<IpAddr>, [bool; 2]),
+    /// The UDP destinations each service had at its last change, with their endpoints.
+    targets: HashMap<ServiceKey, Vec<UdpCheck>>,
+    /// Updates collected from the change set being applied.
+    pub(super) outbox: BTreeMap<UdpTarget, Update>,
+    nodeports: NodePorts,
+    worker: Option<(Sender<Work>, std::thread::JoinHandle<()>)>,
     stats: Arc<ConntrackStats>,
 }
 
@@ -46,13 +70,13 @@ impl Default for ConntrackCleaner {
 }
 
 impl ConntrackCleaner {
-    /// A cleaner; its netlink socket is opened at the first cleanup.
+    /// A cleaner; its thread and netlink socket start with the first cleanup.
     pub fn new() -> Self {
         ConntrackCleaner {
-            socket: None,
             targets: HashMap::new(),
-            pending: BTreeMap::new(),
+            outbox: BTreeMap::new(),
             nodeports: (Vec::new(), [false; 2]),
+            worker: None,
             stats: Arc::default(),
         }
     }
@@ -62,16 +86,15 @@ impl ConntrackCleaner {
         self.stats.clone()
     }
 
-    /// Cleanups waiting for a retry.
-    pub fn pending(&self) -> usize {
-        self.pending.len()
-    }
-
-    /// The checks a change set calls for: every service's at a reset, the touched ones'
-    /// otherwise; destinations that went away are checked with no endpoint at all.
-    fn collect(&mut self, changes: &ChangeSet<'_>) {
+    /// The checks a change set calls for: every service's at a reset; otherwise those of
+    /// the touched services where an entry may have gone stale: a destination that went away
+    /// (checked with no endpoint at all), one that an endpoint stopped serving, one that had
+    /// no endpoint before (entries made before its rules). Endpoints that only joined leave
+    /// every entry valid and cost no dump.
+    pub(super) fn collect(&mut self, changes: &ChangeSet<'_>) {
         let state = changes.state;
-        let keys: Vec<ServiceKey> = if changes.is_reset() {
+        let reset = changes.is_reset();
+        let keys: Vec<ServiceKey> = if reset {
             self.targets.keys().chain(state.services.keys()).cloned().collect()
         } else {
             changes.touched().0
@@ -79,14 +102,24 @@ impl ConntrackCleaner {
         for key in keys {
             let checks = state.services.get(&key).map(udp_checks).unwrap_or_default();
             let before = self.targets.remove(&key).unwrap_or_default();
-            for gone in before.into_iter().filter(|t| !checks.iter().any(|c| c.target == *t)) {
-                self.pending.insert(gone, BTreeSet::new());
+            for gone in before.iter().filter(|b| !checks.iter().any(|c| c.target == b.target)) {
+                let update = Update { serving: BTreeSet::new(), required: true };
+                self.outbox.insert(gone.target, update);
+            }
+            for check in &checks {
+                let previous = before.iter().find(|b| b.target == check.target);
+                if !reset && previous.is_some_and(|p| p.serving == check.serving) {
+                    continue;
+                }
+                let required = reset
+                    || previous.is_none_or(|p| {
+                        p.serving.is_empty() || !p.serving.is_subset(&check.serving)
+                    });
+                let update = Update { serving: check.serving.clone(), required };
+                self.outbox.insert(check.target, update);
             }
             if !checks.is_empty() {
-                self.targets.insert(key, checks.iter().map(|c| c.target).collect());
-            }
-            for check in checks {
-                self.pending.insert(check.target, check.serving);
+                self.targets.insert(key, checks);
             }
         }
         if let Some(node) = &state.node {
@@ -94,10 +127,101 @@ impl ConntrackCleaner {
         }
     }
 
-    /// Runs the pending checks; on failure they stay pending.
-    fn clean(&mut self) {
+    /// Hands the collected updates to the cleanup thread (started at the first).
+    fn send(&mut self, work: Work) {
+        let (sender, _) = self.worker.get_or_insert_with(|| {
+            let (sender, receiver) = std::sync::mpsc::channel();
+            let stats = self.stats.clone();
+            let thread = std::thread::Builder::new()
+                .name("kpng-conntrack".into())
+                .spawn(move || Cleanup::new(Box::<Ctnetlink>::default(), stats).run(receiver))
+                .expect("spawning the conntrack cleanup thread");
+            (sender, thread)
+        });
+        // The thread only ends when the sender is dropped.
+        let _ = sender.send(work);
+    }
+}
+
+impl Drop for ConntrackCleaner {
+    /// Lets the thread finish what it was handed (a `--once` run exits right after).
+    fn drop(&mut self) {
+        if let Some((sender, thread)) = self.worker.take() {
+            drop(sender);
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The cleanup thread's state.
+struct Cleanup {
+    table: Box<dyn ConntrackTable>,
+    /// Checks not done yet, by destination.
+    pending: BTreeMap<UdpTarget, BTreeSet<SocketAddr>>,
+    nodeports: NodePorts,
+    stats: Arc<ConntrackStats>,
+}
+
+impl Cleanup {
+    fn new(table: Box<dyn ConntrackTable>, stats: Arc<ConntrackStats>) -> Self {
+        Cleanup { table, pending: BTreeMap::new(), nodeports: (Vec::new(), [false; 2]), stats }
+    }
+
+    fn merge(&mut self, work: Work) {
+        if let Work::Check(updates, nodeports) = work {
+            for (target, update) in updates {
+                if update.required || self.pending.contains_key(&target) {
+                    self.pending.insert(target, update.serving);
+                }
+            }
+            self.nodeports = nodeports;
+        }
+    }
+
+    /// Cleans what arrives until the cleaner is dropped, then what is left, once.
+    fn run(mut self, work: Receiver<Work>) {
+        // The wait before the next retry, and the one after it.
+        let (mut retry, mut delay) = (RETRY_FIRST, RETRY_FIRST);
+        loop {
+            let next = if self.pending.is_empty() {
+                work.recv().map_err(|_| RecvTimeoutError::Disconnected)
+            } else {
+                work.recv_timeout(retry)
+            };
+            let open = match next {
+                Ok(w) => {
+                    self.merge(w);
+                    true
+                }
+                Err(RecvTimeoutError::Timeout) => true,
+                Err(RecvTimeoutError::Disconnected) => false,
+            };
+            while let Ok(w) = work.try_recv() {
+                self.merge(w);
+            }
+            let started = std::time::Instant::now();
+            if self.clean() {
+                delay = RETRY_FIRST;
+            } else {
+                retry = delay;
+                delay = (delay * 2).min(RETRY_MAX);
+            }
+            if !open {
+                return;
+            }
+            // Under a storm, rest as long as a slow cleanup took: what arrives meanwhile is
+            // cleaned in one pass, and the thread takes at most half a core.
+            let took = started.elapsed();
+            if took >= crate::runner::REST_AFTER {
+                std::thread::sleep(took);
+            }
+        }
+    }
+
+    /// Runs the pending checks; on failure they stay pending. True when none is left.
+    fn clean(&mut self) -> bool {
         if self.pending.is_empty() {
-            return;
+            return true;
         }
         let checks: Vec<UdpCheck> = self
             .pending
@@ -111,63 +235,56 @@ impl ConntrackCleaner {
                     self.stats.deleted.fetch_add(deleted as u64, Ordering::Relaxed);
                     tracing::info!(entries = deleted, "deleted stale UDP conntrack entries");
                 }
+                true
             }
             Err(error) => {
-                self.socket = None;
                 self.stats.failures.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(error = %crate::error_chain(&error), pending = self.pending.len(), "UDP conntrack cleanup failed; it will be retried");
+                false
             }
         }
     }
 
     fn delete_stale(&mut self, checks: &[UdpCheck]) -> Result<usize, NetlinkError> {
-        let socket = match &mut self.socket {
-            Some(socket) => socket,
-            None => self.socket.insert(NetlinkSocket::open(NETLINK_NETFILTER)?),
-        };
         let mut addresses = self.nodeports.0.clone();
         if self.nodeports.1.iter().any(|all| *all) {
-            addresses.extend(kpng_netlink::rtnetlink::local_addresses()?.into_iter().filter(
-                |ip| {
-                    !ip.is_loopback() && self.nodeports.1[usize::from(Family::of(ip) == Family::V6)]
-                },
-            ));
+            let all = self.nodeports.1;
+            addresses.extend(
+                self.table.local_addresses()?.into_iter().filter(|ip| {
+                    !ip.is_loopback() && all[usize::from(Family::of(ip) == Family::V6)]
+                }),
+            );
         }
+        // The kernel walks its whole conntrack hash for every dump, filtered or not: one
+        // dump per family, filtered in the kernel only when it serves a single check.
         let mut doomed = Vec::new();
-        if checks.len() > BULK_CHECKS {
-            for family in Family::ALL {
-                let entries = dump(socket, family, None, None)?;
-                let mut by_port: HashMap<u16, Vec<Entry>> = HashMap::new();
-                for entry in entries {
-                    by_port.entry(entry.orig_dst.port()).or_default().push(entry);
+        for family in Family::ALL {
+            let family_checks: Vec<&UdpCheck> =
+                checks.iter().filter(|c| target_family(&c.target) == family).collect();
+            let entries = match family_checks.as_slice() {
+                [] => continue,
+                [check] => {
+                    let ip = match check.target {
+                        UdpTarget::Dest(dest) => Some(dest.ip()),
+                        UdpTarget::NodePort(..) => None,
+                    };
+                    self.table.dump(family, ip, Some(target_port(&check.target)))?
                 }
-                for check in checks.iter().filter(|c| target_family(&c.target) == family) {
-                    let port = target_port(&check.target);
-                    let candidates = by_port.get(&port).map(Vec::as_slice).unwrap_or_default();
-                    doomed.extend(stale(candidates, check, &addresses));
-                }
+                _ => self.table.dump(family, None, None)?,
+            };
+            let mut by_port: HashMap<u16, Vec<Entry>> = HashMap::new();
+            for entry in entries {
+                by_port.entry(entry.orig_dst.port()).or_default().push(entry);
             }
-        } else {
-            for check in checks {
-                let ip = match check.target {
-                    UdpTarget::Dest(dest) => Some(dest.ip()),
-                    UdpTarget::NodePort(..) => None,
-                };
-                let entries = dump(
-                    socket,
-                    target_family(&check.target),
-                    ip,
-                    Some(target_port(&check.target)),
-                )?;
-                doomed.extend(stale(&entries, check, &addresses));
+            for check in family_checks {
+                let port = target_port(&check.target);
+                let candidates = by_port.get(&port).map(Vec::as_slice).unwrap_or_default();
+                doomed.extend(stale(candidates, check, &addresses));
             }
         }
         doomed.sort();
         doomed.dedup();
-        let requests: Vec<Vec<u8>> = doomed.iter().map(ctnetlink::delete).collect();
-        let codes = socket.requests(&requests)?;
-        let enoent = -(nix::errno::Errno::ENOENT as i32);
-        Ok(codes.iter().filter(|c| **c == 0 || **c == enoent).count())
+        self.table.delete(&doomed)
     }
 }
 
@@ -183,20 +300,6 @@ fn target_port(target: &UdpTarget) -> u16 {
         UdpTarget::Dest(dest) => dest.port(),
         UdpTarget::NodePort(_, port) => *port,
     }
-}
-
-fn dump(
-    socket: &mut NetlinkSocket,
-    family: Family,
-    ip: Option<IpAddr>,
-    port: Option<u16>,
-) -> Result<Vec<Entry>, NetlinkError> {
-    let family = match family {
-        Family::V4 => ProtoFamily::Ipv4,
-        Family::V6 => ProtoFamily::Ipv6,
-    };
-    let bodies = socket.dump(&ctnetlink::dump_udp(family, ip, port))?;
-    Ok(bodies.iter().filter_map(|b| ctnetlink::entry(b)).collect())
 }
 
 fn nodeport_addresses(node: &LocalNode) -> (Vec<IpAddr>, [bool; 2]) {
@@ -217,12 +320,17 @@ impl Backend for ConntrackCleaner {
     /// rules are in force either way.
     fn apply(&mut self, changes: &ChangeSet<'_>) -> Result<(), BackendError> {
         self.collect(changes);
-        self.clean();
+        if !self.outbox.is_empty() {
+            let updates = std::mem::take(&mut self.outbox);
+            self.send(Work::Check(updates, self.nodeports.clone()));
+        }
         Ok(())
     }
 
     fn verify(&mut self) -> Result<bool, BackendError> {
-        self.clean();
+        if self.worker.is_some() {
+            self.send(Work::Retry);
+        }
         Ok(true)
     }
 }
@@ -257,3 +365,6 @@ impl prometheus_client::collector::Collector for ConntrackMetrics {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -66,8 +66,7 @@ fn endpoint(ip: &str, ready: bool, serving: bool, cluster: bool) -> LocalEndpoin
     }
 }
 
-#[test]
-fn every_serving_endpoint_keeps_its_flows_whether_picked_or_not() {
+fn dns(endpoints: Vec<LocalEndpoint>) -> LocalServiceState {
     let service = LocalService {
         key: ServiceKey::new("ns", "dns"),
         service_type: ServiceType::ClusterIP,
@@ -81,25 +80,65 @@ fn every_serving_endpoint_keeps_its_flows_whether_picked_or_not() {
             port: 53,
             node_port: None,
             has_endpoints: Default::default(),
+            yielded: vec![],
         }],
         affinity_timeout_seconds: None,
         internal_local: false,
         external_local: false,
         health_check_node_port: None,
     };
-    let state = LocalServiceState {
-        service,
-        endpoints: [
-            endpoint("10.244.0.5", true, true, true),    // picked
-            endpoint("10.244.1.5", true, true, false),   // ready elsewhere, not picked (topology)
-            endpoint("10.244.2.5", false, true, false),  // terminating but serving
-            endpoint("10.244.3.5", false, false, false), // gone from serving
-        ]
-        .into_iter()
-        .collect(),
-    };
+    LocalServiceState { service, endpoints: endpoints.into_iter().collect() }
+}
+
+#[test]
+fn every_serving_endpoint_keeps_its_flows_whether_picked_or_not() {
+    let state = dns(vec![
+        endpoint("10.244.0.5", true, true, true),    // picked
+        endpoint("10.244.1.5", true, true, false),   // ready elsewhere, not picked (topology)
+        endpoint("10.244.2.5", false, true, false),  // terminating but serving
+        endpoint("10.244.3.5", false, false, false), // gone from serving
+    ]);
     let checks = udp_checks(&state);
     assert_eq!(checks.len(), 1);
     let serving: Vec<String> = checks[0].serving.iter().map(ToString::to_string).collect();
     assert_eq!(serving, ["10.244.0.5:53", "10.244.1.5:53", "10.244.2.5:53"]);
+}
+
+#[test]
+fn only_a_change_that_can_leave_stale_entries_requires_a_check() {
+    use crate::backend::ChangeSet;
+    use kpng_model::{ItemRef, LocalState, Op};
+
+    let key = ServiceKey::new("ns", "dns");
+    let touched = [Op::Delete(ItemRef::Service(key.clone()))];
+    let mut cleaner = ConntrackCleaner::new();
+    let mut state = LocalState::default();
+    // What one change set hands over: (required, endpoints) per destination.
+    let mut collect = |cleaner: &mut ConntrackCleaner, endpoints: &[(&str, bool)]| {
+        let endpoints = endpoints.iter().map(|(ip, ready)| endpoint(ip, *ready, *ready, true));
+        state.services.insert(key.clone(), dns(endpoints.collect()));
+        cleaner.collect(&ChangeSet::changes(&touched, &state));
+        let out: Vec<(bool, usize)> =
+            cleaner.outbox.values().map(|u| (u.required, u.serving.len())).collect();
+        cleaner.outbox.clear();
+        out
+    };
+    // A new destination: entries may predate its rules.
+    assert_eq!(collect(&mut cleaner, &[("10.244.0.5", true)]), [(true, 1)]);
+    // Nothing changed for it: nothing handed over.
+    assert_eq!(collect(&mut cleaner, &[("10.244.0.5", true)]), []);
+    // An endpoint joins: every entry stays valid; only a pending check would follow it.
+    let both = [("10.244.0.5", true), ("10.244.1.5", true)];
+    assert_eq!(collect(&mut cleaner, &both), [(false, 2)]);
+    // One stops serving: its entries are stale.
+    assert_eq!(collect(&mut cleaner, &[("10.244.0.5", true), ("10.244.1.5", false)]), [(true, 1)]);
+    // Down to none, then back from none: both required.
+    assert_eq!(collect(&mut cleaner, &[]), [(true, 0)]);
+    assert_eq!(collect(&mut cleaner, &[("10.244.2.5", true)]), [(true, 1)]);
+    // The service goes: everything towards it is stale.
+    state.services.clear();
+    cleaner.collect(&ChangeSet::changes(&touched, &state));
+    let out: Vec<(bool, usize)> =
+        cleaner.outbox.values().map(|u| (u.required, u.serving.len())).collect();
+    assert_eq!(out, [(true, 0)]);
 }

@@ -334,13 +334,13 @@ async fn services_with_a_local_policy_and_no_local_endpoint_are_counted() {
 
 #[tokio::test]
 async fn a_sync_with_a_token_left_starts_without_waiting_for_a_timer_tick() {
-    let mut pace = Pace { period: Duration::from_secs(1), tokens: SYNC_BURST, at: Instant::now() };
+    let mut pace = Pace::new(Duration::from_secs(1));
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
     let mut ready = std::pin::pin!(pace.ready());
     assert!(ready.as_mut().poll(&mut cx).is_ready(), "a token was left: no wait");
 
     // Without tokens the sync waits for the refill.
-    let mut pace = Pace { period: Duration::from_secs(1), tokens: 0.0, at: Instant::now() };
+    let mut pace = Pace { tokens: 0.0, ..Pace::new(Duration::from_secs(1)) };
     let mut ready = std::pin::pin!(pace.ready());
     assert!(ready.as_mut().poll(&mut cx).is_pending(), "no token: wait for the refill");
 }
@@ -394,4 +394,89 @@ async fn a_permanent_failure_ends_the_runner_instead_of_retrying() {
     assert_eq!(stats.failures(), 1, "tried once");
     let text = crate::backend::error_chain(&error);
     assert!(text.contains("output closed"), "{text}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_a_min_sync_period_only_a_long_sync_makes_the_next_wait() {
+    let mut pace = Pace::new(Duration::ZERO);
+    for _ in 0..10 {
+        assert_eq!(pace.next(), Instant::now(), "short syncs follow each other at once");
+        pace.spend();
+        pace.finished(Duration::from_micros(150));
+    }
+    pace.finished(Duration::from_millis(40));
+    assert_eq!(pace.next(), Instant::now() + Duration::from_millis(40), "rests as long");
+    tokio::time::sleep(Duration::from_millis(25)).await;
+    assert_eq!(pace.next(), Instant::now() + Duration::from_millis(15));
+    tokio::time::sleep(Duration::from_millis(15)).await;
+    assert_eq!(pace.next(), Instant::now());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_rest_and_a_min_sync_period_both_hold() {
+    let mut pace = Pace::new(Duration::from_millis(50));
+    pace.spend();
+    pace.spend();
+    pace.finished(Duration::from_millis(80));
+    let now = Instant::now();
+    assert_eq!(pace.next(), now + Duration::from_millis(80), "the rest is the longer wait");
+    tokio::time::sleep(Duration::from_millis(80)).await;
+    assert_eq!(pace.next(), Instant::now(), "tokens refilled meanwhile");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_one_off_long_sync_holds_back_the_next_change_briefly() {
+    let mut pace = Pace::new(Duration::ZERO);
+    // The whole state at start-up can take seconds at 30k services.
+    pace.finished(Duration::from_secs(5));
+    assert_eq!(pace.next(), Instant::now() + REST_MAX);
+}
+
+/// A backend whose every apply takes `took` of real time.
+struct Slow {
+    took: Duration,
+    log: Arc<Mutex<Vec<usize>>>,
+}
+
+impl Backend for Slow {
+    fn name(&self) -> &'static str {
+        "slow"
+    }
+
+    fn apply(&mut self, changes: &ChangeSet<'_>) -> Result<(), BackendError> {
+        std::thread::sleep(self.took);
+        self.log.lock().unwrap().push(changes.ops().count());
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_storm_against_slow_syncs_coalesces_and_leaves_half_the_time_idle() {
+    let (mut writer, reader) = store(&[]);
+    writer.apply(objects(&[("10.0.0.1", "a")]));
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let slow = Slow { took: Duration::from_millis(20), log: log.clone() };
+    let task = tokio::spawn(run_node(
+        reader,
+        vec![Box::new(slow)],
+        RunnerOptions::new("a"),
+        Arc::new(NodeStats::default()),
+        None,
+    ));
+    // 100 changes over about 0.5 s, one every 5 ms: four times what 20 ms syncs can follow.
+    let start = std::time::Instant::now();
+    for i in 0..100u32 {
+        let ip = format!("10.0.1.{}", i % 250 + 1);
+        writer.apply(objects(&[("10.0.0.1", "a"), (ip.as_str(), "a")]));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let elapsed = start.elapsed();
+    let syncs = log.lock().unwrap().len();
+    // Each sync is followed by a rest as long: at most one sync per 40 ms (plus the first).
+    let most = (elapsed.as_millis() / 40) as usize + 2;
+    assert!(syncs <= most, "{syncs} syncs in {elapsed:?}");
+    assert!(syncs >= 5, "changes still applied as they come: {syncs} syncs");
+    drop(writer);
+    task.await.unwrap().unwrap();
 }

@@ -92,6 +92,10 @@ pub struct EndpointSlice {
     /// The `endpoints.kubernetes.io/last-change-trigger-time` annotation, verbatim (RFC 3339):
     /// when the change this slice reflects was triggered.
     pub trigger_time: Option<String>,
+    /// The `service.kubernetes.io/service-proxy-name` label: the proxy that handles the
+    /// slice (`None`: the default proxy). See [`is_for_proxy`](crate::global::is_for_proxy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy_name: Option<String>,
 }
 
 impl EndpointSlice {

@@ -5,7 +5,9 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::global::{EndpointSlice, Node, Service, ServiceKey, SliceKey};
+use crate::global::{
+    Claim, Claims, EndpointSlice, Node, Service, ServiceCidr, ServiceKey, SliceKey,
+};
 
 /// The kinds of object the model holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -16,11 +18,13 @@ pub enum Kind {
     EndpointSlice,
     /// v1 Node.
     Node,
+    /// networking.k8s.io/v1 ServiceCIDR.
+    ServiceCidr,
 }
 
 impl Kind {
     /// Every kind, in the order a consumer should apply them.
-    pub const ALL: [Kind; 3] = [Kind::Node, Kind::Service, Kind::EndpointSlice];
+    pub const ALL: [Kind; 4] = [Kind::Node, Kind::ServiceCidr, Kind::Service, Kind::EndpointSlice];
 }
 
 impl fmt::Display for Kind {
@@ -29,6 +33,7 @@ impl fmt::Display for Kind {
             Kind::Service => "Service",
             Kind::EndpointSlice => "EndpointSlice",
             Kind::Node => "Node",
+            Kind::ServiceCidr => "ServiceCIDR",
         })
     }
 }
@@ -42,6 +47,8 @@ pub enum Object {
     EndpointSlice(EndpointSlice),
     /// A node.
     Node(Node),
+    /// A ServiceCIDR.
+    ServiceCidr(ServiceCidr),
 }
 
 impl Object {
@@ -51,6 +58,7 @@ impl Object {
             Object::Service(s) => ObjectRef::Service(s.key.clone()),
             Object::EndpointSlice(s) => ObjectRef::EndpointSlice(s.key.clone()),
             Object::Node(n) => ObjectRef::Node(n.name.clone()),
+            Object::ServiceCidr(c) => ObjectRef::ServiceCidr(c.name.clone()),
         }
     }
 }
@@ -64,6 +72,8 @@ pub enum ObjectRef {
     EndpointSlice(SliceKey),
     /// A node's name.
     Node(String),
+    /// A ServiceCIDR's name.
+    ServiceCidr(String),
 }
 
 impl ObjectRef {
@@ -73,6 +83,7 @@ impl ObjectRef {
             ObjectRef::Service(_) => Kind::Service,
             ObjectRef::EndpointSlice(_) => Kind::EndpointSlice,
             ObjectRef::Node(_) => Kind::Node,
+            ObjectRef::ServiceCidr(_) => Kind::ServiceCidr,
         }
     }
 }
@@ -83,18 +94,22 @@ impl fmt::Display for ObjectRef {
             ObjectRef::Service(k) => write!(f, "Service {k}"),
             ObjectRef::EndpointSlice(k) => write!(f, "EndpointSlice {k}"),
             ObjectRef::Node(n) => write!(f, "Node {n}"),
+            ObjectRef::ServiceCidr(n) => write!(f, "ServiceCIDR {n}"),
         }
     }
 }
 
 /// What a change to the model can affect downstream: one service (its own object or one of
-/// its slices changed) or one node.
+/// its slices changed), one node, or the set of ServiceCIDRs.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum Touched {
     /// The service or one of its slices changed.
     Service(ServiceKey),
     /// The node changed.
     Node(String),
+    /// A ServiceCIDR was added, changed or removed: whatever depends on the ranges (the
+    /// addresses a node treats as unallocated service IPs) must be recomputed.
+    ServiceCidrs,
 }
 
 /// Every proxied object of the cluster. Changing an object to a value equal to the one held
@@ -108,6 +123,9 @@ pub struct GlobalModel {
     /// The slices of each service, sorted (a service has few: a vector, not a tree node).
     slices_by_service: BTreeMap<ServiceKey, Vec<SliceKey>>,
     nodes: BTreeMap<String, Node>,
+    service_cidrs: BTreeMap<String, ServiceCidr>,
+    /// Who claims each destination.
+    claims: Claims,
 }
 
 impl GlobalModel {
@@ -121,12 +139,26 @@ impl GlobalModel {
     pub fn apply(&mut self, object: Object) -> Option<Vec<Touched>> {
         match object {
             Object::Service(service) => {
-                if self.services.get(&service.key).map(|s| &**s) == Some(&service) {
+                let old = self.services.get(&service.key);
+                if old.map(|s| &**s) == Some(&service) {
                     return None;
+                }
+                let before = old.map(|s| s.claims()).unwrap_or_default();
+                let after = service.claims();
+                let mut rivals = self.claims.update(&service.key, &before, &after);
+                if old.is_some_and(|o| o.created_at != service.created_at) {
+                    // A new seniority (the object was re-created under the same name): who
+                    // holds each destination it kept may change too.
+                    for claim in &after {
+                        rivals.extend(self.claims.claimants(claim).iter().cloned());
+                    }
+                    rivals.remove(&service.key);
                 }
                 let key = service.key.clone();
                 self.services.insert(key.clone(), Box::new(service));
-                Some(vec![Touched::Service(key)])
+                let mut touched = vec![Touched::Service(key)];
+                touched.extend(rivals.into_iter().map(Touched::Service));
+                Some(touched)
             }
             Object::EndpointSlice(slice) => {
                 if self.slices.get(&slice.key).map(|s| &**s) == Some(&slice) {
@@ -151,6 +183,13 @@ impl GlobalModel {
                 self.nodes.insert(name.clone(), node);
                 Some(vec![Touched::Node(name)])
             }
+            Object::ServiceCidr(cidr) => {
+                if self.service_cidrs.get(&cidr.name) == Some(&cidr) {
+                    return None;
+                }
+                self.service_cidrs.insert(cidr.name.clone(), cidr);
+                Some(vec![Touched::ServiceCidrs])
+            }
         }
     }
 
@@ -159,13 +198,20 @@ impl GlobalModel {
     pub fn delete(&mut self, key: &ObjectRef) -> Option<Vec<Touched>> {
         let touched = match key {
             ObjectRef::Service(k) => {
-                self.services.remove(k)?;
-                vec![Touched::Service(k.clone())]
+                let old = self.services.remove(k)?;
+                let rivals = self.claims.update(k, &old.claims(), &[]);
+                let mut touched = vec![Touched::Service(k.clone())];
+                touched.extend(rivals.into_iter().map(Touched::Service));
+                touched
             }
             ObjectRef::EndpointSlice(k) => self.remove_slice(k),
             ObjectRef::Node(name) => {
                 self.nodes.remove(name)?;
                 vec![Touched::Node(name.clone())]
+            }
+            ObjectRef::ServiceCidr(name) => {
+                self.service_cidrs.remove(name)?;
+                vec![Touched::ServiceCidrs]
             }
         };
         (!touched.is_empty()).then_some(touched)
@@ -200,6 +246,21 @@ impl GlobalModel {
             .filter_map(|slice_key| self.slices.get(slice_key).map(|s| &**s))
     }
 
+    /// The services claiming `claim`.
+    pub fn claimants(&self, claim: &Claim) -> &[ServiceKey] {
+        self.claims.claimants(claim)
+    }
+
+    /// Whether `service` holds `claim`: no older service claims it too.
+    pub fn holds(&self, service: &Service, claim: &Claim) -> bool {
+        let mine = service.seniority();
+        self.claimants(claim)
+            .iter()
+            .filter(|k| **k != service.key)
+            .filter_map(|k| self.service(k))
+            .all(|rival| rival.seniority() > mine)
+    }
+
     /// The node named `name`.
     pub fn node(&self, name: &str) -> Option<&Node> {
         self.nodes.get(name)
@@ -220,6 +281,11 @@ impl GlobalModel {
         self.nodes.values()
     }
 
+    /// Every ServiceCIDR, in name order.
+    pub fn service_cidrs(&self) -> impl Iterator<Item = &ServiceCidr> {
+        self.service_cidrs.values()
+    }
+
     /// The keys of every object of `kind`.
     pub fn keys(&self, kind: Kind) -> Vec<ObjectRef> {
         match kind {
@@ -228,6 +294,9 @@ impl GlobalModel {
                 self.slices.keys().cloned().map(ObjectRef::EndpointSlice).collect()
             }
             Kind::Node => self.nodes.keys().cloned().map(ObjectRef::Node).collect(),
+            Kind::ServiceCidr => {
+                self.service_cidrs.keys().cloned().map(ObjectRef::ServiceCidr).collect()
+            }
         }
     }
 
@@ -237,20 +306,25 @@ impl GlobalModel {
             Kind::Service => self.services.len(),
             Kind::EndpointSlice => self.slices.len(),
             Kind::Node => self.nodes.len(),
+            Kind::ServiceCidr => self.service_cidrs.len(),
         }
     }
 
     /// Whether the model holds no object at all.
     pub fn is_empty(&self) -> bool {
-        self.services.is_empty() && self.slices.is_empty() && self.nodes.is_empty()
+        self.services.is_empty()
+            && self.slices.is_empty()
+            && self.nodes.is_empty()
+            && self.service_cidrs.is_empty()
     }
 
-    /// Every object, nodes first, then services, then slices.
+    /// Every object, in the order of [`Kind::ALL`]: nodes, ServiceCIDRs, services, slices.
     pub fn objects(&self) -> impl Iterator<Item = Object> + '_ {
         let nodes = self.nodes.values().cloned().map(Object::Node);
+        let cidrs = self.service_cidrs().cloned().map(Object::ServiceCidr);
         let services = self.services().cloned().map(Object::Service);
         let slices = self.slices().cloned().map(Object::EndpointSlice);
-        nodes.chain(services).chain(slices)
+        nodes.chain(cidrs).chain(services).chain(slices)
     }
 }
 
@@ -264,6 +338,9 @@ pub struct ModelDocument {
     pub services: Vec<Service>,
     /// Every slice.
     pub endpoint_slices: Vec<EndpointSlice>,
+    /// Every ServiceCIDR (absent from documents written before they were modelled).
+    #[serde(default)]
+    pub service_cidrs: Vec<ServiceCidr>,
 }
 
 impl From<&GlobalModel> for ModelDocument {
@@ -272,6 +349,7 @@ impl From<&GlobalModel> for ModelDocument {
             nodes: model.nodes.values().cloned().collect(),
             services: model.services().cloned().collect(),
             endpoint_slices: model.slices().cloned().collect(),
+            service_cidrs: model.service_cidrs().cloned().collect(),
         }
     }
 }
@@ -281,7 +359,7 @@ impl From<&GlobalModel> for ModelDocument {
 pub enum Changes {
     /// Anything may have changed: recompute everything.
     All,
-    /// Only these services and nodes changed.
+    /// Only these services, nodes and (as a whole) ServiceCIDRs changed.
     Touched(BTreeSet<Touched>),
 }
 

@@ -112,6 +112,20 @@ pub enum SessionAffinity {
     },
 }
 
+/// The label that hands a Service (and its EndpointSlices, which carry its labels) to a
+/// named proxy.
+pub const SERVICE_PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
+
+/// Whether a proxy named `proxy` (`None`: the default proxy) handles an object whose
+/// `service.kubernetes.io/service-proxy-name` label is `label` (`None`: unlabelled).
+///
+/// The default proxy handles exactly the unlabelled objects (an empty value is a label
+/// too); a named proxy handles exactly the objects labelled with its name. This is the
+/// label selector upstream kube-proxy watches with, and the one rule every source applies.
+pub fn is_for_proxy(label: Option<&str>, proxy: Option<&str>) -> bool {
+    label == proxy
+}
+
 /// The affinity timeout Kubernetes applies when `timeoutSeconds` is absent.
 pub const DEFAULT_AFFINITY_TIMEOUT_SECONDS: u32 = 10_800;
 
@@ -190,6 +204,14 @@ pub struct Service {
     /// `spec.healthCheckNodePort`, kept only where it matters: type LoadBalancer with
     /// externalTrafficPolicy Local.
     pub health_check_node_port: Option<u16>,
+    /// The `service.kubernetes.io/service-proxy-name` label: the proxy that handles the
+    /// service (`None`: the default proxy). See [`is_for_proxy`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy_name: Option<String>,
+    /// `metadata.creationTimestamp` in seconds since the Unix epoch, when known: the oldest
+    /// of two services claiming one destination holds it (see [`Service::seniority`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_at: Option<i64>,
 }
 
 impl Service {

@@ -8,7 +8,12 @@ use crate::nftables::{NFTA_DATA_VALUE, NFTA_LIST_ELEM, msg};
 
 mod table {
     pub const NAME: u16 = 1;
+    pub const FLAGS: u16 = 2;
 }
+
+/// `NFT_TABLE_F_OWNER`: only the netlink socket that created the table may change it, and
+/// the table goes when that socket closes.
+pub const TABLE_OWNER: u32 = 0x2;
 
 mod chain {
     pub const TABLE: u16 = 1;
@@ -182,6 +187,15 @@ impl Table<'_> {
         let what = format!("add table {}", self.prefix());
         batch.message(msg::NEWTABLE, NLM_F_CREATE, self.family, what, |b| {
             put_str(b, table::NAME, self.name);
+        });
+    }
+
+    /// Creates the table with `NFT_TABLE_F_*` flags.
+    pub fn add_with_flags(&self, batch: &mut Batch, flags: u32) {
+        let what = format!("add table {} {{ flags {flags:#x}; }}", self.prefix());
+        batch.message(msg::NEWTABLE, NLM_F_CREATE, self.family, what, |b| {
+            put_str(b, table::NAME, self.name);
+            put_be32(b, table::FLAGS, flags);
         });
     }
 

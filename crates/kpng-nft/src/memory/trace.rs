@@ -357,7 +357,13 @@ impl Vm<'_> {
     }
 
     fn header(&self, base: PayloadBase, path: &Path) -> Vec<u8> {
-        let ip = |a: &IpAddr| crate::rules::ip_bytes(a);
+        // Addresses of the table's family (a packet of the other family never reaches it).
+        let len = if self.family == Family::V4 { 4 } else { 16 };
+        let ip = |a: &IpAddr| {
+            let mut bytes = crate::rules::ip_bytes(a);
+            bytes.resize(len, 0);
+            bytes
+        };
         match (base, self.family) {
             (PayloadBase::Transport, _) => {
                 [self.packet.sport.to_be_bytes(), path.dport.to_be_bytes()].concat()

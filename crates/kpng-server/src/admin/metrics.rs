@@ -42,6 +42,7 @@ impl Collector for Metrics {
                 (kpng_model::Kind::Service, "service"),
                 (kpng_model::Kind::EndpointSlice, "endpointslice"),
                 (kpng_model::Kind::Node, "node"),
+                (kpng_model::Kind::ServiceCidr, "servicecidr"),
             ];
             let mut family = encoder.encode_descriptor(
                 "kpng_source_events",
@@ -146,6 +147,13 @@ impl Collector for Metrics {
                 let metric = ConstGauge::new(n as i64);
                 metric.encode(family.encode_family(&[("traffic_policy", policy)])?)?;
             }
+            let conflicts = ConstGauge::new(stats.conflicts() as i64);
+            conflicts.encode(encoder.encode_descriptor(
+                "kpng_service_address_conflicts",
+                "Services yielding a destination to an older service claiming it too.",
+                None,
+                conflicts.metric_type(),
+            )?)?;
             let mut family = encoder.encode_descriptor(
                 "kubeproxy_proxy_healthz",
                 "/healthz answers by HTTP code.",

@@ -1,7 +1,7 @@
 //! v1 Service → [`Service`].
 
-use k8s_openapi::api::core::v1 as core;
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use std::net::IpAddr;
+
 use kpng_model::global::{
     DEFAULT_AFFINITY_TIMEOUT_SECONDS, IpMode, LoadBalancerIngress, Service, ServiceKey,
     ServicePort, ServiceType, SessionAffinity, TargetPort, TrafficPolicy,
@@ -9,13 +9,21 @@ use kpng_model::global::{
 use kpng_model::net::{parse_cidr, parse_ip};
 use kpng_model::{Family, ObjectRef, Protocol};
 
-use super::{ConvertError, ConvertOptions, Converted, FieldError, ignored_by_labels};
+use super::{
+    ConvertError, ConvertOptions, Converted, FieldError, SERVICE_PROXY_NAME_LABEL, Warnings,
+    ignored_by_labels, unix_seconds,
+};
+use crate::schema::service::{IntOrString, ServiceSpec, ServiceStatus};
+use crate::schema::{ObjectMeta, Service as ServiceObject};
 
-/// Converts a Service. Ignored: ExternalName services, headless services (no cluster IP),
-/// and services labelled for another proxy or as headless.
+/// Converts a Service. Ignored: ExternalName services, headless services (no usable
+/// cluster IP), and services labelled as headless or not for this proxy. Cluster IPs that
+/// cannot be service addresses (unspecified, loopback, multicast, broadcast) are dropped
+/// with a warning: the service is not proxied in that family.
 pub fn convert_service(
-    svc: &core::Service,
+    svc: &ServiceObject,
     options: &ConvertOptions,
+    warnings: &mut Warnings,
 ) -> Result<Converted<Service>, ConvertError> {
     let namespace = svc.metadata.namespace.clone().unwrap_or_else(|| "default".to_string());
     let name = svc.metadata.name.clone().unwrap_or_default();
@@ -31,81 +39,120 @@ pub fn convert_service(
     let key = ServiceKey::new(namespace.clone(), name.clone());
     let ignored =
         |reason: String| Ok(Converted::Ignored { key: ObjectRef::Service(key.clone()), reason });
-    if let Some(reason) = ignored_by_labels(svc.metadata.labels.as_ref(), options) {
+    if let Some(reason) = ignored_by_labels(&svc.metadata.labels, options) {
         return ignored(reason);
     }
     let Some(spec) = &svc.spec else { return ignored("no spec".into()) };
     let service_type = match spec.type_.as_deref().unwrap_or("ClusterIP") {
-        "ClusterIP" => ServiceType::ClusterIP,
+        "ClusterIP" | "" => ServiceType::ClusterIP,
         "NodePort" => ServiceType::NodePort,
         "LoadBalancer" => ServiceType::LoadBalancer,
         "ExternalName" => return ignored("type ExternalName".into()),
         other => {
-            return Err(error(FieldError::new(
-                "spec.type",
-                format!("unknown service type {other:?}"),
-            )));
+            let reason = format!("unknown service type {other:?}");
+            return Err(error(FieldError::new("spec.type", reason)));
         }
     };
-    let cluster_ips = cluster_ips(spec).map_err(error)?;
+    let (cluster_ips, doubtful) = cluster_ips(spec).map_err(error)?;
+    warnings.extend(doubtful.into_iter().map(error));
     if cluster_ips.is_empty() {
-        return ignored("headless (no cluster IP)".into());
+        return ignored("headless (no usable cluster IP)".into());
     }
+    let reduced = reduce(key, service_type, cluster_ips, spec, svc.status.as_ref(), &svc.metadata);
+    reduced.map(Converted::Proxied).map_err(error)
+}
+
+/// The service from its checked type and cluster IPs, and the rest of its fields.
+fn reduce(
+    key: ServiceKey,
+    service_type: ServiceType,
+    cluster_ips: Vec<IpAddr>,
+    spec: &ServiceSpec,
+    status: Option<&ServiceStatus>,
+    metadata: &ObjectMeta,
+) -> Result<Service, FieldError> {
     let external_traffic_policy =
-        policy(spec.external_traffic_policy.as_deref(), "spec.externalTrafficPolicy")
-            .map_err(error)?;
-    let health_check_node_port = spec
-        .health_check_node_port
-        .filter(|_| {
-            service_type == ServiceType::LoadBalancer
-                && external_traffic_policy == TrafficPolicy::Local
-        })
-        .map(|p| port_number(p, "spec.healthCheckNodePort"))
-        .transpose()
-        .map_err(error)?
-        .flatten();
-    Ok(Converted::Proxied(Service {
+        policy(spec.external_traffic_policy.as_deref(), "spec.externalTrafficPolicy")?;
+    let health_check_node_port = match spec.health_check_node_port {
+        Some(p)
+            if service_type == ServiceType::LoadBalancer
+                && external_traffic_policy == TrafficPolicy::Local =>
+        {
+            port_number(p, "spec.healthCheckNodePort")?
+        }
+        _ => None,
+    };
+    let created_at = metadata
+        .creation_timestamp
+        .as_deref()
+        .map(|t| unix_seconds(t).map_err(|e| FieldError::new("metadata.creationTimestamp", e)))
+        .transpose()?;
+    Ok(Service {
         key,
         service_type,
         cluster_ips,
-        ports: ports(spec).map_err(error)?,
-        external_ips: ips(spec.external_ips.as_deref(), "spec.externalIPs").map_err(error)?,
-        load_balancer_ingress: ingress(svc.status.as_ref()).map_err(error)?,
-        load_balancer_source_ranges: source_ranges(spec).map_err(error)?,
-        session_affinity: affinity(spec).map_err(error)?,
+        ports: ports(spec)?,
+        external_ips: ips(spec.external_ips.as_deref(), "spec.externalIPs")?,
+        load_balancer_ingress: ingress(status)?,
+        load_balancer_source_ranges: source_ranges(spec)?,
+        session_affinity: affinity(spec)?,
         internal_traffic_policy: policy(
             spec.internal_traffic_policy.as_deref(),
             "spec.internalTrafficPolicy",
-        )
-        .map_err(error)?,
+        )?,
         external_traffic_policy,
         health_check_node_port,
-    }))
+        proxy_name: metadata.labels.get(SERVICE_PROXY_NAME_LABEL).map(str::to_string),
+        created_at,
+    })
 }
 
 /// `spec.clusterIPs` (or `spec.clusterIP`), at most one per family; empty when headless.
-fn cluster_ips(spec: &core::ServiceSpec) -> Result<Vec<std::net::IpAddr>, FieldError> {
+/// Addresses that cannot be service addresses are left out and returned as warnings.
+fn cluster_ips(spec: &ServiceSpec) -> Result<(Vec<IpAddr>, Vec<FieldError>), FieldError> {
     let (field, texts): (&str, Vec<&String>) = match &spec.cluster_ips {
         Some(ips) if !ips.is_empty() => ("spec.clusterIPs", ips.iter().collect()),
         _ => ("spec.clusterIP", spec.cluster_ip.iter().collect()),
     };
-    let mut out: Vec<std::net::IpAddr> = Vec::new();
+    let (mut out, mut doubtful): (Vec<IpAddr>, Vec<FieldError>) = (Vec::new(), Vec::new());
     for (i, text) in texts.into_iter().enumerate() {
         if text.is_empty() || text == "None" {
             continue;
         }
         let at =
             if field == "spec.clusterIPs" { format!("{field}[{i}]") } else { field.to_string() };
-        let ip = parse_ip(text).map_err(|e| FieldError::new(at, e))?;
-        if !out.iter().any(|o| Family::of(o) == Family::of(&ip)) {
+        let ip = parse_ip(text).map_err(|e| FieldError::new(&at, e))?;
+        if let Some(what) = not_a_service_address(&ip) {
+            let family = Family::of(&ip);
+            let reason = format!(
+                "{ip} is {what}, not a service address: ignored (the service is not proxied \
+                 in {family})"
+            );
+            doubtful.push(FieldError::new(at, reason));
+        } else if !out.iter().any(|o| Family::of(o) == Family::of(&ip)) {
             out.push(ip);
         }
     }
     out.shrink_to_fit();
-    Ok(out)
+    Ok((out, doubtful))
 }
 
-fn port_number(value: i32, field: &str) -> Result<Option<u16>, FieldError> {
+/// What makes `ip` unusable as a service address, if anything.
+fn not_a_service_address(ip: &IpAddr) -> Option<&'static str> {
+    if ip.is_unspecified() {
+        Some("the unspecified address")
+    } else if ip.is_loopback() {
+        Some("a loopback address")
+    } else if ip.is_multicast() {
+        Some("a multicast address")
+    } else if matches!(ip, IpAddr::V4(v4) if v4.is_broadcast()) {
+        Some("the broadcast address")
+    } else {
+        None
+    }
+}
+
+fn port_number(value: i64, field: &str) -> Result<Option<u16>, FieldError> {
     match value {
         0 => Ok(None),
         1..=65535 => Ok(Some(value as u16)),
@@ -118,11 +165,12 @@ pub(crate) fn protocol(value: Option<&str>, field: &str) -> Result<Protocol, Fie
     value.unwrap_or("TCP").parse().map_err(|e| FieldError::new(field, e))
 }
 
-fn ports(spec: &core::ServiceSpec) -> Result<Vec<ServicePort>, FieldError> {
+fn ports(spec: &ServiceSpec) -> Result<Vec<ServicePort>, FieldError> {
     let mut out = Vec::new();
     for (i, p) in spec.ports.iter().flatten().enumerate() {
         let at = |f: &str| format!("spec.ports[{i}].{f}");
-        let port = port_number(p.port, &at("port"))?
+        let number = p.port.ok_or_else(|| FieldError::new(at("port"), "missing"))?;
+        let port = port_number(number, &at("port"))?
             .ok_or_else(|| FieldError::new(at("port"), "must not be 0"))?;
         let target_port = match &p.target_port {
             None => TargetPort::Number(port),
@@ -144,7 +192,7 @@ fn ports(spec: &core::ServiceSpec) -> Result<Vec<ServicePort>, FieldError> {
     Ok(out)
 }
 
-fn ips(values: Option<&[String]>, field: &str) -> Result<Vec<std::net::IpAddr>, FieldError> {
+fn ips(values: Option<&[String]>, field: &str) -> Result<Vec<IpAddr>, FieldError> {
     let mut out = values
         .unwrap_or_default()
         .iter()
@@ -157,7 +205,7 @@ fn ips(values: Option<&[String]>, field: &str) -> Result<Vec<std::net::IpAddr>, 
     Ok(out)
 }
 
-fn ingress(status: Option<&core::ServiceStatus>) -> Result<Vec<LoadBalancerIngress>, FieldError> {
+fn ingress(status: Option<&ServiceStatus>) -> Result<Vec<LoadBalancerIngress>, FieldError> {
     let entries = status.and_then(|s| s.load_balancer.as_ref()).and_then(|lb| lb.ingress.as_ref());
     let mut out = Vec::new();
     for (i, entry) in entries.into_iter().flatten().enumerate() {
@@ -183,7 +231,7 @@ fn ingress(status: Option<&core::ServiceStatus>) -> Result<Vec<LoadBalancerIngre
     Ok(out)
 }
 
-fn source_ranges(spec: &core::ServiceSpec) -> Result<Vec<ipnet::IpNet>, FieldError> {
+fn source_ranges(spec: &ServiceSpec) -> Result<Vec<ipnet::IpNet>, FieldError> {
     let mut out = Vec::new();
     for (i, text) in spec.load_balancer_source_ranges.iter().flatten().enumerate() {
         if text.trim().is_empty() {
@@ -200,7 +248,7 @@ fn source_ranges(spec: &core::ServiceSpec) -> Result<Vec<ipnet::IpNet>, FieldErr
     Ok(out)
 }
 
-fn affinity(spec: &core::ServiceSpec) -> Result<SessionAffinity, FieldError> {
+fn affinity(spec: &ServiceSpec) -> Result<SessionAffinity, FieldError> {
     match spec.session_affinity.as_deref() {
         None | Some("None") | Some("") => Ok(SessionAffinity::None),
         Some("ClientIP") => {

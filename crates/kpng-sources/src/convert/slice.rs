@@ -1,6 +1,5 @@
 //! discovery.k8s.io/v1 EndpointSlice → [`EndpointSlice`].
 
-use k8s_openapi::api::discovery::v1 as discovery;
 use kpng_model::global::{Endpoint, EndpointSlice, SliceKey, SlicePort};
 use kpng_model::net::parse_ip;
 use kpng_model::{Family, ObjectRef};
@@ -8,13 +7,15 @@ use kpng_model::{Family, ObjectRef};
 use super::service::protocol;
 use super::{
     ConvertError, ConvertOptions, Converted, FieldError, SERVICE_NAME_LABEL,
-    TRIGGER_TIME_ANNOTATION, ignored_by_labels,
+    SERVICE_PROXY_NAME_LABEL, TRIGGER_TIME_ANNOTATION, ignored_by_labels,
 };
+use crate::schema::EndpointSlice as SliceObject;
+use crate::schema::slice::{Endpoint as EndpointObject, EndpointPort, Named};
 
 /// Converts an EndpointSlice. Ignored: slices without a `kubernetes.io/service-name`
-/// label, FQDN slices, and slices labelled for another proxy or as headless.
+/// label, FQDN slices, and slices labelled as headless or not for this proxy.
 pub fn convert_slice(
-    slice: &discovery::EndpointSlice,
+    slice: &SliceObject,
     options: &ConvertOptions,
 ) -> Result<Converted<EndpointSlice>, ConvertError> {
     let namespace = slice.metadata.namespace.clone().unwrap_or_else(|| "default".to_string());
@@ -32,44 +33,26 @@ pub fn convert_slice(
     let ignored = |reason: String| {
         Ok(Converted::Ignored { key: ObjectRef::EndpointSlice(key.clone()), reason })
     };
-    let labels = slice.metadata.labels.as_ref();
+    let labels = &slice.metadata.labels;
     if let Some(reason) = ignored_by_labels(labels, options) {
         return ignored(reason);
     }
-    let Some(service_name) =
-        labels.and_then(|l| l.get(SERVICE_NAME_LABEL)).filter(|s| !s.is_empty())
-    else {
+    let Some(service_name) = labels.get(SERVICE_NAME_LABEL).filter(|s| !s.is_empty()) else {
         return ignored(format!("no {SERVICE_NAME_LABEL} label"));
     };
-    let family = match slice.address_type.as_str() {
-        "IPv4" => Family::V4,
-        "IPv6" => Family::V6,
-        "FQDN" => return ignored("addressType FQDN".into()),
-        other => {
-            return Err(error(FieldError::new(
-                "addressType",
-                format!("unknown address type {other:?}"),
-            )));
+    let family = match slice.address_type.as_deref() {
+        Some("IPv4") => Family::V4,
+        Some("IPv6") => Family::V6,
+        Some("FQDN") => return ignored("addressType FQDN".into()),
+        Some(other) => {
+            let reason = format!("unknown address type {other:?}");
+            return Err(error(FieldError::new("addressType", reason)));
         }
+        None => return Err(error(FieldError::new("addressType", "missing"))),
     };
-    let mut ports = Vec::new();
-    for (i, p) in slice.ports.iter().flatten().enumerate() {
-        let Some(number) = p.port else { continue };
-        let port = u16::try_from(number).ok().filter(|n| *n != 0).ok_or_else(|| {
-            error(FieldError::new(
-                format!("ports[{i}].port"),
-                format!("port {number} out of range 1-65535"),
-            ))
-        })?;
-        ports.push(SlicePort {
-            name: p.name.clone().unwrap_or_default(),
-            protocol: protocol(p.protocol.as_deref(), &format!("ports[{i}].protocol"))
-                .map_err(error)?,
-            port,
-        });
-    }
+    let mut ports = slice_ports(slice.ports.as_deref().unwrap_or_default()).map_err(error)?;
     let mut endpoints = Vec::new();
-    for (i, e) in slice.endpoints.iter().enumerate() {
+    for (i, e) in slice.endpoints.iter().flatten().enumerate() {
         if let Some(endpoint) = convert_endpoint(e, i, family).map_err(error)? {
             endpoints.push(endpoint);
         }
@@ -79,25 +62,39 @@ pub fn convert_slice(
     endpoints.shrink_to_fit();
     Ok(Converted::Proxied(EndpointSlice {
         key,
-        service_name: service_name.clone(),
+        service_name: service_name.to_string(),
         family,
         ports,
         endpoints,
-        trigger_time: slice
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(TRIGGER_TIME_ANNOTATION))
-            .cloned(),
+        trigger_time: slice.metadata.annotations.get(TRIGGER_TIME_ANNOTATION).map(str::to_string),
+        proxy_name: labels.get(SERVICE_PROXY_NAME_LABEL).map(str::to_string),
     }))
 }
 
+/// The slice's ports that have a number.
+fn slice_ports(ports: &[EndpointPort]) -> Result<Vec<SlicePort>, FieldError> {
+    let mut out = Vec::with_capacity(ports.len());
+    for (i, p) in ports.iter().enumerate() {
+        let Some(number) = p.port else { continue };
+        let port = u16::try_from(number).ok().filter(|n| *n != 0).ok_or_else(|| {
+            let reason = format!("port {number} out of range 1-65535");
+            FieldError::new(format!("ports[{i}].port"), reason)
+        })?;
+        out.push(SlicePort {
+            name: p.name.clone().unwrap_or_default(),
+            protocol: protocol(p.protocol.as_deref(), &format!("ports[{i}].protocol"))?,
+            port,
+        });
+    }
+    Ok(out)
+}
+
 fn convert_endpoint(
-    e: &discovery::Endpoint,
+    e: &EndpointObject,
     i: usize,
     family: Family,
 ) -> Result<Option<Endpoint>, FieldError> {
-    let Some(text) = e.addresses.first() else { return Ok(None) };
+    let Some(text) = e.addresses.as_ref().and_then(|a| a.first()) else { return Ok(None) };
     let field = format!("endpoints[{i}].addresses[0]");
     let address = parse_ip(text).map_err(|err| FieldError::new(field.clone(), err))?;
     if Family::of(&address) != family {
@@ -108,22 +105,6 @@ fn convert_endpoint(
     }
     let conditions = e.conditions.as_ref();
     let hints = e.hints.as_ref();
-    let mut zone_hints: Vec<String> = hints
-        .and_then(|h| h.for_zones.as_ref())
-        .into_iter()
-        .flatten()
-        .map(|z| z.name.clone())
-        .collect();
-    let mut node_hints: Vec<String> = hints
-        .and_then(|h| h.for_nodes.as_ref())
-        .into_iter()
-        .flatten()
-        .map(|n| n.name.clone())
-        .collect();
-    zone_hints.sort();
-    zone_hints.dedup();
-    node_hints.sort();
-    node_hints.dedup();
     Ok(Some(Endpoint {
         address,
         ready: conditions.and_then(|c| c.ready).unwrap_or(true),
@@ -131,12 +112,25 @@ fn convert_endpoint(
         terminating: conditions.and_then(|c| c.terminating).unwrap_or(false),
         node_name: e.node_name.clone().filter(|n| !n.is_empty()),
         zone: e.zone.clone().filter(|z| !z.is_empty()),
-        zone_hints,
-        node_hints,
+        zone_hints: names(hints.and_then(|h| h.for_zones.as_deref())),
+        node_hints: names(hints.and_then(|h| h.for_nodes.as_deref())),
         pod_name: e
             .target_ref
             .as_ref()
             .filter(|r| r.kind.as_deref() == Some("Pod"))
             .and_then(|r| r.name.clone()),
     }))
+}
+
+/// The names of hint entries, sorted, without duplicates or empty names.
+fn names(entries: Option<&[Named]>) -> Vec<String> {
+    let mut out: Vec<String> = entries
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|n| n.name.clone())
+        .filter(|n| !n.is_empty())
+        .collect();
+    out.sort();
+    out.dedup();
+    out
 }

@@ -1,17 +1,28 @@
 //! Manifests text → model objects: multi-document YAML, JSON (one or more documents, or
 //! an array), and `kind: List` documents such as `kubectl get ... -o yaml` prints.
+//!
+//! Documents are parsed one by one, and a `List`'s items one by one as the parser reaches
+//! them: no document is ever held whole as a tree, so memory follows the objects kept,
+//! not the size of the text. YAML limits (nodes, depth, aliases) grow with each document's
+//! size (see [`limits`]), so any real cluster's listing loads while a small document cannot
+//! expand into a large one.
+
+mod limits;
+mod loader;
+mod stream;
 
 use std::fmt;
 
-use k8s_openapi::api::core::v1 as core;
-use k8s_openapi::api::discovery::v1 as discovery;
-use kpng_model::Object;
-use serde::de::DeserializeOwned;
-use serde_json::Value;
+use serde::de::DeserializeSeed;
+use serde_json::value::RawValue;
 
-use crate::convert::{
-    ConvertError, ConvertOptions, Converted, convert_node, convert_service, convert_slice,
-};
+pub use limits::YamlLimits;
+pub use loader::Manifests;
+
+use crate::convert::{ConvertOptions, printable};
+use crate::schema::ObjectHead;
+use loader::Loader;
+use stream::DocumentSeed;
 
 /// A document of the input that cannot be used, with where it is and what it is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,13 +45,11 @@ pub struct DocumentError {
 
 impl fmt::Display for DocumentError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "document {} (line {})", self.document, self.line)?;
-        if let Some(item) = self.item {
-            write!(f, ", item {item}")?;
-        }
+        let position = Position { document: self.document, line: self.line, item: self.item };
+        write!(f, "{position}")?;
         match (&self.kind, &self.object) {
-            (Some(kind), Some(object)) => write!(f, ", {kind} {object}")?,
-            (Some(kind), None) => write!(f, ", {kind}")?,
+            (Some(kind), Some(object)) => write!(f, ", {} {}", printable(kind), object)?,
+            (Some(kind), None) => write!(f, ", {}", printable(kind))?,
             _ => {}
         }
         if let Some(field) = &self.field {
@@ -53,35 +62,49 @@ impl fmt::Display for DocumentError {
 impl std::error::Error for DocumentError {}
 
 /// Where an object sits in the input.
-#[derive(Debug, Clone, Copy)]
-struct Position {
-    document: usize,
-    line: usize,
-    item: Option<usize>,
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Position {
+    /// The document, from 1.
+    pub document: usize,
+    /// The line the document starts on, from 1.
+    pub line: usize,
+    /// The item within a `List` document (or a JSON array), from 0.
+    pub item: Option<usize>,
+}
+
+impl fmt::Display for Position {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "document {} (line {})", self.document, self.line)?;
+        match self.item {
+            Some(item) => write!(f, ", item {item}"),
+            None => Ok(()),
+        }
+    }
 }
 
 impl Position {
+    fn at(document: usize, line: usize) -> Position {
+        Position { document, line, item: None }
+    }
+
+    /// An error about the object `head` names (if any) at this position.
     fn error(
         &self,
-        value: Option<&Value>,
+        head: Option<&ObjectHead>,
         field: Option<String>,
         reason: impl fmt::Display,
     ) -> DocumentError {
-        let text =
-            |v: &Value, ptr: &str| v.pointer(ptr).and_then(Value::as_str).map(str::to_string);
-        let kind = value.and_then(|v| text(v, "/kind"));
-        let name = value.and_then(|v| text(v, "/metadata/name"));
-        let namespace = value.and_then(|v| text(v, "/metadata/namespace"));
-        let object = match (namespace, name) {
-            (Some(ns), Some(name)) => Some(format!("{ns}/{name}")),
-            (None, Some(name)) => Some(name),
+        let head = head.cloned().unwrap_or_default();
+        let object = match (head.namespace, head.name) {
+            (Some(ns), Some(name)) => Some(format!("{}/{}", printable(&ns), printable(&name))),
+            (None, Some(name)) => Some(printable(&name).into_owned()),
             _ => None,
         };
         DocumentError {
             document: self.document,
             line: self.line,
             item: self.item,
-            kind,
+            kind: head.kind,
             object,
             field,
             reason: reason.to_string(),
@@ -89,159 +112,93 @@ impl Position {
     }
 }
 
-/// Splits YAML text into documents at `---` lines, with the line each starts on.
-fn yaml_documents(text: &str) -> Vec<(usize, String)> {
-    let mut docs = vec![(1, String::new())];
-    for (n, line) in text.lines().enumerate() {
-        let is_marker = |m: &str| {
-            line == m || line.starts_with(&format!("{m} ")) || line.starts_with(&format!("{m}\t"))
-        };
-        if is_marker("---") {
-            let rest = line[3..].trim();
-            docs.push((n + 1, if rest.is_empty() { String::new() } else { format!("{rest}\n") }));
-        } else if is_marker("...") {
-            docs.push((n + 2, String::new()));
-        } else if let Some((_, doc)) = docs.last_mut() {
-            doc.push_str(line);
-            doc.push('\n');
-        }
-    }
-    docs
-}
-
-/// Parses the documents of `text` into JSON values, with their positions.
-fn documents(text: &str) -> Result<Vec<(Position, Value)>, Vec<DocumentError>> {
-    let at = |document, line| Position { document, line, item: None };
-    if text.trim_start().starts_with(['{', '[']) {
-        let mut out = Vec::new();
-        for (i, value) in serde_json::Deserializer::from_str(text).into_iter::<Value>().enumerate()
-        {
-            match value {
-                Ok(Value::Array(items)) => out.extend(
-                    items
-                        .into_iter()
-                        .enumerate()
-                        .map(|(j, v)| (Position { item: Some(j), ..at(i + 1, 1) }, v)),
-                ),
-                Ok(value) => out.push((at(i + 1, 1), value)),
-                Err(e) => {
-                    return Err(vec![at(i + 1, e.line()).error(
-                        None,
-                        None,
-                        format!("invalid JSON: {e}"),
-                    )]);
-                }
-            }
-        }
-        return Ok(out);
-    }
-    let mut out = Vec::new();
-    let mut errors = Vec::new();
-    for (i, (line, doc)) in yaml_documents(text).into_iter().enumerate() {
-        if doc.lines().all(|l| l.trim().is_empty() || l.trim_start().starts_with('#')) {
-            continue;
-        }
-        match serde_saphyr::from_str::<Value>(&doc) {
-            Ok(value) => out.push((at(i + 1, line), value)),
-            Err(e) => errors.push(at(i + 1, line).error(None, None, format!("invalid YAML: {e}"))),
-        }
-    }
-    if errors.is_empty() { Ok(out) } else { Err(errors) }
-}
-
-/// Parses manifests and converts every Service, EndpointSlice and Node in them. Other kinds
-/// are skipped (logged at debug level), and so are objects no proxy of ours handles. Any
-/// invalid document fails the whole input, with one error per invalid document.
+/// Parses manifests and converts every Service, EndpointSlice, Node and ServiceCIDR in
+/// them. Other kinds are skipped (logged at debug level), and so are objects this proxy
+/// does not handle. Any invalid document fails the whole input, with one error per invalid
+/// document (or `List` item).
 pub fn parse_manifests(
     text: &str,
     options: &ConvertOptions,
-) -> Result<Vec<Object>, Vec<DocumentError>> {
-    let mut objects = Vec::new();
-    let mut errors = Vec::new();
-    for (position, value) in documents(text)? {
-        match value {
-            Value::Null => {}
-            Value::Object(_) if is_list(&value) => {
-                let items =
-                    value.get("items").and_then(Value::as_array).cloned().unwrap_or_default();
-                for (i, item) in items.into_iter().enumerate() {
-                    let position = Position { item: Some(i), ..position };
-                    convert_value(position, item, options, &mut objects, &mut errors);
-                }
-            }
-            value => convert_value(position, value, options, &mut objects, &mut errors),
+) -> Result<Manifests, Vec<DocumentError>> {
+    let mut loader = Loader::new(options);
+    if text.trim_start().starts_with(['{', '[']) {
+        json_documents(text, &mut loader);
+    } else {
+        let documents = yaml_documents(text).into_iter().filter(|(_, d)| !is_blank(d));
+        for (i, (line, document)) in documents.enumerate() {
+            yaml_document(Position::at(i + 1, line), document, &mut loader);
         }
     }
-    if errors.is_empty() { Ok(objects) } else { Err(errors) }
+    loader.finish()
 }
 
-fn is_list(value: &Value) -> bool {
-    value.get("kind").and_then(Value::as_str).is_some_and(|k| k.ends_with("List"))
-        && value.get("items").is_some()
-}
-
-fn convert_value(
-    position: Position,
-    value: Value,
-    options: &ConvertOptions,
-    objects: &mut Vec<Object>,
-    errors: &mut Vec<DocumentError>,
-) {
-    let text =
-        |ptr: &str| value.pointer(ptr).and_then(Value::as_str).unwrap_or_default().to_string();
-    if !value.is_object() {
-        errors.push(position.error(None, None, "not a Kubernetes object (expected a mapping)"));
-        return;
-    }
-    let (api_version, kind) = (text("/apiVersion"), text("/kind"));
-    if kind.is_empty() {
-        errors.push(position.error(Some(&value), Some("kind".into()), "missing"));
-        return;
-    }
-    let result = match (api_version.as_str(), kind.as_str()) {
-        ("v1", "Service") => typed::<core::Service>(&position, &value)
-            .and_then(|s| reported(&position, &value, convert_service(&s, options)))
-            .map(|c| c.map(Object::Service)),
-        ("discovery.k8s.io/v1", "EndpointSlice") => {
-            typed::<discovery::EndpointSlice>(&position, &value)
-                .and_then(|s| reported(&position, &value, convert_slice(&s, options)))
-                .map(|c| c.map(Object::EndpointSlice))
-        }
-        ("v1", "Node") => typed::<core::Node>(&position, &value)
-            .and_then(|n| reported(&position, &value, convert_node(&n)))
-            .map(|c| c.map(Object::Node)),
-        _ => {
-            tracing::debug!(document = position.document, %api_version, %kind, "skipping object of a kind kpng does not use");
-            return;
-        }
+/// Splits YAML text into documents at `---` and `...` lines, with the line each starts on.
+/// Each document is a slice of the text (its `---` line included): nothing is copied.
+fn yaml_documents(text: &str) -> Vec<(usize, &str)> {
+    let is_marker = |line: &str, m: &str| {
+        line.strip_prefix(m).is_some_and(|rest| rest.is_empty() || rest.starts_with([' ', '\t']))
     };
-    match result {
-        Ok(Some(object)) => objects.push(object),
-        Ok(None) => {}
-        Err(e) => errors.push(e),
+    let mut documents = Vec::new();
+    let (mut start, mut start_line, mut offset) = (0, 1, 0);
+    for (n, line) in text.split_inclusive('\n').enumerate() {
+        let bare = line.trim_end_matches(['\n', '\r']);
+        if is_marker(bare, "---") {
+            documents.push((start_line, &text[start..offset]));
+            (start, start_line) = (offset, n + 1);
+        } else if is_marker(bare, "...") {
+            documents.push((start_line, &text[start..offset + line.len()]));
+            (start, start_line) = (offset + line.len(), n + 2);
+        }
+        offset += line.len();
     }
+    documents.push((start_line, &text[start..]));
+    documents
 }
 
-fn typed<T: DeserializeOwned>(position: &Position, value: &Value) -> Result<T, DocumentError> {
-    serde_path_to_error::deserialize(value).map_err(|e| {
-        let field = e.path().to_string();
-        let field = (field != ".").then_some(field);
-        position.error(Some(value), field, e.into_inner())
+/// Whether a YAML document holds nothing but markers and comments: it is not counted.
+fn is_blank(document: &str) -> bool {
+    document.lines().all(|l| {
+        let l = l.trim();
+        l.is_empty() || l.starts_with('#') || l == "---" || l == "..."
     })
 }
 
-fn reported<T>(
-    position: &Position,
-    value: &Value,
-    result: Result<Converted<T>, ConvertError>,
-) -> Result<Option<T>, DocumentError> {
-    match result {
-        Ok(Converted::Proxied(t)) => Ok(Some(t)),
-        Ok(Converted::Ignored { key, reason }) => {
-            tracing::debug!(document = position.document, object = %key, %reason, "not proxied");
-            Ok(None)
+/// Parses one YAML document into `loader`.
+fn yaml_document(position: Position, document: &str, loader: &mut Loader) {
+    let limits = YamlLimits::for_document(document.len());
+    let seed = DocumentSeed { loader: &mut *loader, position };
+    let parsed = serde_saphyr::with_deserializer_from_str_with_options(
+        document,
+        limits.options(),
+        |deserializer| seed.deserialize(deserializer),
+    );
+    if let Err(e) = parsed {
+        let reason = format!("invalid YAML: {}", limits.explain(&e));
+        loader.document_failed(position.error(None, None, reason));
+    }
+}
+
+/// Parses JSON text (one or more documents) into `loader`.
+fn json_documents(text: &str, loader: &mut Loader) {
+    let stream = serde_json::Deserializer::from_str(text).into_iter::<&RawValue>();
+    for (i, raw) in stream.enumerate() {
+        let raw = match raw {
+            Ok(raw) => raw,
+            Err(e) => {
+                let reason = format!("invalid JSON: {e}");
+                loader.document_failed(Position::at(i + 1, e.line()).error(None, None, reason));
+                return;
+            }
+        };
+        let start = raw.get().as_ptr() as usize - text.as_ptr() as usize;
+        let line = 1 + text[..start].bytes().filter(|b| *b == b'\n').count();
+        let position = Position::at(i + 1, line);
+        let mut deserializer = serde_json::Deserializer::from_str(raw.get());
+        let seed = DocumentSeed { loader: &mut *loader, position };
+        if let Err(e) = seed.deserialize(&mut deserializer) {
+            let reason = format!("invalid JSON: {}", limits::explain_json(&e));
+            loader.document_failed(position.error(None, None, reason));
         }
-        Err(e) => Err(position.error(Some(value), Some(e.error.field), e.error.reason)),
     }
 }
 

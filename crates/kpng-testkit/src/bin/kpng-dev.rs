@@ -1,7 +1,7 @@
 //! `kpng-dev`: developer tools for kpng.
 //!
-//! `kpng-dev generate --services N --endpoints M --nodes K` prints a synthetic cluster as
-//! Kubernetes manifests, ready for `kpng file --input`.
+//! `kpng-dev generate --services N --endpoints M --nodes K [--format yaml|yaml-list|json]`
+//! prints a synthetic cluster as Kubernetes manifests, ready for `kpng file --input`.
 //!
 //! `kpng-dev apiserver --input FILE [--port P]` serves manifests (or a generated cluster)
 //! from the fake API server, so `kpng kube --server http://127.0.0.1:P` (and
@@ -11,7 +11,7 @@ use std::io::Write;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
-use kpng_testkit::generate::{ClusterSpec, generate, to_json_list, to_yaml};
+use kpng_testkit::generate::{ClusterSpec, generate, to_json_list, to_yaml, to_yaml_list};
 
 /// Developer tools for kpng.
 #[derive(Parser)]
@@ -63,6 +63,8 @@ enum Command {
 enum Format {
     /// Multi-document YAML.
     Yaml,
+    /// One `kind: List` YAML document (what `kubectl get ... -o yaml` prints).
+    YamlList,
     /// One `kind: List` JSON document.
     Json,
 }
@@ -82,8 +84,14 @@ fn manifests(path: &std::path::Path) -> anyhow::Result<Vec<serde_json::Value>> {
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let mut objects = Vec::new();
     for doc in text.split("\n---") {
-        let value: serde_json::Value =
-            serde_saphyr::from_str(doc).with_context(|| format!("parsing {}", path.display()))?;
+        // A cluster's listing is one large document: allow a node per byte.
+        let mut budget = serde_saphyr::Budget::default();
+        budget.max_nodes = budget.max_nodes.max(doc.len());
+        budget.max_events = budget.max_events.max(2 * doc.len());
+        let mut options = serde_saphyr::Options::default();
+        options.budget = Some(budget);
+        let value: serde_json::Value = serde_saphyr::from_str_with_options(doc, options)
+            .with_context(|| format!("parsing {}", path.display()))?;
         match value.get("items").and_then(serde_json::Value::as_array) {
             Some(items) => objects.extend(items.iter().cloned()),
             None if value.get("kind").is_some() => objects.push(value),
@@ -131,6 +139,7 @@ fn generate_cmd(
     let objects = generate(spec);
     let text = match format {
         Format::Yaml => to_yaml(&objects).context("serializing the cluster as YAML")?,
+        Format::YamlList => to_yaml_list(&objects).context("serializing the cluster as YAML")?,
         Format::Json => to_json_list(&objects),
     };
     match output {

@@ -4,15 +4,16 @@ use std::future::Future;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
+use kpng_backend::conntrack::tuning::HostSysctls;
 use kpng_backend::conntrack::{ConntrackCleaner, ConntrackMetrics};
-use kpng_backend::proxy::LocalDetection;
+use kpng_backend::lock::InstanceLock;
 use kpng_backend::runner::AddressUpdates;
 use kpng_backend::{Backend, JsonBackend, NodeStats, RunnerOptions, run_node};
-use kpng_local::{NodeLocal, NodePortSelection};
+use kpng_local::NodeLocal;
 use kpng_nft::{DryRunKernel, NetlinkKernel, NftBackend, NftOptions};
 use kpng_store::StoreReader;
 
-use crate::cli::{BackendCommand, GlobalArgs};
+use crate::cli::{BackendCommand, EbpfArgs, GlobalArgs};
 
 /// The backends named on the command line, and their metrics.
 pub struct Backends {
@@ -20,6 +21,8 @@ pub struct Backends {
     pub backends: Vec<Box<dyn Backend>>,
     /// Metrics of their own.
     pub collectors: Vec<Box<dyn prometheus_client::collector::Collector>>,
+    /// One kpng per node and dataplane: held as long as the backends run.
+    pub locks: Vec<InstanceLock>,
 }
 
 /// Builds the backends named on the command line. Backends this build lacks are an error.
@@ -27,22 +30,34 @@ pub fn build_backends(
     commands: &[BackendCommand],
     global: &GlobalArgs,
 ) -> anyhow::Result<Backends> {
-    let mut built = Backends { backends: Vec::new(), collectors: Vec::new() };
+    let mut built = Backends { backends: Vec::new(), collectors: Vec::new(), locks: Vec::new() };
     for command in commands {
         match command {
             BackendCommand::ToJson(_) => {
                 built.backends.push(Box::new(JsonBackend::new(std::io::stdout())))
             }
             BackendCommand::ToNft(_) => {
+                if !global.dry_run {
+                    built.locks.push(InstanceLock::take("nftables")?);
+                }
                 let backend = nft_backend(global)?;
                 built.collectors.push(Box::new(kpng_nft::NftMetrics(backend.stats())));
+                built.backends.push(Box::new(backend));
+            }
+            BackendCommand::ToEbpf(args) => {
+                if !global.dry_run {
+                    built.locks.push(InstanceLock::take("ebpf")?);
+                }
+                let backend = ebpf_backend(args, global)?;
+                built.collectors.push(Box::new(kpng_ebpf::EbpfMetrics(backend.stats())));
                 built.backends.push(Box::new(backend));
             }
             other => bail!("backend {} is not available in this build of kpng", other.name()),
         }
     }
-    let programs_kernel = commands.iter().any(|c| matches!(c, BackendCommand::ToNft(_)));
-    if programs_kernel && !global.dry_run {
+    if programs_kernel(commands, global) {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        global.conntrack.tuning().apply(&mut HostSysctls::default(), cpus);
         // Stale UDP flows, once the dataplanes hold each state.
         let cleaner = ConntrackCleaner::new();
         built.collectors.push(Box::new(ConntrackMetrics(cleaner.stats())));
@@ -51,14 +66,20 @@ pub fn build_backends(
     Ok(built)
 }
 
+/// Whether kpng programs this node's kernel: some backend does (`to-nft`, `to-ebpf`) and
+/// this is no dry run. Conntrack tuning and cleanup, and the health-check NodePort
+/// servers, run exactly then, whichever kernel backends there are.
+pub fn programs_kernel(commands: &[BackendCommand], global: &GlobalArgs) -> bool {
+    !global.dry_run && commands.iter().any(BackendCommand::programs_kernel)
+}
+
 /// The nftables backend as the options describe it.
 fn nft_backend(global: &GlobalArgs) -> anyhow::Result<NftBackend> {
     let options = NftOptions {
-        masquerade_all: global.masquerade_all,
-        masquerade_bit: global.masquerade_bit,
-        local_detection: local_detection(global)?,
-        cluster_cidrs: global.cluster_cidr.iter().map(|n| n.trunc()).collect(),
-        service_cidrs: global.service_cidr.iter().map(|n| n.trunc()).collect(),
+        masquerade_all: global.proxy.masquerade_all,
+        masquerade_bit: global.proxy.masquerade_bit,
+        local_detection: global.proxy.local_detection()?,
+        cluster_cidrs: global.proxy.cluster_cidr.iter().map(|n| n.trunc()).collect(),
     };
     let kernel: Box<dyn kpng_nft::Kernel> = if global.dry_run {
         Box::new(DryRunKernel::new(std::io::stdout()))
@@ -68,59 +89,29 @@ fn nft_backend(global: &GlobalArgs) -> anyhow::Result<NftBackend> {
     Ok(NftBackend::new(options, kernel))
 }
 
-/// `--detect-local-mode` with the flags it needs.
-pub fn local_detection(global: &GlobalArgs) -> anyhow::Result<LocalDetection> {
-    let need = |value: &Option<String>, flag: &str, mode: &str| {
-        value
-            .clone()
-            .filter(|v| !v.is_empty())
-            .with_context(|| format!("--detect-local-mode {mode} needs --{flag}"))
+/// The eBPF backend as the options describe it: the kernel's programs and maps, or with
+/// `--dry-run` the map writes printed on standard output.
+fn ebpf_backend(args: &EbpfArgs, global: &GlobalArgs) -> anyhow::Result<kpng_ebpf::EbpfBackend> {
+    use kpng_ebpf::{Dataplane, KernelDataplane, KernelOptions, MemoryDataplane};
+    let dataplane: Box<dyn Dataplane> = if global.dry_run {
+        Box::new(MemoryDataplane::printing(std::io::stdout()))
+    } else {
+        let cgroup = match &args.cgroup_path {
+            Some(path) => path.clone(),
+            None => kpng_ebpf::support::cgroup2_root()?,
+        };
+        let options = KernelOptions { cgroup, pin_root: args.pins.bpf_pin_path.clone() };
+        Box::new(KernelDataplane::open(options).context("starting the eBPF backend")?)
     };
-    Ok(match global.detect_local_mode.as_deref() {
-        None => LocalDetection::Auto,
-        Some("ClusterCIDR") => {
-            if global.cluster_cidr.is_empty() {
-                bail!("--detect-local-mode ClusterCIDR needs --cluster-cidr");
-            }
-            LocalDetection::ClusterCidr
-        }
-        Some("NodeCIDR") => LocalDetection::NodeCidr,
-        Some("BridgeInterface") => LocalDetection::BridgeInterface(need(
-            &global.pod_bridge_interface,
-            "pod-bridge-interface",
-            "BridgeInterface",
-        )?),
-        Some("InterfaceNamePrefix") => LocalDetection::InterfaceNamePrefix(need(
-            &global.pod_interface_name_prefix,
-            "pod-interface-name-prefix",
-            "InterfaceNamePrefix",
-        )?),
-        Some(other) => bail!("--detect-local-mode {other:?} is not a mode"),
-    })
-}
-
-/// `--nodeport-addresses`.
-pub fn nodeport_selection(global: &GlobalArgs) -> anyhow::Result<NodePortSelection> {
-    Ok(match global.nodeport_addresses.trim() {
-        "primary" | "" => NodePortSelection::Primary,
-        list => NodePortSelection::Cidrs(
-            list.split(',')
-                .map(|c| c.trim().parse::<ipnet::IpNet>().map(|n| n.trunc()))
-                .collect::<Result<_, _>>()
-                .with_context(|| {
-                    format!(
-                        "--nodeport-addresses {list:?}: expected `primary` or comma-separated CIDRs"
-                    )
-                })?,
-        ),
-    })
+    Ok(kpng_ebpf::EbpfBackend::new(dataplane))
 }
 
 /// What only this node knows, and a watcher of its addresses when they matter.
 pub fn node_local(global: &GlobalArgs) -> anyhow::Result<(NodeLocal, Option<AddressUpdates>)> {
-    let nodeports = nodeport_selection(global)?;
+    let nodeports = global.proxy.nodeport_addresses.clone();
+    let service_cidrs = global.proxy.service_cidr.iter().map(|n| n.trunc()).collect();
     if !nodeports.needs_local_addresses() || global.dry_run {
-        return Ok((NodeLocal { nodeports, addresses: Vec::new() }, None));
+        return Ok((NodeLocal { nodeports, addresses: Vec::new(), service_cidrs }, None));
     }
     let addresses = kpng_netlink::rtnetlink::local_addresses()
         .context("listing the node's addresses for --nodeport-addresses")?;
@@ -145,7 +136,7 @@ pub fn node_local(global: &GlobalArgs) -> anyhow::Result<(NodeLocal, Option<Addr
             tracing::warn!("the node's addresses are no longer watched");
         })
         .context("starting the address watcher")?;
-    Ok((NodeLocal { nodeports, addresses }, Some(rx)))
+    Ok((NodeLocal { nodeports, addresses, service_cidrs }, Some(rx)))
 }
 
 /// Runs the node's backends until the source ends (or once, with `once`), on a thread of
@@ -189,8 +180,8 @@ where
 pub fn runner_options(global: &GlobalArgs, node: String, local: NodeLocal) -> RunnerOptions {
     let mut options = RunnerOptions::new(node);
     options.once = global.once;
-    options.min_sync_period = global.min_sync_period;
-    options.verify_period = (!global.sync_period.is_zero()).then_some(global.sync_period);
+    options.min_sync_period = global.sync.min_sync_period;
+    options.verify_period = (!global.sync.sync_period.is_zero()).then_some(global.sync.sync_period);
     options.local = local;
     options
 }

@@ -5,7 +5,7 @@ use super::*;
 use crate::convert::ConvertOptions;
 
 fn parse(text: &str) -> Vec<Object> {
-    parse_manifests(text, &ConvertOptions::default()).unwrap_or_else(|e| panic!("{e:?}"))
+    parse_manifests(text, &ConvertOptions::default()).unwrap_or_else(|e| panic!("{e:?}")).objects
 }
 
 fn errors(text: &str) -> Vec<DocumentError> {
@@ -100,8 +100,11 @@ spec: {clusterIP: 10.96.0.4, ports: [{port: 80}], healthCheckNodePort: 32000}
     assert_eq!(svc.key.to_string(), "default/ok");
     assert_eq!(svc.health_check_node_port, None, "only LoadBalancer + Local keeps it");
 
+    // A named proxy takes exactly the objects labelled with its name.
     let named = ConvertOptions { service_proxy_name: Some("someone-else".into()) };
-    assert_eq!(parse_manifests(text, &named).unwrap().len(), 2);
+    let objects = parse_manifests(text, &named).unwrap().objects;
+    let keys: Vec<String> = objects.iter().map(|o| o.object_ref().to_string()).collect();
+    assert_eq!(keys, ["Service default/other"]);
 }
 
 const SLICE: &str = r#"
@@ -234,6 +237,71 @@ fn errors_name_document_object_and_field() {
     assert_eq!(e.field.as_deref(), Some("spec.ports[1].port"), "{e}");
 
     let bad_yaml = "apiVersion: v1\nkind: Service\n---\nkey: [unclosed\n";
-    let e = &errors(bad_yaml)[0];
-    assert_eq!((e.document, e.line), (2, 3));
+    let errs = errors(bad_yaml);
+    assert_eq!(errs.len(), 2, "one error per bad document, in order: {errs:?}");
+    assert_eq!(errs[0].field.as_deref(), Some("metadata.name"));
+    assert!(errs[1].reason.starts_with("invalid YAML"), "{}", errs[1]);
+    assert_eq!((errs[1].document, errs[1].line), (2, 3));
+}
+
+#[test]
+fn duplicates_are_reported_and_the_later_one_is_kept() {
+    let later = SERVICE.replace(
+        "clusterIP: 10.96.0.10\n  clusterIPs: [10.96.0.10, \"fd00::10\"]",
+        "clusterIP: 10.96.0.11",
+    );
+    let text = format!("{SERVICE}---\n{later}");
+    let manifests = parse_manifests(&text, &ConvertOptions::default()).unwrap();
+    assert_eq!(manifests.objects.len(), 1);
+    let Object::Service(svc) = &manifests.objects[0] else { panic!() };
+    assert_eq!(svc.cluster_ips[0].to_string(), "10.96.0.11", "the later copy");
+    assert_eq!(manifests.warnings.len(), 1, "{:?}", manifests.warnings);
+    let warning = &manifests.warnings[0];
+    assert!(warning.starts_with("document 2 (line "), "{warning}");
+    assert!(warning.contains("Service shop/web appears again (first in document 1"), "{warning}");
+    assert!(warning.contains("the later one is kept"), "{warning}");
+}
+
+#[test]
+fn an_empty_list_is_explicit_and_a_null_one_is_not() {
+    let empty = parse("apiVersion: v1\nkind: List\nitems: []\n");
+    assert!(empty.is_empty());
+    let m = parse_manifests("apiVersion: v1\nkind: List\nitems: []\n", &ConvertOptions::default());
+    assert!(m.unwrap().empty_list);
+    let cut = parse_manifests("apiVersion: v1\nkind: List\nitems:\n", &ConvertOptions::default());
+    assert!(!cut.unwrap().empty_list, "items: null is how a cut listing ends");
+    let none = parse_manifests("# nothing\n---\n", &ConvertOptions::default()).unwrap();
+    assert_eq!((none.documents, none.empty_list), (0, false));
+}
+
+#[test]
+fn yaml_bombs_and_deep_nesting_are_refused_with_the_limit_named() {
+    let mut bomb = String::from("a: &a [x, x, x, x, x, x, x, x, x, x]\n");
+    for (prev, name) in ["a", "b", "c", "d", "e", "f", "g", "h"]
+        .iter()
+        .zip(["b", "c", "d", "e", "f", "g", "h", "i"])
+    {
+        let refs = vec![format!("*{prev}"); 10].join(", ");
+        bomb.push_str(&format!("{name}: &{name} [{refs}]\n"));
+    }
+    let e = &errors(&bomb)[0];
+    assert!(e.reason.contains("kpng's limit") && e.reason.contains("YAML bomb?"), "{e}");
+
+    let deep = format!("key: {}{}\n", "[".repeat(100), "]".repeat(100));
+    let e = &errors(&deep)[0];
+    assert!(e.reason.contains("more than 64 levels deep (kpng's limit)"), "{e}");
+
+    let deep_json = format!("{}{}", "[".repeat(300), "]".repeat(300));
+    let e = &errors(&deep_json)[0];
+    assert!(e.reason.contains("128 levels"), "{e}");
+}
+
+#[test]
+fn control_characters_in_names_are_escaped_in_messages() {
+    let text = SERVICE
+        .replace("name: web,", "name: \"web\\e[31m\\n\",")
+        .replace("protocol: UDP", "protocol: ICMP");
+    let shown = errors(&text)[0].to_string();
+    assert!(shown.contains("shop/web\\u{1b}[31m\\n"), "{shown}");
+    assert!(!shown.contains('\u{1b}'), "{shown}");
 }

@@ -1,0 +1,130 @@
+//! The resync: the tables read back and reconciled with the whole node state in one
+//! transaction (at start-up, after a failed transaction, after drift).
+
+use kpng_model::local::LocalServiceState;
+use kpng_model::{Family, LocalState};
+
+use super::{NftBackend, ServiceOwners, TableSync, large_counts, node_elements};
+use crate::error::NftError;
+use crate::kernel::KernelContents;
+use crate::layout::Layout;
+use crate::objects::{ElementId, GroupKey, SetKind, Value};
+use crate::plan::{Command, Plan};
+use crate::reconcile::{Reconciled, reconcile};
+use crate::render::{NodeFacts, Slots, seed_slots};
+use crate::state::{Owner, TableState};
+
+impl NftBackend {
+    /// Reads the tables back and reconciles them with the whole of `state`.
+    pub(super) fn resync(&mut self, state: &LocalState) -> Result<bool, NftError> {
+        let contents = self.kernel.read()?.unwrap_or_default();
+        let adopted = TableState::adopt(contents.elements.clone());
+        self.owners = ServiceOwners::default();
+        self.slots.clear();
+        self.group_hashes.clear();
+        let facts = NodeFacts::from_node(state.node.as_ref());
+        let seed = |service: &LocalServiceState| seed_from_kernel(service, &adopted, &contents);
+        let mut layout =
+            Layout { options: self.skeleton_options(state.node.as_ref()), ..Layout::default() };
+        let mut services = Vec::with_capacity(state.services.len());
+        for (key, service) in &state.services {
+            services.push(self.render(key, Some(service), &facts, &seed));
+        }
+        let mut updates = vec![(Owner::Node, node_elements(state.node.as_ref()))];
+        for update in &mut services {
+            for group in &update.groups {
+                layout.groups.insert(group.hash, group.clone());
+            }
+            updates.push((update.owner, std::mem::take(&mut update.elements)));
+        }
+        updates.push((Owner::Kernel, Vec::new()));
+        layout.large = large_counts(updates.iter().flat_map(|(_, e)| e));
+        let reconciled = reconcile(&layout.wanted(), &contents.present);
+        // Elements of sets that go, or come back empty, are not the kernel's any more.
+        let wanted = layout.wanted();
+        let kept: Vec<(ElementId, Value)> = contents
+            .elements
+            .into_iter()
+            .filter(|(id, _)| {
+                let name = (id.family, id.map.name().into_owned());
+                wanted.sets.contains_key(&name) && !reconciled.emptied.contains(&name)
+            })
+            .collect();
+        drop(adopted);
+        let mut table = TableState::adopt(kept);
+        let (flushed, diff) = table.update(updates).flushing_stale_sets(&table);
+        let mut plan = Plan::new();
+        plan.commands.extend(reconciled.before.iter().cloned());
+        for (family, map) in &flushed {
+            plan.push(*family, Command::FlushSet(map.name().into_owned()));
+        }
+        plan.elements(false, &diff.deletes);
+        plan.elements(true, &diff.adds);
+        plan.commands.extend(reconciled.after.iter().cloned());
+        if !plan.is_empty() {
+            self.commit(&plan)?;
+        } else {
+            tracing::info!(elements = table.len(), "nftables: the kernel already holds this state");
+        }
+        log_reconciled(&reconciled);
+        self.state = table;
+        self.layout = layout;
+        for update in services {
+            self.remember(update);
+        }
+        self.sync = TableSync::InSync;
+        Ok(!plan.is_empty())
+    }
+}
+
+/// A service's slots as the kernel holds them: backends elements for ordinary groups,
+/// the slot chains (with their holes) for affinity groups.
+fn seed_from_kernel(
+    service: &LocalServiceState,
+    adopted: &TableState,
+    contents: &KernelContents,
+) -> Slots {
+    let mut slots = seed_slots(service, |id| adopted.get(id).copied());
+    if service.service.affinity_timeout_seconds.is_some() {
+        for group in group_keys(service) {
+            let found = contents.affinity_slots(group.family, group.hash(&service.service.key));
+            if found.is_empty() {
+                slots.remove(&group);
+            } else {
+                slots.insert(group, found);
+            }
+        }
+    }
+    slots
+}
+
+/// Every group a service can have: per family with a cluster IP, port, and set.
+fn group_keys(service: &LocalServiceState) -> Vec<GroupKey> {
+    let svc = &service.service;
+    let mut keys = Vec::new();
+    for family in Family::ALL.into_iter().filter(|f| svc.cluster_ip(*f).is_some()) {
+        for port in &svc.ports {
+            for kind in [SetKind::Cluster, SetKind::Local] {
+                keys.push(GroupKey {
+                    family,
+                    port: port.name.clone(),
+                    protocol: port.protocol,
+                    kind,
+                });
+            }
+        }
+    }
+    keys
+}
+
+fn log_reconciled(reconciled: &Reconciled) {
+    if reconciled.reasons.is_empty() {
+        return;
+    }
+    let shown: Vec<&str> = reconciled.reasons.iter().take(8).map(String::as_str).collect();
+    tracing::info!(
+        differences = reconciled.reasons.len(),
+        first = %shown.join("; "),
+        "nftables: reconciled kpng's tables with the node state"
+    );
+}

@@ -1,0 +1,405 @@
+//! The backend against an in-memory kernel, over random histories: change sets of every
+//! size (the node and every service may go at once), refused commits, restarts that read
+//! the table back, and tampering found by verification. After every successful change set
+//! the kernel is what a fresh backend makes of the same node state — the same sets, chains,
+//! rules and elements (up to slot positions), and the same outcome for every packet to every
+//! service address — and a refused commit leaves the kernel exactly as it was.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use kpng_backend::{Backend, ChangeSet};
+use kpng_local::NodeProjector;
+use kpng_model::local::LocalServiceState;
+use kpng_model::{Changes, Family, GlobalModel, LocalState, Protocol};
+use kpng_nft::memory::trace::{Outcome, Packet, trace};
+use kpng_nft::memory::{MemoryChain, MemoryTables};
+use kpng_nft::objects::{Key, MapName, parse_affinity_slot};
+use kpng_nft::rules::RuleBuilder;
+use kpng_nft::{MemoryKernel, NftBackend, NftOptions};
+use kpng_testkit::strategies::{Mutation, arb_mutation};
+use proptest::prelude::*;
+
+/// What happens around one change set.
+#[derive(Debug, Clone)]
+enum Event {
+    /// It is applied.
+    Apply,
+    /// The kernel refuses its commit.
+    Fail,
+    /// kpng restarts first.
+    Restart,
+    /// Someone changes the table first; the next verification must notice.
+    Tamper(u8),
+}
+
+fn arb_event() -> impl Strategy<Value = Event> {
+    prop_oneof![
+        6 => Just(Event::Apply),
+        1 => Just(Event::Fail),
+        1 => Just(Event::Restart),
+        2 => (0u8..6).prop_map(Event::Tamper),
+    ]
+}
+
+const NODE: &str = "n0";
+const CLIENT_V4: &str = "192.168.99.1";
+const CLIENT_V6: &str = "fd00:99::1";
+
+/// Changes the table behind the backend's back; returns whether anything changed.
+fn tamper(tables: &mut MemoryTables, how: u8) -> bool {
+    let v4 = |name: &str| (Family::V4, name.to_string());
+    match how {
+        0 => tables.chains.get_mut(&v4("services")).is_some_and(|c| c.rules.pop().is_some()),
+        1 => {
+            let hijack = RuleBuilder::new(Family::V4).dnat_to("192.0.2.66".parse().unwrap(), 80);
+            tables
+                .chains
+                .get_mut(&v4("nat_prerouting"))
+                .map(|c| c.rules.insert(0, hijack))
+                .is_some()
+        }
+        2 => tables.chains.values_mut().any(|c| !std::mem::take(&mut c.rules).is_empty()),
+        3 => tables
+            .sets
+            .iter_mut()
+            .find(|(_, s)| !s.elements.is_empty())
+            .and_then(|(_, s)| s.elements.pop_first())
+            .is_some(),
+        4 => {
+            let chain = MemoryChain { hook: None, rules: Vec::new() };
+            tables.chains.insert((Family::V6, "intruder".into()), chain);
+            true
+        }
+        _ => {
+            tables.tables.remove(&Family::V6) && {
+                tables.sets.retain(|(f, _), _| *f != Family::V6);
+                tables.chains.retain(|(f, _), _| *f != Family::V6);
+                true
+            }
+        }
+    }
+}
+
+/// A backend's view of `state` from nothing.
+fn fresh(state: &LocalState) -> MemoryKernel {
+    let kernel = MemoryKernel::new();
+    let mut backend = NftBackend::new(NftOptions::default(), Box::new(kernel.clone()));
+    backend.apply(&ChangeSet::full(state)).expect("a fresh backend applies any state");
+    kernel
+}
+
+/// The tables with slot positions and affinity slot numbering forgotten.
+fn canonical(
+    tables: &MemoryTables,
+) -> (BTreeMap<String, BTreeSet<String>>, BTreeMap<String, String>) {
+    let mut elements: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for ((family, name), set) in &tables.sets {
+        if parse_affinity_slot(name).is_some() {
+            continue;
+        }
+        for (key, value) in &set.elements {
+            let key = match key {
+                Key::DestSlot(..) | Key::NodePortSlot(..) => format!("{:?}", key.with_slot(0)),
+                other => format!("{other:?}"),
+            };
+            elements
+                .entry(format!("{family:?} {name} {key}"))
+                .or_default()
+                .insert(format!("{value:?}"));
+        }
+    }
+    let mut chains = BTreeMap::new();
+    for ((family, name), chain) in &tables.chains {
+        if name.starts_with("aff_") {
+            continue;
+        }
+        let rules: Vec<&str> = chain.rules.iter().map(|r| r.text.as_str()).collect();
+        chains.insert(format!("{family:?} {name}"), format!("{:?} {rules:?}", chain.hook));
+    }
+    (elements, chains)
+}
+
+/// Packets to every address and port of every service, from outside, from the node, and
+/// from a pod.
+fn packets(state: &LocalState) -> Vec<Packet> {
+    let node_addresses: Vec<IpAddr> =
+        state.node.as_ref().map(|n| n.nodeport_addresses.addresses.clone()).unwrap_or_default();
+    let mut packets = Vec::new();
+    for service in state.services.values() {
+        let svc = &service.service;
+        for port in &svc.ports {
+            for family in Family::ALL {
+                let Some(cluster_ip) = svc.cluster_ip(family) else { continue };
+                let mut targets = vec![(cluster_ip, port.port)];
+                let externals = svc.external_ips.iter().chain(&svc.load_balancer_ips);
+                targets.extend(
+                    externals.filter(|ip| Family::of(ip) == family).map(|ip| (*ip, port.port)),
+                );
+                if let Some(node_port) = port.node_port {
+                    let addrs = node_addresses.iter().filter(|ip| Family::of(ip) == family);
+                    targets.extend(addrs.map(|ip| (*ip, node_port)));
+                }
+                let client: IpAddr = match family {
+                    Family::V4 => CLIENT_V4.parse().unwrap(),
+                    Family::V6 => CLIENT_V6.parse().unwrap(),
+                };
+                let own = node_addresses.iter().copied().find(|ip| Family::of(ip) == family);
+                for (dst, dport) in targets {
+                    for from_node in [false, true] {
+                        packets.push(Packet {
+                            src: if from_node { own.unwrap_or(client) } else { client },
+                            dst,
+                            protocol: port.protocol,
+                            sport: 40000,
+                            dport,
+                            iif: if from_node { String::new() } else { "eth0".into() },
+                            from_node,
+                            local_addresses: node_addresses.clone(),
+                        });
+                    }
+                }
+            }
+        }
+    }
+    packets
+}
+
+/// The outcome a ClusterIP packet from outside must have, from the node state alone.
+fn expected_cluster_ip(
+    service: &LocalServiceState,
+    family: Family,
+    port: usize,
+) -> BTreeSet<Outcome> {
+    let svc = &service.service;
+    let p = &svc.ports[port];
+    let endpoints: BTreeSet<(IpAddr, u16)> = service
+        .endpoints
+        .values()
+        .filter(|e| Family::of(&e.ip) == family)
+        .flat_map(|e| {
+            e.ports
+                .iter()
+                .filter(|ep| ep.name == p.name && ep.protocol == p.protocol)
+                .filter(|ep| if svc.internal_local { ep.local } else { ep.cluster })
+                .map(move |ep| (e.ip, ep.port))
+        })
+        .collect();
+    if endpoints.is_empty() {
+        let outcome =
+            if *p.has_endpoints.get(family) { Outcome::Dropped } else { Outcome::Rejected };
+        return BTreeSet::from([outcome]);
+    }
+    endpoints.into_iter().map(|e| Outcome::Passed { dnat: Some(e), masquerade: false }).collect()
+}
+
+fn check_against_fresh(kernel: &MemoryKernel, state: &LocalState) -> Result<(), TestCaseError> {
+    let reference = fresh(state);
+    let (ours, theirs) = (kernel.tables(), reference.tables());
+    prop_assert_eq!(canonical(&ours), canonical(&theirs));
+    for packet in packets(state) {
+        prop_assert_eq!(trace(&ours, &packet), trace(&theirs, &packet), "{:?}", packet);
+    }
+    for service in state.services.values() {
+        for family in Family::ALL {
+            let Some(cluster_ip) = service.service.cluster_ip(family) else { continue };
+            for (i, port) in service.service.ports.iter().enumerate() {
+                if port.yielded.contains(&cluster_ip) {
+                    continue; // an older service holds it: its own expectation applies
+                }
+                let client = if family == Family::V4 { CLIENT_V4 } else { CLIENT_V6 };
+                let packet = Packet {
+                    src: client.parse().unwrap(),
+                    dst: cluster_ip,
+                    protocol: port.protocol,
+                    sport: 40000,
+                    dport: port.port,
+                    iif: "eth0".into(),
+                    from_node: false,
+                    local_addresses: Vec::new(),
+                };
+                let got = trace(&ours, &packet);
+                prop_assert_eq!(
+                    got,
+                    expected_cluster_ip(service, family, i),
+                    "{}",
+                    service.service.key
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(40))]
+
+    #[test]
+    fn the_kernel_always_ends_as_a_fresh_backend_makes_it(
+        history in prop::collection::vec((prop::collection::vec(arb_mutation(), 1..8), arb_event()), 1..7)
+    ) {
+        let kernel = MemoryKernel::new();
+        let mut backend = NftBackend::new(NftOptions::default(), Box::new(kernel.clone()));
+        let mut projector = NodeProjector::new(NODE);
+        let mut model = GlobalModel::new();
+        let mut first = true;
+        let mut needs_reset = true;
+        for (mutations, event) in history {
+            let mut touched = BTreeSet::new();
+            for m in &mutations {
+                touched.extend(Mutation::apply_to(m, &mut model));
+            }
+            let changes = if first { Changes::All } else { Changes::Touched(touched) };
+            first = false;
+            let ops = projector.update(&model, &changes);
+            let state = projector.state().clone();
+            match event {
+                Event::Apply => {}
+                Event::Fail => kernel.fail_next(1),
+                Event::Restart => {
+                    backend = NftBackend::new(NftOptions::default(), Box::new(kernel.clone()));
+                    needs_reset = true;
+                }
+                Event::Tamper(how) => {
+                    if !needs_reset && tamper(&mut kernel.tables(), how) {
+                        prop_assert!(!backend.verify().unwrap(), "tampering {how} went unnoticed");
+                        needs_reset = true;
+                    }
+                }
+            }
+            let before = kernel.tables().clone();
+            let changes = if needs_reset { ChangeSet::full(&state) } else { ChangeSet::changes(&ops, &state) };
+            match backend.apply(&changes) {
+                Ok(()) => {
+                    needs_reset = false;
+                    check_against_fresh(&kernel, &state)?;
+                    prop_assert!(backend.verify().unwrap(), "a fresh verification finds nothing");
+                }
+                Err(_) => {
+                    let after = kernel.tables().clone();
+                    let contents = |t: &MemoryTables| (t.tables.clone(), t.sets.clone(), t.chains.clone());
+                    prop_assert_eq!(contents(&after), contents(&before), "a refused commit changes nothing");
+                    needs_reset = true;
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn removing_the_node_and_every_service_at_once_empties_the_table() {
+    use kpng_testkit::builders::{endpoint, node, service, slice};
+    let mut model = GlobalModel::new();
+    model.apply(kpng_model::Object::Node(node(NODE, None, &["10.0.0.200"])));
+    for name in ["a", "b", "c"] {
+        let ip = match name {
+            "a" => "10.96.0.1",
+            "b" => "10.96.0.2",
+            _ => "10.96.0.3",
+        };
+        model.apply(kpng_model::Object::Service(service(
+            "ns",
+            name,
+            &[ip],
+            &[("http", Protocol::Tcp, 80)],
+        )));
+        let eps = vec![endpoint("10.244.0.1", NODE), endpoint("10.244.1.1", "other")];
+        model.apply(kpng_model::Object::EndpointSlice(slice(
+            "ns",
+            &format!("{name}-1"),
+            name,
+            &[("http", Protocol::Tcp, 8080)],
+            eps,
+        )));
+    }
+    let kernel = MemoryKernel::new();
+    let mut backend = NftBackend::new(NftOptions::default(), Box::new(kernel.clone()));
+    let mut projector = NodeProjector::new(NODE);
+    projector.update(&model, &Changes::All);
+    backend.apply(&ChangeSet::full(projector.state())).unwrap();
+    assert!(!kernel.tables().elements().is_empty());
+    // One change set: the node and every service (and slice) deleted.
+    let mut touched = BTreeSet::new();
+    for key in model
+        .keys(kpng_model::Kind::EndpointSlice)
+        .into_iter()
+        .chain(model.keys(kpng_model::Kind::Service))
+        .chain(model.keys(kpng_model::Kind::Node))
+    {
+        touched.extend(model.delete(&key).unwrap());
+    }
+    let ops = projector.update(&model, &Changes::Touched(touched));
+    backend.apply(&ChangeSet::changes(&ops, projector.state())).unwrap();
+    let left: Vec<String> = kernel.tables().elements().iter().map(|e| format!("{e:?}")).collect();
+    assert!(left.is_empty(), "left behind: {left:#?}");
+    let _ = MapName::ClusterIps;
+}
+
+/// The memory kernel, counting what each commit asks for.
+struct Counting {
+    inner: MemoryKernel,
+    last: std::sync::Arc<std::sync::Mutex<(usize, usize)>>,
+}
+
+impl kpng_nft::Kernel for Counting {
+    fn commit(&mut self, plan: &kpng_nft::plan::Plan<'_>) -> Result<(), kpng_nft::NftError> {
+        let flushes = plan
+            .commands
+            .iter()
+            .filter(|(_, c)| matches!(c, kpng_nft::plan::Command::FlushSet(_)))
+            .count();
+        *self.last.lock().unwrap() = (flushes, plan.element_count().1);
+        self.inner.commit(plan)
+    }
+
+    fn read(&mut self) -> Result<Option<kpng_nft::KernelContents>, kpng_nft::NftError> {
+        self.inner.read()
+    }
+}
+
+/// A node state with `services` services of two endpoints each.
+fn services_state(services: usize) -> LocalState {
+    use kpng_testkit::builders::{endpoint, node, service, slice};
+    let mut model = GlobalModel::new();
+    model.apply(kpng_model::Object::Node(node(NODE, None, &["10.0.0.200"])));
+    for i in 0..services {
+        let name = format!("s{i}");
+        let ip = format!("10.96.{}.{}", i / 250, i % 250 + 1);
+        model.apply(kpng_model::Object::Service(service(
+            "ns",
+            &name,
+            &[&ip],
+            &[("http", Protocol::Tcp, 80)],
+        )));
+        let eps = vec![endpoint("10.244.0.1", NODE), endpoint("10.244.1.1", "other")];
+        model.apply(kpng_model::Object::EndpointSlice(slice(
+            "ns",
+            &format!("{name}-1"),
+            &name,
+            &[("http", Protocol::Tcp, 8080)],
+            eps,
+        )));
+    }
+    let mut projector = NodeProjector::new(NODE);
+    projector.update(&model, &Changes::All);
+    projector.state().clone()
+}
+
+#[test]
+fn a_restart_over_a_far_larger_table_flushes_what_is_stale() {
+    let kernel = MemoryKernel::new();
+    let mut backend = NftBackend::new(NftOptions::default(), Box::new(kernel.clone()));
+    backend.apply(&ChangeSet::full(&services_state(600))).unwrap();
+
+    // kpng comes back to a cluster of 20 of those services.
+    let last = std::sync::Arc::new(std::sync::Mutex::new((0, 0)));
+    let counting = Counting { inner: kernel.clone(), last: last.clone() };
+    let mut backend = NftBackend::new(NftOptions::default(), Box::new(counting));
+    let small = services_state(20);
+    backend.apply(&ChangeSet::full(&small)).unwrap();
+    let (flushes, deletes) = *last.lock().unwrap();
+    assert!(flushes > 0, "the mostly stale sets are flushed");
+    assert!(deletes < 100, "not deleted element by element: {deletes} deletes");
+    check_against_fresh(&kernel, &small).unwrap();
+    assert!(backend.verify().unwrap());
+}

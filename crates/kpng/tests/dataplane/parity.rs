@@ -1,0 +1,278 @@
+//! Parity with kube-proxy where users notice: UDP flows to endpoints that still serve,
+//! affinity through a scale-down, NodePorts on new addresses, hairpin without `nodeName`,
+//! unallocated service addresses (from `--service-cidr` and from ServiceCIDR objects), and
+//! how pods are recognised.
+
+use kpng_testkit::netns::Netns;
+use kpng_testkit::probe::Outcome;
+use kpng_testkit::topology::Cluster;
+
+use crate::harness::*;
+
+/// The endpoints (`ip . port` values) the node's table holds for a ClusterIP destination.
+fn backends_of(cluster: &Cluster, dest: &str) -> Vec<String> {
+    let out = cluster.node.output("nft", &["list", "map", "ip", "kpng", "cluster_backends"]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut found: Vec<String> = text
+        .split([',', '{', '}'])
+        .filter(|element| element.trim().starts_with(&format!("{dest} . ")))
+        .filter_map(|element| element.split(" : ").nth(1).map(|v| v.trim().to_string()))
+        .collect();
+    found.sort();
+    found
+}
+
+fn is(name: &'static str) -> impl Fn(&Outcome) -> bool {
+    move |o: &Outcome| matches!(o, Outcome::Answer { name: n, .. } if n == name)
+}
+
+pub fn udp_flows_to_an_endpoint_that_still_serves_are_kept(dp: Dataplane) {
+    let mut cluster = Cluster::new();
+    cluster.add_pod("dns-a", true, 10, &[8080]);
+    cluster.add_pod("dns-b", false, 10, &[8080]);
+    let dns = |endpoints: &[Ep<'_>]| {
+        [
+            service("dns", "  clusterIP: 10.96.0.50\n", DNS_PORT),
+            slice("dns-1", "dns", "IPv4", SLICE_DNS, endpoints),
+        ]
+        .concat()
+    };
+    let a = ("10.244.0.10", "node-a", true, true, false);
+    let a_terminating = ("10.244.0.10", "node-a", false, true, true);
+    let b = ("10.244.1.10", "node-b", true, true, false);
+    let kpng = Watched::start(&cluster, dp, &dns(&[a]));
+    let flow = || udp_flow(&cluster.client, "10.96.0.50:53", 40100);
+    assert!(is("dns-a")(&eventually(flow, is("dns-a"))), "{}", kpng.log());
+
+    // dns-a is terminating but still serving, dns-b is ready: new flows go to dns-b, the
+    // existing flow stays with dns-a.
+    kpng.write(&dns(&[a_terminating, b]));
+    wait_until("dns-b is the only endpoint picked", || {
+        backends_of(&cluster, "10.96.0.50 . udp . 53") == ["10.244.1.10 . 8080"]
+    });
+    for _ in 0..4 {
+        let outcome = flow();
+        assert!(
+            is("dns-a")(&outcome),
+            "the flow to a serving endpoint was cut ({outcome}):\n{}",
+            kpng.log()
+        );
+    }
+    assert!(is("dns-b")(&Cluster::udp(&cluster.client, "10.96.0.50:53", 40101)));
+
+    // dns-a is gone: its flow moves.
+    kpng.write(&dns(&[b]));
+    assert!(is("dns-b")(&eventually(flow, is("dns-b"))), "{}", kpng.log());
+}
+
+pub fn client_ip_affinity_survives_a_scale_down(dp: Dataplane) {
+    let mut cluster = Cluster::new();
+    cluster.add_pod("web-a", true, 10, &[8080]);
+    cluster.add_pod("web-b", false, 10, &[8080]);
+    cluster.add_pod("web-c", false, 11, &[8080]);
+    let clients: Vec<String> = (101..=109).map(|n| format!("192.168.10.{n}")).collect();
+    for client in &clients {
+        cluster.client.ip(&["addr", "add", &format!("{client}/24"), "dev", "eth0"]);
+    }
+    let endpoints = [
+        ("10.244.0.10", "node-a", true, true, false),
+        ("10.244.1.10", "node-b", true, true, false),
+        ("10.244.1.11", "node-b", true, true, false),
+    ];
+    let sticky = |eps: &[Ep<'_>]| {
+        [
+            service(
+                "sticky",
+                "  clusterIP: 10.96.0.55\n  sessionAffinity: ClientIP\n  sessionAffinityConfig: {clientIP: {timeoutSeconds: 600}}\n",
+                PORT_HTTP,
+            ),
+            slice("sticky-1", "sticky", "IPv4", SLICE_HTTP, eps),
+        ]
+        .concat()
+    };
+    let kpng = Watched::start(&cluster, dp, &sticky(&endpoints));
+    let from = |client: &str| {
+        let outcome = eventually(
+            || Cluster::tcp_from(&cluster.client, client, "10.96.0.55:80"),
+            |o| matches!(o, Outcome::Answer { .. }),
+        );
+        answer(&outcome).0
+    };
+    let chosen: Vec<String> = clients.iter().map(|c| from(c)).collect();
+    for (client, endpoint) in clients.iter().zip(&chosen) {
+        assert_eq!(&from(client), endpoint, "{client} sticks before the change");
+    }
+    // The endpoint of the first client leaves.
+    let gone = chosen[0].clone();
+    let remaining: Vec<Ep<'_>> = endpoints
+        .iter()
+        .copied()
+        .filter(|(ip, ..)| *ip != cluster.pod(&gone).ipv4.to_string())
+        .collect();
+    kpng.write(&sticky(&remaining));
+    wait_until("the endpoint is gone from the table", || {
+        backends_of(&cluster, "10.96.0.55 . tcp . 80").len() == 2
+    });
+    let survivors: Vec<(&String, &String)> =
+        clients.iter().zip(&chosen).filter(|(_, e)| **e != gone).collect();
+    assert!(!survivors.is_empty(), "every client chose {gone}: {chosen:?}");
+    for (client, endpoint) in survivors {
+        for _ in 0..3 {
+            assert_eq!(
+                &from(client),
+                endpoint,
+                "{client} lost its endpoint in a scale-down:\n{}",
+                kpng.log()
+            );
+        }
+    }
+    for (client, _) in clients.iter().zip(&chosen).filter(|(_, e)| **e == gone) {
+        assert_ne!(from(client), gone, "{client} moves off the endpoint that left");
+    }
+}
+
+pub fn node_ports_follow_addresses_added_after_start(dp: Dataplane) {
+    let mut cluster = Cluster::new();
+    cluster.add_pod("web-a", true, 10, &[8080]);
+    cluster.add_pod("client-pod", true, 20, &[9999]);
+    let mut pod = dp.local(&cluster.pod("client-pod").ns);
+    let manifests = [
+        service(
+            "web",
+            "  type: NodePort\n  clusterIP: 10.96.0.91\n",
+            "  - {name: http, protocol: TCP, port: 80, targetPort: 8080, nodePort: 30091}\n",
+        ),
+        slice("web-1", "web", "IPv4", SLICE_HTTP, &[WEB_A]),
+    ]
+    .concat();
+    for (option, address) in [("192.168.10.0/24", "192.168.10.61"), ("0.0.0.0/0", "192.168.10.62")]
+    {
+        let kpng = Watched::start_with(&cluster, dp, &manifests, &["--nodeport-addresses", option]);
+        let probe = || Cluster::tcp(&cluster.client, "192.168.10.1:30091");
+        assert!(is("web-a")(&eventually(probe, is("web-a"))), "{}", kpng.log());
+        // An address the node gains later serves the NodePort too.
+        cluster.node.ip(&["addr", "add", &format!("{address}/24"), "dev", "eth0"]);
+        let target = format!("{address}:30091");
+        let later = || Cluster::tcp(&cluster.client, &target);
+        assert!(
+            is("web-a")(&eventually(later, is("web-a"))),
+            "{option}: {address}\n{}",
+            kpng.log()
+        );
+        // From a pod on the node too.
+        let from_pod = eventually(|| pod.tcp(&target).0, is("web-a"));
+        assert!(is("web-a")(&from_pod), "{option}: {address} from a pod\n{}", kpng.log());
+        drop(kpng);
+        cluster.node.ip(&["addr", "del", &format!("{address}/24"), "dev", "eth0"]);
+    }
+}
+
+pub fn hairpin_without_node_name(dp: Dataplane) {
+    let mut cluster = Cluster::new();
+    cluster.add_pod("web-a", true, 10, &[8080]);
+    let manifests = service("web", "  clusterIP: 10.96.0.65\n", PORT_HTTP)
+        + "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: web-1\n  namespace: test\n  labels: {kubernetes.io/service-name: web}\naddressType: IPv4\nports:\n- {name: http, protocol: TCP, port: 8080}\nendpoints:\n- addresses: [\"10.244.0.10\"]\n";
+    program(&cluster, dp, &manifests, &[]);
+    // The pod reaches itself through the service: masqueraded, so its own reply comes back
+    // (translated at connect(), the pod talks to itself: nothing to masquerade).
+    let (name, peer, _) = dp.local(&cluster.pod("web-a").ns).reach("10.96.0.65:80");
+    assert_eq!(name, "web-a");
+    match dp.translates_sockets() {
+        false => assert_ne!(peer, ip("10.244.0.10"), "hairpin traffic is masqueraded"),
+        true => assert_eq!(peer, ip("10.244.0.10")),
+    }
+}
+
+/// Pods web-a (node-a) and web-b (node-b), and something answering at 10.96.0.200 outside
+/// the node (web-b holds that address too), an address no service is allocated.
+fn cluster_with_an_unallocated_answer() -> Cluster {
+    let mut cluster = Cluster::new();
+    cluster.add_pod("web-a", true, 10, &[8080]);
+    cluster.add_pod("web-b", false, 10, &[8080]);
+    cluster.pod("web-b").ns.ip(&["addr", "add", "10.96.0.200/32", "dev", "eth0"]);
+    cluster.remote.ip(&["route", "add", "10.96.0.200/32", "dev", "v10"]);
+    cluster.node.ip(&["route", "add", "10.96.0.200/32", "via", "192.168.10.2"]);
+    cluster
+}
+
+pub fn unallocated_service_addresses_are_dropped(dp: Dataplane) {
+    let cluster = cluster_with_an_unallocated_answer();
+    let manifests = web("10.96.0.10", &[WEB_A]);
+    program(&cluster, dp, &manifests, &[]);
+    assert!(
+        is("web-b")(&Cluster::tcp(&cluster.client, "10.96.0.200:8080")),
+        "without service CIDRs it is routed"
+    );
+    program(&cluster, dp, &manifests, &["--service-cidr", "10.96.0.0/16"]);
+    assert_eq!(
+        Cluster::tcp(&cluster.client, "10.96.0.200:8080"),
+        Outcome::Timeout,
+        "an unallocated address is dropped"
+    );
+    assert_eq!(
+        Cluster::tcp(&cluster.client, "10.96.0.10:81"),
+        Outcome::Refused,
+        "an allocated one still rejects"
+    );
+    assert_eq!(reach(&cluster.client, "10.96.0.10:80").0, "web-a");
+}
+
+pub fn service_cidr_objects_take_effect_as_they_change(dp: Dataplane) {
+    let cluster = cluster_with_an_unallocated_answer();
+    let manifests = web("10.96.0.10", &[WEB_A]);
+    let service_cidr = "---\napiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nmetadata: {name: kubernetes}\nspec:\n  cidrs: [10.96.0.0/16, \"fd00:96::/112\"]\n";
+    let kpng = Watched::start(&cluster, dp, &manifests);
+    let unallocated = || Cluster::tcp(&cluster.client, "10.96.0.200:8080");
+    assert!(is("web-b")(&eventually(unallocated, is("web-b"))), "routed:\n{}", kpng.log());
+
+    // The ServiceCIDR arrives: its range is the cluster's, the address in it is dropped.
+    kpng.write(&format!("{manifests}{service_cidr}"));
+    let dropped = |o: &Outcome| *o == Outcome::Timeout;
+    assert!(dropped(&eventually(unallocated, dropped)), "dropped:\n{}", kpng.log());
+    assert_eq!(Cluster::tcp(&cluster.client, "10.96.0.10:81"), Outcome::Refused);
+    assert_eq!(reach(&cluster.client, "10.96.0.10:80").0, "web-a");
+
+    // Deleted, the range no longer applies.
+    kpng.write(&manifests);
+    assert!(is("web-b")(&eventually(unallocated, is("web-b"))), "routed:\n{}", kpng.log());
+}
+
+/// A pod attached to a bridge `cbr0` on the node (10.245.0.5/24, gateway 10.245.0.1).
+fn bridged_pod(cluster: &Cluster) -> Netns {
+    let pod = Netns::new("bpod");
+    cluster.node.ip(&["link", "add", "cbr0", "type", "bridge"]);
+    cluster.node.ip(&["addr", "add", "10.245.0.1/24", "dev", "cbr0"]);
+    cluster.node.ip(&["link", "set", "cbr0", "up"]);
+    cluster.node.veth("b5", &pod, "eth0");
+    cluster.node.ip(&["link", "set", "b5", "master", "cbr0"]);
+    pod.ip(&["addr", "add", "10.245.0.5/24", "dev", "eth0"]);
+    pod.ip(&["route", "add", "default", "via", "10.245.0.1"]);
+    cluster.remote.ip(&["route", "add", "10.245.0.0/24", "via", "192.168.10.1"]);
+    pod
+}
+
+pub fn pods_are_recognised_by_interface_or_bridge(dp: Dataplane) {
+    let mut cluster = Cluster::new();
+    cluster.add_pod("client-pod", true, 20, &[9999]);
+    cluster.add_pod("web-b", false, 10, &[8080]);
+    let bridged_ns = bridged_pod(&cluster);
+    let manifests = web("10.96.0.98", &[WEB_B]);
+    let mut veth_pod = dp.local(&cluster.pod("client-pod").ns);
+    let mut bridged = dp.local(&bridged_ns);
+    let (veth_ip, bridged_ip) = (ip("10.244.0.20"), ip("10.245.0.5"));
+    let prefix = ["--detect-local-mode", "InterfaceNamePrefix", "--pod-interface-name-prefix", "v"];
+    program(&cluster, dp, &manifests, &prefix);
+    assert_eq!(veth_pod.reach("10.96.0.98:80").1, veth_ip, "a pod on a v* interface");
+    let peer = bridged.reach("10.96.0.98:80").1;
+    assert!(dp.shows_masqueraded(peer, bridged_ip), "cbr0 is no v* interface: {peer}");
+    let bridge = ["--detect-local-mode", "BridgeInterface", "--pod-bridge-interface", "cbr0"];
+    program(&cluster, dp, &manifests, &bridge);
+    assert_eq!(bridged.reach("10.96.0.98:80").1, bridged_ip, "a pod on the bridge");
+    let peer = veth_pod.reach("10.96.0.98:80").1;
+    assert!(dp.shows_masqueraded(peer, veth_ip), "not on the bridge: {peer}");
+    let node_cidr = ["--detect-local-mode", "NodeCIDR"];
+    program(&cluster, dp, &manifests, &node_cidr);
+    assert_eq!(veth_pod.reach("10.96.0.98:80").1, veth_ip, "inside the Node's podCIDRs");
+    let peer = bridged.reach("10.96.0.98:80").1;
+    assert!(dp.shows_masqueraded(peer, bridged_ip), "outside them: {peer}");
+}
