@@ -57,6 +57,7 @@ on_dataplane!(nft, crate::harness::Dataplane::Nft;
     parity::unallocated_service_addresses_are_dropped,
     parity::service_cidr_objects_take_effect_as_they_change,
     parity::pods_are_recognised_by_interface_or_bridge,
+    parity::service_proxy_name_selects_the_services_kpng_proxies,
     repair::a_rejected_transaction_is_retried_and_the_table_rebuilt,
     repair::a_flushed_table_is_repaired_at_the_next_verification,
     repair::deleted_and_foreign_rules_are_repaired,

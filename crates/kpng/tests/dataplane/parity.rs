@@ -1,7 +1,7 @@
 //! Parity with kube-proxy where users notice: UDP flows to endpoints that still serve,
 //! affinity through a scale-down, NodePorts on new addresses, hairpin without `nodeName`,
-//! unallocated service addresses (from `--service-cidr` and from ServiceCIDR objects), and
-//! how pods are recognised.
+//! unallocated service addresses (from `--service-cidr` and from ServiceCIDR objects), how
+//! pods are recognised, and which services `--service-proxy-name` selects.
 
 use kpng_testkit::netns::Netns;
 use kpng_testkit::probe::Outcome;
@@ -275,4 +275,44 @@ pub fn pods_are_recognised_by_interface_or_bridge(dp: Dataplane) {
     assert_eq!(veth_pod.reach("10.96.0.98:80").1, veth_ip, "inside the Node's podCIDRs");
     let peer = bridged.reach("10.96.0.98:80").1;
     assert!(dp.shows_masqueraded(peer, bridged_ip), "outside them: {peer}");
+}
+
+/// `--service-proxy-name kpng`: only the services labelled with that name are proxied;
+/// without the flag, only the unlabelled ones (the labelled belong to another proxy).
+pub fn service_proxy_name_selects_the_services_kpng_proxies(dp: Dataplane) {
+    let mut cluster = Cluster::new();
+    cluster.add_pod("web-a", true, 10, &[8080]);
+    let labelled = format!(
+        "---\napiVersion: v1\nkind: Service\nmetadata:\n  name: mine\n  namespace: test\n  labels: {{service.kubernetes.io/service-proxy-name: kpng}}\nspec:\n  clusterIP: 10.96.0.11\n  ports:\n{PORT_HTTP}"
+    );
+    // EndpointSlices carry their Service's labels, as the EndpointSlice controller copies them.
+    let labelled_slice = slice("mine-1", "mine", "IPv4", SLICE_HTTP, &[WEB_A]).replace(
+        "labels: {kubernetes.io/service-name: mine}",
+        "labels: {kubernetes.io/service-name: mine, service.kubernetes.io/service-proxy-name: kpng}",
+    );
+    assert!(labelled_slice.contains("service-proxy-name"), "{labelled_slice}");
+    let manifests = [web("10.96.0.10", &[WEB_A]), labelled, labelled_slice].concat();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cluster.yaml");
+    std::fs::write(&path, format!("{NODE_A}{manifests}")).unwrap();
+    let run = |source_flags: &[&str]| {
+        let mut args = vec!["file".to_string(), "--input".into(), path.display().to_string()];
+        args.extend(source_flags.iter().map(|f| f.to_string()));
+        args.extend(["--once", "to-local", "--node", "node-a"].map(String::from));
+        args.extend(dp.backends());
+        let out = dp.kpng(&cluster, &args).output().expect("running kpng");
+        let log = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "kpng failed: {log}");
+    };
+    let answers = |o: &Outcome| matches!(o, Outcome::Answer { .. });
+
+    run(&["--service-proxy-name", "kpng"]);
+    assert_eq!(reach(&cluster.client, "10.96.0.11:80").0, "web-a", "the labelled service");
+    let unlabelled = Cluster::tcp(&cluster.client, "10.96.0.10:80");
+    assert!(!answers(&unlabelled), "an unlabelled service was proxied: {unlabelled}");
+
+    run(&[]);
+    assert_eq!(reach(&cluster.client, "10.96.0.10:80").0, "web-a", "the unlabelled service");
+    let other = Cluster::tcp(&cluster.client, "10.96.0.11:80");
+    assert!(!answers(&other), "another proxy's service was proxied: {other}");
 }
