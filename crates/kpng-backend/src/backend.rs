@@ -2,8 +2,7 @@
 
 use std::borrow::Cow;
 
-use kpng_local::full_state_ops;
-use kpng_model::{LocalState, Op};
+use kpng_model::{LocalState, Op, full_state_ops};
 
 /// One change set for a backend: the ops since the backend's previous change set, ending
 /// with `Sync`. The first change set (and the first after a failure) starts with `Reset`

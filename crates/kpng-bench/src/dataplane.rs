@@ -14,11 +14,11 @@ use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use kpng_backend::{Backend, ChangeSet};
 use kpng_local::NodeProjector;
 use kpng_model::global::Endpoint;
 use kpng_model::{Changes, GlobalModel, Object};
 use kpng_nft::{NetlinkKernel, NftBackend, NftOptions};
+use kpng_runner::{Backend, ChangeSet};
 use kpng_testkit::generate::{ClusterSpec, service_ip};
 use kpng_testkit::topology::{Cluster, in_netns};
 

@@ -20,8 +20,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use anyhow::Context;
-use kpng_backend::{Backend, ChangeSet};
 use kpng_ebpf::{EbpfBackend, KernelDataplane, KernelOptions};
+use kpng_runner::{Backend, ChangeSet};
 use kpng_testkit::topology::Cluster;
 
 use crate::dataplane::{POD_PORT, Size, load, size};

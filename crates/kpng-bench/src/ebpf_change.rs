@@ -5,9 +5,9 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use kpng_backend::{Backend, ChangeSet};
 use kpng_local::NodeProjector;
 use kpng_model::{Changes, GlobalModel, Object};
+use kpng_runner::{Backend, ChangeSet};
 use kpng_testkit::generate::ClusterSpec;
 
 use crate::cluster;

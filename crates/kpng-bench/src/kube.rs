@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use kpng_backend::{NodeStats, RunnerOptions, run_node};
 use kpng_nft::{NftBackend, NftOptions};
+use kpng_runner::{NodeStats, RunnerOptions, run_node};
 use kpng_sources::ConvertOptions;
 use kpng_sources::kube::{KINDS, KubeSource, NodeSelection};
 use kpng_store::StoreStats;

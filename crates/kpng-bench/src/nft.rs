@@ -5,10 +5,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use kpng_backend::{Backend, ChangeSet};
 use kpng_local::NodeProjector;
 use kpng_model::{Changes, GlobalModel, Object, Touched};
 use kpng_nft::{NftBackend, NftOptions};
+use kpng_runner::{Backend, ChangeSet};
 use kpng_testkit::generate::ClusterSpec;
 
 use crate::cluster;

@@ -6,10 +6,10 @@
 use std::time::Instant;
 
 use anyhow::Context;
-use kpng_backend::{Backend, ChangeSet};
 use kpng_local::NodeProjector;
 use kpng_model::{Changes, GlobalModel};
 use kpng_nft::{NftBackend, NftOptions};
+use kpng_runner::{Backend, ChangeSet};
 use kpng_testkit::generate::ClusterSpec;
 
 use crate::cluster;

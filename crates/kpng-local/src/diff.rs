@@ -97,17 +97,3 @@ pub fn diff_services<'k>(
     }
     changes.into_ops()
 }
-
-/// The ops that describe `state` from nothing: `Reset`, then every item (without `Sync`),
-/// in the order [`diff`] would emit them. Produced one at a time, so a full state is never
-/// held twice.
-pub fn full_state_ops(state: &LocalState) -> impl Iterator<Item = Op> + '_ {
-    let node = state.node.iter().map(|node| Op::Set(Item::Node(node.clone())));
-    let services = state.services.values().map(|s| Op::Set(Item::Service(s.service.clone())));
-    let endpoints = state.services.iter().flat_map(|(key, s)| {
-        s.endpoints.values().map(move |endpoint| {
-            Op::Set(Item::Endpoint { service: key.clone(), endpoint: endpoint.clone() })
-        })
-    });
-    std::iter::once(Op::Reset).chain(node).chain(services).chain(endpoints)
-}

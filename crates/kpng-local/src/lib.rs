@@ -27,7 +27,8 @@ pub mod project;
 pub mod projector;
 pub mod select;
 
-pub use diff::{diff, diff_services, full_state_ops};
+pub use diff::{diff, diff_services};
+pub use kpng_model::full_state_ops;
 pub use nodeports::{NodePortSelection, nodeport_addresses};
 pub use project::{
     NodeLocal, project_node, project_node_state, project_node_state_with, project_node_with,

@@ -27,4 +27,4 @@ pub use global::{
 };
 pub use local::{Endpoints, LocalEndpoint, LocalNode, LocalService, LocalState, NodePortAddresses};
 pub use net::{Family, PerFamily, Protocol};
-pub use ops::{Item, ItemRef, Op};
+pub use ops::{Item, ItemRef, Op, full_state_ops};

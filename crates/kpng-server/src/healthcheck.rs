@@ -16,8 +16,8 @@ use std::time::Duration;
 use axum::Router;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use kpng_backend::{Backend, BackendError, ChangeSet, NodeStats};
 use kpng_model::ServiceKey;
+use kpng_runner::{Backend, BackendError, ChangeSet, NodeStats};
 
 use crate::http::{BindProblems, Binder, HttpLimits, bind_retrying, serve_http};
 

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use kpng_api::client::Retry;
-use kpng_backend::NodeStats;
-use kpng_backend::runner::Stop;
+use kpng_runner::NodeStats;
+use kpng_runner::runner::Stop;
 use kpng_server::http::{BindProblems, HttpLimits};
 use kpng_sources::file::FileSource;
 use kpng_sources::kube::{KubeSource, NodeSelection, Pacer};
@@ -303,9 +303,9 @@ where
 enum Sink {
     File(crate::cli::ToFileArgs),
     Local {
-        options: kpng_backend::RunnerOptions,
-        backends: Vec<Box<dyn kpng_backend::Backend>>,
-        addresses: Option<kpng_backend::runner::AddressUpdates>,
+        options: kpng_runner::RunnerOptions,
+        backends: Vec<Box<dyn kpng_runner::Backend>>,
+        addresses: Option<kpng_runner::runner::AddressUpdates>,
     },
     Api {
         hub: Arc<kpng_server::Hub>,
@@ -359,7 +359,7 @@ async fn run_local(
     let context = format!("following node {node}'s state from {}", args.server);
     let follow = kpng_api::client::follow_node(args.server, security, node, changes, retry);
     let mut runner = std::pin::pin!(on_own_thread(move || {
-        kpng_backend::run_remote(received, backends, options, stats, addresses)
+        kpng_runner::run_remote(received, backends, options, stats, addresses)
     }));
     tokio::select! {
         () = admin => Ok(()),

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use kpng_backend::NodeStats;
+use kpng_runner::NodeStats;
 use kpng_server::http::system_binder;
 
 use crate::cli::GlobalArgs;
@@ -53,7 +53,7 @@ pub fn health_checks(
     global: &GlobalArgs,
     stats: &Arc<NodeStats>,
     process: &Process,
-) -> Option<Box<dyn kpng_backend::Backend>> {
+) -> Option<Box<dyn kpng_runner::Backend>> {
     use kpng_server::healthcheck::{HealthCheckBackend, HealthCheckOptions};
     programs_kernel(commands, global).then(|| {
         let options = HealthCheckOptions {
@@ -65,6 +65,6 @@ pub fn health_checks(
             problems: process.problems.clone(),
             bind: system_binder(),
         };
-        Box::new(HealthCheckBackend::new(options)) as Box<dyn kpng_backend::Backend>
+        Box::new(HealthCheckBackend::new(options)) as Box<dyn kpng_runner::Backend>
     })
 }

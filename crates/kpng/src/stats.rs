@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kpng_backend::NodeStats;
+use kpng_runner::NodeStats;
 use kpng_store::StoreStats;
 use nix::sys::resource::{UsageWho, getrusage};
 

@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::{Args, CommandFactory, Parser, ValueEnum};
-use kpng_backend::conntrack::tuning::ConntrackTuning;
-use kpng_backend::proxy::LocalDetection;
 use kpng_local::NodePortSelection;
+use kpng_runner::conntrack::tuning::ConntrackTuning;
+use kpng_runner::proxy::LocalDetection;
 
 /// Options for the whole process, accepted anywhere on the command line.
 #[derive(Debug, Clone, Args)]

@@ -4,13 +4,13 @@ use std::future::Future;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
-use kpng_backend::conntrack::tuning::HostSysctls;
-use kpng_backend::conntrack::{ConntrackCleaner, ConntrackMetrics};
-use kpng_backend::lock::InstanceLock;
-use kpng_backend::runner::AddressUpdates;
-use kpng_backend::{Backend, JsonBackend, NodeStats, RunnerOptions, run_node};
 use kpng_local::NodeLocal;
 use kpng_nft::{DryRunKernel, NetlinkKernel, NftBackend, NftOptions};
+use kpng_runner::conntrack::tuning::HostSysctls;
+use kpng_runner::conntrack::{ConntrackCleaner, ConntrackMetrics};
+use kpng_runner::lock::InstanceLock;
+use kpng_runner::runner::AddressUpdates;
+use kpng_runner::{Backend, JsonBackend, NodeStats, RunnerOptions, run_node};
 use kpng_store::StoreReader;
 
 use crate::cli::{BackendCommand, EbpfArgs, GlobalArgs};
@@ -130,7 +130,7 @@ pub fn node_local(global: &GlobalArgs) -> anyhow::Result<(NodeLocal, Option<Addr
                             return;
                         }
                     }
-                    Err(e) => tracing::warn!(error = %kpng_backend::error_chain(&e), "cannot list the node's addresses"),
+                    Err(e) => tracing::warn!(error = %kpng_runner::error_chain(&e), "cannot list the node's addresses"),
                 }
             }
             tracing::warn!("the node's addresses are no longer watched");

@@ -12,7 +12,7 @@ use kpng_store::{Revision, StoreReader};
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use tokio::time::Instant;
 
-use crate::backend::{Backend, BackendError, ChangeSet};
+use kpng_backend::{Backend, BackendError, ChangeSet};
 
 mod stop;
 pub use stop::Stop;
@@ -339,7 +339,7 @@ impl Slots {
             let held = match slot.backend.verify() {
                 Ok(held) => held,
                 Err(error) => {
-                    tracing::warn!(backend = slot.backend.name(), error = %crate::backend::error_chain(&error), "verification failed");
+                    tracing::warn!(backend = slot.backend.name(), error = %kpng_backend::error_chain(&error), "verification failed");
                     false
                 }
             };
@@ -478,7 +478,7 @@ impl Slots {
                     .retry_min
                     .saturating_mul(1 << slot.failures.min(16).saturating_sub(1));
                 let delay = delay.min(self.options.retry_max);
-                tracing::error!(backend = slot.backend.name(), error = %crate::backend::error_chain(&source), retry_in = ?delay, "change set failed; will retry with the full state");
+                tracing::error!(backend = slot.backend.name(), error = %kpng_backend::error_chain(&source), retry_in = ?delay, "change set failed; will retry with the full state");
                 slot.needs_reset = true;
                 slot.retry_at = now + delay;
             }

@@ -150,7 +150,7 @@ async fn once_stops_after_the_first_sync_or_fails() {
     let err = run_node(reader, vec![Box::new(failing)], options, Default::default(), None)
         .await
         .unwrap_err();
-    let text = crate::backend::error_chain(&err);
+    let text = kpng_backend::error_chain(&err);
     assert!(text.contains("injected failure"), "{text}");
 }
 
@@ -392,7 +392,7 @@ async fn a_permanent_failure_ends_the_runner_instead_of_retrying() {
     let error = result.expect_err("a permanent failure is an error");
     assert!(matches!(error, RunnerError::Permanent { .. }), "{error:?}");
     assert_eq!(stats.failures(), 1, "tried once");
-    let text = crate::backend::error_chain(&error);
+    let text = kpng_backend::error_chain(&error);
     assert!(text.contains("output closed"), "{text}");
 }
 

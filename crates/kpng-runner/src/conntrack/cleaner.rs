@@ -18,7 +18,7 @@ use kpng_netlink::NetlinkError;
 
 use super::table::{ConntrackTable, Ctnetlink};
 use super::{Entry, UdpCheck, UdpTarget, stale, udp_checks};
-use crate::backend::{Backend, BackendError, ChangeSet};
+use kpng_backend::{Backend, BackendError, ChangeSet};
 
 /// The first retry of a failed cleanup; each failure doubles it up to [`RETRY_MAX`].
 const RETRY_FIRST: Duration = Duration::from_millis(500);

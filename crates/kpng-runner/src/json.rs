@@ -2,7 +2,7 @@
 
 use std::io::Write;
 
-use crate::backend::{Backend, BackendError, ChangeSet};
+use kpng_backend::{Backend, BackendError, ChangeSet};
 
 /// Bytes of encoded ops written at a time.
 const CHUNK: usize = 64 * 1024;
@@ -75,7 +75,7 @@ mod tests {
         let state = LocalState::default();
         let error = JsonBackend::new(Closed).apply(&ChangeSet::full(&state)).unwrap_err();
         assert!(error.is_permanent());
-        let text = crate::backend::error_chain(&error);
+        let text = kpng_backend::error_chain(&error);
         assert!(text.contains("writing ops"), "{text}");
     }
 }

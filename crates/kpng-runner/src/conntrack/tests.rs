@@ -106,7 +106,7 @@ fn every_serving_endpoint_keeps_its_flows_whether_picked_or_not() {
 
 #[test]
 fn only_a_change_that_can_leave_stale_entries_requires_a_check() {
-    use crate::backend::ChangeSet;
+    use kpng_backend::ChangeSet;
     use kpng_model::{ItemRef, LocalState, Op};
 
     let key = ServiceKey::new("ns", "dns");

@@ -1,0 +1,26 @@
+//! The runner: how one node's ENLS reaches the backends that enforce it.
+//!
+//! A [`Backend`] (crate `kpng-backend`) receives change sets: the ops since its previous
+//! change set, closed by `Sync`, with the full state after them for lookups. The
+//! [`runner`] projects the store onto the node, diffs, and hands every backend only real
+//! changes; a failed backend is retried with backoff and then given the full state again.
+//!
+//! # Layout
+//! - [`conntrack`]: which UDP conntrack entries are stale, and [`conntrack::ConntrackCleaner`],
+//!   the backend that deletes them after the dataplanes applied a state, on a thread of its
+//!   own through a [`conntrack::ConntrackTable`] (ctnetlink); conntrack tuning at start-up.
+//! - [`runner`]: [`run_node`], the loop from store revisions to backend change sets, its
+//!   counters ([`NodeStats`]), and [`runner::Stop`], which a process that is shutting down
+//!   sets so that no change set is applied after it.
+//! - [`lock`]: one kpng per node and dataplane (an abstract Unix socket).
+//! - [`json`]: [`JsonBackend`], which writes each op as one JSON line: the debugging
+//!   backend, and a readable proof of what the diff emits.
+
+pub mod conntrack;
+pub mod json;
+pub mod lock;
+pub mod runner;
+
+pub use json::JsonBackend;
+pub use kpng_backend::{Backend, BackendError, ChangeSet, error_chain, proxy};
+pub use runner::{Health, NodeStats, RunnerError, RunnerOptions, run_node, run_remote};
