@@ -1,6 +1,7 @@
-//! The client end: connecting to a `to-api` server and pulling change sets. The followers
-//! ([`follow_node`], [`follow_global`]) reconnect with backoff; under [`Retry::UntilPermanent`]
-//! (`--once`) they give up on an error that retrying cannot mend and return it.
+//! The client end: connecting to a `to-api` server and pulling change sets. The node
+//! follower ([`follow_node`]) reconnects with [`Backoff`]; under [`Retry::UntilPermanent`]
+//! (`--once`) it gives up on an error that retrying cannot mend and returns it. (The
+//! global stream's follower, which writes a store, is the api source in `kpng-sources`.)
 
 use std::time::Duration;
 
@@ -225,13 +226,31 @@ impl GlobalWatch {
 
 /// Delays between reconnections: 0.5 s doubling to 30 s, back to the start after a
 /// stream that delivered something.
-struct Backoff(Duration);
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff(Duration);
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff(Self::MIN)
+    }
+}
 
 impl Backoff {
     const MIN: Duration = Duration::from_millis(500);
     const MAX: Duration = Duration::from_secs(30);
 
-    async fn wait(&mut self) {
+    /// The delay before the next attempt.
+    pub fn delay(&self) -> Duration {
+        self.0
+    }
+
+    /// Back to the shortest delay: the last stream delivered something.
+    pub fn reset(&mut self) {
+        self.0 = Self::MIN;
+    }
+
+    /// Waits the current delay, then doubles it (up to 30 s).
+    pub async fn wait(&mut self) {
         tokio::time::sleep(self.0).await;
         self.0 = (self.0 * 2).min(Self::MAX);
     }
@@ -248,13 +267,13 @@ pub async fn follow_node(
     changes: mpsc::Sender<Vec<Op>>,
     retry: Retry,
 ) -> Result<(), ClientError> {
-    let mut backoff = Backoff(Backoff::MIN);
+    let mut backoff = Backoff::default();
     loop {
         let stream = async {
             let channel = connect(&address, &security).await?;
             let mut watch = LocalWatch::start(channel, &node, true).await?;
             while let Some(ops) = watch.next().await? {
-                backoff = Backoff(Backoff::MIN);
+                backoff.reset();
                 if changes.send(ops).await.is_err() {
                     return Ok(true);
                 }
@@ -264,57 +283,17 @@ pub async fn follow_node(
         match stream.await {
             Ok(true) => return Ok(()),
             Ok(false) => {
-                tracing::warn!(server = %address, retry_in = ?backoff.0, "the server ended the stream")
+                tracing::warn!(server = %address, retry_in = ?backoff.delay(), "the server ended the stream")
             }
             Err(error) if retry == Retry::UntilPermanent && error.is_permanent() => {
                 return Err(error);
             }
             Err(error) => {
-                tracing::warn!(server = %address, error = %chain(&error), retry_in = ?backoff.0, "node stream failed")
+                tracing::warn!(server = %address, error = %chain(&error), retry_in = ?backoff.delay(), "node stream failed")
             }
         }
         if changes.is_closed() {
             return Ok(());
-        }
-        backoff.wait().await;
-    }
-}
-
-/// Follows the global stream of the server at `address` into `writer`: each (re)connection
-/// starts with a relist, so objects that vanished meanwhile are deleted. An invalid item is
-/// reported (naming the object and field) and the stream restarted. Services and slices are
-/// kept only if the proxy named `proxy` (`None`: the default proxy) handles them, by their
-/// service-proxy-name label. Failures are retried with backoff, except a permanent one
-/// under [`Retry::UntilPermanent`], which is returned.
-pub async fn follow_global(
-    address: Address,
-    security: Security,
-    proxy: Option<String>,
-    mut writer: kpng_store::StoreWriter,
-    retry: Retry,
-) -> Result<(), ClientError> {
-    let mut backoff = Backoff(Backoff::MIN);
-    loop {
-        let stream = async {
-            let channel = connect(&address, &security).await?;
-            let mut watch = GlobalWatch::start(channel).await?;
-            let mut mirror = crate::global::Mirror::for_proxy(proxy.clone());
-            while let Some(items) = watch.next_items().await? {
-                writer.apply(mirror.apply(&items)?);
-                backoff = Backoff(Backoff::MIN);
-            }
-            Ok::<_, ClientError>(())
-        };
-        match stream.await {
-            Ok(()) => {
-                tracing::warn!(server = %address, retry_in = ?backoff.0, "the server ended the stream")
-            }
-            Err(error) if retry == Retry::UntilPermanent && error.is_permanent() => {
-                return Err(error);
-            }
-            Err(error) => {
-                tracing::warn!(server = %address, error = %chain(&error), retry_in = ?backoff.0, "global stream failed")
-            }
         }
         backoff.wait().await;
     }

@@ -12,15 +12,11 @@
 //! - `service`: `ServiceInfo` (creation time and proxy name included).
 //! - `slice`: `EndpointInfo`s, endpoint paths, slices rebuilt from their endpoints.
 //! - `node`: `NodeInfo` and `ServiceCidrInfo`.
-//! - `mirror`: [`Mirror`], a client's copy of the stream turned back into store
-//!   events, with the service-proxy-name rule of the receiving proxy.
 
-mod mirror;
 mod node;
 mod service;
 mod slice;
 
-pub use mirror::Mirror;
 pub use node::{decode_node, decode_service_cidr, node_item, service_cidr_item};
 pub use service::{decode_service, service_item};
 pub use slice::{decode_slice, endpoint_path, slice_items, slice_key_of};

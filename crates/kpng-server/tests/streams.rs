@@ -4,11 +4,11 @@
 use std::time::Duration;
 
 use kpng_api::client::{GlobalWatch, LocalWatch, connect};
-use kpng_api::global::Mirror;
 use kpng_api::{Address, Security};
 use kpng_local::{full_state_ops, project_node_state};
 use kpng_model::{GlobalModel, Object, Op, Protocol};
 use kpng_server::{Hub, ServeOptions, serve};
+use kpng_sources::api::Mirror;
 use kpng_store::{SourceEvent, StoreWriter, store};
 use kpng_testkit::builders::{endpoint, node, service, slice};
 use prost::Message;

@@ -88,7 +88,7 @@ pub async fn run(cli: Cli, process: Process) -> anyhow::Result<()> {
             tracing::info!(server = %server, "replicating the global model");
             let feed = |writer| async move {
                 let context = format!("replicating the global model of {server}");
-                kpng_api::client::follow_global(server, security, proxy, writer, retry)
+                kpng_sources::api::follow_global(server, security, proxy, writer, retry)
                     .await
                     .context(context)
             };

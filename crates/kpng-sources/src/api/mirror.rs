@@ -6,9 +6,11 @@ use kpng_model::global::{InvalidKey, is_for_proxy};
 use kpng_model::{EndpointSlice, Kind, Object, ObjectRef, SliceKey};
 use kpng_store::SourceEvent;
 
-use super::{decode_node, decode_service, decode_service_cidr, decode_slice, slice_key_of};
-use crate::WireError;
-use crate::localv1;
+use kpng_api::WireError;
+use kpng_api::global::{
+    decode_node, decode_service, decode_service_cidr, decode_slice, slice_key_of,
+};
+use kpng_api::localv1;
 
 /// A client's copy of a global stream, turned back into store events.
 ///
