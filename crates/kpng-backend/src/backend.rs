@@ -150,6 +150,23 @@ impl std::error::Error for Context {
     }
 }
 
+/// Where a kernel backend's changes go.
+pub enum Target {
+    /// The running kernel.
+    Kernel,
+    /// Nowhere but this output (`--dry-run`): what would be applied, as text.
+    DryRun(Box<dyn std::io::Write + Send>),
+}
+
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Target::Kernel => f.write_str("Kernel"),
+            Target::DryRun(_) => f.write_str("DryRun"),
+        }
+    }
+}
+
 /// A dataplane that enforces one node's ENLS.
 pub trait Backend: Send {
     /// The backend's name, as on the command line (`to-json`, `to-nft`).

@@ -10,12 +10,13 @@
 //! the store, the projection or the runner that drives it (`kpng-runner`).
 //!
 //! # Layout
-//! - [`backend`]: the [`Backend`] trait, [`ChangeSet`], [`BackendError`] and
-//!   [`error_chain`].
+//! - [`backend`]: the [`Backend`] trait, [`ChangeSet`], [`BackendError`],
+//!   [`error_chain`], and [`Target`] (the kernel, or `--dry-run`'s output), which every
+//!   kernel backend's constructor takes.
 //! - [`proxy`]: proxy facts every dataplane shares, decided once above the backends
 //!   (local-traffic detection).
 
 pub mod backend;
 pub mod proxy;
 
-pub use backend::{Backend, BackendError, ChangeSet, error_chain};
+pub use backend::{Backend, BackendError, ChangeSet, Target, error_chain};

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use kpng_backend::{Backend, BackendError, ChangeSet};
+use kpng_backend::{Backend, BackendError, ChangeSet, Target};
 use kpng_model::{LocalState, NodePortAddresses, ServiceKey};
 
 use crate::dataplane::{Capacities, Dataplane, capacities_for};
@@ -41,7 +41,34 @@ pub struct EbpfBackend {
     stats: Arc<EbpfStats>,
 }
 
+/// What `to-ebpf` is told on the command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EbpfOptions {
+    /// The cgroup v2 whose sockets are translated (`None`: the hierarchy's root).
+    pub cgroup: Option<std::path::PathBuf>,
+    /// Where programs and maps are pinned under bpffs.
+    pub pin_root: std::path::PathBuf,
+}
+
 impl EbpfBackend {
+    /// A backend with `options` that writes to `target`: the kernel's programs and maps
+    /// (the machine checked, naming what is missing), or the map writes printed
+    /// (`--dry-run`).
+    pub fn open(options: EbpfOptions, target: Target) -> Result<Self, EbpfError> {
+        let dataplane: Box<dyn Dataplane> = match target {
+            Target::DryRun(out) => Box::new(crate::MemoryDataplane::printing(out)),
+            Target::Kernel => {
+                let cgroup = match options.cgroup {
+                    Some(path) => path,
+                    None => crate::support::cgroup2_root()?,
+                };
+                let options = crate::KernelOptions { cgroup, pin_root: options.pin_root };
+                Box::new(crate::KernelDataplane::open(options)?)
+            }
+        };
+        Ok(EbpfBackend::new(dataplane))
+    }
+
     /// A backend writing to `dataplane`.
     pub fn new(dataplane: Box<dyn Dataplane>) -> Self {
         EbpfBackend {

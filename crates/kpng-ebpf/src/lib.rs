@@ -61,11 +61,12 @@ pub mod slots;
 pub mod state;
 pub mod support;
 
-pub use backend::{EbpfBackend, EbpfStats};
+pub use backend::{EbpfBackend, EbpfOptions, EbpfStats};
 pub use dataplane::{Dataplane, MemoryDataplane};
 pub use error::EbpfError;
 pub use kernel::{KernelDataplane, KernelOptions};
 pub use metrics::EbpfMetrics;
+pub use pins::cleanup;
 
 /// The backend's name on the command line.
 pub const NAME: &str = "to-ebpf";

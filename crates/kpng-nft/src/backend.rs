@@ -14,7 +14,7 @@ use std::sync::atomic::Ordering;
 
 use ipnet::IpNet;
 use kpng_backend::proxy::LocalDetection;
-use kpng_backend::{Backend, BackendError, ChangeSet};
+use kpng_backend::{Backend, BackendError, ChangeSet, Target};
 use kpng_model::local::LocalServiceState;
 use kpng_model::{Family, LocalNode, ServiceKey};
 
@@ -106,6 +106,16 @@ pub struct NftBackend {
 }
 
 impl NftBackend {
+    /// A backend with `options` that commits to `target`: the kernel over netlink, or the
+    /// `nft` text of each transaction (`--dry-run`).
+    pub fn open(options: NftOptions, target: Target) -> Result<Self, NftError> {
+        let kernel: Box<dyn Kernel> = match target {
+            Target::Kernel => Box::new(crate::NetlinkKernel::open()?),
+            Target::DryRun(out) => Box::new(crate::DryRunKernel::new(out)),
+        };
+        Ok(NftBackend::new(options, kernel))
+    }
+
     /// A backend sending its transactions to `kernel`.
     pub fn new(options: NftOptions, kernel: Box<dyn Kernel>) -> Self {
         NftBackend {

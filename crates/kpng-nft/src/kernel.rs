@@ -245,8 +245,9 @@ fn probe_address(family: Family) -> IpAddr {
     }
 }
 
-/// Removes kpng's tables (both families) and nothing else. Returns the families whose
-/// table existed.
-pub fn cleanup() -> Result<Vec<Family>, NftError> {
-    NetlinkKernel::open()?.remove_tables()
+/// Removes kpng's tables (both families) and nothing else. Returns the tables that existed,
+/// by name (`ip kpng`).
+pub fn cleanup() -> Result<Vec<String>, NftError> {
+    let removed = NetlinkKernel::open()?.remove_tables()?;
+    Ok(removed.into_iter().map(|f| format!("{} kpng", crate::objects::table_family(f))).collect())
 }

@@ -110,6 +110,6 @@ pub mod text;
 pub use backend::{NftBackend, NftOptions, TableSync};
 pub use dry_run::DryRunKernel;
 pub use error::NftError;
-pub use kernel::{Kernel, KernelContents, NetlinkKernel};
+pub use kernel::{Kernel, KernelContents, NetlinkKernel, cleanup};
 pub use memory::MemoryKernel;
 pub use stats::{NftMetrics, NftStats};

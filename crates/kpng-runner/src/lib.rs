@@ -22,5 +22,5 @@ pub mod lock;
 pub mod runner;
 
 pub use json::JsonBackend;
-pub use kpng_backend::{Backend, BackendError, ChangeSet, error_chain, proxy};
+pub use kpng_backend::{Backend, BackendError, ChangeSet, Target, error_chain, proxy};
 pub use runner::{Health, NodeStats, RunnerError, RunnerOptions, run_node, run_remote};

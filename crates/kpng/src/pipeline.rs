@@ -119,18 +119,14 @@ pub async fn run(cli: Cli, process: Process) -> anyhow::Result<()> {
         }
         SourceCommand::Cleanup(args) => {
             if args.backend.nft() {
-                let removed = kpng_nft::kernel::cleanup()?;
-                let names: Vec<String> = removed
-                    .iter()
-                    .map(|f| format!("{} kpng", kpng_nft::objects::table_family(*f)))
-                    .collect();
+                let names = kpng_nft::cleanup()?;
                 match names.is_empty() {
                     true => eprintln!("kpng: no kpng table to remove"),
                     false => eprintln!("kpng: removed table {}", names.join(" and ")),
                 }
             }
             if args.backend.ebpf() {
-                let removed = kpng_ebpf::pins::cleanup(&args.pins.bpf_pin_path)
+                let removed = kpng_ebpf::cleanup(&args.pins.bpf_pin_path)
                     .context("removing kpng's eBPF programs and maps")?;
                 match removed.is_empty() {
                     true => {

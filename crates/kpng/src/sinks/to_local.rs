@@ -5,12 +5,12 @@ use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use kpng_local::NodeLocal;
-use kpng_nft::{DryRunKernel, NetlinkKernel, NftBackend, NftOptions};
+use kpng_nft::{NftBackend, NftOptions};
 use kpng_runner::conntrack::tuning::HostSysctls;
 use kpng_runner::conntrack::{ConntrackCleaner, ConntrackMetrics};
 use kpng_runner::lock::InstanceLock;
 use kpng_runner::runner::AddressUpdates;
-use kpng_runner::{Backend, JsonBackend, NodeStats, RunnerOptions, run_node};
+use kpng_runner::{Backend, JsonBackend, NodeStats, RunnerOptions, Target, run_node};
 use kpng_store::StoreReader;
 
 use crate::cli::{BackendCommand, EbpfArgs, GlobalArgs};
@@ -73,6 +73,15 @@ pub fn programs_kernel(commands: &[BackendCommand], global: &GlobalArgs) -> bool
     !global.dry_run && commands.iter().any(BackendCommand::programs_kernel)
 }
 
+/// Where kernel backends send their changes: the kernel, or with `--dry-run` standard
+/// output.
+fn target(global: &GlobalArgs) -> Target {
+    match global.dry_run {
+        true => Target::DryRun(Box::new(std::io::stdout())),
+        false => Target::Kernel,
+    }
+}
+
 /// The nftables backend as the options describe it.
 fn nft_backend(global: &GlobalArgs) -> anyhow::Result<NftBackend> {
     let options = NftOptions {
@@ -81,29 +90,17 @@ fn nft_backend(global: &GlobalArgs) -> anyhow::Result<NftBackend> {
         local_detection: global.proxy.local_detection()?,
         cluster_cidrs: global.proxy.cluster_cidr.iter().map(|n| n.trunc()).collect(),
     };
-    let kernel: Box<dyn kpng_nft::Kernel> = if global.dry_run {
-        Box::new(DryRunKernel::new(std::io::stdout()))
-    } else {
-        Box::new(NetlinkKernel::open()?)
-    };
-    Ok(NftBackend::new(options, kernel))
+    Ok(NftBackend::open(options, target(global))?)
 }
 
 /// The eBPF backend as the options describe it: the kernel's programs and maps, or with
 /// `--dry-run` the map writes printed on standard output.
 fn ebpf_backend(args: &EbpfArgs, global: &GlobalArgs) -> anyhow::Result<kpng_ebpf::EbpfBackend> {
-    use kpng_ebpf::{Dataplane, KernelDataplane, KernelOptions, MemoryDataplane};
-    let dataplane: Box<dyn Dataplane> = if global.dry_run {
-        Box::new(MemoryDataplane::printing(std::io::stdout()))
-    } else {
-        let cgroup = match &args.cgroup_path {
-            Some(path) => path.clone(),
-            None => kpng_ebpf::support::cgroup2_root()?,
-        };
-        let options = KernelOptions { cgroup, pin_root: args.pins.bpf_pin_path.clone() };
-        Box::new(KernelDataplane::open(options).context("starting the eBPF backend")?)
+    let options = kpng_ebpf::EbpfOptions {
+        cgroup: args.cgroup_path.clone(),
+        pin_root: args.pins.bpf_pin_path.clone(),
     };
-    Ok(kpng_ebpf::EbpfBackend::new(dataplane))
+    kpng_ebpf::EbpfBackend::open(options, target(global)).context("starting the eBPF backend")
 }
 
 /// What only this node knows, and a watcher of its addresses when they matter.
