@@ -12,6 +12,8 @@
 //! - [`runner`]: [`run_node`], the loop from store revisions to backend change sets, its
 //!   counters ([`NodeStats`]), and [`runner::Stop`], which a process that is shutting down
 //!   sets so that no change set is applied after it.
+//! - [`readiness`]: [`readiness::Latch`], a start-up milestone that stays reached (every
+//!   backend synced once), which `/readyz` reports.
 //! - [`lock`]: one kpng per node and dataplane (an abstract Unix socket).
 //! - [`json`]: [`JsonBackend`], which writes each op as one JSON line: the debugging
 //!   backend, and a readable proof of what the diff emits.
@@ -19,6 +21,7 @@
 pub mod conntrack;
 pub mod json;
 pub mod lock;
+pub mod readiness;
 pub mod runner;
 
 pub use json::JsonBackend;

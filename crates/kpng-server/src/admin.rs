@@ -118,7 +118,7 @@ impl Admin {
     /// and every server could bind its address; otherwise 503 with one line per reason.
     fn ready(&self) -> Response {
         let listed = self.sources.reader.as_ref().is_none_or(StoreReader::is_ready);
-        let applied = self.sources.node.as_ref().is_none_or(|(_, s)| s.health().applied_once);
+        let applied = self.sources.node.as_ref().is_none_or(|(_, s)| s.synced().is_released());
         let mut reasons = Vec::new();
         if !listed {
             reasons.push("initial lists not complete".to_string());

@@ -5,6 +5,7 @@ use kpng_store::{SourceEvent, store};
 use kpng_testkit::builders::{endpoint, service, slice};
 
 use super::*;
+use kpng_backend::ChangeSet;
 
 /// Records every change set; fails while `fail` is set; reports drift while `drifted` is.
 #[derive(Clone, Default)]
