@@ -37,7 +37,13 @@ impl Wanted {
 /// One service's claim on a key: yielding claims sort after the others, then by the order
 /// in which services first claimed anything. Only claims with equal values can tie (see
 /// the module docs), so that order never decides a value.
-type Claim = (bool, u32);
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Claim {
+    /// The service gives way on this key (fields compare in order: yielding claims last).
+    yielding: bool,
+    /// The claiming service's number, in order of first claim.
+    owner: u32,
+}
 
 /// Map writes, in the order they must be made.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -124,7 +130,7 @@ impl MapState {
     }
 
     fn value_of(&self, key: &Key, claim: &Claim) -> Option<Value> {
-        self.wanted.get(&claim.1)?.elements.get(key).copied()
+        self.wanted.get(&claim.owner)?.elements.get(key).copied()
     }
 
     /// Replaces what the given services want (`None`: the service is gone) and returns the
@@ -160,7 +166,10 @@ impl MapState {
             };
             let old = self.wanted.remove(&owner).unwrap_or_default();
             let new = new.unwrap_or_default();
-            let claim_of = |wanted: &Wanted, key: &Key| (wanted.yielding.contains(key), owner);
+            let claim_of = |wanted: &Wanted, key: &Key| Claim {
+                yielding: wanted.yielding.contains(key),
+                owner,
+            };
             for key in old.elements.keys() {
                 let before = claim_of(&old, key);
                 let kept = new.elements.get(key).is_some_and(|_| claim_of(&new, key) == before);

@@ -17,7 +17,7 @@ use crate::encode::encode;
 use crate::error::NftError;
 use crate::objects::{ElementId, MapName, TABLE, Value, parse_affinity_slot, proto_family};
 use crate::plan::Plan;
-use crate::reconcile::{Present, SHAPE_FLAGS, SetShape};
+use crate::reconcile::{HookShape, Present, PresentChain, SHAPE_FLAGS, SetShape};
 use crate::rules::RuleBuilder;
 use crate::slots::Target;
 
@@ -45,7 +45,7 @@ impl KernelContents {
     /// endpoint each one DNATs to); holes where a slot has no chain.
     pub fn affinity_slots(&self, family: Family, hash: u64) -> Vec<Option<Target>> {
         let mut slots: BTreeMap<u32, Target> = BTreeMap::new();
-        for ((f, name), (_, rules)) in &self.present.chains {
+        for ((f, name), PresentChain { rules, .. }) in &self.present.chains {
             let Some((h, i)) = parse_affinity_slot(name).filter(|_| *f == family) else { continue };
             if h != hash {
                 continue;
@@ -173,16 +173,18 @@ impl NetlinkKernel {
         }
         let chains = self.socket.dump(&dump::chains_request(pf, TABLE)).map_err(NftError::Read)?;
         for chain in chains.iter().filter_map(|b| dump::chain(b)) {
-            let hook = chain.hook.map(|(num, priority)| {
-                (chain.chain_type.clone().unwrap_or_default(), num, priority)
+            let hook = chain.hook.map(|(hook, priority)| HookShape {
+                kind: chain.chain_type.clone().unwrap_or_default(),
+                hook,
+                priority,
             });
-            present.chains.insert((family, chain.name), (hook, Vec::new()));
+            present.chains.insert((family, chain.name), PresentChain { hook, rules: Vec::new() });
         }
         let rules =
             self.socket.dump(&dump::rules_request(pf, TABLE, None)).map_err(NftError::Read)?;
         for rule in rules.iter().filter_map(|b| dump::rule(b)) {
-            if let Some((_, list)) = present.chains.get_mut(&(family, rule.chain)) {
-                list.push(rule.exprs);
+            if let Some(chain) = present.chains.get_mut(&(family, rule.chain)) {
+                chain.rules.push(rule.exprs);
             }
         }
         Ok(())

@@ -16,7 +16,7 @@ use crate::error::NftError;
 use crate::kernel::{Kernel, KernelContents};
 use crate::objects::{ElementId, Key, MapName, Value};
 use crate::plan::{Command, Plan};
-use crate::reconcile::{HookShape, Name, Present, SetShape};
+use crate::reconcile::{HookShape, Name, Present, PresentChain, SetShape};
 use crate::rules::Rule;
 
 pub mod trace;
@@ -156,8 +156,7 @@ impl MemoryTables {
             }
             Command::AddChain(spec) => {
                 need_table(self)?;
-                let hook =
-                    spec.hook.as_ref().map(|h| (h.chain_type.to_string(), h.num, h.priority));
+                let hook = crate::reconcile::hook_shape(&spec.hook);
                 match self.chains.get(&(family, spec.name.clone())) {
                     Some(chain) if chain.hook != hook => return Err(refused(what, EEXIST)),
                     Some(_) => {}
@@ -247,7 +246,8 @@ impl MemoryTables {
         }
         for (name, chain) in &self.chains {
             let rules = chain.rules.iter().map(|r| r.exprs.iter().cloned().map(Some).collect());
-            present.chains.insert(name.clone(), (chain.hook.clone(), rules.collect()));
+            let chain = PresentChain { hook: chain.hook.clone(), rules: rules.collect() };
+            present.chains.insert(name.clone(), chain);
         }
         KernelContents { present, elements }
     }

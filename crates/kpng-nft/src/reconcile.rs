@@ -58,17 +58,36 @@ impl SetShape {
     }
 }
 
-/// A chain's hook as the kernel reports it: type, hook number, priority.
-pub type HookShape = (String, u32, i32);
+/// A base chain's hook as the kernel reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HookShape {
+    /// The chain type (`nat`, `filter`).
+    pub kind: String,
+    /// The hook number.
+    pub hook: u32,
+    /// The priority.
+    pub priority: i32,
+}
 
 /// A rule as the kernel reports it: its expressions (`None` for one kpng does not know).
 pub type PresentRule = Vec<Option<Expr>>;
 
-/// A chain as the kernel reports it: its hook and its rules.
-pub type PresentChain = (Option<HookShape>, Vec<PresentRule>);
+/// A chain as the kernel reports it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PresentChain {
+    /// Its hook, for a base chain.
+    pub hook: Option<HookShape>,
+    /// Its rules, in order.
+    pub rules: Vec<PresentRule>,
+}
 
-fn hook_shape(hook: &Option<Hook>) -> Option<HookShape> {
-    hook.as_ref().map(|h| (h.chain_type.to_string(), h.num, h.priority))
+/// The shape the kernel reports for a chain declared with `hook`.
+pub fn hook_shape(hook: &Option<Hook>) -> Option<HookShape> {
+    hook.as_ref().map(|h| HookShape {
+        kind: h.chain_type.to_string(),
+        hook: h.num,
+        priority: h.priority,
+    })
 }
 
 /// A set kpng wants.
@@ -114,7 +133,9 @@ impl Wanted {
                 .iter()
                 .map(|(n, (spec, rules))| {
                     let rules = rules.iter().map(|r| r.exprs.iter().cloned().map(Some).collect());
-                    (n.clone(), (hook_shape(&spec.hook), rules.collect()))
+                    let chain =
+                        PresentChain { hook: hook_shape(&spec.hook), rules: rules.collect() };
+                    (n.clone(), chain)
                 })
                 .collect(),
         }
@@ -186,7 +207,9 @@ pub fn reconcile(wanted: &Wanted, present: &Present) -> Reconciled {
     let mut rewrite: BTreeSet<&Name> = BTreeSet::new();
     let mut rehook: BTreeSet<&Name> = BTreeSet::new();
     for (name, (spec, rules)) in &wanted.chains {
-        let Some((hook, present_rules)) = present.chains.get(name) else { continue };
+        let Some(PresentChain { hook, rules: present_rules }) = present.chains.get(name) else {
+            continue;
+        };
         if *hook != hook_shape(&spec.hook) {
             rehook.insert(name);
             out.reasons.push(format!("chain {}: hook changed", label(name)));
@@ -213,7 +236,7 @@ pub fn reconcile(wanted: &Wanted, present: &Present) -> Reconciled {
     }
     // Empty the chains to rewrite and those to delete, so nothing refers to what goes.
     for name in rewrite.iter().chain(&rehook).chain(&unwanted_chains) {
-        if present.chains.get(*name).is_some_and(|(_, rules)| !rules.is_empty()) {
+        if present.chains.get(*name).is_some_and(|c| !c.rules.is_empty()) {
             out.before.push((name.0, Command::FlushChain(name.1.clone())));
         }
     }

@@ -170,8 +170,10 @@ impl Vm<'_> {
             .tables
             .chains
             .iter()
-            .filter(|((f, _), c)| *f == self.family && c.hook.as_ref().is_some_and(|h| h.1 == hook))
-            .map(|((_, name), c)| (c.hook.as_ref().map_or(0, |h| h.2), name))
+            .filter(|((f, _), c)| {
+                *f == self.family && c.hook.as_ref().is_some_and(|h| h.hook == hook)
+            })
+            .map(|((_, name), c)| (c.hook.as_ref().map_or(0, |h| h.priority), name))
             .collect();
         chains.sort();
         let mut paths = vec![(path, Exit::Returned)];

@@ -40,7 +40,7 @@ fn a_deleted_rule_rewrites_its_chain_only() {
     let wanted = layout().wanted();
     let mut present = wanted.as_present();
     let services = present.chains.get_mut(&(Family::V4, "services".to_string())).unwrap();
-    services.1.remove(3);
+    services.rules.remove(3);
     let reconciled = reconcile(&wanted, &present);
     let text = text(&reconciled.before);
     let expected_rules = wanted.chains[&(Family::V4, "services".to_string())].1.len();
@@ -58,9 +58,12 @@ fn a_foreign_rule_and_chain_go() {
         .chains
         .get_mut(&(Family::V4, "nat_prerouting".to_string()))
         .unwrap()
-        .1
+        .rules
         .insert(0, hijack.exprs.into_iter().map(Some).collect());
-    present.chains.insert((Family::V6, "intruder".into()), (None, vec![vec![None]]));
+    present.chains.insert(
+        (Family::V6, "intruder".into()),
+        PresentChain { hook: None, rules: vec![vec![None]] },
+    );
     let reconciled = reconcile(&wanted, &present);
     let before = text(&reconciled.before);
     assert!(

@@ -7,13 +7,13 @@
 //! succeeds.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::time::Duration;
 
-use kpng_model::{Family, LocalNode, ServiceKey};
+use kpng_model::{Family, NodePortAddresses, ServiceKey};
 use kpng_netlink::NetlinkError;
 
 use super::table::{ConntrackTable, Ctnetlink};
@@ -44,13 +44,10 @@ pub(super) struct Update {
 /// What the cleanup thread is handed.
 enum Work {
     /// Destinations to check, and where NodePorts are accepted.
-    Check(BTreeMap<UdpTarget, Update>, NodePorts),
+    Check(BTreeMap<UdpTarget, Update>, NodePortAddresses),
     /// Retry what is pending now.
     Retry,
 }
-
-/// Where NodePorts are accepted: the addresses, and per family every local address.
-type NodePorts = (Vec<IpAddr>, [bool; 2]);
 
 /// Deletes stale UDP conntrack entries of the services each change set touched.
 pub struct ConntrackCleaner {
@@ -58,7 +55,7 @@ pub struct ConntrackCleaner {
     targets: HashMap<ServiceKey, Vec<UdpCheck>>,
     /// Updates collected from the change set being applied.
     pub(super) outbox: BTreeMap<UdpTarget, Update>,
-    nodeports: NodePorts,
+    nodeports: NodePortAddresses,
     worker: Option<(Sender<Work>, std::thread::JoinHandle<()>)>,
     stats: Arc<ConntrackStats>,
 }
@@ -75,7 +72,7 @@ impl ConntrackCleaner {
         ConntrackCleaner {
             targets: HashMap::new(),
             outbox: BTreeMap::new(),
-            nodeports: (Vec::new(), [false; 2]),
+            nodeports: NodePortAddresses::default(),
             worker: None,
             stats: Arc::default(),
         }
@@ -123,7 +120,7 @@ impl ConntrackCleaner {
             }
         }
         if let Some(node) = &state.node {
-            self.nodeports = nodeport_addresses(node);
+            self.nodeports = node.nodeport_addresses.clone();
         }
     }
 
@@ -158,13 +155,13 @@ struct Cleanup {
     table: Box<dyn ConntrackTable>,
     /// Checks not done yet, by destination.
     pending: BTreeMap<UdpTarget, BTreeSet<SocketAddr>>,
-    nodeports: NodePorts,
+    nodeports: NodePortAddresses,
     stats: Arc<ConntrackStats>,
 }
 
 impl Cleanup {
     fn new(table: Box<dyn ConntrackTable>, stats: Arc<ConntrackStats>) -> Self {
-        Cleanup { table, pending: BTreeMap::new(), nodeports: (Vec::new(), [false; 2]), stats }
+        Cleanup { table, pending: BTreeMap::new(), nodeports: NodePortAddresses::default(), stats }
     }
 
     fn merge(&mut self, work: Work) {
@@ -246,13 +243,14 @@ impl Cleanup {
     }
 
     fn delete_stale(&mut self, checks: &[UdpCheck]) -> Result<usize, NetlinkError> {
-        let mut addresses = self.nodeports.0.clone();
-        if self.nodeports.1.iter().any(|all| *all) {
-            let all = self.nodeports.1;
+        let mut addresses = self.nodeports.addresses.clone();
+        let all = self.nodeports.all_local;
+        if all.v4 || all.v6 {
             addresses.extend(
-                self.table.local_addresses()?.into_iter().filter(|ip| {
-                    !ip.is_loopback() && all[usize::from(Family::of(ip) == Family::V6)]
-                }),
+                self.table
+                    .local_addresses()?
+                    .into_iter()
+                    .filter(|ip| !ip.is_loopback() && *all.get(Family::of(ip))),
             );
         }
         // The kernel walks its whole conntrack hash for every dump, filtered or not: one
@@ -300,11 +298,6 @@ fn target_port(target: &UdpTarget) -> u16 {
         UdpTarget::Dest(dest) => dest.port(),
         UdpTarget::NodePort(_, port) => *port,
     }
-}
-
-fn nodeport_addresses(node: &LocalNode) -> (Vec<IpAddr>, [bool; 2]) {
-    let all = node.nodeport_addresses.all_local;
-    (node.nodeport_addresses.addresses.clone(), [all.v4, all.v6])
 }
 
 impl Backend for ConntrackCleaner {

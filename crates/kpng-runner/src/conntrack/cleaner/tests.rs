@@ -1,3 +1,5 @@
+use std::net::IpAddr;
+
 use super::*;
 
 fn update(serving: &[&str], required: bool) -> Update {
@@ -57,7 +59,7 @@ fn a_failed_cleanup_is_counted_and_retried_until_it_succeeds() {
     let thread = std::thread::spawn(move || cleanup.run(receiver));
     let dns = UdpTarget::Dest("10.96.0.10:53".parse().unwrap());
     let check = [(dns, update(&["10.244.0.5:53"], true))];
-    sender.send(Work::Check(check.into_iter().collect(), (Vec::new(), [false; 2]))).unwrap();
+    sender.send(Work::Check(check.into_iter().collect(), NodePortAddresses::default())).unwrap();
     // Two failures, retried after 0.5 s and then 1 s, without anything new arriving.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while stats.deleted.load(Ordering::Relaxed) == 0 && std::time::Instant::now() < deadline {
@@ -80,7 +82,7 @@ fn a_pending_check_follows_the_endpoints_that_joined_meanwhile() {
         UdpTarget::Dest("10.96.0.10:53".parse().unwrap()),
         UdpTarget::Dest("10.96.0.20:53".parse().unwrap()),
     );
-    let nodeports = (Vec::new(), [false; 2]);
+    let nodeports = NodePortAddresses::default();
     let first = [(dns, update(&["10.244.0.5:53"], true))];
     cleanup.merge(Work::Check(first.into_iter().collect(), nodeports.clone()));
     // Say that cleanup failed: it stays pending. Then an endpoint joins both services.
