@@ -1,7 +1,18 @@
 //! kpng's gRPC wire API: the `localv1` (one node's ENLS) and `globalv1` (the whole model)
-//! packages, wire-compatible with the original kpng and extended from field 100 on;
-//! conversions between them and kpng's model ([`local`], [`global`]); addresses and TLS
-//! ([`addr`]); and the client end of both streams ([`client`]).
+//! packages, wire-compatible with the original kpng and extended from field 100 on, and
+//! the conversions between them and kpng's model. It depends on the model only: the server
+//! is `kpng-server`, and the api source that mirrors a global stream into a store is in
+//! `kpng-sources`.
+//!
+//! # Layout
+//! - [`localv1`], [`globalv1`]: the generated messages and services (`proto/`, compiled
+//!   with protox at build time, no `protoc` needed).
+//! - [`local`]: ENLS ops ↔ `localv1` op items.
+//! - [`global`]: global model objects ↔ `globalv1` infos, and the global stream's items.
+//! - [`wire`]: decoding helpers and [`WireError`], which names the object and field.
+//! - [`addr`]: server addresses (Unix socket or TCP) and TLS material.
+//! - [`client`]: connecting, pulling either stream, and following a node's stream with
+//!   reconnection and backoff.
 
 /// The node-local stream's messages and service (`localv1`).
 #[allow(missing_docs, clippy::all)]

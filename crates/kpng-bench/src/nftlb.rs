@@ -3,6 +3,9 @@
 //! service port, mode `snat`, scheduler `rr`, `intra-connect` on, one backend per endpoint
 //! named after its pod), against kpng's nftables backend for the same cluster and the same
 //! operations. Every nftlb call returns once nftlb has applied it to the kernel.
+//!
+//! Kept in one file on purpose: the nftlb client, the scenario and its table are one
+//! benchmark.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

@@ -7,6 +7,9 @@
 //! changes nothing, a damaged table is repaired in place, and nothing is ever deleted
 //! first. In sync, a change set renders only the services it touched and commits their
 //! element changes (and, rarely, the layout changes they need) in one transaction.
+//!
+//! Kept in one file on purpose: the change path and the table-sync state machine that
+//! decides it (see [`TableSync`]) read best together; the resync is in `resync`.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;

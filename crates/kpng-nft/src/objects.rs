@@ -3,6 +3,9 @@
 //!
 //! Names that outlive the process (affinity groups, read back at a restart) come from an
 //! explicit, versioned encoding ([`GroupKey::hash`]), never from `Debug` output.
+//!
+//! Kept in one file on purpose: every set and map of the table, with its key and value
+//! types, is declared here, so the names a restart reads back are defined in one place.
 
 use std::fmt;
 use std::net::IpAddr;

@@ -4,6 +4,9 @@
 //! own allocation (fields of a concatenation packed at 4-byte offsets), so the kernel holds
 //! exactly what `nft -f` of the text would give: the golden tests compare both with
 //! `nft --debug=netlink`.
+//!
+//! Kept in one file on purpose: each builder method writes a statement's text and its
+//! expressions together; splitting them would separate pairs that must agree.
 
 use std::net::IpAddr;
 

@@ -1,5 +1,8 @@
 //! [`TableState`]: the elements kpng has committed, who wants each, and the difference an
 //! update makes.
+//!
+//! Kept in one file on purpose: who owns an element and the update that follows from it
+//! are one algorithm.
 
 use rustc_hash::FxHashMap as HashMap;
 

@@ -7,6 +7,9 @@
 //! the touched services' inputs, then, per node, looks up the variant it falls in and, if
 //! it differs from the one it holds, the frames that lead from one to the other (computed
 //! once per pair of variants, shared by every node that makes the same move).
+//!
+//! Kept in one file on purpose: the task that brings every node up to a revision and
+//! the per-node state it updates are one algorithm; the variants are in `variants`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, Weak};

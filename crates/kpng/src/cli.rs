@@ -14,6 +14,10 @@
 //! Options that concern the whole process ([`global`]: `--once`, `--node`, `--stats`, the
 //! proxy, conntrack, sync and server options) are accepted anywhere after `kpng`: they are
 //! moved to the front before parsing ([`hoist_global_args`]).
+//!
+//! Kept in one file on purpose: clap derives the whole tree (sources, sinks, backends)
+//! from these declarations, and each subcommand's help is written beside its siblings'.
+//! Process-wide options are in `global`.
 
 mod global;
 

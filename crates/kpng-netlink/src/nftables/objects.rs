@@ -1,5 +1,8 @@
 //! Messages that create, change and delete nf_tables objects, appended to a [`Batch`].
 //! Each message carries a description in nft syntax for error reports.
+//!
+//! Kept in one file on purpose: one small builder per nf_tables message type, all of
+//! the same shape.
 
 use crate::attr::{self, put_be32, put_be64, put_str};
 use crate::message::{Batch, NLM_F_APPEND, NLM_F_CREATE, ProtoFamily};

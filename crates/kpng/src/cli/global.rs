@@ -2,6 +2,10 @@
 //! command line and as keys of the config file. Every default is written once, in the
 //! clap attributes below; the config file and `kpng config print-defaults` read them from
 //! there.
+//!
+//! Kept in one file on purpose: every option group and its default is declared here
+//! once, and the config file's key table and `config print-defaults` are derived from
+//! these declarations.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
