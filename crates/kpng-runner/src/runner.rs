@@ -125,6 +125,7 @@ fn stopped_is_ok(result: Result<(), RunnerError>) -> Result<(), RunnerError> {
 ///
 /// Once `options.stop` is set, nothing more is applied and it returns `Ok`; a backend that
 /// fails permanently ends it with an error.
+#[tracing::instrument(name = "runner", skip_all, fields(node = %options.node))]
 pub async fn run_node(
     reader: StoreReader,
     backends: Vec<Box<dyn Backend>>,

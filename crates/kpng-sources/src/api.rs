@@ -28,6 +28,7 @@ use kpng_store::StoreWriter;
 /// kept only if the proxy named `proxy` (`None`: the default proxy) handles them, by their
 /// service-proxy-name label. Failures are retried with backoff, except a permanent one
 /// under [`Retry::UntilPermanent`], which is returned.
+#[tracing::instrument(name = "source", skip_all, fields(source = "api", server = %address))]
 pub async fn follow_global(
     address: Address,
     security: Security,

@@ -102,6 +102,7 @@ impl KubeSource {
 
     /// Feeds the store until cancelled. Each kind's loop runs in a task of its own on the
     /// current runtime; the tasks end when this future is dropped.
+    #[tracing::instrument(name = "source", skip_all, fields(source = "kube"))]
     pub async fn run(self, mut writer: StoreWriter) {
         let (events, mut received) = mpsc::channel::<Vec<SourceEvent>>(QUEUE);
         let mut loops = JoinSet::new();

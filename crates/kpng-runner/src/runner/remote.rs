@@ -20,6 +20,7 @@ use super::{
 /// compared with the state already held, and only the differences reach the backends, so
 /// a reconnection that finds nothing new costs them nothing. It stops as
 /// [`run_node`](super::run_node) does.
+#[tracing::instrument(name = "runner", skip_all, fields(node = %options.node, remote = true))]
 pub async fn run_remote(
     changes: tokio::sync::mpsc::Receiver<Vec<Op>>,
     backends: Vec<Box<dyn Backend>>,

@@ -161,7 +161,7 @@ impl Slots {
         if changed || self.stats.enls_revisions() == 0 {
             self.stats.enls_revisions.fetch_add(1, Ordering::Relaxed);
             tracing::debug!(node = %self.options.node, ops, "node state changed");
-            let now = std::time::Instant::now();
+            let now = Instant::now();
             self.stats.update_health(|h| {
                 h.pending_since.get_or_insert(now);
             });
@@ -237,6 +237,9 @@ impl Slots {
             Standing::InSync if ops.is_empty() => return Ok(()),
             Standing::InSync => ChangeSet::changes(ops, state),
         };
+        let name = slot.backend.name();
+        let _sync =
+            tracing::debug_span!("sync", backend = name, full = changes.is_reset()).entered();
         let started = std::time::Instant::now();
         let result = slot.backend.apply(&changes);
         self.stats.sync_durations.observe(started.elapsed().as_secs_f64());

@@ -56,8 +56,9 @@ impl Default for NodeStats {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Health {
     /// Since when a change of the node's state has waited for a backend to apply it (none:
-    /// everything is applied).
-    pub pending_since: Option<std::time::Instant>,
+    /// everything is applied). On the runtime's clock, like every duration the runner
+    /// measures, so tests that pause time see health follow it.
+    pub pending_since: Option<tokio::time::Instant>,
     /// When every backend last held the current state.
     pub last_applied: Option<std::time::SystemTime>,
     /// The node is being deleted or is tainted for deletion.

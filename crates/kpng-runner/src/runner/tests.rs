@@ -135,6 +135,43 @@ async fn a_failed_backend_is_retried_with_the_full_state() {
     task.await.unwrap().unwrap();
 }
 
+/// Health is measured on the runtime's clock: with time paused, a change that waits for a
+/// failing backend has waited exactly as long as the test advanced time, and readiness
+/// (the synced latch) is reached only once the backend applied a state.
+#[tokio::test(start_paused = true)]
+async fn health_and_readiness_follow_the_runtime_clock() {
+    let (mut writer, reader) = store(&[]);
+    let recorder = Recorder::default();
+    *recorder.fail.lock().unwrap() = true;
+    let stats = Arc::new(NodeStats::default());
+    writer.apply(objects(&[("10.0.0.1", "a")]));
+    let options = RunnerOptions { retry_min: Duration::from_secs(60), ..RunnerOptions::new("a") };
+    let task = tokio::spawn(run_node(
+        reader,
+        vec![Box::new(recorder.clone())],
+        options,
+        stats.clone(),
+        None,
+    ));
+    settle().await;
+    let since = stats.health().pending_since.expect("a change waits");
+    assert!(!stats.synced().is_released());
+    tokio::time::advance(Duration::from_secs(45)).await;
+    assert_eq!(since.elapsed(), Duration::from_secs(45));
+    *recorder.fail.lock().unwrap() = false;
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    settle().await;
+    assert_eq!(stats.health().pending_since, None);
+    assert!(stats.synced().is_released());
+    *recorder.fail.lock().unwrap() = true;
+    writer.apply(objects(&[("10.0.0.1", "a"), ("10.0.0.2", "b")]));
+    settle().await;
+    assert!(stats.health().pending_since.is_some());
+    assert!(stats.synced().is_released(), "readiness never goes back");
+    drop(writer);
+    task.await.unwrap().unwrap();
+}
+
 #[tokio::test(start_paused = true)]
 async fn once_stops_after_the_first_sync_or_fails() {
     let (mut writer, reader) = store(&[]);

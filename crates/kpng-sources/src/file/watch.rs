@@ -121,6 +121,7 @@ impl FileSource {
     /// the file is judged by the rules of [`super::verdict`] and applied as a relist, or
     /// kept back. Without watching, it keeps the writer (so readers do not see the source
     /// end) until cancelled.
+    #[tracing::instrument(name = "source", skip_all, fields(source = "file", path = %self.path.display()))]
     pub async fn run(self, mut writer: StoreWriter) -> Result<(), FileError> {
         // Watch before the first read: a change made meanwhile is not missed.
         let watching = match self.watch {

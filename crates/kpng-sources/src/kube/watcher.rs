@@ -93,6 +93,7 @@ impl KindWatcher {
     }
 
     /// Runs until the store is gone.
+    #[tracing::instrument(name = "watch", skip_all, fields(kind = %self.kind()))]
     pub async fn run(mut self) {
         let mut state = State::List;
         while let Some(next) = self.step(state).await {
