@@ -17,7 +17,7 @@ use kpng_store::StoreReader;
 use prometheus_client::collector::Collector;
 use prometheus_client::registry::Registry;
 
-use crate::ServerStats;
+use crate::counters::ServerStats;
 use crate::http::{BindProblems, Binder, HttpLimits, bind_retrying, serve_http};
 
 mod metrics;

@@ -16,9 +16,9 @@ use tokio_stream::Stream;
 use tokio_stream::wrappers::WatchStream;
 use tonic::{Status, Streaming};
 
+use crate::counters::Connected;
 use crate::feed::{Answer, Content, Feed, Version};
 use crate::frame::Frame;
-use crate::service::Connected;
 
 /// Milliseconds since the first call: a clock that fits in an atomic.
 pub(crate) fn now_ms() -> u64 {

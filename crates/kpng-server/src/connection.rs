@@ -18,8 +18,8 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::ServerStats;
 use crate::answer::{Progress, now_ms};
+use crate::counters::ServerStats;
 
 /// One client connection, as its streams and the watchdog see it.
 #[derive(Debug, Clone)]

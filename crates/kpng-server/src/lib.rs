@@ -17,6 +17,7 @@
 //!   cuts those whose client stopped reading.
 //! - `service`: the hand-written gRPC services and the [`Hub`] they share.
 //! - `answer`: one stream's pull protocol, frame by frame.
+//! - `counters`: [`ServerStats`], and the guard that counts a connected client.
 //! - [`feed`]: a stream's content shared by its clients, with a bounded log of change sets.
 //! - `nodes`: every node's ENLS, brought up to each revision by one fan-out task.
 //! - `variants`: a service's projection, encoded once per class of nodes that get the same.
@@ -30,6 +31,7 @@
 pub mod admin;
 mod answer;
 mod connection;
+mod counters;
 pub mod feed;
 pub mod frame;
 mod global;
@@ -40,5 +42,6 @@ mod nodes;
 mod service;
 mod variants;
 
+pub use counters::ServerStats;
 pub use listen::{ServeError, ServeOptions, serve};
-pub use service::{GlobalSets, Hub, LocalSets, ServerStats};
+pub use service::{GlobalSets, Hub, LocalSets};

@@ -8,7 +8,6 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll};
 
@@ -20,41 +19,11 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::answer::{Answers, Progress};
 use crate::connection;
+use crate::counters::{Connected, ServerStats};
 use crate::feed::Feed;
 use crate::frame::FrameCodec;
 use crate::global::{GlobalContent, follow};
 use crate::nodes::{NodeContent, NodeRegistry, fan_out};
-
-/// Counters of a server.
-#[derive(Debug, Default)]
-pub struct ServerStats {
-    connected: AtomicU64,
-    streams: AtomicU64,
-    pub(crate) refused: AtomicU64,
-    pub(crate) dropped: AtomicU64,
-}
-
-impl ServerStats {
-    /// Clients connected now.
-    pub fn connected(&self) -> u64 {
-        self.connected.load(Ordering::Relaxed)
-    }
-
-    /// Streams served since start.
-    pub fn streams(&self) -> u64 {
-        self.streams.load(Ordering::Relaxed)
-    }
-
-    /// Connections refused because every client slot was taken.
-    pub fn refused(&self) -> u64 {
-        self.refused.load(Ordering::Relaxed)
-    }
-
-    /// Connections cut because their client stopped reading or opened no stream.
-    pub fn dropped(&self) -> u64 {
-        self.dropped.load(Ordering::Relaxed)
-    }
-}
 
 /// What the services share: the store and the live feeds.
 pub struct Hub {
@@ -157,23 +126,6 @@ fn track(connection: Option<connection::Connection>) -> Arc<Progress> {
     match connection {
         Some(connection) => connection.track(),
         None => Arc::default(),
-    }
-}
-
-/// Counts a connected client while alive.
-pub struct Connected(Arc<ServerStats>);
-
-impl Connected {
-    fn new(stats: &Arc<ServerStats>) -> Self {
-        stats.connected.fetch_add(1, Ordering::Relaxed);
-        stats.streams.fetch_add(1, Ordering::Relaxed);
-        Connected(stats.clone())
-    }
-}
-
-impl Drop for Connected {
-    fn drop(&mut self) {
-        self.0.connected.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

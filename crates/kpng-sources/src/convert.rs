@@ -23,17 +23,12 @@ pub use slice::convert_slice;
 pub use time::unix_seconds;
 
 use kpng_model::ObjectRef;
-pub use kpng_model::global::SERVICE_PROXY_NAME_LABEL;
 use kpng_model::global::is_for_proxy;
 
 use crate::schema::meta::Labels;
-
-/// The label that marks a headless Service's objects.
-pub const HEADLESS_LABEL: &str = "service.kubernetes.io/headless";
-/// The label naming an EndpointSlice's Service.
-pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
-/// The annotation that starts the network-programming latency clock.
-pub const TRIGGER_TIME_ANNOTATION: &str = "endpoints.kubernetes.io/last-change-trigger-time";
+pub use crate::schema::meta::{
+    HEADLESS_LABEL, SERVICE_NAME_LABEL, SERVICE_PROXY_NAME_LABEL, TRIGGER_TIME_ANNOTATION,
+};
 
 /// Choices that change what is proxied.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -20,6 +20,7 @@ mod cli;
 mod config;
 mod limits;
 mod pipeline;
+mod process;
 mod servers;
 mod signals;
 mod sinks;
@@ -48,7 +49,7 @@ fn main() -> std::process::ExitCode {
         return std::process::ExitCode::from(2);
     }
     init_logging(&cli.global.logging);
-    let process = pipeline::Process::new(limits::raise_and_share());
+    let process = process::Process::new(limits::raise_and_share());
 
     let runtime =
         match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {

@@ -6,14 +6,12 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use kpng_api::client::Retry;
 use kpng_runner::NodeStats;
-use kpng_runner::runner::Stop;
-use kpng_server::http::{BindProblems, HttpLimits};
 use kpng_sources::file::FileSource;
 use kpng_sources::kube::{KubeSource, NodeSelection, Pacer};
 use kpng_store::store;
 
 use crate::cli::{Cli, GlobalArgs, KubeArgs, SinkCommand, SourceCommand};
-use crate::limits::DescriptorBudget;
+use crate::process::Process;
 use crate::servers::{admin_servers, health_checks};
 use crate::signals;
 use crate::sinks::to_file::run_to_file;
@@ -21,26 +19,6 @@ use crate::sinks::to_local::{
     build_backends, node_local, on_own_thread, run_to_local, runner_options,
 };
 use crate::stats::{StatsPrinter, StatsSources, print_stats};
-
-/// What every long-running pipeline shares.
-pub struct Process {
-    /// How the open-file limit is shared.
-    pub budget: DescriptorBudget,
-    /// The connection budget of every HTTP server.
-    pub http: HttpLimits,
-    /// Addresses that cannot be bound, for `/readyz`.
-    pub problems: BindProblems,
-    /// Set on SIGTERM or SIGINT: the runner applies nothing more.
-    pub stop: Stop,
-}
-
-impl Process {
-    /// The shared state of a process with `budget`.
-    pub fn new(budget: DescriptorBudget) -> Self {
-        let http = HttpLimits::new(budget.http_connections, kpng_server::http::HEADER_TIMEOUT);
-        Process { budget, http, problems: BindProblems::default(), stop: Stop::new() }
-    }
-}
 
 /// Runs the pipeline the command line describes until it ends, fails, or a signal arrives.
 pub async fn run(cli: Cli, process: Process) -> anyhow::Result<()> {

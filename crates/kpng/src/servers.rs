@@ -7,7 +7,7 @@ use kpng_runner::NodeStats;
 use kpng_server::http::system_binder;
 
 use crate::cli::GlobalArgs;
-use crate::pipeline::Process;
+use crate::process::{AbortOnDrop, Process};
 use crate::sinks::to_local::programs_kernel;
 
 /// The admin HTTP servers `global` asks for (none with --once; a port of 0 disables one),
@@ -34,15 +34,6 @@ pub fn admin_servers(
     async move {
         let _abort_on_drop: Vec<_> = servers.into_iter().map(AbortOnDrop).collect();
         std::future::pending::<()>().await
-    }
-}
-
-/// Aborts a task when dropped.
-pub struct AbortOnDrop(pub tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }
 

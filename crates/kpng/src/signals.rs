@@ -58,7 +58,7 @@ impl Signals {
 
 /// Logs and ignores every SIGHUP from now on, until the returned task is dropped (the
 /// signal then stays ignored: tokio keeps its handler installed).
-pub fn ignore_hangups() -> Option<crate::servers::AbortOnDrop> {
+pub fn ignore_hangups() -> Option<crate::process::AbortOnDrop> {
     let mut hangups = match signal(SignalKind::hangup()) {
         Ok(hangups) => hangups,
         Err(error) => {
@@ -74,5 +74,5 @@ pub fn ignore_hangups() -> Option<crate::servers::AbortOnDrop> {
             );
         }
     });
-    Some(crate::servers::AbortOnDrop(task))
+    Some(crate::process::AbortOnDrop(task))
 }

@@ -6,8 +6,14 @@ use std::fmt;
 use serde::Deserialize;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
 
-use crate::convert::TRIGGER_TIME_ANNOTATION;
-use crate::convert::{HEADLESS_LABEL, SERVICE_NAME_LABEL, SERVICE_PROXY_NAME_LABEL};
+pub use kpng_model::global::SERVICE_PROXY_NAME_LABEL;
+
+/// The label that marks a headless Service's objects.
+pub const HEADLESS_LABEL: &str = "service.kubernetes.io/headless";
+/// The label naming an EndpointSlice's Service.
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+/// The annotation that starts the network-programming latency clock.
+pub const TRIGGER_TIME_ANNOTATION: &str = "endpoints.kubernetes.io/last-change-trigger-time";
 
 /// `metadata` of any object.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
