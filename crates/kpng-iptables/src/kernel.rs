@@ -138,15 +138,17 @@ impl CommandKernel {
     }
 }
 
-/// The input line a restore error names: `Error occurred at line: N` (nf_tables variant)
-/// or `line N failed` (legacy).
+/// The input line a restore error names: `Error occurred at line: N` or `line N: ...`
+/// (nf_tables variant), `line N failed` (legacy).
 pub fn failed_line(stderr: &str) -> Option<usize> {
     if let Some(rest) = stderr.split("Error occurred at line: ").nth(1) {
         return rest.split_whitespace().next()?.parse().ok();
     }
-    let rest = stderr.split("line ").nth(1)?;
-    let (n, after) = rest.split_once(' ')?;
-    after.starts_with("failed").then(|| n.parse().ok()).flatten()
+    stderr.split("line ").skip(1).find_map(|rest| {
+        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        let after = &rest[digits.len()..];
+        (after.starts_with(':') || after.starts_with(" failed")).then(|| digits.parse().ok())?
+    })
 }
 
 impl Kernel for CommandKernel {
@@ -258,6 +260,12 @@ mod tests {
             Some(7)
         );
         assert_eq!(failed_line("iptables-restore: line 12 failed"), Some(12));
+        assert_eq!(
+            failed_line(
+                "iptables-restore v1.8.9 (nf_tables): \nline 5: CHAIN_DEL failed (Device or resource busy): chain KPNG-SEP-X"
+            ),
+            Some(5)
+        );
         assert_eq!(failed_line("something else"), None);
     }
 
