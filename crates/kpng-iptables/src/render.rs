@@ -125,7 +125,7 @@ impl Context {
     }
 }
 
-type Target2 = (IpAddr, u16);
+use kpng_backend::endpoints::Target as Target2;
 
 /// The Cluster and Local sets of one port in one family.
 fn port_sets(
@@ -133,24 +133,9 @@ fn port_sets(
     family: Family,
     port: &LocalServicePort,
 ) -> (Vec<Target2>, Vec<Target2>) {
-    let (mut cluster, mut local) = (Vec::new(), Vec::new());
-    for endpoint in state.endpoints.values().filter(|e| Family::of(&e.ip) == family) {
-        for p in
-            endpoint.ports.iter().filter(|p| p.name == port.name && p.protocol == port.protocol)
-        {
-            if p.cluster {
-                cluster.push((endpoint.ip, p.port));
-            }
-            if p.local {
-                local.push((endpoint.ip, p.port));
-            }
-        }
-    }
-    cluster.sort();
-    cluster.dedup();
-    local.sort();
-    local.dedup();
-    (cluster, local)
+    let (cluster, local) =
+        kpng_backend::endpoints::port_sets(state, family, &port.name, port.protocol);
+    (cluster.into_iter().collect(), local.into_iter().collect())
 }
 
 struct Out<'a> {

@@ -76,6 +76,8 @@ pub struct Desired {
     services: HashMap<ServiceKey, ServiceRules>,
     dispatch: Dispatch,
     chains: HashMap<ChainKey, Vec<Rule>>,
+    /// The first-level shard chains among `chains`, which come and go with their leaves.
+    first_level: BTreeSet<ChainKey>,
 }
 
 impl Desired {
@@ -165,15 +167,15 @@ impl Desired {
     /// The fixed chains and first-level shards of both families, from the leaves and the
     /// node.
     fn refresh_fixed(&mut self, touched: &mut BTreeSet<ChainKey>) {
-        // First-level shards that no longer exist are found among the chains held.
-        let stale: Vec<ChainKey> =
-            self.chains.keys().filter(|(_, _, name)| is_first_level(name)).cloned().collect();
-        for key in stale {
+        for key in std::mem::take(&mut self.first_level) {
             self.chains.remove(&key);
             touched.insert(key);
         }
         for family in Family::ALL {
             for (key, rules) in fixed_chains(family, &self.ctx, &self.node, &self.dispatch) {
+                if is_first_level(&key.2) {
+                    self.first_level.insert(key.clone());
+                }
                 self.chains.insert(key.clone(), rules);
                 touched.insert(key);
             }
