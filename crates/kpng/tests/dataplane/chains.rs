@@ -142,3 +142,28 @@ pub fn cleanup_removes_exactly_kpngs_chains(dp: Dataplane) {
     assert!(saved("iptables-save").contains("-A PREROUTING -j OTHER-CHAIN"));
     assert_eq!(Cluster::tcp(&cluster.client, "10.96.0.10:80"), Outcome::Timeout);
 }
+
+pub fn the_legacy_variant_serves_restarts_and_cleans_up(dp: Dataplane) {
+    let mut cluster = Cluster::new();
+    cluster.add_pod("web-a", true, 10, &[8080]);
+    let manifests = web("10.96.0.12", &[WEB_A]);
+    let legacy = ["--iptables-mode", "legacy"];
+    program(&cluster, dp, &manifests, &legacy);
+    let saved = |cmd: &str| {
+        String::from_utf8_lossy(&cluster.node.output(cmd, &["-t", "nat"]).stdout).into_owned()
+    };
+    assert!(
+        saved("iptables-legacy-save").contains(":KPNG-SERVICES"),
+        "{}",
+        saved("iptables-legacy-save")
+    );
+    assert!(!saved("iptables-nft-save").contains("KPNG"), "nothing in the other variant");
+    assert_eq!(reach(&cluster.client, "10.96.0.12:80").0, "web-a");
+    let log = program(&cluster, dp, &manifests, &legacy);
+    assert!(log.contains("already holds this state"), "a restart reads the legacy tables: {log}");
+    let out = dp.kpng(&cluster, &["cleanup", "--backend", "iptables"].map(String::from)).output();
+    let out = out.expect("running kpng cleanup");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!saved("iptables-legacy-save").contains("KPNG"), "{}", saved("iptables-legacy-save"));
+    assert_eq!(Cluster::tcp(&cluster.client, "10.96.0.12:80"), Outcome::Timeout);
+}

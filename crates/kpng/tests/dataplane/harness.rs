@@ -78,9 +78,15 @@ impl Dataplane {
         match self {
             Dataplane::Nft => &["nft", "ip", "curl", "conntrack"],
             Dataplane::Ebpf(_) => &["nft", "ip", "curl", "conntrack", "bpftool", "nsenter"],
-            Dataplane::Iptables => {
-                &["iptables", "ip6tables", "iptables-save", "ip", "curl", "conntrack"]
-            }
+            Dataplane::Iptables => &[
+                "iptables",
+                "iptables-save",
+                "iptables-legacy-save",
+                "iptables-nft-save",
+                "ip",
+                "curl",
+                "conntrack",
+            ],
         }
     }
 

@@ -123,4 +123,5 @@ on_dataplane!(iptables, crate::harness::Dataplane::Iptables;
     chains::a_flushed_chain_is_repaired_at_the_next_verification,
     chains::deleted_and_foreign_rules_are_repaired,
     chains::cleanup_removes_exactly_kpngs_chains,
+    chains::the_legacy_variant_serves_restarts_and_cleans_up,
 );
