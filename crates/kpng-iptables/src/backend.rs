@@ -36,6 +36,9 @@ pub struct IptablesOptions {
     pub local_detection: LocalDetection,
     /// `--cluster-cidr`.
     pub cluster_cidrs: Vec<IpNet>,
+    /// The most chains one restore writes; more are written in batches (cold start,
+    /// rebuild), each valid on its own.
+    pub batch_chains: usize,
 }
 
 impl Default for IptablesOptions {
@@ -46,6 +49,7 @@ impl Default for IptablesOptions {
             drop_bit: 15,
             local_detection: LocalDetection::Auto,
             cluster_cidrs: Vec::new(),
+            batch_chains: 2000,
         }
     }
 }
@@ -164,11 +168,12 @@ impl IptablesBackend {
     /// Runs one restore per family with something to change.
     fn commit(&mut self, plan: &Plan) -> Result<(), IptablesError> {
         for family in plan.families() {
-            let text = plan.restore_text(family);
-            self.stats.restores.fetch_add(1, Ordering::Relaxed);
-            if let Err(error) = self.kernel.restore(family, &text) {
-                self.stats.failures.fetch_add(1, Ordering::Relaxed);
-                return Err(error);
+            for text in plan.restore_texts(family, self.options.batch_chains) {
+                self.stats.restores.fetch_add(1, Ordering::Relaxed);
+                if let Err(error) = self.kernel.restore(family, &text) {
+                    self.stats.failures.fetch_add(1, Ordering::Relaxed);
+                    return Err(error);
+                }
             }
         }
         let (written, deleted) = plan.counts();

@@ -72,6 +72,7 @@
 //!   chosen variant), and cleanup.
 //! - [`memory`]: [`MemoryKernel`], in-memory tables for tests and `--dry-run`.
 //! - [`backend`]: [`IptablesBackend`], its sync state machine and options.
+//! - [`metrics`]: [`IptablesMetrics`], the counters for Prometheus.
 //! - [`error`]: the error type, [`IptablesError`].
 
 pub mod backend;
@@ -79,6 +80,7 @@ pub mod dispatch;
 pub mod error;
 pub mod kernel;
 pub mod memory;
+pub mod metrics;
 pub mod names;
 pub mod render;
 pub mod rule;
@@ -88,6 +90,7 @@ pub use backend::{IptablesBackend, IptablesOptions, IptablesStats};
 pub use error::IptablesError;
 pub use kernel::{CommandKernel, Kernel, Mode, Snapshot};
 pub use memory::MemoryKernel;
+pub use metrics::IptablesMetrics;
 
 /// The backend's name on the command line.
 pub const NAME: &str = "to-iptables";

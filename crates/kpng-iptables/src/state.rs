@@ -325,31 +325,92 @@ impl Plan {
     /// The `iptables-restore --noflush` input for `family`: declarations (create, or flush
     /// an existing chain), inserted jumps, rules, then deletions.
     pub fn restore_text(&self, family: Family) -> String {
-        use std::fmt::Write;
-        let mut text = String::new();
-        for table in Table::ALL {
-            let Some(plan) = self.tables.get(&(family, table)).filter(|p| !p.is_empty()) else {
-                continue;
-            };
-            let _ = writeln!(text, "*{}", table.as_str());
-            for chain in plan.write.keys().chain(&plan.delete) {
-                let _ = writeln!(text, ":{chain} - [0:0]");
-            }
-            for hook in &plan.hooks {
-                let _ = writeln!(text, "-I {} 1 {}", hook.builtin, hook.rule);
-            }
-            for (chain, rules) in &plan.write {
-                for rule in rules {
-                    let _ = writeln!(text, "-A {chain} {rule}");
-                }
-            }
-            for chain in &plan.delete {
-                let _ = writeln!(text, "-X {chain}");
-            }
-            text.push_str("COMMIT\n");
-        }
-        text
+        let tables = Table::ALL.iter().filter_map(|t| Some((*t, self.tables.get(&(family, *t))?)));
+        tables.map(|(table, plan)| table_text(table, plan)).collect()
     }
+
+    /// The inputs for `family`, in order: one when it writes at most `max_chains` chains;
+    /// otherwise the written chains in batches of `max_chains`, each chain after those it
+    /// jumps to (so every batch is valid on its own), then the deletions and jumps from
+    /// built-in chains. iptables-restore's cost grows faster than the number of chains in
+    /// one input, so a cold start over tens of thousands of chains is much faster in
+    /// batches; changes after it are one input, applied atomically.
+    pub fn restore_texts(&self, family: Family, max_chains: usize) -> Vec<String> {
+        let written: usize =
+            self.tables.iter().filter(|((f, _), _)| *f == family).map(|(_, t)| t.write.len()).sum();
+        if written <= max_chains.max(1) {
+            let text = self.restore_text(family);
+            return if text.is_empty() { Vec::new() } else { vec![text] };
+        }
+        let mut texts = Vec::new();
+        for table in Table::ALL {
+            let Some(plan) = self.tables.get(&(family, table)) else { continue };
+            for chunk in dependency_order(&plan.write).chunks(max_chains.max(1)) {
+                let write = chunk.iter().map(|c| ((*c).clone(), plan.write[*c].clone())).collect();
+                texts.push(table_text(table, &TablePlan { write, ..TablePlan::default() }));
+            }
+            let rest = TablePlan {
+                delete: plan.delete.clone(),
+                hooks: plan.hooks.clone(),
+                ..TablePlan::default()
+            };
+            texts.push(table_text(table, &rest));
+        }
+        texts.retain(|t| !t.is_empty());
+        texts
+    }
+}
+
+/// One table's section of a restore input.
+fn table_text(table: Table, plan: &TablePlan) -> String {
+    use std::fmt::Write;
+    let mut text = String::new();
+    if plan.is_empty() {
+        return text;
+    }
+    let _ = writeln!(text, "*{}", table.as_str());
+    for chain in plan.write.keys().chain(&plan.delete) {
+        let _ = writeln!(text, ":{chain} - [0:0]");
+    }
+    for hook in &plan.hooks {
+        let _ = writeln!(text, "-I {} 1 {}", hook.builtin, hook.rule);
+    }
+    for (chain, rules) in &plan.write {
+        for rule in rules {
+            let _ = writeln!(text, "-A {chain} {rule}");
+        }
+    }
+    for chain in &plan.delete {
+        let _ = writeln!(text, "-X {chain}");
+    }
+    text.push_str("COMMIT\n");
+    text
+}
+
+/// The chains of `write`, each after the chains of `write` it jumps to.
+fn dependency_order(write: &BTreeMap<ChainName, Vec<Rule>>) -> Vec<&ChainName> {
+    fn visit<'a>(
+        chain: &'a ChainName,
+        write: &'a BTreeMap<ChainName, Vec<Rule>>,
+        seen: &mut BTreeSet<&'a ChainName>,
+        order: &mut Vec<&'a ChainName>,
+    ) {
+        if !seen.insert(chain) {
+            return;
+        }
+        // Jumps go down a few levels (dispatch, service, endpoint, mark): shallow recursion.
+        for rule in &write[chain] {
+            if let Some((target, _)) = rule.jumps_to().and_then(|t| write.get_key_value(t)) {
+                visit(target, write, seen, order);
+            }
+        }
+        order.push(chain);
+    }
+    let (mut seen, mut order) = (BTreeSet::new(), Vec::new());
+    for chain in write.keys() {
+        visit(chain, write, &mut seen, &mut order);
+    }
+    order
 }
 
 /// The plan that makes `committed` hold `desired` for the chains `keys`.
@@ -390,5 +451,24 @@ mod tests {
         );
         assert_eq!(plan.restore_text(Family::V6), "");
         assert_eq!(plan.families(), BTreeSet::from([Family::V4]));
+    }
+
+    #[test]
+    fn large_writes_come_in_batches_each_after_what_it_jumps_to() {
+        let mut plan = Plan::default();
+        let key = |name: &str| (Family::V4, Table::Nat, ChainName::new(name).unwrap());
+        let jump = |name: &str| Rule::jump(&ChainName::new(name).unwrap());
+        plan.write(&key("KPNG-A"), vec![jump("KPNG-B"), jump("KPNG-C")]);
+        plan.write(&key("KPNG-B"), vec![jump("KPNG-C")]);
+        plan.write(&key("KPNG-C"), vec![Rule::to(Target::Drop)]);
+        plan.delete(&key("KPNG-OLD"));
+        assert_eq!(plan.restore_texts(Family::V4, 3), vec![plan.restore_text(Family::V4)]);
+        let texts = plan.restore_texts(Family::V4, 1);
+        let first_lines: Vec<&str> = texts.iter().map(|t| t.lines().nth(1).unwrap()).collect();
+        assert_eq!(
+            first_lines,
+            [":KPNG-C - [0:0]", ":KPNG-B - [0:0]", ":KPNG-A - [0:0]", ":KPNG-OLD - [0:0]"]
+        );
+        assert!(texts[3].ends_with("-X KPNG-OLD\nCOMMIT\n"), "{}", texts[3]);
     }
 }

@@ -136,6 +136,12 @@ pub async fn run(cli: Cli, process: Process) -> anyhow::Result<()> {
                     match kpng_iptables::kernel::cleanup(mode) {
                         Ok(0) => eprintln!("kpng: no KPNG chain in {command}"),
                         Ok(n) => eprintln!("kpng: removed {n} KPNG chains from {command}"),
+                        // A variant that is not installed holds nothing of kpng's.
+                        Err(kpng_iptables::IptablesError::Spawn { source, .. })
+                            if source.kind() == std::io::ErrorKind::NotFound =>
+                        {
+                            eprintln!("kpng: {command} is not installed: nothing to remove")
+                        }
                         Err(e) => {
                             return Err(anyhow::Error::new(e)
                                 .context(format!("removing kpng's chains from {command}")));

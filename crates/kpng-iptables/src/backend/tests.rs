@@ -12,8 +12,10 @@ use crate::kernel::Snapshot;
 use crate::render::Table;
 
 fn backend(kernel: &MemoryKernel) -> IptablesBackend {
+    // Small batches, so that rebuilds go through several restores.
     let options = IptablesOptions {
         cluster_cidrs: vec!["10.0.0.0/8".parse().unwrap()],
+        batch_chains: 7,
         ..IptablesOptions::default()
     };
     IptablesBackend::new(options, Box::new(kernel.clone()))

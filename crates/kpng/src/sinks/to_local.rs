@@ -48,7 +48,9 @@ pub fn build_backends(
                 if !global.dry_run {
                     built.locks.push(InstanceLock::take("iptables")?);
                 }
-                built.backends.push(Box::new(iptables_backend(args, global)?));
+                let backend = iptables_backend(args, global)?;
+                built.collectors.push(Box::new(kpng_iptables::IptablesMetrics(backend.stats())));
+                built.backends.push(Box::new(backend));
             }
             BackendCommand::ToEbpf(args) => {
                 if !global.dry_run {
