@@ -155,8 +155,13 @@ fn load_as(net: &Cluster, state: &kpng_model::LocalState, rules: Rules) -> anyho
 
 /// Runs `iptables-restore` (the whole nat table) with `text`.
 fn restore_nat(text: &str) -> Result<(), String> {
+    restore_with("iptables-restore", text)
+}
+
+/// Runs `command` (an `iptables-restore`, tables replaced whole) with `text`.
+fn restore_with(command: &str, text: &str) -> Result<(), String> {
     use std::io::Write;
-    let mut child = std::process::Command::new("iptables-restore")
+    let mut child = std::process::Command::new(command)
         .stdin(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -171,11 +176,14 @@ fn restore_nat(text: &str) -> Result<(), String> {
     }
 }
 
-/// Removes every kind of rules from the current namespace.
-fn clear() -> anyhow::Result<()> {
+/// Removes every kind of rules from the current namespace: kpng's nftables tables, and the
+/// nat and filter tables of iptables and ip6tables replaced by empty ones (reading kpng's
+/// chains back first, as `kpng cleanup` does, takes minutes at 30k services).
+pub(crate) fn clear() -> anyhow::Result<()> {
     kpng_nft::kernel::cleanup()?;
-    kpng_iptables::kernel::cleanup(Mode::Auto)?;
-    restore_nat("*nat\nCOMMIT\n").map_err(anyhow::Error::msg)
+    let empty = "*nat\nCOMMIT\n*filter\nCOMMIT\n";
+    restore_nat(empty).map_err(anyhow::Error::msg)?;
+    restore_with("ip6tables-restore", empty).map_err(anyhow::Error::msg)
 }
 
 /// For each of `sizes` (services in the node's table) and each of `counts` (distinct

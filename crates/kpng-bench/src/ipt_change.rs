@@ -158,7 +158,7 @@ pub fn run(
     anyhow::ensure!(before == after, "a change set without changes ran iptables-restore");
 
     let chains = bench.backend.committed().len();
-    kpng_iptables::kernel::cleanup(Mode::Auto).context("removing the chains")?;
+    crate::dataplane::clear().context("removing the chains")?;
     let full_ms =
         crate::iptables::restore(&crate::iptables::ruleset(bench.projector.state()), reloads)?;
     Ok(IptRow { services, endpoints, chains, cold_ms, changes, full_ms })
