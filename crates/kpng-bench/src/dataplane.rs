@@ -1,8 +1,8 @@
 //! The dataplane scenario: first-packet latency through kpng's rules.
 //!
 //! The testkit's namespace cluster (a client, the node kpng programs, a remote node, pods)
-//! gets a generated cluster of N services loaded into the node's rules (`to-nft`,
-//! `to-iptables`, or kube-proxy's iptables layout); a few services
+//! gets a generated cluster of N services loaded into the node's rules (`to-nft` or
+//! `to-iptables`); a few services
 //! spread over the table are pointed at real pods (two on the node, one on the remote node).
 //! From the client, TCP connections to those services' cluster IPs are timed from `connect`
 //! to the established socket (SYN, NAT lookup, SYN-ACK): each connection's first packet
@@ -39,8 +39,6 @@ pub enum Rules {
     Nft,
     /// `to-iptables`.
     Iptables,
-    /// kube-proxy's iptables layout (a rule per service port in KUBE-SERVICES).
-    KubeProxy,
 }
 
 impl Rules {
@@ -49,7 +47,6 @@ impl Rules {
         match self {
             Rules::Nft => "to-nft",
             Rules::Iptables => "to-iptables",
-            Rules::KubeProxy => "kube-proxy",
         }
     }
 }
@@ -147,7 +144,6 @@ fn load_as(net: &Cluster, state: &kpng_model::LocalState, rules: Rules) -> anyho
                     IptablesBackend::new(IptablesOptions::default(), Box::new(kernel));
                 backend.apply(&ChangeSet::full(&state)).map_err(|e| e.to_string())
             }
-            Rules::KubeProxy => restore_nat(&crate::iptables::ruleset(&state)),
         }
     })
     .map_err(|e| anyhow::anyhow!("loading the node's rules as {}: {e}", rules.name()))

@@ -29,7 +29,7 @@
 //!   and 100 endpoints created and deleted, one endpoint added and removed;
 //! - `dataplane`: real TCP connections from a client namespace to cluster IPs of a node
 //!   namespace holding N services, time to connect (the first packet walks the rules), at
-//!   each size against the first, through `to-nft`, `to-iptables` or kube-proxy's layout;
+//!   each size against the first, through `to-nft` or `to-iptables`;
 //! - `api`: one `to-api` server and N node streams: time until every node has its state,
 //!   time for one endpoint change to reach every node, memory per connected node;
 //! - `ebpf`: a pod on the node connects to cluster IPs through `to-ebpf` (translated at
@@ -144,8 +144,7 @@ struct Cli {
     #[arg(long, value_delimiter = ',', default_value = "2,200")]
     dataplane_counts: Vec<usize>,
     /// Dataplane: the rules the node gets, comma-separated: `nft` (to-nft), `iptables`
-    /// (to-iptables), `kube-proxy` (kube-proxy's iptables layout, one rule per service in
-    /// KUBE-SERVICES).
+    /// (to-iptables).
     #[arg(long, value_delimiter = ',', default_value = "nft")]
     dataplane_backends: Vec<dataplane::Rules>,
     /// Dataplane: connections timed per size and path.
