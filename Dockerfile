@@ -13,7 +13,7 @@ RUN cargo build --release --locked -p kpng && strip target/release/kpng
 
 FROM debian:bookworm-slim
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends nftables \
+    && apt-get install -y --no-install-recommends nftables iptables \
     && rm -rf /var/lib/apt/lists/*
 COPY --from=build /src/target/release/kpng /usr/local/bin/kpng
 ENTRYPOINT ["/usr/local/bin/kpng"]

@@ -15,8 +15,11 @@
 //!   kernel backend's constructor takes.
 //! - [`proxy`]: proxy facts every dataplane shares, decided once above the backends
 //!   (local-traffic detection).
+//! - [`endpoints`]: which endpoints of a service port this node picks from (the Cluster
+//!   and Local sets), read from the node state the same way for every dataplane.
 
 pub mod backend;
+pub mod endpoints;
 pub mod proxy;
 
 pub use backend::{Backend, BackendError, ChangeSet, Target, error_chain};

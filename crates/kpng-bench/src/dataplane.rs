@@ -1,7 +1,8 @@
 //! The dataplane scenario: first-packet latency through kpng's rules.
 //!
 //! The testkit's namespace cluster (a client, the node kpng programs, a remote node, pods)
-//! gets a generated cluster of N services loaded into the node's nftables; a few services
+//! gets a generated cluster of N services loaded into the node's rules (`to-nft` or
+//! `to-iptables`); a few services
 //! spread over the table are pointed at real pods (two on the node, one on the remote node).
 //! From the client, TCP connections to those services' cluster IPs are timed from `connect`
 //! to the established socket (SYN, NAT lookup, SYN-ACK): each connection's first packet
@@ -14,6 +15,7 @@ use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use kpng_iptables::{CommandKernel, IptablesBackend, IptablesOptions, Mode};
 use kpng_local::NodeProjector;
 use kpng_model::global::Endpoint;
 use kpng_model::{Changes, GlobalModel, Object};
@@ -30,8 +32,29 @@ const PROBED: usize = 8;
 /// The pods' port (the generated slices' target port).
 pub(crate) const POD_PORT: u16 = 8080;
 
+/// The rules a size is loaded as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Rules {
+    /// `to-nft`.
+    Nft,
+    /// `to-iptables`.
+    Iptables,
+}
+
+impl Rules {
+    /// The name in tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            Rules::Nft => "to-nft",
+            Rules::Iptables => "to-iptables",
+        }
+    }
+}
+
 /// One size's results.
 pub struct DataplaneRow {
+    /// The rules.
+    pub rules: Rules,
     /// Services in the node's table.
     pub services: usize,
     /// Distinct endpoint counts among the services (0: every service has the same count).
@@ -100,14 +123,63 @@ pub(crate) fn size(
 /// Replaces the node's tables with `state`. The backend's socket (and the `nft` it runs
 /// for the skeleton) must be created inside the node's namespace.
 pub(crate) fn load(net: &Cluster, state: &kpng_model::LocalState) -> anyhow::Result<()> {
+    load_as(net, state, Rules::Nft)
+}
+
+/// Replaces the node's rules with `state` as `rules`, removing the other kinds first. The
+/// commands and sockets are made inside the node's namespace.
+fn load_as(net: &Cluster, state: &kpng_model::LocalState, rules: Rules) -> anyhow::Result<()> {
     let state = state.clone();
     in_netns(&net.node, move || -> Result<(), String> {
-        kpng_nft::kernel::cleanup().map_err(|e| e.to_string())?;
-        let kernel = NetlinkKernel::open().map_err(|e| e.to_string())?;
-        let mut backend = NftBackend::new(NftOptions::default(), Box::new(kernel));
-        backend.apply(&ChangeSet::full(&state)).map_err(|e| e.to_string())
+        clear().map_err(|e| e.to_string())?;
+        match rules {
+            Rules::Nft => {
+                let kernel = NetlinkKernel::open().map_err(|e| e.to_string())?;
+                let mut backend = NftBackend::new(NftOptions::default(), Box::new(kernel));
+                backend.apply(&ChangeSet::full(&state)).map_err(|e| e.to_string())
+            }
+            Rules::Iptables => {
+                let kernel = CommandKernel::new(Mode::Auto).map_err(|e| e.to_string())?;
+                let mut backend =
+                    IptablesBackend::new(IptablesOptions::default(), Box::new(kernel));
+                backend.apply(&ChangeSet::full(&state)).map_err(|e| e.to_string())
+            }
+        }
     })
-    .map_err(|e| anyhow::anyhow!("loading the node's table: {e}"))
+    .map_err(|e| anyhow::anyhow!("loading the node's rules as {}: {e}", rules.name()))
+}
+
+/// Runs `iptables-restore` (the whole nat table) with `text`.
+fn restore_nat(text: &str) -> Result<(), String> {
+    restore_with("iptables-restore", text)
+}
+
+/// Runs `command` (an `iptables-restore`, tables replaced whole) with `text`.
+fn restore_with(command: &str, text: &str) -> Result<(), String> {
+    use std::io::Write;
+    let mut child = std::process::Command::new(command)
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("iptables-restore: {e}"))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin.write_all(text.as_bytes()).map_err(|e| format!("iptables-restore: {e}"))?;
+    }
+    let out = child.wait_with_output().map_err(|e| format!("iptables-restore: {e}"))?;
+    match out.status.success() {
+        true => Ok(()),
+        false => Err(format!("iptables-restore: {}", String::from_utf8_lossy(&out.stderr))),
+    }
+}
+
+/// Removes every kind of rules from the current namespace: kpng's nftables tables, and the
+/// nat and filter tables of iptables and ip6tables replaced by empty ones (reading kpng's
+/// chains back first, as `kpng cleanup` does, takes minutes at 30k services).
+pub(crate) fn clear() -> anyhow::Result<()> {
+    kpng_nft::kernel::cleanup()?;
+    let empty = "*nat\nCOMMIT\n*filter\nCOMMIT\n";
+    restore_nat(empty).map_err(anyhow::Error::msg)?;
+    restore_with("ip6tables-restore", empty).map_err(anyhow::Error::msg)
 }
 
 /// For each of `sizes` (services in the node's table) and each of `counts` (distinct
@@ -116,6 +188,7 @@ pub(crate) fn load(net: &Cluster, state: &kpng_model::LocalState) -> anyhow::Res
 pub fn run(
     sizes: &[usize],
     counts: &[usize],
+    backends: &[Rules],
     endpoints: usize,
     connections: usize,
 ) -> anyhow::Result<Vec<DataplaneRow>> {
@@ -139,10 +212,13 @@ pub fn run(
         .map(|(n, k)| size(n, endpoints, k, &pods))
         .collect::<Result<_, _>>()?;
     let per_round = connections.div_ceil(ROUNDS);
-    let mut samples: Vec<(Vec<Duration>, Vec<Duration>)> = vec![Default::default(); sizes.len()];
+    let backends = if backends.is_empty() { &[Rules::Nft][..] } else { backends };
+    let runs: Vec<(Rules, &Size)> =
+        backends.iter().flat_map(|b| sizes.iter().map(move |s| (*b, s))).collect();
+    let mut samples: Vec<(Vec<Duration>, Vec<Duration>)> = vec![Default::default(); runs.len()];
     for _ in 0..ROUNDS {
-        for (size, (service, pod)) in sizes.iter().zip(&mut samples) {
-            load(&net, &size.state)?;
+        for ((rules, size), (service, pod)) in runs.iter().zip(&mut samples) {
+            load_as(&net, &size.state, *rules)?;
             let targets = size.targets.clone();
             service.extend(
                 in_netns(&net.client, move || time_connects(&targets, per_round))
@@ -156,12 +232,13 @@ pub fn run(
         }
     }
     // Leave the namespaces light to tear down.
-    in_netns(&net.node, || kpng_nft::kernel::cleanup().map(drop).map_err(|e| e.to_string()))
+    in_netns(&net.node, || clear().map_err(|e| e.to_string()))
         .map_err(|e| anyhow::anyhow!("removing the node's tables: {e}"))?;
-    Ok(sizes
+    Ok(runs
         .iter()
         .zip(samples)
-        .map(|(size, (mut service, mut pod))| DataplaneRow {
+        .map(|((rules, size), (mut service, mut pod))| DataplaneRow {
+            rules: *rules,
             services: size.services,
             counts: size.counts,
             connections: service.len(),
@@ -203,13 +280,15 @@ fn answer(target: &SocketAddr, mut stream: TcpStream) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Prints the dataplane table, with each size's p50 and p99 against the smallest size's.
+/// Prints the dataplane table, with each size's p50 and p99 against the first size's of
+/// the same rules.
 pub fn print(rows: &[DataplaneRow]) {
     println!(
         "dataplane: TCP connect from a client namespace, first packet through the node's rules"
     );
     println!(
-        "{:>8} {:>6} {:>6} | {:>8} {:>8} {:>8} | {:>10} {:>10} | {:>9} {:>9}",
+        "{:<11} {:>8} {:>6} {:>6} | {:>8} {:>8} {:>8} | {:>10} {:>10} | {:>9} {:>9}",
+        "rules",
         "services",
         "counts",
         "conns",
@@ -221,13 +300,14 @@ pub fn print(rows: &[DataplaneRow]) {
         "p50/first",
         "p99/first"
     );
-    let first = rows.first().map(|r| r.service);
     for row in rows {
+        let first = rows.iter().find(|r| r.rules == row.rules).map(|r| r.service);
         let (p50, p99, max) = row.service;
         let ratio = |now: f64, then: f64| if then > 0.0 { now / then } else { 0.0 };
         let (f50, f99) = first.map_or((0.0, 0.0), |f| (f.0, f.1));
         println!(
-            "{:>8} {:>6} {:>6} | {:>8.3} {:>8.3} {:>8.3} | {:>10.3} {:>10.3} | {:>9.2} {:>9.2}",
+            "{:<11} {:>8} {:>6} {:>6} | {:>8.3} {:>8.3} {:>8.3} | {:>10.3} {:>10.3} | {:>9.2} {:>9.2}",
+            row.rules.name(),
             row.services,
             if row.counts == 0 { "1".to_string() } else { row.counts.to_string() },
             row.connections,

@@ -7,6 +7,9 @@
 //!   transaction, with the kernel's commit time alone, against a full `nft -f` reload of the
 //!   same ruleset (the resync-per-change approach), and against kube-proxy's iptables mode
 //!   (the whole nat table through `iptables-restore`);
+//! - `iptables`: `to-iptables` on the real kernel: cold start, then one change at a time
+//!   (model update to the last `iptables-restore --noflush` done), against kube-proxy's
+//!   whole nat table through `iptables-restore` and `to-nft`'s same change;
 //! - `restart`: kpng started over a table far larger than the cluster it finds (read back,
 //!   reconcile, one transaction), against a cold start of the small cluster;
 //! - `kube`: one change at a time again, now from the fake API server's event through the
@@ -26,7 +29,7 @@
 //!   and 100 endpoints created and deleted, one endpoint added and removed;
 //! - `dataplane`: real TCP connections from a client namespace to cluster IPs of a node
 //!   namespace holding N services, time to connect (the first packet walks the rules), at
-//!   each size against the first;
+//!   each size against the first, through `to-nft` or `to-iptables`;
 //! - `api`: one `to-api` server and N node streams: time until every node has its state,
 //!   time for one endpoint change to reach every node, memory per connected node;
 //! - `ebpf`: a pod on the node connects to cluster IPs through `to-ebpf` (translated at
@@ -38,6 +41,7 @@
 //! # Layout
 //! - [`cluster`]: the synthetic cluster as model objects, and the changes applied to it.
 //! - [`nft`]: the nftables scenario.
+//! - [`ipt_change`]: the iptables backend scenario.
 //! - [`restart`]: the restart over a stale table.
 //! - [`kube`]: the in-process pipeline against the fake API server, and one change through it.
 //! - [`churn`]: the churn scenario: kube source to kernel under a no-op-heavy event stream.
@@ -61,6 +65,7 @@ mod cold;
 mod dataplane;
 mod ebpf;
 mod ebpf_change;
+mod ipt_change;
 mod iptables;
 mod kube;
 mod memory;
@@ -90,6 +95,10 @@ struct Cli {
     /// Full `nft -f` reloads to time per size (they are slow at large sizes).
     #[arg(long, default_value_t = 5)]
     reloads: usize,
+    /// iptables backend scenario (`to-iptables`): cluster sizes, comma-separated (0 skips
+    /// it); repetitions as --repeat, endpoints as --endpoints, full reloads as --reloads.
+    #[arg(long, value_delimiter = ',', default_value = "1000")]
+    iptables_services: Vec<usize>,
     /// One change through the kube source (API event to commit): cluster sizes, comma-separated
     /// (0 skips it); repetitions as --repeat, endpoints as --endpoints.
     #[arg(long, value_delimiter = ',', default_value = "1000")]
@@ -134,6 +143,10 @@ struct Cli {
     /// endpoints), comma-separated; every size runs with each (0: all alike).
     #[arg(long, value_delimiter = ',', default_value = "2,200")]
     dataplane_counts: Vec<usize>,
+    /// Dataplane: the rules the node gets, comma-separated: `nft` (to-nft), `iptables`
+    /// (to-iptables).
+    #[arg(long, value_delimiter = ',', default_value = "nft")]
+    dataplane_backends: Vec<dataplane::Rules>,
     /// Dataplane: connections timed per size and path.
     #[arg(long, default_value_t = 1000)]
     dataplane_connections: usize,
@@ -210,6 +223,14 @@ fn main() -> anyhow::Result<()> {
     }
     if !nft_rows.is_empty() {
         table::print_nft(&nft_rows);
+    }
+    let mut ipt_rows = Vec::new();
+    for &services in cli.iptables_services.iter().filter(|s| **s > 0) {
+        ipt_rows.push(ipt_change::run(services, cli.endpoints, cli.repeat, cli.reloads)?);
+    }
+    if !ipt_rows.is_empty() {
+        println!();
+        ipt_change::print(&ipt_rows, &nft_rows);
     }
     let mut restart_rows = Vec::new();
     for &stale in cli.restart_stale.iter().filter(|s| **s > 0) {
@@ -313,7 +334,8 @@ fn main() -> anyhow::Result<()> {
     let dataplane_rows = if sizes.is_empty() {
         Vec::new()
     } else {
-        dataplane::run(&sizes, &cli.dataplane_counts, cli.endpoints, cli.dataplane_connections)?
+        let (counts, connections) = (&cli.dataplane_counts, cli.dataplane_connections);
+        dataplane::run(&sizes, counts, &cli.dataplane_backends, cli.endpoints, connections)?
     };
     if !dataplane_rows.is_empty() {
         println!();
@@ -391,7 +413,12 @@ fn chart(
         let mut bars = Vec::new();
         for row in dataplane {
             let n = row.services;
-            bars.push(bar(format!("{n} svc: connect to a cluster IP"), row.service.0, true));
+            let rules = row.rules.name();
+            bars.push(bar(
+                format!("{n} svc, {rules}: connect to a cluster IP"),
+                row.service.0,
+                true,
+            ));
             bars.push(bar(format!("{n} svc: connect to the pod"), row.direct.0, false));
         }
         sections.push(Section { title: "First packet: TCP connect from a client".into(), bars });

@@ -27,6 +27,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
+use kpng_backend::endpoints::port_sets;
 use kpng_model::local::{LocalServicePort, LocalServiceState};
 use kpng_model::{Family, NodePortAddresses, Protocol, ServiceKey};
 
@@ -85,27 +86,6 @@ pub fn group_id(
         }
     }
     GroupId(hash)
-}
-
-/// Endpoints of `family` in the Cluster and Local sets of one service port.
-fn port_sets(
-    state: &LocalServiceState,
-    family: Family,
-    name: &str,
-    protocol: Protocol,
-) -> (BTreeSet<Target>, BTreeSet<Target>) {
-    let (mut cluster, mut local) = (BTreeSet::new(), BTreeSet::new());
-    for endpoint in state.endpoints.values().filter(|e| Family::of(&e.ip) == family) {
-        for p in endpoint.ports.iter().filter(|p| p.name == name && p.protocol == protocol) {
-            if p.cluster {
-                cluster.insert((endpoint.ip, p.port));
-            }
-            if p.local {
-                local.insert((endpoint.ip, p.port));
-            }
-        }
-    }
-    (cluster, local)
 }
 
 struct Out<'a> {

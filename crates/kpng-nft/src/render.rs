@@ -5,8 +5,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use ipnet::IpNet;
+use kpng_backend::endpoints::port_sets;
 use kpng_model::local::LocalServiceState;
-use kpng_model::{Family, LocalNode, Protocol, ServiceKey};
+use kpng_model::{Family, LocalNode, ServiceKey};
 
 use crate::affinity::AffinityGroup;
 use crate::objects::{
@@ -125,27 +126,6 @@ impl Out<'_> {
         }
         slots
     }
-}
-
-/// Endpoints of `family` in the Cluster and Local sets of one service port.
-fn port_sets(
-    state: &LocalServiceState,
-    family: Family,
-    name: &str,
-    protocol: Protocol,
-) -> (BTreeSet<Target>, BTreeSet<Target>) {
-    let (mut cluster, mut local) = (BTreeSet::new(), BTreeSet::new());
-    for endpoint in state.endpoints.values().filter(|e| Family::of(&e.ip) == family) {
-        for p in endpoint.ports.iter().filter(|p| p.name == name && p.protocol == protocol) {
-            if p.cluster {
-                cluster.insert((endpoint.ip, p.port));
-            }
-            if p.local {
-                local.insert((endpoint.ip, p.port));
-            }
-        }
-    }
-    (cluster, local)
 }
 
 /// The destinations of one service port in `family`: the cluster IP, external and LB IPs,

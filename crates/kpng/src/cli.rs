@@ -7,8 +7,9 @@
 //! kpng local --server ADDR <backend> [<backend>...]
 //! <sink>    := to-file --output PATH [--format yaml|json] | to-local <backend> [<backend>...]
 //!            | to-api --listen ADDR [--max-clients N] [--client-timeout DURATION]
-//! <backend> := to-json | to-nft | to-ebpf [--cgroup-path PATH] [--bpf-pin-path PATH]
-//! kpng cleanup [--backend nft|ebpf|all] [--bpf-pin-path PATH]
+//! <backend> := to-json | to-nft | to-iptables [--iptables-mode auto|nft|legacy]
+//!            | to-ebpf [--cgroup-path PATH] [--bpf-pin-path PATH]
+//! kpng cleanup [--backend nft|iptables|ebpf|all] [--bpf-pin-path PATH]
 //! ```
 //!
 //! Options that concern the whole process ([`global`]: `--once`, `--node`, `--stats`, the
@@ -71,8 +72,8 @@ pub enum SourceCommand {
     /// reconnection that finds nothing new changes nothing in the kernel.
     Local(LocalArgs),
     /// Remove every kernel object kpng installed (its `ip kpng` and `ip6 kpng` nftables
-    /// tables, its eBPF programs' links and maps pinned under --bpf-pin-path) and nothing
-    /// else, then exit.
+    /// tables, its KPNG-* iptables chains, its eBPF programs' links and maps pinned under
+    /// --bpf-pin-path) and nothing else, then exit.
     Cleanup(CleanupArgs),
     /// Print the version, the git commit built from, and what this build contains.
     Version,
@@ -162,8 +163,9 @@ fn parse_qps(text: &str) -> Result<f64, String> {
 /// `kpng cleanup`.
 #[derive(Debug, Args)]
 pub struct CleanupArgs {
-    /// Which backend's objects to remove: `nft` only the nftables tables, `ebpf` only the
-    /// eBPF links and maps, `all` both.
+    /// Which backend's objects to remove: `nft` only the nftables tables, `iptables` only
+    /// the KPNG-* chains (of both iptables variants), `ebpf` only the eBPF links and maps,
+    /// `all` everything.
     #[arg(long, value_enum, default_value_t = CleanupBackend::All)]
     pub backend: CleanupBackend,
     /// Where `to-ebpf` pinned them.
@@ -177,6 +179,11 @@ impl CleanupBackend {
         matches!(self, CleanupBackend::Nft | CleanupBackend::All)
     }
 
+    /// Whether the iptables chains are removed.
+    pub fn iptables(self) -> bool {
+        matches!(self, CleanupBackend::Iptables | CleanupBackend::All)
+    }
+
     /// Whether the eBPF links and maps are removed.
     pub fn ebpf(self) -> bool {
         matches!(self, CleanupBackend::Ebpf | CleanupBackend::All)
@@ -188,6 +195,8 @@ impl CleanupBackend {
 pub enum CleanupBackend {
     /// The nftables tables.
     Nft,
+    /// The KPNG-* chains of iptables and ip6tables, and the jumps into them.
+    Iptables,
     /// The eBPF programs (detached) and maps (unpinned) under `--bpf-pin-path`.
     Ebpf,
     /// Everything kpng may have installed.
@@ -366,12 +375,16 @@ pub enum BackendCommand {
     /// and traffic from other hosts stay on the packet path: use with to-nft
     /// (`to-local to-ebpf to-nft`). --dry-run prints the map writes.
     ToEbpf(EbpfArgs),
-    /// iptables. Not available in this build.
-    ToIptables(Chain),
+    /// iptables (kube-proxy's iptables mode): KPNG-* chains in the nat and filter tables
+    /// of iptables and ip6tables, sharded so that neither a new connection nor a change
+    /// walks a rule per service; each change is one iptables-restore --noflush per family.
+    /// --dry-run prints the restore input.
+    ToIptables(IptablesArgs),
 }
 
 impl BackendCommand {
     /// The backend's name on the command line.
+    #[cfg(test)]
     pub fn name(&self) -> &'static str {
         match self {
             BackendCommand::ToJson(_) => "to-json",
@@ -386,17 +399,51 @@ impl BackendCommand {
     /// tuning and stale-flow cleanup, and the health-check NodePort servers.
     pub fn programs_kernel(&self) -> bool {
         match self {
-            BackendCommand::ToNft(_) | BackendCommand::ToEbpf(_) => true,
-            BackendCommand::ToJson(_) | BackendCommand::ToIptables(_) => false,
+            BackendCommand::ToNft(_)
+            | BackendCommand::ToEbpf(_)
+            | BackendCommand::ToIptables(_) => true,
+            BackendCommand::ToJson(_) => false,
         }
     }
 
     fn chain(&self) -> &Chain {
         match self {
-            BackendCommand::ToJson(c)
-            | BackendCommand::ToNft(c)
-            | BackendCommand::ToIptables(c) => c,
+            BackendCommand::ToJson(c) | BackendCommand::ToNft(c) => c,
             BackendCommand::ToEbpf(e) => &e.chain,
+            BackendCommand::ToIptables(i) => &i.chain,
+        }
+    }
+}
+
+/// `to-iptables` options.
+#[derive(Debug, Clone, Args)]
+pub struct IptablesArgs {
+    /// Which iptables to drive: `auto` (the system's `iptables`, whichever variant it is),
+    /// `nft` (`iptables-nft`) or `legacy` (`iptables-legacy`).
+    #[arg(long, value_enum, default_value_t = IptablesMode::Auto)]
+    pub iptables_mode: IptablesMode,
+    /// Further backends.
+    #[command(flatten)]
+    pub chain: Chain,
+}
+
+/// `--iptables-mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum IptablesMode {
+    /// The system's `iptables`.
+    Auto,
+    /// `iptables-nft`.
+    Nft,
+    /// `iptables-legacy`.
+    Legacy,
+}
+
+impl From<IptablesMode> for kpng_iptables::Mode {
+    fn from(mode: IptablesMode) -> Self {
+        match mode {
+            IptablesMode::Auto => kpng_iptables::Mode::Auto,
+            IptablesMode::Nft => kpng_iptables::Mode::Nft,
+            IptablesMode::Legacy => kpng_iptables::Mode::Legacy,
         }
     }
 }

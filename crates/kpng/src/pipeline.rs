@@ -86,9 +86,9 @@ pub async fn run(cli: Cli, process: Process) -> anyhow::Result<()> {
             println!("sources: kube file api");
             println!("sinks: to-file to-local to-api");
             match kpng_ebpf::support::available() {
-                true => println!("backends: to-nft to-ebpf to-json"),
+                true => println!("backends: to-nft to-iptables to-ebpf to-json"),
                 false => println!(
-                    "backends: to-nft to-json (to-ebpf unavailable: {})",
+                    "backends: to-nft to-iptables to-json (to-ebpf unavailable: {})",
                     kpng_ebpf::support::UNAVAILABLE.trim()
                 ),
             }
@@ -101,6 +101,26 @@ pub async fn run(cli: Cli, process: Process) -> anyhow::Result<()> {
                 match names.is_empty() {
                     true => eprintln!("kpng: no kpng table to remove"),
                     false => eprintln!("kpng: removed table {}", names.join(" and ")),
+                }
+            }
+            if args.backend.iptables() {
+                // Both variants: what a run in either mode may have left.
+                for mode in [kpng_iptables::Mode::Nft, kpng_iptables::Mode::Legacy] {
+                    let command = mode.command(kpng_model::Family::V4, "");
+                    match kpng_iptables::kernel::cleanup(mode) {
+                        Ok(0) => eprintln!("kpng: no KPNG chain in {command}"),
+                        Ok(n) => eprintln!("kpng: removed {n} KPNG chains from {command}"),
+                        // A variant that is not installed holds nothing of kpng's.
+                        Err(kpng_iptables::IptablesError::Spawn { source, .. })
+                            if source.kind() == std::io::ErrorKind::NotFound =>
+                        {
+                            eprintln!("kpng: {command} is not installed: nothing to remove")
+                        }
+                        Err(e) => {
+                            return Err(anyhow::Error::new(e)
+                                .context(format!("removing kpng's chains from {command}")));
+                        }
+                    }
                 }
             }
             if args.backend.ebpf() {

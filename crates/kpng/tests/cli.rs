@@ -202,20 +202,32 @@ fn missing_file_and_unavailable_parts_are_clear_errors() {
     assert!(!out.status.success());
     assert!(out.stderr.contains("/nonexistent/cluster.yaml"), "{}", out.stderr);
 
+    // `to-iptables --dry-run` prints the restore input of each family and touches nothing.
     let out = run(&[
         "file",
         "--input",
         &example(),
         "to-local",
         "--node",
-        "n",
-        "to-json",
+        "node-a",
         "to-iptables",
+        "--iptables-mode",
+        "legacy",
         "--once",
+        "--dry-run",
     ]);
+    assert!(out.status.success(), "{}", out.stderr);
+    assert!(out.stdout.contains("# iptables-restore --noflush\n*nat\n"), "{}", out.stdout);
+    assert!(
+        out.stdout.contains("\n-I PREROUTING 1 -m comment --comment kpng -j KPNG-SERVICES\n"),
+        "{}",
+        out.stdout
+    );
+    assert!(out.stdout.contains("\n-A KPNG-SERVICES -d "), "{}", out.stdout);
+    let out =
+        run(&["file", "--input", &example(), "to-local", "to-iptables", "--iptables-mode", "old"]);
     assert!(!out.status.success());
-    assert!(out.stderr.contains("to-iptables is not available"), "{}", out.stderr);
-    assert!(out.stdout.is_empty());
+    assert!(out.stderr.contains("--iptables-mode"), "{}", out.stderr);
 
     // A rate that is not one is refused with the flag named, before any connection.
     let out = run(&[

@@ -13,7 +13,7 @@ use kpng_runner::runner::AddressUpdates;
 use kpng_runner::{Backend, JsonBackend, NodeStats, RunnerOptions, Target, run_node};
 use kpng_store::StoreReader;
 
-use crate::cli::{BackendCommand, EbpfArgs, GlobalArgs};
+use crate::cli::{BackendCommand, EbpfArgs, GlobalArgs, IptablesArgs};
 
 /// The backends named on the command line, and their metrics.
 pub struct Backends {
@@ -44,6 +44,14 @@ pub fn build_backends(
                 built.collectors.push(Box::new(kpng_nft::NftMetrics(backend.stats())));
                 built.backends.push(Box::new(backend));
             }
+            BackendCommand::ToIptables(args) => {
+                if !global.dry_run {
+                    built.locks.push(InstanceLock::take("iptables")?);
+                }
+                let backend = iptables_backend(args, global)?;
+                built.collectors.push(Box::new(kpng_iptables::IptablesMetrics(backend.stats())));
+                built.backends.push(Box::new(backend));
+            }
             BackendCommand::ToEbpf(args) => {
                 if !global.dry_run {
                     built.locks.push(InstanceLock::take("ebpf")?);
@@ -52,7 +60,6 @@ pub fn build_backends(
                 built.collectors.push(Box::new(kpng_ebpf::EbpfMetrics(backend.stats())));
                 built.backends.push(Box::new(backend));
             }
-            other => bail!("backend {} is not available in this build of kpng", other.name()),
         }
     }
     if programs_kernel(commands, global) {
@@ -91,6 +98,32 @@ fn nft_backend(global: &GlobalArgs) -> anyhow::Result<NftBackend> {
         cluster_cidrs: global.proxy.cluster_cidr.iter().map(|n| n.trunc()).collect(),
     };
     Ok(NftBackend::open(options, target(global))?)
+}
+
+/// The iptables backend as the options describe it: the kernel through the chosen
+/// variant's commands, or with `--dry-run` the restore input printed on standard output.
+fn iptables_backend(
+    args: &IptablesArgs,
+    global: &GlobalArgs,
+) -> anyhow::Result<kpng_iptables::IptablesBackend> {
+    let options = kpng_iptables::IptablesOptions {
+        masquerade_all: global.proxy.masquerade_all,
+        masquerade_bit: global.proxy.masquerade_bit,
+        local_detection: global.proxy.local_detection()?,
+        cluster_cidrs: global.proxy.cluster_cidr.iter().map(|n| n.trunc()).collect(),
+        ..kpng_iptables::IptablesOptions::default()
+    };
+    if options.drop_bit == options.masquerade_bit {
+        bail!("--masquerade-bit {} is the bit to-iptables uses for dropping", options.drop_bit);
+    }
+    let mode = kpng_iptables::Mode::from(args.iptables_mode);
+    let kernel: Box<dyn kpng_iptables::Kernel> = if global.dry_run {
+        Box::new(kpng_iptables::MemoryKernel::printing(std::io::stdout()))
+    } else {
+        tracing::info!(iptables = %mode.describe(), "to-iptables");
+        Box::new(kpng_iptables::CommandKernel::new(mode).context("starting to-iptables")?)
+    };
+    Ok(kpng_iptables::IptablesBackend::new(options, kernel))
 }
 
 /// The eBPF backend as the options describe it: the kernel's programs and maps, or with

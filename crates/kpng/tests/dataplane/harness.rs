@@ -23,6 +23,8 @@ pub enum Dataplane {
     /// path (the deployment the README gives). Local probes ([`Dataplane::local`]) run in
     /// that cgroup, so their sockets are the ones the programs translate.
     Ebpf(Attachment),
+    /// `to-iptables`.
+    Iptables,
 }
 
 impl Dataplane {
@@ -36,6 +38,7 @@ impl Dataplane {
         match self {
             Dataplane::Nft => "to-nft",
             Dataplane::Ebpf(_) => "to-ebpf",
+            Dataplane::Iptables => "to-iptables",
         }
     }
 
@@ -43,6 +46,7 @@ impl Dataplane {
     pub fn backends(self) -> Vec<String> {
         match self {
             Dataplane::Nft => vec!["to-nft".into()],
+            Dataplane::Iptables => vec!["to-iptables".into()],
             Dataplane::Ebpf(attachment) => vec![
                 "to-ebpf".into(),
                 "--cgroup-path".into(),
@@ -74,6 +78,15 @@ impl Dataplane {
         match self {
             Dataplane::Nft => &["nft", "ip", "curl", "conntrack"],
             Dataplane::Ebpf(_) => &["nft", "ip", "curl", "conntrack", "bpftool", "nsenter"],
+            Dataplane::Iptables => &[
+                "iptables",
+                "iptables-save",
+                "iptables-legacy-save",
+                "iptables-nft-save",
+                "ip",
+                "curl",
+                "conntrack",
+            ],
         }
     }
 
@@ -82,7 +95,7 @@ impl Dataplane {
     /// the cgroup2 mount and bpffs.
     pub fn kpng(self, cluster: &Cluster, args: &[String]) -> Command {
         match self {
-            Dataplane::Nft => {
+            Dataplane::Nft | Dataplane::Iptables => {
                 let args: Vec<&str> = args.iter().map(String::as_str).collect();
                 cluster.node.command(env!("CARGO_BIN_EXE_kpng"), &args)
             }
@@ -121,7 +134,7 @@ pub fn run(name: &str, dp: Dataplane, f: fn(Dataplane)) {
         return;
     }
     let _attached = match dp {
-        Dataplane::Nft => None,
+        Dataplane::Nft | Dataplane::Iptables => None,
         Dataplane::Ebpf(attachment) => match ebpf_programs_built(&test) {
             true => Some(attachment.create()),
             false => return,
@@ -233,14 +246,71 @@ pub fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
-/// How many endpoint slots the node's `ip kpng` table holds for a ClusterIP destination
+/// How many endpoints the node's rules hold for a ClusterIP destination
 /// (`10.96.0.60 . tcp . 80`).
-pub fn slots(cluster: &Cluster, dest: &str) -> usize {
-    let out = cluster.node.output("nft", &["list", "map", "ip", "kpng", "cluster_backends"]);
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    text.split([',', '{', '}'])
-        .filter(|element| element.trim().starts_with(&format!("{dest} . ")))
-        .count()
+pub fn slots(cluster: &Cluster, dp: Dataplane, dest: &str) -> usize {
+    backends(cluster, dp, dest).len()
+}
+
+/// The endpoints (`ip . port`, sorted) the node's rules hold for a ClusterIP destination
+/// (`10.96.0.60 . tcp . 80`): elements of `to-nft`'s backends map, or the DNAT targets of
+/// `to-iptables`' endpoint chains.
+pub fn backends(cluster: &Cluster, dp: Dataplane, dest: &str) -> Vec<String> {
+    let mut found = match dp {
+        Dataplane::Iptables => iptables_backends(cluster, dest),
+        _ => {
+            let out =
+                cluster.node.output("nft", &["list", "map", "ip", "kpng", "cluster_backends"]);
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            text.split([',', '{', '}'])
+                .filter(|element| element.trim().starts_with(&format!("{dest} . ")))
+                .filter_map(|element| element.split(" : ").nth(1).map(|v| v.trim().to_string()))
+                .collect()
+        }
+    };
+    found.sort();
+    found
+}
+
+/// The rules of the node's IPv4 nat chains, by chain.
+pub fn iptables_nat(cluster: &Cluster) -> std::collections::BTreeMap<String, Vec<String>> {
+    let out = cluster.node.output("iptables-save", &["-t", "nat"]);
+    let mut chains: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        if let Some(rule) = line.strip_prefix("-A ") {
+            let (chain, rest) = rule.split_once(' ').unwrap_or((rule, ""));
+            chains.entry(chain.to_string()).or_default().push(rest.to_string());
+        }
+    }
+    chains
+}
+
+fn iptables_backends(cluster: &Cluster, dest: &str) -> Vec<String> {
+    let parts: Vec<&str> = dest.split(" . ").collect();
+    let [ip, protocol, port] = parts[..] else { panic!("not a destination: {dest}") };
+    let chains = iptables_nat(cluster);
+    let entry = format!("-d {ip}/32 -p {protocol} -m {protocol} --dport {port} -j ");
+    let Some(pick) = chains
+        .iter()
+        .filter(|(name, _)| name.starts_with("KPNG-SH-"))
+        .flat_map(|(_, rules)| rules)
+        .find_map(|r| r.strip_prefix(&entry))
+    else {
+        return Vec::new();
+    };
+    let seps: BTreeSet<&str> = chains[pick]
+        .iter()
+        .filter_map(|r| r.rsplit("-j ").next())
+        .filter(|target| target.starts_with("KPNG-SEP-"))
+        .collect();
+    seps.iter()
+        .filter_map(|sep| {
+            let dnat =
+                chains.get(*sep)?.iter().find_map(|r| r.split("--to-destination ").nth(1))?;
+            let (ip, port) = dnat.rsplit_once(':')?;
+            Some(format!("{ip} . {port}"))
+        })
+        .collect()
 }
 
 /// Conntrack entries in the node namespace matching `filter` (`conntrack -L` arguments).

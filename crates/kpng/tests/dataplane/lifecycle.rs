@@ -103,7 +103,7 @@ pub fn updates_apply_while_traffic_flows(dp: Dataplane) {
     // Endpoint removed: only the other one answers from then on.
     kpng.write(&web(&[b]));
     // Wait until the kernel holds the one-endpoint state, then every probe must agree.
-    wait_until("the removal is applied", || slots(&cluster, "10.96.0.60 . tcp . 80") == 1);
+    wait_until("the removal is applied", || slots(&cluster, dp, "10.96.0.60 . tcp . 80") == 1);
     for _ in 0..10 {
         assert!(is("web-b")(&probe()));
     }

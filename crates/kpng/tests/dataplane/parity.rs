@@ -9,19 +9,6 @@ use kpng_testkit::topology::Cluster;
 
 use crate::harness::*;
 
-/// The endpoints (`ip . port` values) the node's table holds for a ClusterIP destination.
-fn backends_of(cluster: &Cluster, dest: &str) -> Vec<String> {
-    let out = cluster.node.output("nft", &["list", "map", "ip", "kpng", "cluster_backends"]);
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let mut found: Vec<String> = text
-        .split([',', '{', '}'])
-        .filter(|element| element.trim().starts_with(&format!("{dest} . ")))
-        .filter_map(|element| element.split(" : ").nth(1).map(|v| v.trim().to_string()))
-        .collect();
-    found.sort();
-    found
-}
-
 fn is(name: &'static str) -> impl Fn(&Outcome) -> bool {
     move |o: &Outcome| matches!(o, Outcome::Answer { name: n, .. } if n == name)
 }
@@ -48,7 +35,7 @@ pub fn udp_flows_to_an_endpoint_that_still_serves_are_kept(dp: Dataplane) {
     // existing flow stays with dns-a.
     kpng.write(&dns(&[a_terminating, b]));
     wait_until("dns-b is the only endpoint picked", || {
-        backends_of(&cluster, "10.96.0.50 . udp . 53") == ["10.244.1.10 . 8080"]
+        backends(&cluster, dp, "10.96.0.50 . udp . 53") == ["10.244.1.10 . 8080"]
     });
     for _ in 0..4 {
         let outcome = flow();
@@ -111,7 +98,7 @@ pub fn client_ip_affinity_survives_a_scale_down(dp: Dataplane) {
         .collect();
     kpng.write(&sticky(&remaining));
     wait_until("the endpoint is gone from the table", || {
-        backends_of(&cluster, "10.96.0.55 . tcp . 80").len() == 2
+        backends(&cluster, dp, "10.96.0.55 . tcp . 80").len() == 2
     });
     let survivors: Vec<(&String, &String)> =
         clients.iter().zip(&chosen).filter(|(_, e)| **e != gone).collect();

@@ -39,7 +39,7 @@ pub fn a_rejected_transaction_is_retried_and_the_table_rebuilt(dp: Dataplane) {
         "the failing operation is named:\n{log}"
     );
     // The retry starts from what the kernel holds and converges: only web-a remains.
-    wait_until("the table is repaired", || slots(&cluster, "10.96.0.80 . tcp . 80") == 1);
+    wait_until("the table is repaired", || slots(&cluster, dp, "10.96.0.80 . tcp . 80") == 1);
     for _ in 0..8 {
         assert_eq!(answer(&probe()).0, "web-a");
     }

@@ -1,0 +1,281 @@
+//! [`IptablesBackend`]: change sets in, the smallest `iptables-restore --noflush` per family
+//! out.
+//!
+//! A sync state machine of two states: `Unknown` (at start, after a refused restore, after
+//! drift was found) and `Synced` (what was committed is what the kernel holds). From
+//! `Unknown` every change set reads kpng's chains back and writes only the chains that
+//! differ (a restart over identical chains writes nothing); from `Synced` a change set
+//! renders the services it touches and writes the chains whose rules changed.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use ipnet::IpNet;
+use kpng_backend::proxy::LocalDetection;
+use kpng_backend::{Backend, BackendError, ChangeSet};
+use kpng_model::{Family, LocalState};
+
+use crate::error::IptablesError;
+use crate::kernel::{Kernel, Snapshot};
+use crate::render::{ChainKey, Context};
+use crate::rule::Rule;
+use crate::state::{Desired, Plan, hooks, plan_chains};
+
+/// The backend's options.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IptablesOptions {
+    /// `--masquerade-all`.
+    pub masquerade_all: bool,
+    /// `--masquerade-bit`: the mark bit flagging connections to masquerade.
+    pub masquerade_bit: u8,
+    /// The mark bit flagging packets to drop (loadBalancerSourceRanges).
+    pub drop_bit: u8,
+    /// `--detect-local-mode` and its parameters.
+    pub local_detection: LocalDetection,
+    /// `--cluster-cidr`.
+    pub cluster_cidrs: Vec<IpNet>,
+    /// The most chains one restore writes; more are written in batches (cold start,
+    /// rebuild), each valid on its own.
+    pub batch_chains: usize,
+}
+
+impl Default for IptablesOptions {
+    fn default() -> Self {
+        IptablesOptions {
+            masquerade_all: false,
+            masquerade_bit: 14,
+            drop_bit: 15,
+            local_detection: LocalDetection::Auto,
+            cluster_cidrs: Vec::new(),
+            batch_chains: 2000,
+        }
+    }
+}
+
+/// Counters, shared with whoever reports them.
+#[derive(Debug, Default)]
+pub struct IptablesStats {
+    /// Restores run (one per family with something to change).
+    pub restores: AtomicU64,
+    /// Refused restores.
+    pub failures: AtomicU64,
+    /// Chains written (created or flushed and filled).
+    pub chains_written: AtomicU64,
+    /// Chains deleted.
+    pub chains_deleted: AtomicU64,
+    /// Verifications that found the kernel changed behind kpng's back.
+    pub drift: AtomicU64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sync {
+    /// What the kernel holds must be read back before anything is written.
+    Unknown,
+    /// The kernel holds what was committed.
+    Synced,
+}
+
+/// The iptables backend.
+pub struct IptablesBackend {
+    options: IptablesOptions,
+    kernel: Box<dyn Kernel>,
+    sync: Sync,
+    desired: Desired,
+    committed: HashMap<ChainKey, Vec<Rule>>,
+    stats: Arc<IptablesStats>,
+}
+
+impl IptablesBackend {
+    /// A backend writing through `kernel`.
+    pub fn new(options: IptablesOptions, kernel: Box<dyn Kernel>) -> Self {
+        IptablesBackend {
+            options,
+            kernel,
+            sync: Sync::Unknown,
+            desired: Desired::default(),
+            committed: HashMap::new(),
+            stats: Arc::default(),
+        }
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> Arc<IptablesStats> {
+        self.stats.clone()
+    }
+
+    /// What kpng committed, by chain.
+    pub fn committed(&self) -> &HashMap<ChainKey, Vec<Rule>> {
+        &self.committed
+    }
+
+    fn context(&self, state: &LocalState) -> Context {
+        let o = &self.options;
+        Context {
+            masquerade_all: o.masquerade_all,
+            masq_mark: 1 << o.masquerade_bit,
+            drop_mark: 1 << o.drop_bit,
+            local: o.local_detection.resolve(state.node.as_ref(), &o.cluster_cidrs),
+            node_ips: state.node.as_ref().map(|n| n.primary_ips.clone()).unwrap_or_default(),
+        }
+    }
+
+    /// Reads the kernel back and writes whatever differs from `state`.
+    fn resync(&mut self, state: &LocalState) -> Result<Plan, IptablesError> {
+        self.desired = Desired::build(state, self.context(state));
+        let mut plan = Plan::default();
+        for family in Family::ALL {
+            let snapshot = self.kernel.read(family)?;
+            diff_snapshot(family, &snapshot, self.desired.chains(), &mut plan);
+        }
+        self.commit(&plan)?;
+        self.committed = self.desired.chains().clone();
+        self.sync = Sync::Synced;
+        if plan.is_empty() {
+            tracing::info!(
+                chains = self.committed.len(),
+                "iptables: the kernel already holds this state"
+            );
+        }
+        Ok(plan)
+    }
+
+    fn update(&mut self, changes: &ChangeSet<'_>) -> Result<Plan, IptablesError> {
+        let state = changes.state;
+        let (keys, node_changed) = changes.touched();
+        let mut touched = BTreeSet::new();
+        let ctx = self.context(state);
+        let renew = node_changed
+            && (&ctx, &crate::state::NodeFacts::of(state))
+                != (self.desired.context().0, self.desired.context().1);
+        if renew {
+            self.desired.renew(state, ctx, &mut touched);
+        } else {
+            self.desired.update(state, &keys, &mut touched);
+        }
+        let plan = plan_chains(self.desired.chains(), &self.committed, &touched);
+        self.commit(&plan)?;
+        for key in &touched {
+            match self.desired.chains().get(key) {
+                Some(rules) => self.committed.insert(key.clone(), rules.clone()),
+                None => self.committed.remove(key),
+            };
+        }
+        Ok(plan)
+    }
+
+    /// Runs one restore per family with something to change.
+    fn commit(&mut self, plan: &Plan) -> Result<(), IptablesError> {
+        for family in plan.families() {
+            for text in plan.restore_texts(family, self.options.batch_chains) {
+                self.stats.restores.fetch_add(1, Ordering::Relaxed);
+                if let Err(error) = self.kernel.restore(family, &text) {
+                    self.stats.failures.fetch_add(1, Ordering::Relaxed);
+                    return Err(error);
+                }
+            }
+        }
+        let (written, deleted) = plan.counts();
+        self.stats.chains_written.fetch_add(written as u64, Ordering::Relaxed);
+        self.stats.chains_deleted.fetch_add(deleted as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The first difference between the kernel and what was committed, if any.
+    fn drift(&mut self) -> Result<Option<String>, IptablesError> {
+        for family in Family::ALL {
+            let snapshot = self.kernel.read(family)?;
+            let mut plan = Plan::default();
+            diff_snapshot(family, &snapshot, &self.committed, &mut plan);
+            if let Some(((f, table), t)) = plan.tables.iter().find(|(_, t)| !t.is_empty()) {
+                let what = match (t.write.keys().next(), t.delete.iter().next(), t.hooks.first()) {
+                    (Some(c), _, _) => format!("chain {c} differs"),
+                    (_, Some(c), _) => format!("chain {c} is foreign"),
+                    (_, _, Some(h)) => format!("the jump from {} is missing", h.builtin),
+                    _ => String::new(),
+                };
+                return Ok(Some(format!("{f} {}: {what}", table.as_str())));
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// Adds to `plan` what makes `snapshot` (one family) hold `desired`'s chains of that family.
+fn diff_snapshot(
+    family: Family,
+    snapshot: &Snapshot,
+    desired: &HashMap<ChainKey, Vec<Rule>>,
+    plan: &mut Plan,
+) {
+    for ((f, table, chain), rules) in desired.iter().filter(|((f, _, _), _)| *f == family) {
+        let key = (*f, *table, chain.clone());
+        let same = snapshot.chains.get(&(*table, chain.clone())).is_some_and(|have| {
+            have.len() == rules.len() && have.iter().zip(rules).all(|(h, r)| *h == r.to_string())
+        });
+        if !same {
+            plan.write(&key, rules.clone());
+        }
+    }
+    for (table, chain) in snapshot.chains.keys() {
+        if !desired.contains_key(&(family, *table, chain.clone())) {
+            plan.delete(&(family, *table, chain.clone()));
+        }
+    }
+    for hook in hooks() {
+        let present = (hook.table, hook.builtin.to_string(), hook.rule.to_string());
+        if !snapshot.hooks.contains(&present) {
+            plan.hook(family, hook);
+        }
+    }
+}
+
+impl Backend for IptablesBackend {
+    fn name(&self) -> &'static str {
+        crate::NAME
+    }
+
+    fn apply(&mut self, changes: &ChangeSet<'_>) -> Result<(), BackendError> {
+        let start = Instant::now();
+        let result = match (changes.is_reset(), self.sync) {
+            (false, Sync::Synced) => self.update(changes),
+            _ => self.resync(changes.state),
+        };
+        match result {
+            Ok(plan) if plan.is_empty() => {
+                tracing::debug!(chains = self.committed.len(), "iptables: nothing to change");
+                Ok(())
+            }
+            Ok(plan) => {
+                let (written, deleted) = plan.counts();
+                tracing::info!(written, deleted, chains = self.committed.len(), took = ?start.elapsed(), "iptables rules restored");
+                Ok(())
+            }
+            Err(error) => {
+                // The refused table keeps its previous rules; read back before writing again.
+                self.sync = Sync::Unknown;
+                tracing::warn!(error = %kpng_backend::error_chain(&error), "iptables: restore refused");
+                Err(error.into_backend_error())
+            }
+        }
+    }
+
+    fn verify(&mut self) -> Result<bool, BackendError> {
+        if self.sync != Sync::Synced {
+            return Ok(true);
+        }
+        match self.drift().map_err(IptablesError::into_backend_error)? {
+            None => Ok(true),
+            Some(what) => {
+                self.stats.drift.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(%what, "iptables: kpng's chains changed behind its back; repairing");
+                self.sync = Sync::Unknown;
+                Ok(false)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,278 @@
+//! The kernel side: the [`Kernel`] trait (read kpng's chains back, apply a restore), and
+//! [`CommandKernel`], which runs `iptables-save` and `iptables-restore --noflush -w` of the
+//! chosen variant.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use kpng_model::Family;
+
+use crate::error::IptablesError;
+use crate::names::{ChainName, PREFIX};
+use crate::render::Table;
+
+/// What one family's tables hold of kpng's: its chains' rules as `iptables-save` prints
+/// them (after `-A CHAIN `), and the rules of built-in chains that jump into kpng's.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    /// kpng's chains.
+    pub chains: BTreeMap<(Table, ChainName), Vec<String>>,
+    /// `(table, built-in chain, rule)` of jumps into kpng's chains.
+    pub hooks: BTreeSet<(Table, String, String)>,
+}
+
+impl Snapshot {
+    /// Reads `iptables-save` output, keeping only what concerns kpng.
+    pub fn parse(text: &str) -> Snapshot {
+        let mut snapshot = Snapshot::default();
+        let mut table = None;
+        for line in text.lines() {
+            if let Some(name) = line.strip_prefix('*') {
+                table = match name.trim() {
+                    "nat" => Some(Table::Nat),
+                    "filter" => Some(Table::Filter),
+                    _ => None,
+                };
+                continue;
+            }
+            let Some(table) = table else { continue };
+            if let Some(decl) = line.strip_prefix(':') {
+                let name = decl.split_whitespace().next().unwrap_or_default();
+                if let Ok(chain) = ChainName::new(name) {
+                    snapshot.chains.entry((table, chain)).or_default();
+                }
+            } else if let Some(rule) = line.strip_prefix("-A ") {
+                let (chain, rest) = rule.split_once(' ').unwrap_or((rule, ""));
+                match ChainName::new(chain) {
+                    Ok(chain) => {
+                        snapshot.chains.entry((table, chain)).or_default().push(rest.to_string())
+                    }
+                    Err(_) if rest.contains(&format!("-j {PREFIX}")) => {
+                        snapshot.hooks.insert((table, chain.to_string(), rest.to_string()));
+                    }
+                    Err(_) => {}
+                }
+            }
+        }
+        snapshot
+    }
+}
+
+/// Where kpng's rules go: the kernel, or a stand-in.
+pub trait Kernel: Send {
+    /// What the tables of `family` hold of kpng's.
+    fn read(&mut self, family: Family) -> Result<Snapshot, IptablesError>;
+
+    /// Applies `input` (an `iptables-restore --noflush` text) to `family`. Each table's
+    /// section commits whole or not at all.
+    fn restore(&mut self, family: Family, input: &str) -> Result<(), IptablesError>;
+}
+
+/// Which iptables variant to drive (`--iptables-mode`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Mode {
+    /// The system's `iptables` (whichever variant it is).
+    #[default]
+    Auto,
+    /// `iptables-nft`: the xtables rules in nf_tables.
+    Nft,
+    /// `iptables-legacy`: the legacy xtables.
+    Legacy,
+}
+
+impl Mode {
+    /// The command for `tool` (`save` or `restore`, or `""` for the plain command).
+    pub fn command(self, family: Family, tool: &str) -> String {
+        let base = match family {
+            Family::V4 => "iptables",
+            Family::V6 => "ip6tables",
+        };
+        let variant = match self {
+            Mode::Auto => "",
+            Mode::Nft => "-nft",
+            Mode::Legacy => "-legacy",
+        };
+        match tool {
+            "" => format!("{base}{variant}"),
+            tool => format!("{base}{variant}-{tool}"),
+        }
+    }
+
+    /// The variant `iptables -V` names (`nf_tables` or `legacy`), for the log.
+    pub fn describe(self) -> String {
+        let out = Command::new(self.command(Family::V4, "")).arg("-V").output();
+        match out {
+            Ok(out) => String::from_utf8_lossy(&out.stdout).trim().to_string(),
+            Err(e) => format!("{} unavailable: {e}", self.command(Family::V4, "")),
+        }
+    }
+}
+
+/// The real kernel, through the iptables commands of one variant.
+#[derive(Debug, Clone, Copy)]
+pub struct CommandKernel {
+    mode: Mode,
+}
+
+impl CommandKernel {
+    /// Drives the commands of `mode`; checks that they run.
+    pub fn new(mode: Mode) -> Result<CommandKernel, IptablesError> {
+        let kernel = CommandKernel { mode };
+        for family in Family::ALL {
+            kernel.read(family)?;
+        }
+        Ok(kernel)
+    }
+
+    fn read(&self, family: Family) -> Result<Snapshot, IptablesError> {
+        let program = self.mode.command(family, "save");
+        let out = Command::new(&program)
+            .output()
+            .map_err(|source| IptablesError::Spawn { program: program.clone(), source })?;
+        if !out.status.success() {
+            let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
+            return Err(IptablesError::Save { program, stderr });
+        }
+        Ok(Snapshot::parse(&String::from_utf8_lossy(&out.stdout)))
+    }
+}
+
+/// The input line a restore error names: `Error occurred at line: N` or `line N: ...`
+/// (nf_tables variant), `line N failed` (legacy).
+pub fn failed_line(stderr: &str) -> Option<usize> {
+    if let Some(rest) = stderr.split("Error occurred at line: ").nth(1) {
+        return rest.split_whitespace().next()?.parse().ok();
+    }
+    stderr.split("line ").skip(1).find_map(|rest| {
+        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        let after = &rest[digits.len()..];
+        (after.starts_with(':') || after.starts_with(" failed")).then(|| digits.parse().ok())?
+    })
+}
+
+impl Kernel for CommandKernel {
+    fn read(&mut self, family: Family) -> Result<Snapshot, IptablesError> {
+        CommandKernel::read(self, family)
+    }
+
+    fn restore(&mut self, family: Family, input: &str) -> Result<(), IptablesError> {
+        let program = self.mode.command(family, "restore");
+        let spawn = |source| IptablesError::Spawn { program: program.clone(), source };
+        let mut child = Command::new(&program)
+            .args(["--noflush", "-w"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(spawn)?;
+        let write = child.stdin.take().map(|mut stdin| stdin.write_all(input.as_bytes()));
+        let out = child.wait_with_output().map_err(spawn)?;
+        if out.status.success() {
+            if let Some(Err(source)) = write {
+                return Err(spawn(source));
+            }
+            return Ok(());
+        }
+        let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
+        let line = failed_line(&stderr);
+        let text = line.and_then(|n| input.lines().nth(n.checked_sub(1)?)).map(str::to_string);
+        Err(IptablesError::Restore { program, line, text, stderr })
+    }
+}
+
+/// Removes every chain of kpng's, and the jumps into them, from both families' nat and
+/// filter tables of `mode`'s variant; returns how many chains went.
+pub fn cleanup(mode: Mode) -> Result<usize, IptablesError> {
+    let mut kernel = CommandKernel { mode };
+    let mut removed = 0;
+    for family in Family::ALL {
+        let snapshot = kernel.read(family)?;
+        let text = cleanup_text(&snapshot);
+        if !text.is_empty() {
+            kernel.restore(family, &text)?;
+        }
+        removed += snapshot.chains.len();
+    }
+    Ok(removed)
+}
+
+/// The restore input that removes what `snapshot` lists.
+pub fn cleanup_text(snapshot: &Snapshot) -> String {
+    use std::fmt::Write;
+    let mut text = String::new();
+    for table in Table::ALL {
+        let chains: Vec<&ChainName> =
+            snapshot.chains.keys().filter(|(t, _)| *t == table).map(|(_, c)| c).collect();
+        let hooks: Vec<_> = snapshot.hooks.iter().filter(|(t, _, _)| *t == table).collect();
+        if chains.is_empty() && hooks.is_empty() {
+            continue;
+        }
+        let _ = writeln!(text, "*{}", table.as_str());
+        for chain in &chains {
+            let _ = writeln!(text, ":{chain} - [0:0]");
+        }
+        for (_, builtin, rule) in hooks {
+            let _ = writeln!(text, "-D {builtin} {rule}");
+        }
+        for chain in &chains {
+            let _ = writeln!(text, "-X {chain}");
+        }
+        text.push_str("COMMIT\n");
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SAVED: &str = "# Generated by iptables-nft-save v1.8.9\n*filter\n:INPUT ACCEPT [0:0]\n:KPNG-FILTER - [0:0]\n:KUBE-X - [0:0]\n-A INPUT -m conntrack --ctstate NEW -m comment --comment kpng -j KPNG-FILTER\n-A INPUT -j KUBE-X\n-A KPNG-FILTER -d 10.96.0.0/12 -j DROP\nCOMMIT\n*nat\n:PREROUTING ACCEPT [0:0]\n:KPNG-SERVICES - [0:0]\n:KPNG-NODEPORTS - [0:0]\n-A KPNG-SERVICES -d 0.0.0.5/0.0.0.15 -j KPNG-SH-5\nCOMMIT\n*mangle\n:KPNG-ODD - [0:0]\nCOMMIT\n";
+
+    #[test]
+    fn save_output_keeps_kpngs_chains_and_hooks_only() {
+        let snapshot = Snapshot::parse(SAVED);
+        let names: Vec<String> =
+            snapshot.chains.keys().map(|(t, c)| format!("{}/{c}", t.as_str())).collect();
+        assert_eq!(names, ["nat/KPNG-NODEPORTS", "nat/KPNG-SERVICES", "filter/KPNG-FILTER"]);
+        assert_eq!(
+            snapshot.chains[&(Table::Filter, ChainName::new("KPNG-FILTER").unwrap())],
+            ["-d 10.96.0.0/12 -j DROP"]
+        );
+        assert_eq!(snapshot.hooks.len(), 1);
+        let cleanup = cleanup_text(&snapshot);
+        assert!(
+            cleanup.contains(
+                "-D INPUT -m conntrack --ctstate NEW -m comment --comment kpng -j KPNG-FILTER\n"
+            ),
+            "{cleanup}"
+        );
+        assert!(!cleanup.contains("KUBE-X"), "{cleanup}");
+        assert!(cleanup.contains("-X KPNG-SERVICES\n"), "{cleanup}");
+    }
+
+    #[test]
+    fn restore_errors_name_their_line_in_both_variants() {
+        assert_eq!(
+            failed_line(
+                "iptables-restore v1.8.9 (nf_tables): unknown option\nError occurred at line: 7\nTry `iptables-restore -h'"
+            ),
+            Some(7)
+        );
+        assert_eq!(failed_line("iptables-restore: line 12 failed"), Some(12));
+        assert_eq!(
+            failed_line(
+                "iptables-restore v1.8.9 (nf_tables): \nline 5: CHAIN_DEL failed (Device or resource busy): chain KPNG-SEP-X"
+            ),
+            Some(5)
+        );
+        assert_eq!(failed_line("something else"), None);
+    }
+
+    #[test]
+    fn mode_names_its_commands() {
+        assert_eq!(Mode::Legacy.command(Family::V6, "restore"), "ip6tables-legacy-restore");
+        assert_eq!(Mode::Auto.command(Family::V4, "save"), "iptables-save");
+        assert_eq!(Mode::Nft.command(Family::V4, ""), "iptables-nft");
+    }
+}

@@ -1,0 +1,169 @@
+//! `to-iptables` faults and tampering: a refused restore is retried and the chains rebuilt,
+//! a flushed chain and deleted or foreign rules are repaired at the next verification, and
+//! `kpng cleanup --backend iptables` removes exactly kpng's chains.
+
+use kpng_testkit::probe::Outcome;
+use kpng_testkit::topology::Cluster;
+
+use crate::harness::*;
+
+/// The chain a ClusterIP destination's leaf rule jumps to (`KPNG-SVC-*`), and that leaf.
+fn pick_chain(cluster: &Cluster, ip: &str, port: u16) -> Option<(String, String)> {
+    let entry = format!("-d {ip}/32 -p tcp -m tcp --dport {port} -j ");
+    iptables_nat(cluster).into_iter().find_map(|(chain, rules)| {
+        let target = rules.iter().find_map(|r| r.strip_prefix(&entry))?.to_string();
+        chain.starts_with("KPNG-SH-").then_some((chain, target))
+    })
+}
+
+fn iptables(cluster: &Cluster, args: &[&str]) {
+    let out = cluster.node.output("iptables", args);
+    assert!(out.status.success(), "iptables {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+pub fn a_refused_restore_is_retried_and_the_chains_rebuilt(dp: Dataplane) {
+    let mut cluster = Cluster::new();
+    cluster.add_pod("web-a", true, 10, &[8080]);
+    cluster.add_pod("web-b", false, 10, &[8080]);
+    let (a, b) = (WEB_A, WEB_B);
+    let web = |eps: &[Ep<'_>]| web("10.96.0.80", eps);
+    let kpng = Watched::start(&cluster, dp, &web(&[a, b]));
+    let probe = || Cluster::tcp(&cluster.client, "10.96.0.80:80");
+    let answers = |o: &Outcome| matches!(o, Outcome::Answer { .. });
+    assert!(answers(&eventually(probe, answers)), "{}", kpng.log());
+    wait_until("both endpoints are in", || slots(&cluster, dp, "10.96.0.80 . tcp . 80") == 2);
+
+    // Someone else's rule jumps to web-b's endpoint chain: the restore that deletes that
+    // chain is refused by the kernel as a whole.
+    let (_, pick) = pick_chain(&cluster, "10.96.0.80", 80).expect("the service's leaf rule");
+    let nat = iptables_nat(&cluster);
+    let sep_b = nat[&pick]
+        .iter()
+        .filter_map(|r| r.rsplit("-j ").next())
+        .find(|sep| {
+            nat.get(*sep).is_some_and(|rules| rules.iter().any(|r| r.contains("10.244.1.10:8080")))
+        })
+        .expect("web-b's endpoint chain")
+        .to_string();
+    iptables(&cluster, &["-t", "nat", "-A", "OUTPUT", "-d", "192.0.2.1/32", "-j", &sep_b]);
+    kpng.write(&web(&[a]));
+    wait_until("the failure is logged", || kpng.log().contains("change set failed"));
+    let log = kpng.log();
+    assert!(log.contains(&format!("(\"-X {sep_b}\")")), "the refused input line is named:\n{log}");
+    // What was in force stays in force: both endpoints still answer.
+    assert_eq!(slots(&cluster, dp, "10.96.0.80 . tcp . 80"), 2);
+    assert!(answers(&probe()));
+
+    // The foreign reference goes: the retry, from what the kernel holds, converges.
+    iptables(&cluster, &["-t", "nat", "-D", "OUTPUT", "-d", "192.0.2.1/32", "-j", &sep_b]);
+    wait_until("the chains are rebuilt", || slots(&cluster, dp, "10.96.0.80 . tcp . 80") == 1);
+    assert!(!iptables_nat(&cluster).contains_key(&sep_b), "the endpoint chain is gone");
+    for _ in 0..8 {
+        assert_eq!(answer(&probe()).0, "web-a");
+    }
+}
+
+pub fn a_flushed_chain_is_repaired_at_the_next_verification(dp: Dataplane) {
+    let mut cluster = Cluster::new();
+    cluster.add_pod("web-a", true, 10, &[8080]);
+    let kpng =
+        Watched::start_with(&cluster, dp, &web("10.96.0.80", &[WEB_A]), &["--sync-period", "1s"]);
+    let probe = || Cluster::tcp(&cluster.client, "10.96.0.80:80");
+    let answers = |o: &Outcome| matches!(o, Outcome::Answer { .. });
+    assert!(answers(&eventually(probe, answers)), "{}", kpng.log());
+
+    // Someone flushes the dispatch chain: no service is reached any more.
+    let rules = || iptables_nat(&cluster).get("KPNG-SERVICES").map_or(0, Vec::len);
+    assert!(rules() > 0, "the services chain has rules");
+    iptables(&cluster, &["-t", "nat", "-F", "KPNG-SERVICES"]);
+    assert_eq!(rules(), 0, "flushed");
+    wait_until("the chain is repaired", || kpng.log().contains("dataplane drifted") && rules() > 0);
+    assert!(kpng.log().contains("chain KPNG-SERVICES differs"), "{}", kpng.log());
+    assert!(answers(&eventually(probe, answers)), "{}", kpng.log());
+}
+
+pub fn deleted_and_foreign_rules_are_repaired(dp: Dataplane) {
+    let mut cluster = Cluster::new();
+    cluster.add_pod("web-a", true, 10, &[8080]);
+    cluster.add_pod("web-b", false, 10, &[8080]);
+    let kpng =
+        Watched::start_with(&cluster, dp, &web("10.96.0.85", &[WEB_A]), &["--sync-period", "1s"]);
+    let probe = || Cluster::tcp(&cluster.client, "10.96.0.85:80");
+    let is_a = |o: &Outcome| matches!(o, Outcome::Answer { name, .. } if name == "web-a");
+    assert!(is_a(&eventually(probe, is_a)), "{}", kpng.log());
+
+    // The service's rule in its leaf goes: the service is no longer dispatched.
+    let (leaf, pick) = pick_chain(&cluster, "10.96.0.85", 80).expect("the leaf rule");
+    let rule = format!("-d 10.96.0.85/32 -p tcp -m tcp --dport 80 -j {pick}");
+    let mut delete = vec!["-t", "nat", "-D", &leaf];
+    delete.extend(rule.split(' '));
+    iptables(&cluster, &delete);
+    assert!(pick_chain(&cluster, "10.96.0.85", 80).is_none());
+    wait_until("the deleted rule is back", || pick_chain(&cluster, "10.96.0.85", 80).is_some());
+    assert!(kpng.log().contains(&format!("chain {leaf} differs")), "{}", kpng.log());
+    assert!(is_a(&eventually(probe, is_a)));
+
+    // A foreign rule in kpng's chain hijacks the service to web-b.
+    let hijack =
+        "-d 10.96.0.85/32 -p tcp -m tcp --dport 80 -j DNAT --to-destination 10.244.1.10:8080";
+    let mut insert = vec!["-t", "nat", "-I", "KPNG-SERVICES", "1"];
+    insert.extend(hijack.split(' '));
+    iptables(&cluster, &insert);
+    wait_until("the foreign rule is gone", || {
+        !iptables_nat(&cluster)["KPNG-SERVICES"].iter().any(|r| r.contains("10.244.1.10"))
+    });
+    for _ in 0..6 {
+        assert!(is_a(&probe()), "traffic is kpng's again");
+    }
+}
+
+pub fn cleanup_removes_exactly_kpngs_chains(dp: Dataplane) {
+    let mut cluster = Cluster::new();
+    cluster.add_pod("web-a", true, 10, &[8080]);
+    program(&cluster, dp, &web("10.96.0.10", &[WEB_A]), &[]);
+    assert_eq!(reach(&cluster.client, "10.96.0.10:80").0, "web-a");
+    // Someone else's chain and rule, which cleanup must leave.
+    iptables(&cluster, &["-t", "nat", "-N", "OTHER-CHAIN"]);
+    iptables(&cluster, &["-t", "nat", "-A", "PREROUTING", "-j", "OTHER-CHAIN"]);
+    let cleanup = |backend: &str| {
+        let args = ["cleanup", "--backend", backend].map(String::from);
+        let out = dp.kpng(&cluster, &args).output().expect("running kpng cleanup");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    };
+    // `--backend nft` leaves iptables' chains.
+    cleanup("nft");
+    assert!(iptables_nat(&cluster).contains_key("KPNG-SERVICES"));
+    cleanup("iptables");
+    let saved =
+        |cmd: &str| String::from_utf8_lossy(&cluster.node.output(cmd, &[]).stdout).into_owned();
+    for cmd in ["iptables-save", "ip6tables-save"] {
+        assert!(!saved(cmd).contains("KPNG"), "{cmd}: {}", saved(cmd));
+    }
+    assert!(saved("iptables-save").contains("-A PREROUTING -j OTHER-CHAIN"));
+    assert_eq!(Cluster::tcp(&cluster.client, "10.96.0.10:80"), Outcome::Timeout);
+}
+
+pub fn the_legacy_variant_serves_restarts_and_cleans_up(dp: Dataplane) {
+    let mut cluster = Cluster::new();
+    cluster.add_pod("web-a", true, 10, &[8080]);
+    let manifests = web("10.96.0.12", &[WEB_A]);
+    let legacy = ["--iptables-mode", "legacy"];
+    program(&cluster, dp, &manifests, &legacy);
+    let saved = |cmd: &str| {
+        String::from_utf8_lossy(&cluster.node.output(cmd, &["-t", "nat"]).stdout).into_owned()
+    };
+    assert!(
+        saved("iptables-legacy-save").contains(":KPNG-SERVICES"),
+        "{}",
+        saved("iptables-legacy-save")
+    );
+    assert!(!saved("iptables-nft-save").contains("KPNG"), "nothing in the other variant");
+    assert_eq!(reach(&cluster.client, "10.96.0.12:80").0, "web-a");
+    let log = program(&cluster, dp, &manifests, &legacy);
+    assert!(log.contains("already holds this state"), "a restart reads the legacy tables: {log}");
+    let out = dp.kpng(&cluster, &["cleanup", "--backend", "iptables"].map(String::from)).output();
+    let out = out.expect("running kpng cleanup");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!saved("iptables-legacy-save").contains("KPNG"), "{}", saved("iptables-legacy-save"));
+    assert_eq!(Cluster::tcp(&cluster.client, "10.96.0.12:80"), Outcome::Timeout);
+}
