@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use ipnet::IpNet;
 use kpng_backend::proxy::LocalDetection;
-use kpng_backend::{Backend, BackendError, ChangeSet};
+use kpng_backend::{Backend, BackendError, ChangeSet, Target};
 use kpng_model::{Family, LocalState};
 
 use crate::error::IptablesError;
@@ -88,6 +88,30 @@ pub struct IptablesBackend {
 }
 
 impl IptablesBackend {
+    /// A backend with `options` that writes to `target`: the kernel through `mode`'s
+    /// `iptables-restore` (checked to be there), or the restore input printed
+    /// (`--dry-run`). Refuses a drop bit equal to the masquerade bit.
+    pub fn open(
+        options: IptablesOptions,
+        mode: crate::Mode,
+        target: Target,
+    ) -> Result<Self, IptablesError> {
+        if options.drop_bit == options.masquerade_bit {
+            return Err(IptablesError::Options(format!(
+                "--masquerade-bit {} is the bit to-iptables uses for dropping",
+                options.drop_bit
+            )));
+        }
+        let kernel: Box<dyn Kernel> = match target {
+            Target::DryRun(out) => Box::new(crate::MemoryKernel::printing(out)),
+            Target::Kernel => {
+                tracing::info!(iptables = %mode.describe(), "to-iptables");
+                Box::new(crate::CommandKernel::new(mode)?)
+            }
+        };
+        Ok(IptablesBackend::new(options, kernel))
+    }
+
     /// A backend writing through `kernel`.
     pub fn new(options: IptablesOptions, kernel: Box<dyn Kernel>) -> Self {
         IptablesBackend {

@@ -36,6 +36,9 @@ pub enum IptablesError {
         /// What it said.
         stderr: String,
     },
+    /// The options contradict each other.
+    #[error("{0}")]
+    Options(String),
     /// An injected failure (the in-memory kernel).
     #[error("injected failure: {0}")]
     Injected(String),

@@ -3,7 +3,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use kpng_local::NodeLocal;
 use kpng_nft::{NftBackend, NftOptions};
 use kpng_runner::conntrack::tuning::HostSysctls;
@@ -113,17 +113,9 @@ fn iptables_backend(
         cluster_cidrs: global.proxy.cluster_cidr.iter().map(|n| n.trunc()).collect(),
         ..kpng_iptables::IptablesOptions::default()
     };
-    if options.drop_bit == options.masquerade_bit {
-        bail!("--masquerade-bit {} is the bit to-iptables uses for dropping", options.drop_bit);
-    }
     let mode = kpng_iptables::Mode::from(args.iptables_mode);
-    let kernel: Box<dyn kpng_iptables::Kernel> = if global.dry_run {
-        Box::new(kpng_iptables::MemoryKernel::printing(std::io::stdout()))
-    } else {
-        tracing::info!(iptables = %mode.describe(), "to-iptables");
-        Box::new(kpng_iptables::CommandKernel::new(mode).context("starting to-iptables")?)
-    };
-    Ok(kpng_iptables::IptablesBackend::new(options, kernel))
+    kpng_iptables::IptablesBackend::open(options, mode, target(global))
+        .context("starting to-iptables")
 }
 
 /// The eBPF backend as the options describe it: the kernel's programs and maps, or with
