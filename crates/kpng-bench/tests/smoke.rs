@@ -23,7 +23,7 @@ fn number(field: &str) -> f64 {
 fn every_scenario_runs_and_prints_its_table() {
     if !kpng_testkit::privileged::require(
         "every_scenario_runs_and_prints_its_table",
-        &["nft", "ip", "nftlb"],
+        &["nft", "ip", "nftlb", "iptables-restore"],
     ) {
         return;
     }
@@ -38,7 +38,8 @@ fn every_scenario_runs_and_prints_its_table() {
         .args(["--api-repeat", "2", "--cold-services", memory])
         .args(["--nftlb-services", "20", "--nftlb-repeat", "2"])
         .args(["--dataplane-services", "20,40", "--dataplane-counts", "2,200"])
-        .args(["--dataplane-connections", "50"])
+        .args(["--dataplane-connections", "50", "--dataplane-backends", "nft,iptables"])
+        .args(["--iptables-services", "300"])
         .args(["--kube-services", "300"])
         .args(["--restart-stale", "300", "--restart-kept", "30"])
         .args(["--storm-services", "300", "--storm-rates", storm_rates, "--storm-seconds", "1"])
@@ -135,21 +136,31 @@ fn every_scenario_runs_and_prints_its_table() {
         row[row.len() - 7..].iter().for_each(|f| assert!(number(f) >= 0.0, "{row:?}"));
     }
 
-    // Each size with each number of distinct endpoint counts (`--dataplane-counts`).
+    // to-iptables: each kind of change, at the size asked for, with its chains written.
+    let iptables = table(&stdout, "iptables backend");
+    let kinds: Vec<String> = iptables.iter().map(|r| format!("{} {}", r[4], r[5])).collect();
+    assert_eq!(kinds, ["endpoint add", "endpoint remove", "service add", "service delete"]);
+    for row in &iptables {
+        assert_eq!((row[0].as_str(), row[1].as_str()), ("300", "4"), "{row:?}");
+        assert!(number(&row[2]) > 0.0 && number(&row[3]) > 0.0, "chains and cold start: {row:?}");
+        row[6..].iter().for_each(|f| assert!(number(f) >= 0.0, "{row:?}"));
+    }
+
+    // Each backend, size and number of distinct endpoint counts (`--dataplane-counts`).
     let dataplane = table(&stdout, "dataplane:");
-    let sizes: Vec<(&str, &str)> =
-        dataplane.iter().map(|r| (r[0].as_str(), r[1].as_str())).collect();
-    assert_eq!(
-        sizes,
-        [("20", "2"), ("20", "200"), ("40", "2"), ("40", "200")],
-        "each size with each count"
-    );
+    let sizes: Vec<(&str, &str, &str)> =
+        dataplane.iter().map(|r| (r[0].as_str(), r[1].as_str(), r[2].as_str())).collect();
+    let expected: Vec<(&str, &str, &str)> = ["to-nft", "to-iptables"]
+        .into_iter()
+        .flat_map(|b| [(b, "20", "2"), (b, "20", "200"), (b, "40", "2"), (b, "40", "200")])
+        .collect();
+    assert_eq!(sizes, expected, "each backend with each size and count");
     for row in &dataplane {
-        assert_eq!(row[2], "50");
+        assert_eq!(row[3], "50");
         // Latencies are positive; a ratio to the first size can round to 0.00 when the
         // first size had an outlier (timings are not judged here).
-        row[3..8].iter().for_each(|f| assert!(number(f) > 0.0, "{row:?}"));
-        row[8..].iter().for_each(|f| assert!(number(f) >= 0.0, "{row:?}"));
+        row[4..9].iter().for_each(|f| assert!(number(f) > 0.0, "{row:?}"));
+        row[9..].iter().for_each(|f| assert!(number(f) >= 0.0, "{row:?}"));
     }
 
     // eBPF: one endpoint change through both backends, and a pod's connections by every
