@@ -13,6 +13,7 @@
 //! - [`backend`]: the [`Backend`] trait, [`ChangeSet`], [`BackendError`],
 //!   [`error_chain`], and [`Target`] (the kernel, or `--dry-run`'s output), which every
 //!   kernel backend's constructor takes.
+//! - [`metrics`]: backends' counters written as Prometheus counters.
 //! - [`proxy`]: proxy facts every dataplane shares, decided once above the backends
 //!   (local-traffic detection).
 //! - [`endpoints`]: which endpoints of a service port this node picks from (the Cluster
@@ -20,6 +21,7 @@
 
 pub mod backend;
 pub mod endpoints;
+pub mod metrics;
 pub mod proxy;
 
 pub use backend::{Backend, BackendError, ChangeSet, Target, error_chain};

@@ -1,7 +1,6 @@
 //! [`EbpfMetrics`]: the backend's counters as Prometheus metrics.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use crate::backend::EbpfStats;
 
@@ -14,8 +13,6 @@ impl prometheus_client::collector::Collector for EbpfMetrics {
         &self,
         mut encoder: prometheus_client::encoding::DescriptorEncoder,
     ) -> Result<(), std::fmt::Error> {
-        use prometheus_client::encoding::EncodeMetric;
-        use prometheus_client::metrics::counter::ConstCounter;
         let stats = &self.0;
         let counters = [
             ("kpng_ebpf_updates", "Change sets that wrote eBPF map elements.", &stats.updates),
@@ -35,10 +32,7 @@ impl prometheus_client::collector::Collector for EbpfMetrics {
                 &stats.failures,
             ),
         ];
-        for (name, help, value) in counters {
-            let metric = ConstCounter::new(value.load(Ordering::Relaxed));
-            metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)?;
-        }
+        kpng_backend::metrics::encode_counters(&mut encoder, &counters)?;
         Ok(())
     }
 }

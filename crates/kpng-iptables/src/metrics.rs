@@ -1,7 +1,6 @@
 //! [`IptablesMetrics`]: the backend's counters ([`IptablesStats`]) as Prometheus metrics.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use crate::backend::IptablesStats;
 
@@ -14,8 +13,6 @@ impl prometheus_client::collector::Collector for IptablesMetrics {
         &self,
         mut encoder: prometheus_client::encoding::DescriptorEncoder,
     ) -> Result<(), std::fmt::Error> {
-        use prometheus_client::encoding::EncodeMetric;
-        use prometheus_client::metrics::counter::ConstCounter;
         let stats = &self.0;
         let counters = [
             (
@@ -35,16 +32,15 @@ impl prometheus_client::collector::Collector for IptablesMetrics {
             ),
             ("kpng_iptables_chains_deleted", "Chains deleted.", &stats.chains_deleted),
         ];
-        for (name, help, value) in counters {
-            let metric = ConstCounter::new(value.load(Ordering::Relaxed));
-            metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)?;
-        }
+        kpng_backend::metrics::encode_counters(&mut encoder, &counters)?;
         Ok(())
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::Ordering;
+
     use super::*;
 
     #[test]

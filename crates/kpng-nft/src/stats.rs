@@ -59,7 +59,6 @@ impl prometheus_client::collector::Collector for NftMetrics {
         mut encoder: prometheus_client::encoding::DescriptorEncoder,
     ) -> Result<(), std::fmt::Error> {
         use prometheus_client::encoding::EncodeMetric;
-        use prometheus_client::metrics::counter::ConstCounter;
         let stats = &self.0;
         let counters = [
             ("kpng_nft_transactions", "nftables transactions committed.", &stats.transactions),
@@ -71,10 +70,7 @@ impl prometheus_client::collector::Collector for NftMetrics {
             ("kpng_nft_elements_added", "Set and map elements added.", &stats.elements_added),
             ("kpng_nft_elements_deleted", "Set and map elements deleted.", &stats.elements_deleted),
         ];
-        for (name, help, value) in counters {
-            let metric = ConstCounter::new(value.load(Ordering::Relaxed));
-            metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)?;
-        }
+        kpng_backend::metrics::encode_counters(&mut encoder, &counters)?;
         let histograms = [
             (
                 "kpng_nft_commit_duration_seconds",

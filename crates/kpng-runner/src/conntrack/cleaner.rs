@@ -337,8 +337,6 @@ impl prometheus_client::collector::Collector for ConntrackMetrics {
         &self,
         mut encoder: prometheus_client::encoding::DescriptorEncoder,
     ) -> Result<(), std::fmt::Error> {
-        use prometheus_client::encoding::EncodeMetric;
-        use prometheus_client::metrics::counter::ConstCounter;
         let counters = [
             (
                 "kpng_conntrack_entries_deleted",
@@ -351,10 +349,7 @@ impl prometheus_client::collector::Collector for ConntrackMetrics {
                 &self.0.failures,
             ),
         ];
-        for (name, help, value) in counters {
-            let metric = ConstCounter::new(value.load(Ordering::Relaxed));
-            metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)?;
-        }
+        kpng_backend::metrics::encode_counters(&mut encoder, &counters)?;
         Ok(())
     }
 }

@@ -1,0 +1,19 @@
+//! [`encode_counters`]: a backend's atomic counters written as Prometheus counters, the one
+//! way every backend's metrics collector reports them.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+
+/// Writes each `(name, help, value)` as a counter (the encoder adds `_total`).
+pub fn encode_counters(
+    encoder: &mut DescriptorEncoder<'_>,
+    counters: &[(&str, &str, &AtomicU64)],
+) -> Result<(), std::fmt::Error> {
+    for (name, help, value) in counters {
+        let metric = ConstCounter::new(value.load(Ordering::Relaxed));
+        metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)?;
+    }
+    Ok(())
+}
