@@ -35,30 +35,41 @@ macro_rules! on_dataplane {
     };
 }
 
-on_dataplane!(nft, crate::harness::Dataplane::Nft;
-    services::cluster_ip_node_port_and_rejects,
-    pods::pods_reach_cluster_ips_over_every_kind_of_socket,
-    services::external_ips_and_load_balancer_source_ranges,
-    services::external_traffic_policy_local,
-    services::internal_policy_local_terminating_fallback_and_dual_stack,
-    services::sctp_cluster_ip_and_node_port,
-    services::node_ports_on_primary_or_chosen_addresses,
-    services::client_ip_affinity_sticks_across_addresses,
-    services::masquerade_all_and_cluster_cidr,
-    lifecycle::restart_changes_nothing_and_keeps_established_connections,
-    lifecycle::udp_flows_move_when_their_endpoint_goes,
-    lifecycle::updates_apply_while_traffic_flows,
-    pods::pods_keep_connecting_while_endpoints_come_and_go,
-    lifecycle::health_check_node_ports_follow_local_endpoints_and_ports,
-    lifecycle::a_second_kpng_on_the_node_exits_naming_the_first,
-    lifecycle::conntrack_is_tuned_at_start_up,
-    parity::udp_flows_to_an_endpoint_that_still_serves_are_kept,
-    parity::client_ip_affinity_survives_a_scale_down,
-    parity::node_ports_follow_addresses_added_after_start,
-    parity::hairpin_without_node_name,
-    parity::unallocated_service_addresses_are_dropped,
-    parity::service_cidr_objects_take_effect_as_they_change,
-    parity::pods_are_recognised_by_interface_or_bridge,
+/// Every scenario that holds whatever the dataplane, then `$own`: the scenarios of that
+/// backend's own machinery (repairs of its tables or maps), and
+/// `service_proxy_name_selects_the_services_kpng_proxies` on the packet-path backends.
+macro_rules! on_every_dataplane {
+    ($dp:ident, $dataplane:expr; $($own:tt)*) => {
+        on_dataplane!($dp, $dataplane;
+            services::cluster_ip_node_port_and_rejects,
+            pods::pods_reach_cluster_ips_over_every_kind_of_socket,
+            services::external_ips_and_load_balancer_source_ranges,
+            services::external_traffic_policy_local,
+            services::internal_policy_local_terminating_fallback_and_dual_stack,
+            services::sctp_cluster_ip_and_node_port,
+            services::node_ports_on_primary_or_chosen_addresses,
+            services::client_ip_affinity_sticks_across_addresses,
+            services::masquerade_all_and_cluster_cidr,
+            lifecycle::restart_changes_nothing_and_keeps_established_connections,
+            lifecycle::udp_flows_move_when_their_endpoint_goes,
+            lifecycle::updates_apply_while_traffic_flows,
+            pods::pods_keep_connecting_while_endpoints_come_and_go,
+            lifecycle::health_check_node_ports_follow_local_endpoints_and_ports,
+            lifecycle::a_second_kpng_on_the_node_exits_naming_the_first,
+            lifecycle::conntrack_is_tuned_at_start_up,
+            parity::udp_flows_to_an_endpoint_that_still_serves_are_kept,
+            parity::client_ip_affinity_survives_a_scale_down,
+            parity::node_ports_follow_addresses_added_after_start,
+            parity::hairpin_without_node_name,
+            parity::unallocated_service_addresses_are_dropped,
+            parity::service_cidr_objects_take_effect_as_they_change,
+            parity::pods_are_recognised_by_interface_or_bridge,
+            $($own)*
+        );
+    };
+}
+
+on_every_dataplane!(nft, crate::harness::Dataplane::Nft;
     parity::service_proxy_name_selects_the_services_kpng_proxies,
     repair::a_rejected_transaction_is_retried_and_the_table_rebuilt,
     repair::a_flushed_table_is_repaired_at_the_next_verification,
@@ -66,58 +77,12 @@ on_dataplane!(nft, crate::harness::Dataplane::Nft;
     repair::a_refused_repair_keeps_every_rule_in_force,
 );
 
-on_dataplane!(ebpf, crate::harness::Dataplane::ebpf();
-    services::cluster_ip_node_port_and_rejects,
-    pods::pods_reach_cluster_ips_over_every_kind_of_socket,
-    services::external_ips_and_load_balancer_source_ranges,
-    services::external_traffic_policy_local,
-    services::internal_policy_local_terminating_fallback_and_dual_stack,
-    services::sctp_cluster_ip_and_node_port,
-    services::node_ports_on_primary_or_chosen_addresses,
-    services::client_ip_affinity_sticks_across_addresses,
-    services::masquerade_all_and_cluster_cidr,
-    lifecycle::restart_changes_nothing_and_keeps_established_connections,
-    lifecycle::udp_flows_move_when_their_endpoint_goes,
-    lifecycle::updates_apply_while_traffic_flows,
-    pods::pods_keep_connecting_while_endpoints_come_and_go,
-    lifecycle::health_check_node_ports_follow_local_endpoints_and_ports,
-    lifecycle::a_second_kpng_on_the_node_exits_naming_the_first,
-    lifecycle::conntrack_is_tuned_at_start_up,
+on_every_dataplane!(ebpf, crate::harness::Dataplane::ebpf();
     lifecycle::maps_grow_under_established_connections_and_cleanup_honours_the_backend,
-    parity::udp_flows_to_an_endpoint_that_still_serves_are_kept,
-    parity::client_ip_affinity_survives_a_scale_down,
-    parity::node_ports_follow_addresses_added_after_start,
-    parity::hairpin_without_node_name,
-    parity::unallocated_service_addresses_are_dropped,
-    parity::service_cidr_objects_take_effect_as_they_change,
-    parity::pods_are_recognised_by_interface_or_bridge,
     repair::programs_and_maps_removed_behind_kpngs_back_are_restored,
 );
 
-on_dataplane!(iptables, crate::harness::Dataplane::Iptables;
-    services::cluster_ip_node_port_and_rejects,
-    pods::pods_reach_cluster_ips_over_every_kind_of_socket,
-    services::external_ips_and_load_balancer_source_ranges,
-    services::external_traffic_policy_local,
-    services::internal_policy_local_terminating_fallback_and_dual_stack,
-    services::sctp_cluster_ip_and_node_port,
-    services::node_ports_on_primary_or_chosen_addresses,
-    services::client_ip_affinity_sticks_across_addresses,
-    services::masquerade_all_and_cluster_cidr,
-    lifecycle::restart_changes_nothing_and_keeps_established_connections,
-    lifecycle::udp_flows_move_when_their_endpoint_goes,
-    lifecycle::updates_apply_while_traffic_flows,
-    pods::pods_keep_connecting_while_endpoints_come_and_go,
-    lifecycle::health_check_node_ports_follow_local_endpoints_and_ports,
-    lifecycle::a_second_kpng_on_the_node_exits_naming_the_first,
-    lifecycle::conntrack_is_tuned_at_start_up,
-    parity::udp_flows_to_an_endpoint_that_still_serves_are_kept,
-    parity::client_ip_affinity_survives_a_scale_down,
-    parity::node_ports_follow_addresses_added_after_start,
-    parity::hairpin_without_node_name,
-    parity::unallocated_service_addresses_are_dropped,
-    parity::service_cidr_objects_take_effect_as_they_change,
-    parity::pods_are_recognised_by_interface_or_bridge,
+on_every_dataplane!(iptables, crate::harness::Dataplane::Iptables;
     parity::service_proxy_name_selects_the_services_kpng_proxies,
     chains::a_refused_restore_is_retried_and_the_chains_rebuilt,
     chains::a_flushed_chain_is_repaired_at_the_next_verification,
