@@ -179,10 +179,10 @@ impl Slots {
             self.stats.track_no_local(state, Some(ops.iter().filter_map(op_service)));
         }
         let draining = state.node.as_ref().is_some_and(|n| n.draining);
-        if self.all_applied() {
+        let applied = self.all_applied();
+        if applied {
             self.stats.synced.release();
         }
-        let applied = self.all_applied();
         self.stats.update_health(|h| {
             h.node_draining = draining;
             if applied {
