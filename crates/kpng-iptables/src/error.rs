@@ -12,7 +12,7 @@ pub enum IptablesError {
         #[source]
         source: std::io::Error,
     },
-    /// `iptables-save` failed.
+    /// `iptables-save`, or the listing of a chain, failed.
     #[error("{program} failed: {stderr}")]
     Save {
         /// The command.

@@ -23,7 +23,8 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    /// Reads `iptables-save` output, keeping only what concerns kpng.
+    /// Reads `iptables-save` output (or `iptables -S CHAIN` output after a `*table` line),
+    /// keeping only what concerns kpng.
     pub fn parse(text: &str) -> Snapshot {
         let mut snapshot = Snapshot::default();
         let mut table = None;
@@ -37,7 +38,8 @@ impl Snapshot {
                 continue;
             }
             let Some(table) = table else { continue };
-            if let Some(decl) = line.strip_prefix(':') {
+            // `:NAME` in `iptables-save` output, `-N NAME` in `iptables -S` output.
+            if let Some(decl) = line.strip_prefix(':').or_else(|| line.strip_prefix("-N ")) {
                 let name = decl.split_whitespace().next().unwrap_or_default();
                 if let Ok(chain) = ChainName::new(name) {
                     snapshot.chains.entry((table, chain)).or_default();
@@ -63,6 +65,22 @@ impl Snapshot {
 pub trait Kernel: Send {
     /// What the tables of `family` hold of kpng's.
     fn read(&mut self, family: Family) -> Result<Snapshot, IptablesError>;
+
+    /// What the listed chains of `family` hold: kpng's among them (absent ones left out)
+    /// and the jumps into kpng's chains from the built-in ones. Reads no other chain, so
+    /// its cost does not grow with the number of services.
+    fn read_chains(
+        &mut self,
+        family: Family,
+        chains: &[(Table, String)],
+    ) -> Result<Snapshot, IptablesError> {
+        let mut snapshot = self.read(family)?;
+        let listed =
+            |table: &Table, chain: &str| chains.iter().any(|(t, c)| t == table && c == chain);
+        snapshot.chains.retain(|(table, chain), _| listed(table, chain.as_str()));
+        snapshot.hooks.retain(|(table, builtin, _)| listed(table, builtin));
+        Ok(snapshot)
+    }
 
     /// Applies `input` (an `iptables-restore --noflush` text) to `family`. Each table's
     /// section commits whole or not at all.
@@ -99,12 +117,71 @@ impl Mode {
         }
     }
 
+    /// The variant to drive on this node. `Auto` becomes the variant the kubelet uses (it
+    /// creates `KUBE-IPTABLES-HINT` or `KUBE-KUBELET-CANARY` in `mangle` of that variant),
+    /// else the variant already holding kpng's chains, else stays the system's `iptables`;
+    /// with the reason, for the log. Reads only: a variant whose tables do not exist is
+    /// not listed (listing legacy tables would create them).
+    pub fn resolve(self) -> (Mode, &'static str) {
+        match self {
+            Mode::Auto => Mode::choose(Marks::probe(Mode::Nft), Marks::probe(Mode::Legacy)),
+            mode => (mode, "--iptables-mode"),
+        }
+    }
+
+    /// What `Auto` becomes given what each variant holds.
+    pub fn choose(nft: Marks, legacy: Marks) -> (Mode, &'static str) {
+        match (nft, legacy) {
+            (n, l) if n.kubelet != l.kubelet => match n.kubelet {
+                true => (Mode::Nft, "the kubelet's chains are in iptables-nft"),
+                false => (Mode::Legacy, "the kubelet's chains are in iptables-legacy"),
+            },
+            (n, l) if n.kpng != l.kpng => match n.kpng {
+                true => (Mode::Nft, "kpng's chains are in iptables-nft"),
+                false => (Mode::Legacy, "kpng's chains are in iptables-legacy"),
+            },
+            _ => (Mode::Auto, "the system's iptables"),
+        }
+    }
+
     /// The variant `iptables -V` names (`nf_tables` or `legacy`), for the log.
     pub fn describe(self) -> String {
         let out = Command::new(self.command(Family::V4, "")).arg("-V").output();
         match out {
             Ok(out) => String::from_utf8_lossy(&out.stdout).trim().to_string(),
             Err(e) => format!("{} unavailable: {e}", self.command(Family::V4, "")),
+        }
+    }
+}
+
+/// What one variant's IPv4 tables show of who uses it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Marks {
+    /// The kubelet's `KUBE-IPTABLES-HINT` or `KUBE-KUBELET-CANARY` chain in `mangle`.
+    pub kubelet: bool,
+    /// kpng's `KPNG-SERVICES` in `nat`.
+    pub kpng: bool,
+}
+
+impl Marks {
+    /// Lists the chains in `mode`'s variant (`Nft` or `Legacy`); a missing command or
+    /// table shows nothing.
+    pub fn probe(mode: Mode) -> Marks {
+        // Legacy tables a netns has are listed here; listing one that is absent creates it.
+        let legacy = std::fs::read_to_string("/proc/net/ip_tables_names").unwrap_or_default();
+        let has = |table: &str, chain: &str| {
+            if mode == Mode::Legacy && !legacy.lines().any(|t| t == table) {
+                return false;
+            }
+            Command::new(mode.command(Family::V4, ""))
+                .args(["-w", "-t", table, "-S", chain])
+                .stderr(Stdio::null())
+                .output()
+                .is_ok_and(|out| out.status.success())
+        };
+        Marks {
+            kubelet: has("mangle", "KUBE-IPTABLES-HINT") || has("mangle", "KUBE-KUBELET-CANARY"),
+            kpng: has("nat", "KPNG-SERVICES"),
         }
     }
 }
@@ -154,6 +231,38 @@ pub fn failed_line(stderr: &str) -> Option<usize> {
 impl Kernel for CommandKernel {
     fn read(&mut self, family: Family) -> Result<Snapshot, IptablesError> {
         CommandKernel::read(self, family)
+    }
+
+    fn read_chains(
+        &mut self,
+        family: Family,
+        chains: &[(Table, String)],
+    ) -> Result<Snapshot, IptablesError> {
+        // One `-S CHAIN` per chain: each reads that chain alone (a few milliseconds at any
+        // table size), where `iptables-nft-save` of 30,000 chains takes seconds.
+        let program = self.mode.command(family, "");
+        let mut text = String::new();
+        for (table, chain) in chains {
+            let out = Command::new(&program)
+                .args(["-w", "-t", table.as_str(), "-S", chain])
+                .output()
+                .map_err(|source| IptablesError::Spawn { program: program.clone(), source })?;
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            if out.status.success() {
+                text.push_str(&format!("*{}\n", table.as_str()));
+                text.push_str(&String::from_utf8_lossy(&out.stdout));
+            } else if !(stderr.contains("No chain/target/match by that name")
+                // What iptables-nft 1.8 says of a missing chain, and of a chain holding
+                // rules it cannot print: either way not what kpng committed.
+                || stderr.contains("is incompatible"))
+            {
+                return Err(IptablesError::Save {
+                    program: format!("{program} -t {} -S {chain}", table.as_str()),
+                    stderr: stderr.trim().to_string(),
+                });
+            }
+        }
+        Ok(Snapshot::parse(&text))
     }
 
     fn restore(&mut self, family: Family, input: &str) -> Result<(), IptablesError> {
@@ -267,6 +376,23 @@ mod tests {
             Some(5)
         );
         assert_eq!(failed_line("something else"), None);
+    }
+
+    #[test]
+    fn auto_follows_the_kubelet_then_kpngs_own_chains() {
+        let none = Marks::default();
+        let kubelet = Marks { kubelet: true, kpng: false };
+        let kpng = Marks { kubelet: false, kpng: true };
+        assert_eq!(Mode::choose(none, kubelet).0, Mode::Legacy);
+        assert_eq!(Mode::choose(kubelet, none).0, Mode::Nft);
+        // The kubelet wins over where kpng ran before.
+        assert_eq!(Mode::choose(kpng, kubelet).0, Mode::Legacy);
+        assert_eq!(Mode::choose(none, kpng).0, Mode::Legacy);
+        assert_eq!(Mode::choose(kpng, none).0, Mode::Nft);
+        // Nothing, or both alike: the system's iptables.
+        assert_eq!(Mode::choose(none, none).0, Mode::Auto);
+        assert_eq!(Mode::choose(kubelet, kubelet).0, Mode::Auto);
+        assert_eq!(Mode::Legacy.resolve().0, Mode::Legacy);
     }
 
     #[test]

@@ -88,7 +88,7 @@ pub mod state;
 
 pub use backend::{IptablesBackend, IptablesOptions, IptablesStats};
 pub use error::IptablesError;
-pub use kernel::{CommandKernel, Kernel, Mode, Snapshot};
+pub use kernel::{CommandKernel, Kernel, Marks, Mode, Snapshot};
 pub use memory::MemoryKernel;
 pub use metrics::IptablesMetrics;
 

@@ -19,6 +19,8 @@ struct Inner {
     families: BTreeMap<Family, Snapshot>,
     /// Fail this many restores from now.
     failures: usize,
+    /// Fail this many restores of one family from now.
+    family_failures: BTreeMap<Family, usize>,
     restores: usize,
 }
 
@@ -61,6 +63,11 @@ impl MemoryKernel {
     /// Makes the next `n` restores fail.
     pub fn fail_next(&self, n: usize) {
         self.lock().failures = n;
+    }
+
+    /// Makes the next `n` restores of `family` fail.
+    pub fn fail_next_in(&self, family: Family, n: usize) {
+        self.lock().family_failures.insert(family, n);
     }
 
     /// Restores applied so far (refused ones included).
@@ -149,9 +156,15 @@ impl Kernel for MemoryKernel {
         }
         let mut inner = self.lock();
         inner.restores += 1;
-        if inner.failures > 0 {
-            inner.failures -= 1;
-            return Err(IptablesError::Injected(format!("restore {} refused", inner.restores)));
+        let restores = inner.restores;
+        let refused = |left: &mut usize| {
+            let refuse = *left > 0;
+            *left = left.saturating_sub(1);
+            refuse
+        };
+        if refused(&mut inner.failures) || refused(inner.family_failures.entry(family).or_default())
+        {
+            return Err(IptablesError::Injected(format!("restore {restores} refused")));
         }
         let tables = inner.families.entry(family).or_default();
         let mut section: Option<(Table, Vec<(usize, &str)>)> = None;

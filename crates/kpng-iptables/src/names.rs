@@ -85,6 +85,12 @@ pub fn filter() -> ChainName {
     ChainName::fixed("KPNG-FILTER")
 }
 
+/// The fixed chains: those the built-in chains jump to, and the helpers every service's
+/// rules use. A flushed table empties them first.
+pub fn entry_chains() -> [ChainName; 7] {
+    [services(), nodeports(), postrouting(), mark_masq(), mark_drop(), masq_unless_pod(), filter()]
+}
+
 /// A first-level shard of the destination dispatch (low 4 bits of the address).
 pub fn shard1(prefix: &str, nibble: u8) -> ChainName {
     ChainName(format!("{PREFIX}{prefix}-{nibble:X}"))

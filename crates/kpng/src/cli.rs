@@ -418,8 +418,10 @@ impl BackendCommand {
 /// `to-iptables` options.
 #[derive(Debug, Clone, Args)]
 pub struct IptablesArgs {
-    /// Which iptables to drive: `auto` (the system's `iptables`, whichever variant it is),
-    /// `nft` (`iptables-nft`) or `legacy` (`iptables-legacy`).
+    /// Which iptables to drive: `nft` (`iptables-nft`), `legacy` (`iptables-legacy`) or
+    /// `auto`: the variant the kubelet uses (its KUBE-IPTABLES-HINT or KUBE-KUBELET-CANARY
+    /// chain in mangle), else the one holding kpng's chains from an earlier run, else the
+    /// system's `iptables`.
     #[arg(long, value_enum, default_value_t = IptablesMode::Auto)]
     pub iptables_mode: IptablesMode,
     /// Further backends.

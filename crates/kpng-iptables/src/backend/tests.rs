@@ -16,6 +16,7 @@ fn backend(kernel: &MemoryKernel) -> IptablesBackend {
     let options = IptablesOptions {
         cluster_cidrs: vec!["10.0.0.0/8".parse().unwrap()],
         batch_chains: 7,
+        full_read_share: 1,
         ..IptablesOptions::default()
     };
     IptablesBackend::new(options, Box::new(kernel.clone()))
@@ -167,4 +168,151 @@ fn a_one_service_change_rewrites_neither_the_top_chain_nor_other_leaves() {
         changed.iter().all(|c| c.starts_with("KPNG-SVC-") || c.starts_with("KPNG-SEP-")),
         "{changed:?}"
     );
+}
+
+/// A one-service model on node n0: `ns/web` at `ip`:80 with one endpoint.
+fn one_service(ips: &[&str]) -> LocalState {
+    use kpng_model::{Object, Protocol};
+    use kpng_testkit::builders::{endpoint, node, service, slice};
+    let mut model = kpng_model::GlobalModel::new();
+    model.apply(Object::Node(node("n0", None, &["192.168.0.1"])));
+    model.apply(Object::Service(service("ns", "web", ips, &[("http", Protocol::Tcp, 80)])));
+    for ip in ips {
+        let (name, address) = if ip.contains(':') { ("w6", "fd00::1") } else { ("w4", "10.1.0.1") };
+        model.apply(Object::EndpointSlice(slice(
+            "ns",
+            name,
+            "web",
+            &[("http", Protocol::Tcp, 8080)],
+            vec![endpoint(address, "n0")],
+        )));
+    }
+    project_node_state(&model, "n0")
+}
+
+#[test]
+fn a_refused_family_does_not_hold_back_the_other() {
+    let state = one_service(&["10.96.0.7", "fd00:96::7"]);
+    let kernel = MemoryKernel::new();
+    let mut b = backend(&kernel);
+    kernel.fail_next_in(Family::V4, 1);
+    assert!(b.apply(&ChangeSet::full(&state)).is_err(), "IPv4 was refused");
+    assert!(kernel.snapshot(Family::V4).chains.is_empty(), "IPv4 holds nothing");
+    let v6 = kernel.snapshot(Family::V6);
+    assert!(v6.chains.keys().any(|(_, c)| c.as_str().starts_with("KPNG-SVC-")), "{v6:?}");
+
+    // The retry reads back and writes IPv4; IPv6 already holds the state.
+    b.apply(&ChangeSet::full(&state)).unwrap();
+    let v4 = kernel.snapshot(Family::V4);
+    assert!(v4.chains.keys().any(|(_, c)| c.as_str().starts_with("KPNG-SVC-")), "{v4:?}");
+    assert_eq!(kernel.snapshot(Family::V6), v6);
+    let restores = kernel.restores();
+    backend(&kernel).apply(&ChangeSet::full(&state)).unwrap();
+    assert_eq!(kernel.restores(), restores, "a restart finds both families in place");
+    assert!(b.verify().unwrap());
+}
+
+/// A kernel whose full read-back takes a while, counting full reads and chain listings.
+struct SlowReads {
+    kernel: MemoryKernel,
+    delay: std::time::Duration,
+    full: Arc<AtomicU64>,
+    listed: Arc<AtomicU64>,
+}
+
+impl Kernel for SlowReads {
+    fn read(&mut self, family: Family) -> Result<Snapshot, IptablesError> {
+        std::thread::sleep(self.delay);
+        self.full.fetch_add(1, Ordering::Relaxed);
+        self.kernel.read(family)
+    }
+
+    fn read_chains(
+        &mut self,
+        family: Family,
+        chains: &[(Table, String)],
+    ) -> Result<Snapshot, IptablesError> {
+        self.listed.fetch_add(chains.len() as u64, Ordering::Relaxed);
+        let mut snapshot = self.kernel.read(family)?;
+        snapshot
+            .chains
+            .retain(|(t, c), _| chains.iter().any(|(lt, lc)| lt == t && lc == c.as_str()));
+        snapshot.hooks.retain(|(t, b, _)| chains.iter().any(|(lt, lc)| lt == t && lc == b));
+        Ok(snapshot)
+    }
+
+    fn restore(&mut self, family: Family, input: &str) -> Result<(), IptablesError> {
+        self.kernel.restore(family, input)
+    }
+}
+
+#[test]
+fn verification_reads_the_entry_chains_always_and_every_chain_at_most_one_percent_of_the_time() {
+    let state = one_service(&["10.96.0.7"]);
+    let kernel = MemoryKernel::new();
+    let (full, listed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let slow = SlowReads {
+        kernel: kernel.clone(),
+        delay: std::time::Duration::from_millis(5),
+        full: full.clone(),
+        listed: listed.clone(),
+    };
+    let options = IptablesOptions {
+        cluster_cidrs: vec!["10.0.0.0/8".parse().unwrap()],
+        ..IptablesOptions::default()
+    };
+    let mut b = IptablesBackend::new(options, Box::new(slow));
+    b.apply(&ChangeSet::full(&state)).unwrap();
+    let good = kernel.snapshot(Family::V4);
+    // The cold start read both families back (about 10 ms): the next full read-back is
+    // about a second away.
+    let started = Instant::now();
+    assert_eq!(full.load(Ordering::Relaxed), 2);
+
+    // A flushed leaf is not seen by the quick look, which lists no leaf.
+    let mut damaged = good.clone();
+    damaged.chains.get_mut(&(Table::Nat, names::shard2("SH", 7))).unwrap().clear();
+    kernel.set_snapshot(Family::V4, damaged.clone());
+    assert!(b.verify().unwrap(), "the quick look lists no leaf");
+    assert_eq!(full.load(Ordering::Relaxed), 2, "no full read-back yet");
+    let per_look = listed.load(Ordering::Relaxed);
+    // Per family: the entry chains that exist (KPNG-NODEPORTS in both tables) and the six
+    // built-in chains, whatever the number of services.
+    assert!((2 * 6..=2 * (8 + 6)).contains(&per_look), "{per_look} chains listed");
+
+    // A flushed entry chain is seen at once.
+    damaged.chains.get_mut(&(Table::Nat, names::services())).unwrap().clear();
+    kernel.set_snapshot(Family::V4, damaged);
+    assert!(!b.verify().unwrap(), "the flushed KPNG-SERVICES is seen");
+    if started.elapsed() < std::time::Duration::from_millis(900) {
+        assert_eq!(full.load(Ordering::Relaxed), 2, "seen by the quick look");
+    }
+
+    // Repaired; then the full read-back comes due and sees a flushed leaf.
+    b.apply(&ChangeSet::full(&state)).unwrap();
+    assert_eq!(kernel.snapshot(Family::V4), good);
+    let mut damaged = good.clone();
+    damaged.chains.get_mut(&(Table::Nat, names::shard2("SH", 7))).unwrap().clear();
+    kernel.set_snapshot(Family::V4, damaged);
+    let deadline = Instant::now() + std::time::Duration::from_secs(10);
+    let before = full.load(Ordering::Relaxed);
+    while b.verify().unwrap() {
+        assert!(Instant::now() < deadline, "the full read-back never came due");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(full.load(Ordering::Relaxed) > before, "found by a full read-back");
+}
+
+#[test]
+fn full_reads_are_spaced_by_their_share_of_the_time() {
+    let mut reads = FullReads::new(100);
+    let t0 = Instant::now();
+    assert!(reads.due(t0), "the first verification reads everything");
+    let took = std::time::Duration::from_millis(10);
+    reads.done(t0, t0 + took);
+    assert!(!reads.due(t0 + took + took * 98));
+    assert!(reads.due(t0 + took + took * 99));
+    let mut always = FullReads::new(1);
+    always.done(t0, t0 + took);
+    assert!(always.due(t0 + took));
 }

@@ -80,6 +80,9 @@ pub fn a_flushed_chain_is_repaired_at_the_next_verification(dp: Dataplane) {
     wait_until("the chain is repaired", || kpng.log().contains("dataplane drifted") && rules() > 0);
     assert!(kpng.log().contains("chain KPNG-SERVICES differs"), "{}", kpng.log());
     assert!(answers(&eventually(probe, answers)), "{}", kpng.log());
+    // The repaired chains read back as committed: later verifications find nothing.
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    assert_eq!(kpng.log().matches("dataplane drifted").count(), 1, "{}", kpng.log());
 }
 
 pub fn deleted_and_foreign_rules_are_repaired(dp: Dataplane) {
@@ -166,4 +169,20 @@ pub fn the_legacy_variant_serves_restarts_and_cleans_up(dp: Dataplane) {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(!saved("iptables-legacy-save").contains("KPNG"), "{}", saved("iptables-legacy-save"));
     assert_eq!(Cluster::tcp(&cluster.client, "10.96.0.12:80"), Outcome::Timeout);
+}
+
+pub fn auto_mode_follows_the_variant_the_kubelet_uses(dp: Dataplane) {
+    let mut cluster = Cluster::new();
+    cluster.add_pod("web-a", true, 10, &[8080]);
+    // The kubelet of this node uses iptables-legacy (the system's iptables is nf_tables).
+    let out = cluster.node.output("iptables-legacy", &["-t", "mangle", "-N", "KUBE-IPTABLES-HINT"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let log = program(&cluster, dp, &web("10.96.0.13", &[WEB_A]), &[]);
+    assert!(log.contains("the kubelet's chains are in iptables-legacy"), "{log}");
+    let saved = |cmd: &str| {
+        String::from_utf8_lossy(&cluster.node.output(cmd, &["-t", "nat"]).stdout).into_owned()
+    };
+    assert!(saved("iptables-legacy-save").contains(":KPNG-SERVICES"), "{log}");
+    assert!(!saved("iptables-nft-save").contains("KPNG"), "nothing in the other variant");
+    assert_eq!(reach(&cluster.client, "10.96.0.13:80").0, "web-a");
 }

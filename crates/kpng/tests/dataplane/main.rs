@@ -89,4 +89,5 @@ on_every_dataplane!(iptables, crate::harness::Dataplane::Iptables;
     chains::deleted_and_foreign_rules_are_repaired,
     chains::cleanup_removes_exactly_kpngs_chains,
     chains::the_legacy_variant_serves_restarts_and_cleans_up,
+    chains::auto_mode_follows_the_variant_the_kubelet_uses,
 );
