@@ -7,8 +7,7 @@
 //! Kept in one file on purpose: the nftlb client, the scenario and its table are one
 //! benchmark.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::io::Read;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -52,8 +51,7 @@ pub struct NftlbRow {
 /// The nftlb daemon, stopped and its tables removed on drop.
 struct Nftlb {
     child: Child,
-    port: u16,
-    key: String,
+    client: kpng_nftlb::Client,
 }
 
 impl Nftlb {
@@ -71,7 +69,8 @@ impl Nftlb {
             .stderr(Stdio::null())
             .spawn()
             .context("cannot run nftlb (install the Debian package nftlb, or skip this scenario with --nftlb-services 0)")?;
-        let mut nftlb = Nftlb { child, port, key };
+        let client = kpng_nftlb::Client::new(&format!("http://127.0.0.1:{port}"), &key)?;
+        let mut nftlb = Nftlb { child, client };
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             match nftlb.call("GET", "/farms", "") {
@@ -91,49 +90,7 @@ impl Nftlb {
 
     /// One API call; returns the response body once nftlb has answered 200.
     fn call(&self, method: &str, path: &str, body: &str) -> anyhow::Result<String> {
-        let mut stream = TcpStream::connect(("127.0.0.1", self.port))?;
-        // One write: nftlb reads a request's head and body together.
-        let request = format!(
-            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nKey: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            self.key,
-            body.len()
-        );
-        stream.write_all(request.as_bytes())?;
-        let mut response = Vec::new();
-        let mut buf = [0u8; 16 * 1024];
-        let (head, length) = loop {
-            let n = stream.read(&mut buf)?;
-            anyhow::ensure!(n > 0, "nftlb closed the connection before answering {method} {path}");
-            response.extend_from_slice(&buf[..n]);
-            if let Some(end) = response.windows(4).position(|w| w == b"\r\n\r\n") {
-                let head = String::from_utf8_lossy(&response[..end]).into_owned();
-                let length = head
-                    .lines()
-                    .find_map(|l| {
-                        l.split_once(':').filter(|(k, _)| k.eq_ignore_ascii_case("content-length"))
-                    })
-                    .and_then(|(_, v)| v.trim().parse::<usize>().ok());
-                response.drain(..end + 4);
-                break (head, length);
-            }
-        };
-        loop {
-            if length.is_some_and(|l| response.len() >= l) {
-                break;
-            }
-            let n = stream.read(&mut buf)?;
-            if n == 0 {
-                break;
-            }
-            response.extend_from_slice(&buf[..n]);
-        }
-        let body = String::from_utf8_lossy(&response).into_owned();
-        let status = head.lines().next().unwrap_or_default();
-        anyhow::ensure!(
-            status.split_whitespace().nth(1) == Some("200"),
-            "nftlb answered {method} {path} with {status:?}: {body}"
-        );
-        Ok(body)
+        Ok(self.client.call(method, path, body)?)
     }
 
     /// Creates or extends farms.

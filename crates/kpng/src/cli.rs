@@ -9,7 +9,9 @@
 //!            | to-api --listen ADDR [--max-clients N] [--client-timeout DURATION]
 //! <backend> := to-json | to-nft | to-iptables [--iptables-mode auto|nft|legacy]
 //!            | to-ebpf [--cgroup-path PATH] [--bpf-pin-path PATH]
-//! kpng cleanup [--backend nft|iptables|ebpf|all] [--bpf-pin-path PATH]
+//!            | to-nftlb --nftlb-key-file PATH [--nftlb-url URL]
+//! kpng cleanup [--backend nft|iptables|ebpf|nftlb|all] [--bpf-pin-path PATH]
+//!              [--nftlb-key-file PATH] [--nftlb-url URL]
 //! ```
 //!
 //! Options that concern the whole process ([`global`]: `--once`, `--node`, `--stats`, the
@@ -165,12 +167,16 @@ fn parse_qps(text: &str) -> Result<f64, String> {
 pub struct CleanupArgs {
     /// Which backend's objects to remove: `nft` only the nftables tables, `iptables` only
     /// the KPNG-* chains (of both iptables variants), `ebpf` only the eBPF links and maps,
-    /// `all` everything.
+    /// `nftlb` every farm of the nftlb daemon, `all` everything (nftlb's farms when
+    /// --nftlb-key-file is given).
     #[arg(long, value_enum, default_value_t = CleanupBackend::All)]
     pub backend: CleanupBackend,
     /// Where `to-ebpf` pinned them.
     #[command(flatten)]
     pub pins: BpfPinArgs,
+    /// The nftlb daemon `to-nftlb` drove.
+    #[command(flatten)]
+    pub nftlb: NftlbDaemonArgs,
 }
 
 impl CleanupBackend {
@@ -188,6 +194,11 @@ impl CleanupBackend {
     pub fn ebpf(self) -> bool {
         matches!(self, CleanupBackend::Ebpf | CleanupBackend::All)
     }
+
+    /// Whether nftlb's farms are removed.
+    pub fn nftlb(self) -> bool {
+        matches!(self, CleanupBackend::Nftlb | CleanupBackend::All)
+    }
 }
 
 /// Backends `kpng cleanup` knows.
@@ -199,6 +210,8 @@ pub enum CleanupBackend {
     Iptables,
     /// The eBPF programs (detached) and maps (unpinned) under `--bpf-pin-path`.
     Ebpf,
+    /// Every farm of the nftlb daemon `to-nftlb` drove.
+    Nftlb,
     /// Everything kpng may have installed.
     All,
 }
@@ -380,6 +393,11 @@ pub enum BackendCommand {
     /// walks a rule per service; each change is one iptables-restore --noflush per family.
     /// --dry-run prints the restore input.
     ToIptables(IptablesArgs),
+    /// nftlb: one farm per service port and family, driven through the nftlb daemon's REST
+    /// API (which must run on this node); an endpoint change adds or deletes one backend.
+    /// Cluster IPs only: NodePorts, externalIPs, load-balancer IPs and ClientIP affinity
+    /// are logged as not enforced.
+    ToNftlb(NftlbArgs),
 }
 
 impl BackendCommand {
@@ -391,6 +409,7 @@ impl BackendCommand {
             BackendCommand::ToNft(_) => "to-nft",
             BackendCommand::ToEbpf(_) => "to-ebpf",
             BackendCommand::ToIptables(_) => "to-iptables",
+            BackendCommand::ToNftlb(_) => "to-nftlb",
         }
     }
 
@@ -401,7 +420,8 @@ impl BackendCommand {
         match self {
             BackendCommand::ToNft(_)
             | BackendCommand::ToEbpf(_)
-            | BackendCommand::ToIptables(_) => true,
+            | BackendCommand::ToIptables(_)
+            | BackendCommand::ToNftlb(_) => true,
             BackendCommand::ToJson(_) => false,
         }
     }
@@ -411,8 +431,31 @@ impl BackendCommand {
             BackendCommand::ToJson(c) | BackendCommand::ToNft(c) => c,
             BackendCommand::ToEbpf(e) => &e.chain,
             BackendCommand::ToIptables(i) => &i.chain,
+            BackendCommand::ToNftlb(n) => &n.chain,
         }
     }
+}
+
+/// Where the nftlb daemon listens, and its key.
+#[derive(Debug, Clone, Args)]
+pub struct NftlbDaemonArgs {
+    /// The nftlb daemon's API: `http://HOST:PORT` (nftlb's `-H` and `-P`).
+    #[arg(long, default_value = "http://127.0.0.1:5555")]
+    pub nftlb_url: String,
+    /// A file whose first line is the daemon's key (its `NFTLB_SERVER_KEY`).
+    #[arg(long)]
+    pub nftlb_key_file: Option<PathBuf>,
+}
+
+/// `to-nftlb` options.
+#[derive(Debug, Clone, Args)]
+pub struct NftlbArgs {
+    /// The daemon.
+    #[command(flatten)]
+    pub daemon: NftlbDaemonArgs,
+    /// Further backends.
+    #[command(flatten)]
+    pub chain: Chain,
 }
 
 /// `to-iptables` options.

@@ -86,9 +86,9 @@ pub async fn run(cli: Cli, process: Process) -> anyhow::Result<()> {
             println!("sources: kube file api");
             println!("sinks: to-file to-local to-api");
             match kpng_ebpf::support::available() {
-                true => println!("backends: to-nft to-iptables to-ebpf to-json"),
+                true => println!("backends: to-nft to-iptables to-ebpf to-nftlb to-json"),
                 false => println!(
-                    "backends: to-nft to-iptables to-json (to-ebpf unavailable: {})",
+                    "backends: to-nft to-iptables to-nftlb to-json (to-ebpf unavailable: {})",
                     kpng_ebpf::support::UNAVAILABLE.trim()
                 ),
             }
@@ -135,6 +135,21 @@ pub async fn run(cli: Cli, process: Process) -> anyhow::Result<()> {
                         removed.len(),
                         args.pins.bpf_pin_path.display()
                     ),
+                }
+            }
+            if args.backend.nftlb() {
+                match &args.nftlb.nftlb_key_file {
+                    Some(key) => {
+                        let mut client = crate::sinks::to_local::nftlb_client(&args.nftlb, key)?;
+                        let removed = kpng_nftlb::cleanup(&mut client).with_context(|| {
+                            format!("removing the farms of nftlb at {}", args.nftlb.nftlb_url)
+                        })?;
+                        eprintln!("kpng: removed {} nftlb farms", removed.len());
+                    }
+                    None if args.backend == crate::cli::CleanupBackend::Nftlb => {
+                        anyhow::bail!("kpng cleanup --backend nftlb needs --nftlb-key-file")
+                    }
+                    None => eprintln!("kpng: nftlb not asked (no --nftlb-key-file)"),
                 }
             }
             Ok(())

@@ -13,7 +13,7 @@ use kpng_runner::runner::AddressUpdates;
 use kpng_runner::{Backend, JsonBackend, NodeStats, RunnerOptions, Target, run_node};
 use kpng_store::StoreReader;
 
-use crate::cli::{BackendCommand, EbpfArgs, GlobalArgs, IptablesArgs};
+use crate::cli::{BackendCommand, EbpfArgs, GlobalArgs, IptablesArgs, NftlbDaemonArgs};
 
 /// The backends named on the command line, and their metrics.
 pub struct Backends {
@@ -51,6 +51,24 @@ pub fn build_backends(
                 let backend = iptables_backend(args, global)?;
                 built.collectors.push(Box::new(kpng_iptables::IptablesMetrics(backend.stats())));
                 built.backends.push(Box::new(backend));
+            }
+            BackendCommand::ToNftlb(args) => {
+                if global.dry_run {
+                    anyhow::bail!(
+                        "to-nftlb has no --dry-run: nftlb's farms are listed by GET /farms on its API"
+                    );
+                }
+                let Some(key) = &args.daemon.nftlb_key_file else {
+                    anyhow::bail!(
+                        "to-nftlb needs --nftlb-key-file (nftlb refuses calls without its key)"
+                    );
+                };
+                built.locks.push(InstanceLock::take("nftlb")?);
+                let client = nftlb_client(&args.daemon, key)?;
+                built.backends.push(Box::new(kpng_nftlb::NftlbBackend::new(
+                    Box::new(client),
+                    Box::new(kpng_nftlb::NftListing),
+                )));
             }
             BackendCommand::ToEbpf(args) => {
                 if !global.dry_run {
@@ -116,6 +134,14 @@ fn iptables_backend(
     let mode = kpng_iptables::Mode::from(args.iptables_mode);
     kpng_iptables::IptablesBackend::open(options, mode, target(global))
         .context("starting to-iptables")
+}
+
+/// A client of the nftlb daemon the options name.
+pub(crate) fn nftlb_client(
+    args: &NftlbDaemonArgs,
+    key: &std::path::Path,
+) -> anyhow::Result<kpng_nftlb::Client> {
+    Ok(kpng_nftlb::Client::with_key_file(&args.nftlb_url, &key.display().to_string())?)
 }
 
 /// The eBPF backend as the options describe it: the kernel's programs and maps, or with

@@ -8,6 +8,7 @@ mod chains;
 mod harness;
 mod lifecycle;
 mod local;
+mod nftlb;
 mod parity;
 mod pods;
 mod repair;
@@ -18,6 +19,12 @@ mod services;
 #[test]
 fn local_probes() {
     local::serve_when_asked();
+}
+
+/// `to-nftlb` expresses cluster IPs only: its scenario is its own.
+#[test]
+fn nftlb_serves_cluster_ips_follows_endpoints_and_cleans_up() {
+    nftlb::to_nftlb_serves_cluster_ips_follows_endpoints_and_cleans_up();
 }
 
 /// One `#[test]` per scenario and dataplane: `nft::<scenario>`, `iptables::<scenario>`,

@@ -1,0 +1,258 @@
+//! The backend against an in-memory nftlb: the calls a change costs, a restart, drift, and
+//! farms nftlb answers success for but never installs.
+
+use std::sync::{Arc, Mutex};
+
+use kpng_local::{diff, project_node_state};
+use kpng_model::{GlobalModel, Object, Protocol};
+use kpng_testkit::builders::{endpoint, node, service, slice};
+use serde_json::Value;
+
+use super::*;
+use crate::farm::FarmBackend;
+
+/// nftlb in memory: farms by name, each call logged. Farms past `installs` (in creation
+/// order) are answered success but never reach the "kernel".
+#[derive(Default)]
+struct Daemon {
+    farms: BTreeMap<String, Farm>,
+    created: Vec<String>,
+    calls: Vec<String>,
+    installs: Option<usize>,
+}
+
+#[derive(Clone, Default)]
+struct Fake(Arc<Mutex<Daemon>>);
+
+impl Fake {
+    fn daemon(&self) -> std::sync::MutexGuard<'_, Daemon> {
+        self.0.lock().unwrap()
+    }
+}
+
+fn text(v: &Value, key: &str) -> String {
+    v[key].as_str().unwrap_or_default().to_string()
+}
+
+impl Api for Fake {
+    fn call(&mut self, method: &str, path: &str, body: &str) -> Result<String, NftlbError> {
+        let mut d = self.daemon();
+        d.calls.push(format!("{method} {path}"));
+        let parts: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+        match (method, parts.as_slice()) {
+            ("GET", ["farms"]) => {
+                let farms: Vec<Value> = d
+                    .farms
+                    .values()
+                    .map(|f| {
+                        let mut v = serde_json::to_value(&f.vip).unwrap();
+                        v["name"] = f.name.clone().into();
+                        v["priority"] = "1".into();
+                        v["backends"] =
+                            serde_json::to_value(f.backends.values().collect::<Vec<_>>()).unwrap();
+                        v
+                    })
+                    .collect();
+                Ok(serde_json::json!({ "farms": farms }).to_string())
+            }
+            ("POST", ["farms"]) => {
+                let v: Value = serde_json::from_str(body).unwrap();
+                for farm in v["farms"].as_array().unwrap() {
+                    let name = text(farm, "name");
+                    if farm.get("family").is_some() {
+                        let vip = serde_json::from_value(farm.clone()).unwrap();
+                        d.farms.insert(
+                            name.clone(),
+                            Farm { name: name.clone(), vip, backends: BTreeMap::new() },
+                        );
+                        d.created.push(name.clone());
+                    }
+                    let Some(f) = d.farms.get_mut(&name) else {
+                        return Err(NftlbError::Refused {
+                            method: method.into(),
+                            path: path.into(),
+                            status: "400".into(),
+                            body: "no farm".into(),
+                        });
+                    };
+                    for b in farm["backends"].as_array().into_iter().flatten() {
+                        let b: FarmBackend = serde_json::from_value(b.clone()).unwrap();
+                        f.backends.insert(b.name.clone(), b);
+                    }
+                }
+                Ok("{\"response\": \"success\"}".into())
+            }
+            ("DELETE", ["farms", name]) => {
+                d.farms.remove(*name);
+                d.created.retain(|n| n != name);
+                Ok("{}".into())
+            }
+            ("DELETE", ["farms", name, "backends", backend]) => {
+                d.farms.get_mut(*name).unwrap().backends.remove(*backend);
+                Ok("{}".into())
+            }
+            _ => panic!("unexpected call {method} {path}"),
+        }
+    }
+}
+
+impl Installed for Fake {
+    fn chains(&mut self, farms: &[&Farm]) -> Result<BTreeMap<String, String>, NftlbError> {
+        let d = self.daemon();
+        let installed: BTreeSet<&String> =
+            d.created.iter().take(d.installs.unwrap_or(usize::MAX)).collect();
+        Ok(farms
+            .iter()
+            .filter(|f| installed.contains(&f.name))
+            .filter_map(|f| d.farms.get(&f.name))
+            .map(|f| {
+                let targets: Vec<String> =
+                    f.backends.values().map(|b| format!("{} . {}", b.ip_addr, b.port)).collect();
+                (f.name.clone(), format!("dnat ip to ct mark map {{ {} }}", targets.join(", ")))
+            })
+            .collect())
+    }
+}
+
+fn backend(fake: &Fake) -> NftlbBackend {
+    NftlbBackend::new(Box::new(fake.clone()), Box::new(fake.clone()))
+}
+
+fn model(services: usize, endpoints: usize) -> GlobalModel {
+    let mut model = GlobalModel::new();
+    model.apply(Object::Node(node("n0", None, &["192.168.0.1"])));
+    for s in 0..services {
+        let name = format!("s{s}");
+        let ip = format!("10.96.0.{}", s + 1);
+        model.apply(Object::Service(service("ns", &name, &[&ip], &[("http", Protocol::Tcp, 80)])));
+        let eps = (0..endpoints).map(|e| endpoint(&format!("10.1.{s}.{e}"), "n0")).collect();
+        model.apply(Object::EndpointSlice(slice(
+            "ns",
+            &name,
+            &name,
+            &[("http", Protocol::Tcp, 8080)],
+            eps,
+        )));
+    }
+    model
+}
+
+#[test]
+fn an_endpoint_change_adds_or_deletes_that_backend_only() {
+    let fake = Fake::default();
+    let mut b = backend(&fake);
+    let mut model = model(3, 2);
+    let before = project_node_state(&model, "n0");
+    b.apply(&ChangeSet::full(&before)).unwrap();
+    assert_eq!(fake.daemon().farms.len(), 3);
+    assert_eq!(fake.daemon().farms["ns--s1--http"].backends.len(), 2);
+
+    let eps =
+        vec![endpoint("10.1.1.0", "n0"), endpoint("10.1.1.1", "n0"), endpoint("10.1.1.9", "n0")];
+    model.apply(Object::EndpointSlice(slice(
+        "ns",
+        "s1",
+        "s1",
+        &[("http", Protocol::Tcp, 8080)],
+        eps,
+    )));
+    let added = project_node_state(&model, "n0");
+    fake.daemon().calls.clear();
+    b.apply(&ChangeSet::changes(&diff(&before, &added), &added)).unwrap();
+    assert_eq!(fake.daemon().calls, ["POST /farms"], "one backend added, no farm recreated");
+    assert_eq!(fake.daemon().farms["ns--s1--http"].backends.len(), 3);
+
+    let eps = vec![endpoint("10.1.1.0", "n0"), endpoint("10.1.1.9", "n0")];
+    model.apply(Object::EndpointSlice(slice(
+        "ns",
+        "s1",
+        "s1",
+        &[("http", Protocol::Tcp, 8080)],
+        eps,
+    )));
+    let removed = project_node_state(&model, "n0");
+    fake.daemon().calls.clear();
+    b.apply(&ChangeSet::changes(&diff(&added, &removed), &removed)).unwrap();
+    assert_eq!(fake.daemon().calls.len(), 1, "{:?}", fake.daemon().calls);
+    assert!(fake.daemon().calls[0].starts_with("DELETE /farms/ns--s1--http/backends/"));
+
+    // A deleted service deletes its farm.
+    model.delete(&kpng_model::global::ObjectRef::Service(ServiceKey::new("ns", "s2")));
+    let deleted = project_node_state(&model, "n0");
+    fake.daemon().calls.clear();
+    b.apply(&ChangeSet::changes(&diff(&removed, &deleted), &deleted)).unwrap();
+    assert_eq!(fake.daemon().calls, ["DELETE /farms/ns--s2--http"]);
+    assert!(b.verify().unwrap(), "nftlb holds what kpng applied");
+}
+
+#[test]
+fn a_restart_over_the_same_farms_calls_nothing_and_foreign_farms_go() {
+    let fake = Fake::default();
+    let state = project_node_state(&model(4, 3), "n0");
+    backend(&fake).apply(&ChangeSet::full(&state)).unwrap();
+    fake.daemon().calls.clear();
+    backend(&fake).apply(&ChangeSet::full(&state)).unwrap();
+    assert_eq!(fake.daemon().calls, ["GET /farms"]);
+
+    // Someone adds a farm and deletes a backend: the next start or verification repairs.
+    let mut b = backend(&fake);
+    b.apply(&ChangeSet::full(&state)).unwrap();
+    {
+        let mut d = fake.daemon();
+        let mut other = d.farms["ns--s0--http"].clone();
+        other.name = "other--http".into();
+        d.farms.insert(other.name.clone(), other);
+        let s3 = d.farms.get_mut("ns--s3--http").unwrap();
+        let first = s3.backends.keys().next().unwrap().clone();
+        s3.backends.remove(&first);
+    }
+    assert!(!b.verify().unwrap(), "drift is seen");
+    b.apply(&ChangeSet::full(&state)).unwrap();
+    let d = fake.daemon();
+    assert!(!d.farms.contains_key("other--http"));
+    assert_eq!(d.farms["ns--s3--http"].backends.len(), 3);
+}
+
+#[test]
+fn a_farm_nftlb_answers_for_but_never_installs_fails_the_change_by_name() {
+    let fake = Fake::default();
+    fake.daemon().installs = Some(2);
+    let state = project_node_state(&model(3, 1), "n0");
+    let mut b = backend(&fake);
+    let error = b.apply(&ChangeSet::full(&state)).unwrap_err();
+    let text = kpng_backend::error_chain(&error);
+    assert!(text.contains("ns--s2--http") && text.contains("does not hold"), "{text}");
+    // The retry lists the farms again rather than trusting what it sent.
+    fake.daemon().installs = None;
+    fake.daemon().calls.clear();
+    b.apply(&ChangeSet::full(&state)).unwrap();
+    assert_eq!(fake.daemon().calls.first().map(String::as_str), Some("GET /farms"));
+}
+
+#[test]
+fn farms_are_named_per_namespace_service_port_and_family() {
+    let mut model = GlobalModel::new();
+    model.apply(Object::Node(node("n0", None, &["192.168.0.1"])));
+    model.apply(Object::Service(service(
+        "shop",
+        "web",
+        &["10.96.0.5", "fd00::5"],
+        &[("", Protocol::Udp, 53)],
+    )));
+    model.apply(Object::EndpointSlice(slice(
+        "shop",
+        "w",
+        "web",
+        &[("", Protocol::Udp, 5353)],
+        vec![endpoint("10.1.0.1", "n0")],
+    )));
+    let state = project_node_state(&model, "n0");
+    let farms = farms_of(&state.services[&ServiceKey::new("shop", "web")]);
+    let names: Vec<&str> = farms.iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(names, ["shop--web--default", "shop--web--default--ipv6"]);
+    assert_eq!(farms[0].vip.protocol, "udp");
+    assert_eq!(farms[0].vip.virtual_ports, "53");
+    let backend = farms[0].backends.values().next().unwrap();
+    assert_eq!((backend.ip_addr.as_str(), backend.port.as_str()), ("10.1.0.1", "5353"));
+    assert!(farms[1].backends.is_empty(), "no IPv6 endpoint");
+}

@@ -1,0 +1,227 @@
+//! Farms: what nftlb is asked to hold for a service, one farm per service port and
+//! family, with one backend per endpoint of the port's Cluster set (its Local set with
+//! `internalTrafficPolicy: Local`).
+//!
+//! Names: a farm is `<namespace>--<service>--<port name>` (`default` for an unnamed port;
+//! `--ipv6` appended for IPv6), a backend `<pod>--<port name>`, or `<address>--<port name>`
+//! for an endpoint without a pod. The namespace keeps two services of the same name in
+//! two namespaces from sharing a farm.
+
+use std::collections::BTreeMap;
+
+use kpng_backend::endpoints::port_sets;
+use kpng_model::local::LocalServiceState;
+use kpng_model::{Family, Protocol};
+use serde::{Deserialize, Serialize};
+
+/// A farm's virtual service: what nftlb matches and how it balances.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct Vip {
+    /// `ipv4` or `ipv6`.
+    pub family: String,
+    /// The cluster IP.
+    pub virtual_addr: String,
+    /// The service port.
+    pub virtual_ports: String,
+    /// `snat`: replies come back through the node (kube-proxy's behaviour for traffic that
+    /// needs it).
+    pub mode: String,
+    /// `tcp`, `udp` or `sctp`.
+    pub protocol: String,
+    /// `weight`: random, weighted by each backend's weight (all 1: uniform, as kpng's other
+    /// backends pick).
+    pub scheduler: String,
+}
+
+/// A farm's backend.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct FarmBackend {
+    /// Unique within the farm.
+    pub name: String,
+    /// The endpoint's address.
+    pub ip_addr: String,
+    /// The endpoint's port.
+    pub port: String,
+}
+
+/// A farm as kpng wants it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Farm {
+    /// The farm's name.
+    pub name: String,
+    /// The virtual service.
+    pub vip: Vip,
+    /// The backends, by name.
+    pub backends: BTreeMap<String, FarmBackend>,
+}
+
+/// What nftlb's `GET /farms` lists of a farm (it lists more; the rest is not kpng's).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct ListedFarm {
+    /// The name.
+    pub name: String,
+    /// The virtual service.
+    #[serde(flatten)]
+    pub vip: Vip,
+    /// The backends.
+    #[serde(default)]
+    pub backends: Vec<FarmBackend>,
+}
+
+impl From<ListedFarm> for Farm {
+    fn from(listed: ListedFarm) -> Farm {
+        let backends = listed.backends.into_iter().map(|b| (b.name.clone(), b)).collect();
+        Farm { name: listed.name, vip: listed.vip, backends }
+    }
+}
+
+/// `GET /farms`' answer.
+#[derive(Debug, Deserialize)]
+pub struct Listing {
+    /// The farms.
+    #[serde(default)]
+    pub farms: Vec<ListedFarm>,
+}
+
+fn protocol_name(protocol: Protocol) -> &'static str {
+    match protocol {
+        Protocol::Tcp => "tcp",
+        Protocol::Udp => "udp",
+        Protocol::Sctp => "sctp",
+    }
+}
+
+/// The farm name of a service port.
+pub fn farm_name(state: &LocalServiceState, port: &str, family: Family) -> String {
+    let key = &state.service.key;
+    let port = if port.is_empty() { "default" } else { port };
+    let suffix = if family == Family::V6 { "--ipv6" } else { "" };
+    format!("{}--{}--{port}{suffix}", key.namespace, key.name)
+}
+
+/// The farms of one service.
+pub fn farms_of(state: &LocalServiceState) -> Vec<Farm> {
+    let service = &state.service;
+    let mut farms = Vec::new();
+    for port in &service.ports {
+        for family in Family::ALL {
+            let Some(ip) = service.cluster_ip(family) else { continue };
+            if port.yielded.contains(&ip) {
+                continue;
+            }
+            let (cluster, local) = port_sets(state, family, &port.name, port.protocol);
+            let set = if service.internal_local { local } else { cluster };
+            let port_name = if port.name.is_empty() { "default" } else { &port.name };
+            let backends = set
+                .into_iter()
+                .map(|(ip, target)| {
+                    let owner = state
+                        .endpoints
+                        .get(&ip)
+                        .and_then(|e| e.pod_name.clone())
+                        .unwrap_or_else(|| ip.to_string().replace(':', "-"));
+                    let name = format!("{owner}--{port_name}");
+                    (
+                        name.clone(),
+                        FarmBackend { name, ip_addr: ip.to_string(), port: target.to_string() },
+                    )
+                })
+                .collect();
+            farms.push(Farm {
+                name: farm_name(state, &port.name, family),
+                vip: Vip {
+                    family: match family {
+                        Family::V4 => "ipv4".into(),
+                        Family::V6 => "ipv6".into(),
+                    },
+                    virtual_addr: ip.to_string(),
+                    virtual_ports: port.port.to_string(),
+                    mode: "snat".into(),
+                    protocol: protocol_name(port.protocol).into(),
+                    scheduler: "weight".into(),
+                },
+                backends,
+            });
+        }
+    }
+    farms
+}
+
+/// What of a service to-nftlb cannot express, for the log.
+pub fn unsupported(state: &LocalServiceState) -> Vec<&'static str> {
+    let s = &state.service;
+    let mut what = Vec::new();
+    if s.ports.iter().any(|p| p.node_port.is_some()) {
+        what.push("NodePorts");
+    }
+    if !s.external_ips.is_empty() {
+        what.push("externalIPs");
+    }
+    if !s.load_balancer_ips.is_empty() {
+        what.push("load-balancer IPs");
+    }
+    if s.affinity_timeout_seconds.is_some() {
+        what.push("ClientIP affinity");
+    }
+    what
+}
+
+/// The body of a `POST /farms` creating `farm` whole. nftlb reads keys in order: the name
+/// comes first.
+pub fn create_body(farm: &Farm) -> String {
+    #[derive(Serialize)]
+    #[serde(rename_all = "kebab-case")]
+    struct Whole<'a> {
+        name: &'a str,
+        #[serde(flatten)]
+        vip: &'a Vip,
+        intra_connect: &'static str,
+        state: &'static str,
+        backends: Vec<Up<'a>>,
+    }
+    let whole = Whole {
+        name: &farm.name,
+        vip: &farm.vip,
+        intra_connect: "on",
+        state: "up",
+        backends: farm.backends.values().map(Up::of).collect(),
+    };
+    farms_body(&whole)
+}
+
+/// The body of a `POST /farms` adding `backends` to the farm `name`.
+pub fn backends_body(name: &str, backends: &[&FarmBackend]) -> String {
+    #[derive(Serialize)]
+    struct Part<'a> {
+        name: &'a str,
+        backends: Vec<Up<'a>>,
+    }
+    farms_body(&Part { name, backends: backends.iter().map(|b| Up::of(b)).collect() })
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "kebab-case")]
+struct Up<'a> {
+    name: &'a str,
+    ip_addr: &'a str,
+    port: &'a str,
+    state: &'static str,
+}
+
+impl<'a> Up<'a> {
+    fn of(backend: &'a FarmBackend) -> Up<'a> {
+        Up { name: &backend.name, ip_addr: &backend.ip_addr, port: &backend.port, state: "up" }
+    }
+}
+
+fn farms_body(farm: &impl Serialize) -> String {
+    #[derive(Serialize)]
+    struct Farms<'a, T: Serialize> {
+        farms: [&'a T; 1],
+    }
+    // Serializing plain structs of strings cannot fail.
+    serde_json::to_string(&Farms { farms: [farm] }).unwrap_or_default()
+}

@@ -1,0 +1,116 @@
+//! `to-nftlb` with real packets: the Debian package's nftlb daemon in the node namespace,
+//! driven by kpng from the manifests; connections from the client namespace through the
+//! cluster IP reach the endpoints nftlb was given, follow endpoint changes, and `kpng
+//! cleanup --backend nftlb` removes the farms.
+
+use std::process::{Child, Stdio};
+
+use kpng_testkit::privileged::require;
+use kpng_testkit::probe::Outcome;
+use kpng_testkit::topology::Cluster;
+
+use crate::harness::*;
+
+const URL: &str = "http://127.0.0.1:5555";
+
+/// A process of the test's, killed when the test ends, passed or failed.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The farms nftlb lists (`GET /farms`).
+fn farms(cluster: &Cluster, key: &str) -> String {
+    let header = format!("Key: {key}");
+    let out = cluster.node.output("curl", &["-s", "-H", &header, &format!("{URL}/farms")]);
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+pub fn to_nftlb_serves_cluster_ips_follows_endpoints_and_cleans_up() {
+    if !require("to-nftlb with real packets", &["nftlb", "nft", "ip", "curl"]) {
+        return;
+    }
+    let mut cluster = Cluster::new();
+    cluster.add_pod("web-a", true, 10, &[8080]);
+    cluster.add_pod("web-b", false, 10, &[8080]);
+    let dir = tempfile::tempdir().unwrap();
+    let key = "kpng-test-key";
+    let key_file = dir.path().join("nftlb.key");
+    std::fs::write(&key_file, format!("{key}\n")).unwrap();
+    let nftlb = cluster
+        .node
+        .command("nftlb", &["-H", "127.0.0.1", "-P", "5555", "-l", "0", "-L", "0"])
+        .env("NFTLB_SERVER_KEY", key)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starting nftlb");
+    let _nftlb = Killed(nftlb);
+    wait_until("nftlb's API answers", || farms(&cluster, key).contains("farms"));
+
+    let manifests = dir.path().join("cluster.yaml");
+    let write = |text: &str| {
+        let tmp = dir.path().join("edit.tmp");
+        std::fs::write(&tmp, format!("{NODE_A}{text}")).unwrap();
+        std::fs::rename(&tmp, &manifests).unwrap();
+    };
+    write(&web("10.96.0.90", &[WEB_A, WEB_B]));
+    let log_path = dir.path().join("kpng.log");
+    let key_path = key_file.display().to_string();
+    let input = manifests.display().to_string();
+    let args = [
+        "file",
+        "--input",
+        &input,
+        "--watch",
+        "to-local",
+        "--node",
+        "node-a",
+        "to-nftlb",
+        "--nftlb-url",
+        URL,
+        "--nftlb-key-file",
+        &key_path,
+    ];
+    let kpng = cluster
+        .node
+        .command(env!("CARGO_BIN_EXE_kpng"), &args)
+        .stderr(std::fs::File::create(&log_path).unwrap())
+        .spawn()
+        .expect("starting kpng");
+    let _kpng = Killed(kpng);
+    let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+
+    // Both endpoints, one on this node and one on the other, are reached.
+    let answers = |o: &Outcome| matches!(o, Outcome::Answer { .. });
+    let probe = || Cluster::tcp(&cluster.client, "10.96.0.90:80");
+    assert!(answers(&eventually(probe, answers)), "{}\n{}", log(), farms(&cluster, key));
+    let listed = farms(&cluster, key);
+    assert!(listed.contains("\"test--web--http\""), "{listed}");
+    let names = tcp_names(&cluster.client, "10.96.0.90:80", 24);
+    assert_eq!(names, ["web-a", "web-b"].map(String::from).into(), "{}", log());
+
+    // web-b goes: one backend deleted, and every connection reaches web-a.
+    write(&web("10.96.0.90", &[WEB_A]));
+    wait_until("web-b's backend is gone", || !farms(&cluster, key).contains("10.244.1.10"));
+    for _ in 0..8 {
+        assert_eq!(reach(&cluster.client, "10.96.0.90:80").0, "web-a", "{}", log());
+    }
+    assert!(log().contains("nftlb farms updated"), "{}", log());
+
+    // cleanup removes kpng's farms; the cluster IP is no longer served.
+    drop(_kpng);
+    let cleanup =
+        ["cleanup", "--backend", "nftlb", "--nftlb-url", URL, "--nftlb-key-file", &key_path];
+    let out = cluster.node.output(env!("CARGO_BIN_EXE_kpng"), &cleanup);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("removed 1 nftlb farms"));
+    assert!(!farms(&cluster, key).contains("test--web--http"), "{}", farms(&cluster, key));
+    let after = Cluster::tcp(&cluster.client, "10.96.0.90:80");
+    assert!(!answers(&after), "nothing serves the cluster IP after cleanup: {after}");
+}
