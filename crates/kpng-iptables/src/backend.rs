@@ -11,7 +11,7 @@
 //! cluster, the entry chains (the fixed `KPNG-SERVICES`, `KPNG-FILTER`, ...) and the
 //! built-in chains' jumps into them: what a flushed table or a flushed entry chain breaks.
 //! Every chain is read back too, but only as often as keeps that read-back under 1% of the
-//! time ([`FullReads`]): `iptables-nft-save` takes seconds at 30,000 chains, while
+//! time ([`IptablesOptions::full_read_share`]): `iptables-nft-save` takes seconds at 30,000 chains, while
 //! `iptables-legacy-save` of the same takes a fraction of a second and so runs at every
 //! verification.
 
