@@ -193,8 +193,10 @@ fn nodeport_guard(family: Family, node: &NodeFacts) -> Vec<Rule> {
     let target = names::nodeports();
     if *node.nodeports.all_local.get(family) {
         let loopback: IpNet = match family {
-            Family::V4 => "127.0.0.0/8".parse().expect("a literal network"),
-            Family::V6 => "::1/128".parse().expect("a literal network"),
+            Family::V4 => {
+                ipnet::Ipv4Net::new_assert(std::net::Ipv4Addr::new(127, 0, 0, 0), 8).into()
+            }
+            Family::V6 => ipnet::Ipv6Net::new_assert(std::net::Ipv6Addr::LOCALHOST, 128).into(),
         };
         let rule = Rule::jump(&target)
             .not_dst(Addr::Net(loopback))

@@ -94,10 +94,15 @@ fn protocol_name(protocol: Protocol) -> &'static str {
     }
 }
 
+/// A port's name in farm and backend names: `default` for an unnamed port.
+fn port_label(port: &str) -> &str {
+    if port.is_empty() { "default" } else { port }
+}
+
 /// The farm name of a service port.
 pub fn farm_name(state: &LocalServiceState, port: &str, family: Family) -> String {
     let key = &state.service.key;
-    let port = if port.is_empty() { "default" } else { port };
+    let port = port_label(port);
     let suffix = if family == Family::V6 { "--ipv6" } else { "" };
     format!("{}--{}--{port}{suffix}", key.namespace, key.name)
 }
@@ -114,7 +119,7 @@ pub fn farms_of(state: &LocalServiceState) -> Vec<Farm> {
             }
             let (cluster, local) = port_sets(state, family, &port.name, port.protocol);
             let set = if service.internal_local { local } else { cluster };
-            let port_name = if port.name.is_empty() { "default" } else { &port.name };
+            let port_name = port_label(&port.name);
             let backends = set
                 .into_iter()
                 .map(|(ip, target)| {

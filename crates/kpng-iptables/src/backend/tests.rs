@@ -233,12 +233,7 @@ impl Kernel for SlowReads {
         chains: &[(Table, String)],
     ) -> Result<Snapshot, IptablesError> {
         self.listed.fetch_add(chains.len() as u64, Ordering::Relaxed);
-        let mut snapshot = self.kernel.read(family)?;
-        snapshot
-            .chains
-            .retain(|(t, c), _| chains.iter().any(|(lt, lc)| lt == t && lc == c.as_str()));
-        snapshot.hooks.retain(|(t, b, _)| chains.iter().any(|(lt, lc)| lt == t && lc == b));
-        Ok(snapshot)
+        self.kernel.read_chains(family, chains)
     }
 
     fn restore(&mut self, family: Family, input: &str) -> Result<(), IptablesError> {

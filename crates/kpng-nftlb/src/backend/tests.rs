@@ -118,6 +118,18 @@ fn backend(fake: &Fake) -> NftlbBackend {
     NftlbBackend::new(Box::new(fake.clone()), Box::new(fake.clone()))
 }
 
+/// Sets the endpoints of service `name` (one slice of that name, port http to 8080).
+fn set_endpoints(model: &mut GlobalModel, name: &str, ips: &[String]) {
+    let eps = ips.iter().map(|ip| endpoint(ip, "n0")).collect();
+    model.apply(Object::EndpointSlice(slice(
+        "ns",
+        name,
+        name,
+        &[("http", Protocol::Tcp, 8080)],
+        eps,
+    )));
+}
+
 fn model(services: usize, endpoints: usize) -> GlobalModel {
     let mut model = GlobalModel::new();
     model.apply(Object::Node(node("n0", None, &["192.168.0.1"])));
@@ -125,14 +137,8 @@ fn model(services: usize, endpoints: usize) -> GlobalModel {
         let name = format!("s{s}");
         let ip = format!("10.96.0.{}", s + 1);
         model.apply(Object::Service(service("ns", &name, &[&ip], &[("http", Protocol::Tcp, 80)])));
-        let eps = (0..endpoints).map(|e| endpoint(&format!("10.1.{s}.{e}"), "n0")).collect();
-        model.apply(Object::EndpointSlice(slice(
-            "ns",
-            &name,
-            &name,
-            &[("http", Protocol::Tcp, 8080)],
-            eps,
-        )));
+        let ips: Vec<String> = (0..endpoints).map(|e| format!("10.1.{s}.{e}")).collect();
+        set_endpoints(&mut model, &name, &ips);
     }
     model
 }
@@ -147,29 +153,14 @@ fn an_endpoint_change_adds_or_deletes_that_backend_only() {
     assert_eq!(fake.daemon().farms.len(), 3);
     assert_eq!(fake.daemon().farms["ns--s1--http"].backends.len(), 2);
 
-    let eps =
-        vec![endpoint("10.1.1.0", "n0"), endpoint("10.1.1.1", "n0"), endpoint("10.1.1.9", "n0")];
-    model.apply(Object::EndpointSlice(slice(
-        "ns",
-        "s1",
-        "s1",
-        &[("http", Protocol::Tcp, 8080)],
-        eps,
-    )));
+    set_endpoints(&mut model, "s1", &["10.1.1.0", "10.1.1.1", "10.1.1.9"].map(String::from));
     let added = project_node_state(&model, "n0");
     fake.daemon().calls.clear();
     b.apply(&ChangeSet::changes(&diff(&before, &added), &added)).unwrap();
     assert_eq!(fake.daemon().calls, ["POST /farms"], "one backend added, no farm recreated");
     assert_eq!(fake.daemon().farms["ns--s1--http"].backends.len(), 3);
 
-    let eps = vec![endpoint("10.1.1.0", "n0"), endpoint("10.1.1.9", "n0")];
-    model.apply(Object::EndpointSlice(slice(
-        "ns",
-        "s1",
-        "s1",
-        &[("http", Protocol::Tcp, 8080)],
-        eps,
-    )));
+    set_endpoints(&mut model, "s1", &["10.1.1.0", "10.1.1.9"].map(String::from));
     let removed = project_node_state(&model, "n0");
     fake.daemon().calls.clear();
     b.apply(&ChangeSet::changes(&diff(&added, &removed), &removed)).unwrap();

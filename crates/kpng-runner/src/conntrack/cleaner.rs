@@ -125,18 +125,27 @@ impl ConntrackCleaner {
     }
 
     /// Hands the collected updates to the cleanup thread (started at the first).
+    /// A thread that cannot start (the process is out of threads or memory) is logged;
+    /// the next cleanup tries again.
     fn send(&mut self, work: Work) {
-        let (sender, _) = self.worker.get_or_insert_with(|| {
+        if self.worker.is_none() {
             let (sender, receiver) = std::sync::mpsc::channel();
             let stats = self.stats.clone();
-            let thread = std::thread::Builder::new()
+            let spawned = std::thread::Builder::new()
                 .name("kpng-conntrack".into())
-                .spawn(move || Cleanup::new(Box::<Ctnetlink>::default(), stats).run(receiver))
-                .expect("spawning the conntrack cleanup thread");
-            (sender, thread)
-        });
-        // The thread only ends when the sender is dropped.
-        let _ = sender.send(work);
+                .spawn(move || Cleanup::new(Box::<Ctnetlink>::default(), stats).run(receiver));
+            match spawned {
+                Ok(thread) => self.worker = Some((sender, thread)),
+                Err(error) => {
+                    tracing::warn!(%error, "conntrack cleanup: cannot start its thread; stale flows stay until the next change");
+                    return;
+                }
+            }
+        }
+        if let Some((sender, _)) = &self.worker {
+            // The thread only ends when the sender is dropped.
+            let _ = sender.send(work);
+        }
     }
 }
 
