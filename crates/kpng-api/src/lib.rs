@@ -9,6 +9,7 @@
 //!   with protox at build time, no `protoc` needed).
 //! - [`local`]: ENLS ops ↔ `localv1` op items.
 //! - [`global`]: global model objects ↔ `globalv1` infos, and the global stream's items.
+//! - [`load_balancing`]: the kube-nftlb load-balancing settings ↔ their wire extension.
 //! - [`wire`]: decoding helpers and [`WireError`], which names the object and field.
 //! - [`addr`]: server addresses (Unix socket or TCP) and TLS material.
 //! - [`client`]: connecting, pulling either stream, and following a node's stream with
@@ -29,6 +30,7 @@ pub mod globalv1 {
 pub mod addr;
 pub mod client;
 pub mod global;
+pub mod load_balancing;
 pub mod local;
 pub mod wire;
 

@@ -16,6 +16,7 @@ use kpng_model::{
 };
 use prost::Message;
 
+use crate::load_balancing::{decode_load_balancing, encode_load_balancing};
 use crate::localv1::{self, op_item};
 use crate::wire::{
     WireError, affinity_timeout, client_ip, decode, ip_filters, ip_set, optional_port, parse_ip,
@@ -186,6 +187,7 @@ pub fn encode_service(service: &LocalService) -> localv1::Service {
                 yielded: (!p.yielded.is_empty()).then(|| ip_set(&p.yielded)),
             })
             .collect(),
+        load_balancing: encode_load_balancing(&service.load_balancing),
     }
 }
 
@@ -238,6 +240,7 @@ pub fn decode_service(wire: &localv1::Service, path: &str) -> Result<LocalServic
             path,
             "healthCheckNodePort",
         )?,
+        load_balancing: decode_load_balancing(wire.load_balancing.as_ref(), path)?,
     })
 }
 

@@ -74,6 +74,7 @@ mod tests {
             internal_local: false,
             external_local: false,
             health_check_node_port: None,
+            load_balancing: Default::default(),
         };
         let state = LocalServiceState { service, endpoints };
         let (cluster, local) = port_sets(&state, Family::V4, "p", Protocol::Tcp);

@@ -258,6 +258,7 @@ fn local_service(model: &GlobalModel, service: &Service) -> LocalService {
         health_check_node_port: service
             .health_check_node_port
             .filter(|_| service.service_type == ServiceType::LoadBalancer && external_local),
+        load_balancing: service.load_balancing,
     }
 }
 

@@ -6,6 +6,7 @@
 
 mod claims;
 mod endpoints;
+mod load_balancing;
 mod model;
 mod node;
 mod service;
@@ -13,6 +14,10 @@ mod service_cidr;
 
 pub use claims::{Claim, Claims};
 pub use endpoints::{Endpoint, EndpointSlice, SliceKey, SlicePort};
+pub use load_balancing::{
+    AnnotationKey, DEFAULT_PERSISTENCE_TIMEOUT_SECONDS, Helper, LOAD_BALANCER_ANNOTATION_PREFIX,
+    LoadBalancing, LogPath, NatMode, Persistence, PersistenceKey, Scheduler,
+};
 pub use model::{Changes, GlobalModel, Kind, ModelDocument, Object, ObjectRef, Touched};
 pub use node::{Node, NodeAddress, NodeAddressKind, TO_BE_DELETED_TAINT, ZONE_LABEL};
 pub use service::{

@@ -13,7 +13,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
-use crate::global::{ServiceKey, ServiceType};
+use crate::global::{LoadBalancing, ServiceKey, ServiceType};
 use crate::net::{Family, PerFamily, Protocol};
 
 /// What the node knows about itself.
@@ -103,6 +103,11 @@ pub struct LocalService {
     pub external_local: bool,
     /// The health-check NodePort (LoadBalancer with externalTrafficPolicy Local).
     pub health_check_node_port: Option<u16>,
+    /// The kube-nftlb load-balancing settings. A backend that cannot enforce one says so
+    /// (see `kpng-backend`); its persistence wins over `affinity_timeout_seconds` where
+    /// enforced.
+    #[serde(default, skip_serializing_if = "LoadBalancing::is_default")]
+    pub load_balancing: LoadBalancing,
 }
 
 impl LocalService {

@@ -9,6 +9,7 @@
 //! source can report them once.
 
 mod error;
+mod load_balancing;
 mod node;
 mod service;
 mod service_cidr;
@@ -16,6 +17,7 @@ mod slice;
 mod time;
 
 pub use error::{ConvertError, FieldError, printable};
+pub use load_balancing::rejected_annotations;
 pub use node::convert_node;
 pub use service::convert_service;
 pub use service_cidr::convert_service_cidr;

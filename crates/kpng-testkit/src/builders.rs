@@ -41,6 +41,7 @@ pub fn service(
         health_check_node_port: None,
         proxy_name: None,
         created_at: None,
+        load_balancing: Default::default(),
     }
 }
 

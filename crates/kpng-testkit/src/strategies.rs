@@ -5,9 +5,10 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use kpng_model::global::{
-    Endpoint, EndpointSlice, IpMode, LoadBalancerIngress, Node, NodeAddress, NodeAddressKind,
-    Service, ServiceCidr, ServiceKey, ServicePort, ServiceType, SessionAffinity, SliceKey,
-    SlicePort, TargetPort, TrafficPolicy, ZONE_LABEL,
+    Endpoint, EndpointSlice, Helper, IpMode, LoadBalancerIngress, LoadBalancing, LogPath, NatMode,
+    Node, NodeAddress, NodeAddressKind, Persistence, PersistenceKey, Scheduler, Service,
+    ServiceCidr, ServiceKey, ServicePort, ServiceType, SessionAffinity, SliceKey, SlicePort,
+    TargetPort, TrafficPolicy, ZONE_LABEL,
 };
 use kpng_model::{Family, Object, ObjectRef, Protocol};
 use proptest::prelude::*;
@@ -102,12 +103,16 @@ pub fn arb_service() -> impl Strategy<Value = Service> {
         proptest::collection::vec(arb_any_ip(), 0..2),
         proptest::collection::vec((arb_any_ip(), any::<bool>()), 0..2),
         (arb_policy(), arb_policy(), any::<bool>(), proptest::option::of(30000u16..30010)),
-        (arb_proxy_name(), proptest::option::of(1_500_000_000i64..1_800_000_000)),
+        (
+            arb_proxy_name(),
+            proptest::option::of(1_500_000_000i64..1_800_000_000),
+            arb_load_balancing(),
+        ),
     )
         .prop_map(
             |(key, families, ports, service_type, mut external_ips, ingress, policies, meta)| {
                 let (itp, etp, affinity, hc) = policies;
-                let (proxy_name, created_at) = meta;
+                let (proxy_name, created_at, load_balancing) = meta;
                 let node_ports = service_type != ServiceType::ClusterIP;
                 external_ips.sort();
                 external_ips.dedup();
@@ -152,9 +157,35 @@ pub fn arb_service() -> impl Strategy<Value = Service> {
                     service_type,
                     proxy_name,
                     created_at,
+                    load_balancing,
                 }
             },
         )
+}
+
+/// Load-balancing settings: usually none, else any combination of values.
+pub fn arb_load_balancing() -> impl Strategy<Value = LoadBalancing> {
+    fn of<T: Copy + std::fmt::Debug + 'static>(
+        all: &'static [(T, &'static str)],
+    ) -> impl Strategy<Value = Option<T>> {
+        proptest::option::of(select(all).prop_map(|(v, _)| v))
+    }
+    let settings = (
+        of(Scheduler::ALL),
+        of(PersistenceKey::ALL),
+        1u32..100_000,
+        of(NatMode::ALL),
+        of(Helper::ALL),
+        of(LogPath::ALL),
+    )
+        .prop_map(|(scheduler, key, timeout_seconds, mode, helper, log)| LoadBalancing {
+            scheduler,
+            persistence: key.map(|key| Persistence { key, timeout_seconds }),
+            mode,
+            helper,
+            log,
+        });
+    prop_oneof![3 => Just(LoadBalancing::default()), 1 => settings]
 }
 
 /// A service-proxy-name label value, usually none.

@@ -14,7 +14,7 @@
 //! - [`servers`]: the admin and health-check HTTP servers.
 //! - [`signals`]: SIGTERM and SIGINT (stop between two transactions), SIGHUP (ignored).
 //! - [`sinks`]: `to-file` and `to-local`.
-//! - [`stats`]: the `--stats` line.
+//! - [`stats`]: the `--stats` line, and the sources' own metrics.
 
 mod cli;
 mod config;

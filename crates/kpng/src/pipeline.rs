@@ -258,7 +258,10 @@ where
                 _ => None,
             },
             health_timeout: global.sync.sync_period * 2,
-            collectors,
+            collectors: {
+                collectors.push(Box::new(crate::stats::SourceMetrics));
+                collectors
+            },
             bind_problems: process.problems.clone(),
             http: Some(process.http.clone()),
         },

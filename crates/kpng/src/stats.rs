@@ -95,3 +95,26 @@ pub async fn print_stats(mut printer: StatsPrinter, interval: Duration) {
         eprintln!("{}", printer.line());
     }
 }
+
+/// The sources' own counters as metrics: `kpng_rejected_annotations_total`.
+#[derive(Debug)]
+pub struct SourceMetrics;
+
+impl prometheus_client::collector::Collector for SourceMetrics {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> std::fmt::Result {
+        use prometheus_client::encoding::EncodeMetric;
+        let metric = prometheus_client::metrics::counter::ConstCounter::new(
+            kpng_sources::convert::rejected_annotations(),
+        );
+        metric.encode(encoder.encode_descriptor(
+            "kpng_rejected_annotations",
+            "Load-balancing annotations of Services with a key or value kpng does not know \
+             (each read of such a Service counts); the service is balanced as without them.",
+            None,
+            metric.metric_type(),
+        )?)
+    }
+}

@@ -10,6 +10,7 @@ use kpng_model::global::{
 use kpng_model::{Service, ServiceKey};
 
 use super::{GlobalItem, with_hash};
+use crate::load_balancing::{decode_load_balancing, encode_load_balancing};
 use crate::wire::{
     WireError, affinity_timeout, client_ip, decode, ip_filters, ip_set, optional_port, parse_ip,
     parse_ips, port, protocol, service_type, source_ranges, wire_protocol,
@@ -63,6 +64,7 @@ pub fn service_item(service: &Service) -> GlobalItem {
         internal_traffic_to_local: service.internal_traffic_policy == TrafficPolicy::Local,
         health_check_node_port: service.health_check_node_port.map_or(0, i32::from),
         port_endpoints: Vec::new(),
+        load_balancing: encode_load_balancing(&service.load_balancing),
     };
     let info = globalv1::ServiceInfo {
         hash: 0,
@@ -147,5 +149,6 @@ pub fn decode_service(bytes: &[u8], path: &str) -> Result<Service, WireError> {
         )?,
         proxy_name: wire.labels.get(SERVICE_PROXY_NAME_LABEL).cloned(),
         created_at: info.created_at,
+        load_balancing: decode_load_balancing(wire.load_balancing.as_ref(), path)?,
     })
 }

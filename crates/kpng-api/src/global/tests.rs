@@ -1,5 +1,6 @@
 use kpng_model::global::{
-    IpMode, LoadBalancerIngress, NodeAddress, NodeAddressKind, ServicePort, SessionAffinity,
+    Helper, IpMode, LoadBalancerIngress, LoadBalancing, LogPath, NatMode, NodeAddress,
+    NodeAddressKind, Persistence, PersistenceKey, Scheduler, ServicePort, SessionAffinity,
     TargetPort, TrafficPolicy,
 };
 use kpng_model::{Node, Service, ServiceCidr, ServiceKey};
@@ -33,6 +34,16 @@ fn services_and_nodes_round_trip_exactly() {
         health_check_node_port: Some(31000),
         proxy_name: Some("edge".into()),
         created_at: Some(1_700_000_000),
+        load_balancing: LoadBalancing {
+            scheduler: Some(Scheduler::RoundRobin),
+            persistence: Some(Persistence {
+                key: PersistenceKey::SrcIpSrcPort,
+                timeout_seconds: 5,
+            }),
+            mode: Some(NatMode::Snat),
+            helper: Some(Helper::Tftp),
+            log: Some(LogPath::Forward),
+        },
     };
     let item = service_item(&service);
     assert_eq!((item.set, item.path.as_str()), (localv1::Set::GlobalServiceInfos, "ns/lb"));

@@ -66,6 +66,7 @@ pub(crate) fn state(
             internal_local: false,
             external_local: false,
             health_check_node_port: None,
+            load_balancing: Default::default(),
         },
         endpoints: endpoints.into_iter().collect(),
     }

@@ -7,6 +7,7 @@ use std::str::FromStr;
 use ipnet::IpNet;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use crate::global::LoadBalancing;
 use crate::net::{Family, Protocol};
 
 /// Identifies a Service: `namespace/name`.
@@ -212,6 +213,9 @@ pub struct Service {
     /// of two services claiming one destination holds it (see [`Service::seniority`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub created_at: Option<i64>,
+    /// The kube-nftlb load-balancing annotations, typed (see [`LoadBalancing`]).
+    #[serde(default, skip_serializing_if = "LoadBalancing::is_default")]
+    pub load_balancing: LoadBalancing,
 }
 
 impl Service {

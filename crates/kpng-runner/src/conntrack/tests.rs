@@ -86,6 +86,7 @@ fn dns(endpoints: Vec<LocalEndpoint>) -> LocalServiceState {
         internal_local: false,
         external_local: false,
         health_check_node_port: None,
+        load_balancing: Default::default(),
     };
     LocalServiceState { service, endpoints: endpoints.into_iter().collect() }
 }

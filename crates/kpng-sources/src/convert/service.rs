@@ -9,6 +9,7 @@ use kpng_model::global::{
 use kpng_model::net::{parse_cidr, parse_ip};
 use kpng_model::{Family, ObjectRef, Protocol};
 
+use super::load_balancing::load_balancing;
 use super::{
     ConvertError, ConvertOptions, Converted, FieldError, SERVICE_PROXY_NAME_LABEL, Warnings,
     ignored_by_labels, unix_seconds,
@@ -59,7 +60,11 @@ pub fn convert_service(
         return ignored("headless (no usable cluster IP)".into());
     }
     let reduced = reduce(key, service_type, cluster_ips, spec, svc.status.as_ref(), &svc.metadata);
-    reduced.map(Converted::Proxied).map_err(error)
+    let mut service = reduced.map_err(error)?;
+    let mut rejected = Vec::new();
+    service.load_balancing = load_balancing(&svc.metadata.annotations, spec, &mut rejected);
+    warnings.extend(rejected.into_iter().map(error));
+    Ok(Converted::Proxied(service))
 }
 
 /// The service from its checked type and cluster IPs, and the rest of its fields.
@@ -104,6 +109,7 @@ fn reduce(
         health_check_node_port,
         proxy_name: metadata.labels.get(SERVICE_PROXY_NAME_LABEL).map(str::to_string),
         created_at,
+        load_balancing: Default::default(),
     })
 }
 

@@ -104,3 +104,96 @@ fn service_cidrs_are_read_and_named_on_error() {
     let error = convert_service_cidr(&bad).unwrap_err().to_string();
     assert!(error.starts_with("ServiceCIDR extra: spec.cidrs[0]: "), "{error}");
 }
+
+/// A Service with these annotations and spec fields besides its cluster IP and port.
+fn annotated(annotations: serde_json::Value, spec: serde_json::Value) -> schema::Service {
+    let mut full = json!({"clusterIPs": ["10.96.0.1"], "ports": [{"port": 80}]});
+    full.as_object_mut().unwrap().extend(spec.as_object().unwrap().clone());
+    serde_json::from_value(json!({
+        "metadata": {"name": "web", "namespace": "shop", "annotations": annotations},
+        "spec": full,
+    }))
+    .unwrap()
+}
+
+fn balancing(svc: &schema::Service) -> (kpng_model::global::LoadBalancing, Vec<String>) {
+    let mut warnings = Warnings::new();
+    let converted = convert_service(svc, &ConvertOptions::default(), &mut warnings).unwrap();
+    let Converted::Proxied(svc) = converted else { panic!("not proxied") };
+    (svc.load_balancing, warnings.iter().map(ToString::to_string).collect())
+}
+
+const PREFIX: &str = "service.kubernetes.io/kube-nftlb-load-balancer-";
+
+#[test]
+fn every_load_balancing_value_is_read() {
+    use kpng_model::global::{Helper, LogPath, NatMode, PersistenceKey, Scheduler};
+    let one = |key: &str, value: &str| {
+        let (lb, warnings) =
+            balancing(&annotated(json!({format!("{PREFIX}{key}"): value}), json!({})));
+        assert!(warnings.is_empty(), "{key}={value}: {warnings:?}");
+        lb
+    };
+    for (scheduler, text) in Scheduler::ALL {
+        assert_eq!(one("scheduler", text).scheduler, Some(*scheduler));
+    }
+    for (key, text) in PersistenceKey::ALL {
+        let persistence = one("persistence", text).persistence.unwrap();
+        assert_eq!(
+            (persistence.key, persistence.timeout_seconds),
+            (*key, 60),
+            "kube-nftlb's default"
+        );
+    }
+    for (mode, text) in NatMode::ALL {
+        assert_eq!(one("mode", text).mode, Some(*mode));
+    }
+    for (helper, text) in Helper::ALL {
+        assert_eq!(one("helper", text).helper, Some(*helper));
+    }
+    for (log, text) in LogPath::ALL {
+        assert_eq!(one("log", text).log, Some(*log));
+    }
+    for key in ["persistence", "helper", "log"] {
+        assert!(one(key, "none").is_default(), "{key}: none is the default");
+    }
+}
+
+#[test]
+fn the_persistence_timeout_comes_from_the_affinity_config() {
+    let svc = annotated(
+        json!({format!("{PREFIX}persistence"): "srcip"}),
+        json!({"sessionAffinity": "ClientIP", "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 7}}}),
+    );
+    let (lb, warnings) = balancing(&svc);
+    assert!(warnings.is_empty(), "{warnings:?}");
+    assert_eq!(lb.persistence.unwrap().timeout_seconds, 7);
+}
+
+#[test]
+fn unknown_keys_and_values_are_warnings_and_the_rest_is_kept() {
+    let before = rejected_annotations();
+    let svc = annotated(
+        json!({
+            format!("{PREFIX}scheduler"): "weight",
+            format!("{PREFIX}colour"): "blue",
+            format!("{PREFIX}log"): "forward",
+            "example.com/other": "x",
+        }),
+        json!({}),
+    );
+    let (lb, warnings) = balancing(&svc);
+    assert_eq!(lb.scheduler, None, "an unknown value leaves the default");
+    assert_eq!(lb.log, Some(kpng_model::global::LogPath::Forward));
+    assert_eq!(warnings.len(), 2, "{warnings:?}");
+    let joined = warnings.join("\n");
+    assert!(
+        joined.contains(
+            "Service shop/web: metadata.annotations[\"service.kubernetes.io/kube-nftlb-load-balancer-scheduler\"]: \
+             unknown scheduler \"weight\" (expected \"rr\", \"symhash\" or \"hash\")"
+        ),
+        "{joined}"
+    );
+    assert!(joined.contains("unknown setting \"colour\" (expected \"scheduler\", \"persistence\", \"mode\", \"helper\" or \"log\")"), "{joined}");
+    assert!(rejected_annotations() >= before + 2);
+}

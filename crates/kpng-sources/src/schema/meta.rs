@@ -6,7 +6,7 @@ use std::fmt;
 use serde::Deserialize;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
 
-pub use kpng_model::global::SERVICE_PROXY_NAME_LABEL;
+pub use kpng_model::global::{LOAD_BALANCER_ANNOTATION_PREFIX, SERVICE_PROXY_NAME_LABEL};
 
 /// The label that marks a headless Service's objects.
 pub const HEADLESS_LABEL: &str = "service.kubernetes.io/headless";
@@ -56,7 +56,14 @@ pub fn label_matters(key: &str) -> bool {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Labels(pub Vec<(String, String)>);
 
-/// The annotations of an object that a proxy reads (the trigger time of a slice).
+/// Whether an annotation can matter to a proxy: a slice's trigger time and a Service's
+/// kube-nftlb load-balancing settings.
+pub fn annotation_matters(key: &str) -> bool {
+    key == TRIGGER_TIME_ANNOTATION || key.starts_with(LOAD_BALANCER_ANNOTATION_PREFIX)
+}
+
+/// The annotations of an object that a proxy reads (see [`annotation_matters`]), in the
+/// object's order.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Annotations(pub Vec<(String, String)>);
 
@@ -82,8 +89,7 @@ impl<'de> Deserialize<'de> for Labels {
 
 impl<'de> Deserialize<'de> for Annotations {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let keep = |key: &str| key == TRIGGER_TIME_ANNOTATION;
-        deserializer.deserialize_option(SelectedMap(keep)).map(Annotations)
+        deserializer.deserialize_option(SelectedMap(annotation_matters)).map(Annotations)
     }
 }
 
@@ -201,6 +207,20 @@ mod tests {
         assert_eq!(meta.labels.0.len(), 2, "{:?}", meta.labels);
         assert_eq!(meta.annotations, Annotations::default());
         assert!(meta.deletion_timestamp);
+    }
+
+    #[test]
+    fn load_balancing_annotations_are_kept_and_others_dropped() {
+        let meta: ObjectMeta = serde_json::from_str(
+            r#"{"name": "a", "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{}",
+                "service.kubernetes.io/kube-nftlb-load-balancer-scheduler": "rr"}}"#,
+        )
+        .unwrap();
+        let kept = [(
+            "service.kubernetes.io/kube-nftlb-load-balancer-scheduler".to_string(),
+            "rr".to_string(),
+        )];
+        assert_eq!(meta.annotations.0, kept);
     }
 
     #[test]
