@@ -1,9 +1,11 @@
-//! ClientIP session affinity, for the services that ask for it.
+//! Services balanced by chains of their own: ClientIP session affinity, and the kube-nftlb
+//! load-balancing annotations ([`GroupPolicy`]).
 //!
-//! Each service port, family and endpoint set of an affinity service is a group with its
+//! Each service port, family and endpoint set of such a service is a group with its
 //! own chain `aff_<hash>` (the only per-service chains kpng makes). Slot `i` of the group
 //! has a timeout set `aff_<hash>_<i>` of client addresses and a chain `aff_<hash>_<i>` that
-//! refreshes the client in that set and DNATs to the slot's endpoint:
+//! refreshes the client in that set and DNATs to the slot's endpoint (for ClientIP
+//! affinity, which the policy of an unannotated service gives):
 //!
 //! ```text
 //! chain aff_h    { ip saddr @aff_h_0 goto aff_h_0; ...                 (a known client)
@@ -19,12 +21,66 @@
 //! timeout. Endpoints never change slots: one that leaves leaves a hole (its clients choose
 //! again), one that arrives takes a hole or a new slot, so the clients of every other
 //! endpoint keep their endpoint.
+//!
+//! The annotations change the entry chain: `log` puts a rate-limited log rule first
+//! (`fib saddr type local` for `output`, `!= local` for `forward`); `mode` sets (`snat`)
+//! or clears (`dnat`) the masquerade mark bit that the rules before set from kube-proxy's
+//! rules; `persistence` keys the slot sets by its fields (`srcip srcport`: `ip saddr . th
+//! sport`) with its timeout; the scheduler chooses a new client's slot: `rr` with
+//! `numgen inc mod N-j == 0` in rule `j` (each rule's counter counts the connections that
+//! reach it, so connection `k` takes live slot `k mod N`), `symhash`/`hash` with
+//! `symhash mod N == j` / `jhash <persistence key> mod N seed 0x0 == j` (no stickiness:
+//! the hash is the persistence).
 
+use kpng_model::global::{LogPath, PersistenceKey, Scheduler};
 use kpng_model::{Family, Protocol};
 
 use crate::objects::{affinity_chain, affinity_slot};
 use crate::rules::{Field, Rule, RuleBuilder};
 use crate::slots::Target;
+
+/// How a group chooses and treats a new connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupPolicy {
+    /// What a known client is recognised by (slot sets keyed by it, with the group's
+    /// timeout); `None`: no stickiness.
+    pub sticky: Option<PersistenceKey>,
+    /// How a new client's slot is chosen; `None`: uniformly at random.
+    pub scheduler: Option<Scheduler>,
+    /// What `hash` hashes.
+    pub hash_key: PersistenceKey,
+    /// `Some(true)`: set the masquerade mark (`snat`); `Some(false)`: clear it (`dnat`).
+    pub masquerade: Option<bool>,
+    /// The masquerade mark bit (from the backend's options).
+    pub mark: u32,
+    /// Log new connections on this path with this prefix.
+    pub log: Option<(LogPath, String)>,
+}
+
+impl GroupPolicy {
+    /// ClientIP session affinity: sticky by source address, random choice.
+    pub fn client_ip() -> GroupPolicy {
+        GroupPolicy {
+            sticky: Some(PersistenceKey::SrcIp),
+            scheduler: None,
+            hash_key: PersistenceKey::SrcIp,
+            masquerade: None,
+            mark: 0,
+            log: None,
+        }
+    }
+}
+
+/// The packet fields of a persistence key.
+pub fn key_fields(key: PersistenceKey) -> &'static [Field] {
+    match key {
+        PersistenceKey::SrcIp => &[Field::Saddr],
+        PersistenceKey::SrcPort => &[Field::Sport],
+        PersistenceKey::SrcMac => &[Field::Smac],
+        PersistenceKey::SrcIpSrcPort => &[Field::Saddr, Field::Sport],
+        PersistenceKey::SrcIpDstPort => &[Field::Saddr, Field::Dport],
+    }
+}
 
 /// One affinity group as it should be in the kernel.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,6 +95,8 @@ pub struct AffinityGroup {
     pub timeout: u32,
     /// The endpoint of each slot; `None` for a hole.
     pub slots: Vec<Option<Target>>,
+    /// How new connections are chosen and treated.
+    pub policy: GroupPolicy,
 }
 
 impl AffinityGroup {
@@ -52,40 +110,64 @@ impl AffinityGroup {
         self.slots.iter().enumerate().filter_map(|(i, t)| t.map(|t| (i, t)))
     }
 
-    /// The rules of the entry chain: known clients to their slot, new ones to a slot chosen
-    /// uniformly among the live ones.
+    /// The rules of the entry chain: logging and masquerading as the policy says, known
+    /// clients to their slot, new ones to a slot chosen among the live ones by the
+    /// scheduler.
     pub fn entry_rules(&self) -> Vec<Rule> {
         let r = || RuleBuilder::new(self.family);
+        let policy = &self.policy;
         let live: Vec<usize> = self.live().map(|(i, _)| i).collect();
-        let mut rules: Vec<Rule> = live
-            .iter()
-            .map(|i| {
-                let slot = affinity_slot(self.hash, *i);
-                r().member(&[Field::Saddr], &slot, false).goto(slot)
-            })
-            .collect();
-        for (j, i) in live.iter().enumerate() {
-            let remaining = (live.len() - j) as u32;
-            let slot = affinity_slot(self.hash, *i);
-            rules.push(if remaining > 1 {
-                r().one_in(remaining).goto(slot)
-            } else {
-                r().goto(slot)
+        let mut rules = Vec::new();
+        if let Some((path, prefix)) = &policy.log {
+            rules.push(match path {
+                LogPath::Output => r().from_the_node().log_limited(prefix).end(),
+                LogPath::Forward => r().not_from_the_node().log_limited(prefix).end(),
             });
         }
+        match policy.masquerade {
+            Some(true) => rules.push(r().mark_set(policy.mark).end()),
+            Some(false) => rules.push(r().mark_unset(policy.mark).end()),
+            None => {}
+        }
+        if let Some(key) = policy.sticky {
+            for i in &live {
+                let slot = affinity_slot(self.hash, *i);
+                rules.push(r().member(key_fields(key), &slot, false).goto(slot));
+            }
+        }
+        let n = live.len() as u32;
+        for (j, i) in live.iter().enumerate() {
+            let remaining = n - j as u32;
+            let slot = affinity_slot(self.hash, *i);
+            let choose = match policy.scheduler {
+                _ if remaining == 1 && !self.hashed() => r(),
+                None => r().one_in(remaining),
+                Some(Scheduler::RoundRobin) => r().one_in_turn(remaining),
+                Some(Scheduler::SymmetricHash) => r().hash_is(None, n, j as u32),
+                Some(Scheduler::Hash) => {
+                    r().hash_is(Some(key_fields(policy.hash_key)), n, j as u32)
+                }
+            };
+            rules.push(choose.goto(slot));
+        }
         rules
+    }
+
+    /// New connections are placed by a hash (every rule compares it).
+    fn hashed(&self) -> bool {
+        matches!(self.policy.scheduler, Some(Scheduler::SymmetricHash | Scheduler::Hash))
     }
 
     /// The rule of slot `i`'s chain; `None` for a hole.
     pub fn slot_rule(&self, i: usize) -> Option<Rule> {
         let (ip, port) = self.slots.get(i).copied().flatten()?;
         let set = affinity_slot(self.hash, i);
-        Some(
-            RuleBuilder::new(self.family)
-                .protocol(self.protocol)
-                .remember_source(&set)
-                .dnat_to(ip, port),
-        )
+        let rule = RuleBuilder::new(self.family).protocol(self.protocol);
+        let rule = match self.policy.sticky {
+            Some(key) => rule.remember(key_fields(key), &set),
+            None => rule,
+        };
+        Some(rule.dnat_to(ip, port))
     }
 
     /// Every chain of the group with its rules: the entry chain, then each live slot.
@@ -113,6 +195,7 @@ mod tests {
                 .iter()
                 .map(|s| s.map(|n| (std::net::IpAddr::from([10, 0, 0, n]), 80)))
                 .collect(),
+            policy: GroupPolicy::client_ip(),
         }
     }
 

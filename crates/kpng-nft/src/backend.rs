@@ -167,6 +167,11 @@ impl NftBackend {
     }
 
     /// The skeleton's options for the node state's `node`.
+    /// The packet-mark bit flagging connections for masquerading.
+    fn masquerade_mark(&self) -> u32 {
+        1 << self.options.masquerade_bit
+    }
+
     fn skeleton_options(&self, node: Option<&LocalNode>) -> SkeletonOptions {
         SkeletonOptions {
             masquerade_all: self.options.masquerade_all,
@@ -223,7 +228,7 @@ impl NftBackend {
             keys.extend(state.services.keys().cloned());
             keys.extend(self.owners.numbers.keys().cloned());
         }
-        let facts = NodeFacts::from_node(state.node.as_ref());
+        let facts = NodeFacts::from_node(state.node.as_ref(), self.masquerade_mark());
         let no_seed = |_: &LocalServiceState| Slots::new();
         let mut services = Vec::with_capacity(keys.len());
         for key in &keys {

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use kpng_model::Family;
+use kpng_model::global::PersistenceKey;
 use kpng_netlink::message::NETLINK_NETFILTER;
 use kpng_netlink::nftables::dump;
 use kpng_netlink::nftables::expr::Expr;
@@ -224,7 +225,7 @@ fn probe_batch(family: Family) -> (Batch, Vec<(&'static str, String)>) {
     ];
     let mut batch = Batch::new(0);
     table.add(&mut batch);
-    let decl = crate::sets::affinity_declaration("d", family, 60);
+    let decl = crate::sets::affinity_declaration("d", family, PersistenceKey::SrcIp, 60);
     table.add_set(&mut batch, &decl.spec, 1);
     table.add_chain(&mut batch, &ChainSpec { name: "x".into(), hook: None });
     let nat = Hook { chain_type: "nat", num: 0, priority: -100 };

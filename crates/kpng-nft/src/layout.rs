@@ -98,12 +98,13 @@ pub fn add_group(wanted: &mut Wanted, group: &AffinityGroup) {
         let spec = ChainSpec { name: name.clone(), hook: None };
         wanted.chains.insert((family, name), (spec, rules));
     }
+    let Some(key) = group.policy.sticky else { return };
     for (i, slot) in group.slots.iter().enumerate() {
         if slot.is_none() {
             continue;
         }
         let name = affinity_slot(group.hash, i);
-        let decl = affinity_declaration(&name, family, group.timeout);
+        let decl = affinity_declaration(&name, family, key, group.timeout);
         let set = WantedSet { decl, forget_with: Some(name.clone()) };
         wanted.sets.insert((family, name), set);
     }

@@ -6,10 +6,11 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 use kpng_backend::endpoints::port_sets;
-use kpng_model::local::LocalServiceState;
+use kpng_model::global::{NatMode, PersistenceKey, Scheduler};
+use kpng_model::local::{LocalService, LocalServiceState};
 use kpng_model::{Family, LocalNode, ServiceKey};
 
-use crate::affinity::AffinityGroup;
+use crate::affinity::{AffinityGroup, GroupPolicy};
 use crate::objects::{
     Dest, ElementId, GroupKey, Key, MapName, PickKind, SetKind, TREE_BITS, TREE_COUNTS, Value,
 };
@@ -30,18 +31,57 @@ pub struct Rendered {
     pub affinity: Vec<AffinityGroup>,
 }
 
-/// Node facts that shape service elements.
+/// Node facts (and the backend's options) that shape service elements.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NodeFacts {
     /// The node's own IPs: a source range containing one also admits the LB IPs themselves.
     pub node_ips: Vec<IpAddr>,
+    /// The masquerade mark bit, which the `mode` annotation sets or clears.
+    pub masquerade_mark: u32,
 }
 
 impl NodeFacts {
-    /// Facts from the ENLS node.
-    pub fn from_node(node: Option<&LocalNode>) -> Self {
-        NodeFacts { node_ips: node.map(|n| n.primary_ips.clone()).unwrap_or_default() }
+    /// Facts from the ENLS node and the masquerade mark bit.
+    pub fn from_node(node: Option<&LocalNode>, masquerade_mark: u32) -> Self {
+        NodeFacts {
+            node_ips: node.map(|n| n.primary_ips.clone()).unwrap_or_default(),
+            masquerade_mark,
+        }
     }
+}
+
+/// The policy and timeout of a service's groups, when the service needs chains of its own:
+/// ClientIP affinity, or load-balancing settings `to-nft` enforces (see [`GroupPolicy`]).
+/// The `persistence` annotation wins over ClientIP affinity; `scheduler: hash` hashes it
+/// (`srcip` when unset) instead of sticking to it. `helper` and the modes `stlsdnat` and
+/// `dsr` are not enforced (the backend says so once per service), so alone they give none.
+pub fn group_policy(svc: &LocalService, facts: &NodeFacts) -> Option<(GroupPolicy, u32)> {
+    let lb = &svc.load_balancing;
+    let hashed = lb.scheduler == Some(Scheduler::Hash);
+    let (sticky, timeout) = match (hashed, lb.persistence, svc.affinity_timeout_seconds) {
+        (true, _, _) => (None, 0),
+        (false, Some(p), _) => (Some(p.key), p.timeout_seconds),
+        (false, None, Some(t)) => (Some(PersistenceKey::SrcIp), t),
+        (false, None, None) => (None, 0),
+    };
+    let masquerade = match lb.mode {
+        Some(NatMode::Snat) => Some(true),
+        Some(NatMode::Dnat) => Some(false),
+        _ => None,
+    };
+    let policy = GroupPolicy {
+        sticky,
+        scheduler: lb.scheduler,
+        hash_key: lb.persistence.map_or(PersistenceKey::SrcIp, |p| p.key),
+        masquerade,
+        mark: facts.masquerade_mark,
+        log: lb.log.map(|path| (path, format!("kpng {} ", svc.key))),
+    };
+    let plain = policy.sticky.is_none()
+        && policy.scheduler.is_none()
+        && policy.masquerade.is_none()
+        && policy.log.is_none();
+    (!plain).then_some((policy, timeout))
 }
 
 /// The members of the pick structures for `n` endpoints of `kind`: the bit sets of
@@ -59,8 +99,8 @@ struct Out<'a> {
     previous: &'a Slots,
     slots: Slots,
     service: &'a ServiceKey,
-    /// The affinity timeout when the service asks for ClientIP affinity.
-    affinity: Option<u32>,
+    /// The policy and timeout of the service's groups, when it has groups.
+    affinity: Option<(GroupPolicy, u32)>,
     /// The current port's groups, by set.
     cluster_group: Option<GroupKey>,
     local_group: Option<GroupKey>,
@@ -84,7 +124,7 @@ impl Out<'_> {
             SetKind::Cluster => self.cluster_group.clone(),
             SetKind::Local => self.local_group.clone(),
         };
-        if let (Some(timeout), Some(group)) = (self.affinity, group) {
+        if let (Some((policy, timeout)), Some(group)) = (self.affinity.clone(), group) {
             let hash = group.hash(self.service);
             self.put(kind.affinity_map(), key, Value::Affinity(hash));
             if !self.groups.iter().any(|g| g.hash == hash) {
@@ -96,6 +136,7 @@ impl Out<'_> {
                     protocol,
                     timeout,
                     slots,
+                    policy,
                 });
             }
         } else {
@@ -192,7 +233,7 @@ pub fn render_service(state: &LocalServiceState, node: &NodeFacts, previous: &Sl
         previous,
         slots: Slots::new(),
         service: &svc.key,
-        affinity: svc.affinity_timeout_seconds,
+        affinity: group_policy(svc, node),
         cluster_group: None,
         local_group: None,
         groups: Vec::new(),

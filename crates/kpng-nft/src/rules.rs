@@ -37,6 +37,10 @@ pub enum Field {
     L4Proto,
     /// The transport destination port.
     Dport,
+    /// The transport source port.
+    Sport,
+    /// The link-layer source address.
+    Smac,
     /// `numgen random mod n`.
     Random(u32),
 }
@@ -122,8 +126,13 @@ impl RuleBuilder {
 
     /// Loads a concatenation into registers from 1 on; returns its text and the loads.
     fn load(&self, fields: &[Field]) -> (String, Vec<Expr>) {
+        self.load_at(fields, 0)
+    }
+
+    /// Loads a concatenation into registers from byte `start` of the register space.
+    fn load_at(&self, fields: &[Field], start: u32) -> (String, Vec<Expr>) {
         let ip = ip_keyword(self.family);
-        let mut offset = 0;
+        let mut offset = start;
         let mut text = Vec::new();
         let mut exprs = Vec::new();
         for field in fields {
@@ -155,6 +164,21 @@ impl RuleBuilder {
                         dreg,
                     });
                     4
+                }
+                Field::Sport => {
+                    text.push("th sport".into());
+                    exprs.push(Expr::Payload {
+                        base: PayloadBase::Transport,
+                        offset: 0,
+                        len: 2,
+                        dreg,
+                    });
+                    4
+                }
+                Field::Smac => {
+                    text.push("ether saddr".into());
+                    exprs.push(Expr::Payload { base: PayloadBase::Link, offset: 6, len: 6, dreg });
+                    8
                 }
                 Field::Random(n) => {
                     text.push(format!("numgen random mod {n}"));
@@ -321,6 +345,75 @@ impl RuleBuilder {
             Expr::Cmp { sreg: 1, op: CmpOp::Eq, data: 0u32.to_ne_bytes().to_vec() },
         ];
         self.say(format!("numgen random mod {n} == 0"), exprs)
+    }
+
+    /// `numgen inc mod <n> == 0`: true for one packet in `n`, in turn (the rule's own
+    /// counter counts the packets that reach it).
+    pub fn one_in_turn(self, n: u32) -> Self {
+        let exprs = [
+            Expr::Numgen { dreg: 1, modulus: n, random: false },
+            Expr::Cmp { sreg: 1, op: CmpOp::Eq, data: 0u32.to_ne_bytes().to_vec() },
+        ];
+        self.say(format!("numgen inc mod {n} == 0"), exprs)
+    }
+
+    /// `jhash <fields> mod <n> seed 0x0 == <value>` (or `symhash mod <n> == <value>` without
+    /// fields): the packet's hash picks `value`.
+    pub fn hash_is(self, fields: Option<&[Field]>, n: u32, value: u32) -> Self {
+        let (text, mut exprs) = match fields {
+            // The hashed key is loaded after the result's register, as nft does.
+            Some(fields) => {
+                let (key, mut exprs) = self.load_at(fields, 16);
+                let len = fields.iter().map(|f| self.field_len(*f)).sum();
+                exprs.push(Expr::Hash { sreg: Some(2), dreg: 1, len, modulus: n, seed: 0 });
+                (format!("jhash {key} mod {n} seed 0x0"), exprs)
+            }
+            None => {
+                let hash = Expr::Hash { sreg: None, dreg: 1, len: 0, modulus: n, seed: 0 };
+                (format!("symhash mod {n}"), vec![hash])
+            }
+        };
+        exprs.push(Expr::Cmp { sreg: 1, op: CmpOp::Eq, data: value.to_ne_bytes().to_vec() });
+        self.say(format!("{text} == {value}"), exprs)
+    }
+
+    /// The bytes a field takes in a concatenation.
+    fn field_len(&self, field: Field) -> u32 {
+        match field {
+            Field::Saddr | Field::Daddr => addr_len(self.family),
+            Field::Smac => 8,
+            _ => 4,
+        }
+    }
+
+    /// `fib saddr type != local`: the packet comes from elsewhere.
+    pub fn not_from_the_node(self) -> Self {
+        let fib = Expr::Fib { flags: FIB_SADDR, result: FIB_RESULT_ADDRTYPE, dreg: 1 };
+        let local = Expr::Cmp { sreg: 1, op: CmpOp::Neq, data: 2u32.to_ne_bytes().to_vec() };
+        self.say("fib saddr type != local", [fib, local])
+    }
+
+    /// `limit rate 10/second burst 5 packets log prefix "<prefix>" level warn`.
+    pub fn log_limited(self, prefix: &str) -> Self {
+        let exprs = [
+            Expr::Limit { rate: 10, unit_seconds: 1, burst: 5 },
+            Expr::Log { prefix: prefix.to_string(), level: 4 },
+        ];
+        let text = format!("limit rate 10/second burst 5 packets log prefix {prefix:?} level warn");
+        self.say(text, exprs)
+    }
+
+    /// `meta mark set meta mark & <!mark>`: the packet is not flagged for masquerading.
+    pub fn mark_unset(self, mark: u32) -> Self {
+        let set = Expr::MetaSet { key: MetaKey::Mark, sreg: 1 };
+        self.mark(format!("meta mark set meta mark & {:#x}", !mark), !mark, 0, Some(set))
+    }
+
+    /// `update @<set> { <fields> }`: remember the client's key in a dynamic set.
+    pub fn remember(self, fields: &[Field], set: &str) -> Self {
+        let (key, mut exprs) = self.load(fields);
+        exprs.push(Expr::DynsetUpdate { set: set.into(), sreg_key: 1 });
+        self.say(format!("update @{set} {{ {key} }}"), exprs)
     }
 
     /// `meta l4proto <protocol>`.

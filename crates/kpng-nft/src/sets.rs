@@ -3,6 +3,7 @@
 //! (`NFTA_SET_USERDATA`) so that `nft list` shows the backends maps as `typeof`.
 
 use kpng_model::Family;
+use kpng_model::global::PersistenceKey;
 use kpng_netlink::nftables::SetSpec;
 use kpng_netlink::nftables::objects::{SET_CONCAT, SET_EVAL, SET_INTERVAL, SET_TIMEOUT, SetData};
 
@@ -14,6 +15,7 @@ const IPV4_ADDR: u32 = 7;
 const IPV6_ADDR: u32 = 8;
 const INET_PROTO: u32 = 12;
 const INET_SERVICE: u32 = 13;
+const ETHER_ADDR: u32 = 9;
 
 fn concat(types: &[u32]) -> u32 {
     types.iter().fold(0, |acc, t| (acc << 6) | t)
@@ -117,21 +119,37 @@ pub fn declaration(map: MapName, family: Family) -> SetDecl {
     SetDecl { spec, text }
 }
 
-/// The declaration of the dynamic set of affinity slot `name` (client addresses with a
+/// The declaration of the dynamic set of affinity slot `name` (clients, by `key`, with a
 /// timeout, refreshed from the packet path).
-pub fn affinity_declaration(name: &str, family: Family, timeout_seconds: u32) -> SetDecl {
+pub fn affinity_declaration(
+    name: &str,
+    family: Family,
+    key: PersistenceKey,
+    timeout_seconds: u32,
+) -> SetDecl {
     let (addr_type, addr_len, addr_name, _) = addr(family);
+    let (key_type, key_len, type_name) = match key {
+        PersistenceKey::SrcIp => (addr_type, addr_len, addr_name.to_string()),
+        PersistenceKey::SrcPort => (INET_SERVICE, 2, "inet_service".to_string()),
+        PersistenceKey::SrcMac => (ETHER_ADDR, 6, "ether_addr".to_string()),
+        PersistenceKey::SrcIpSrcPort | PersistenceKey::SrcIpDstPort => (
+            concat(&[addr_type, INET_SERVICE]),
+            addr_len + 4,
+            format!("{addr_name} . inet_service"),
+        ),
+    };
+    let concatenated = matches!(key, PersistenceKey::SrcIpSrcPort | PersistenceKey::SrcIpDstPort);
     let spec = SetSpec {
-        userdata: type_userdata(false, false),
+        userdata: type_userdata(concatenated, false),
         name: name.to_string(),
-        key_type: addr_type,
-        key_len: addr_len,
+        key_type,
+        key_len,
         flags: SET_TIMEOUT | SET_EVAL,
         data: None,
         timeout_ms: Some(u64::from(timeout_seconds) * 1000),
         concat: Vec::new(),
     };
-    let text = format!("type {addr_name}; flags dynamic,timeout; timeout {timeout_seconds}s;");
+    let text = format!("type {type_name}; flags dynamic,timeout; timeout {timeout_seconds}s;");
     SetDecl { spec, text }
 }
 

@@ -297,6 +297,36 @@ pub enum Expr {
         /// The ICMP code.
         code: u8,
     },
+    /// A hash of `len` bytes from `sreg` (jhash), or of the packet's addresses and ports
+    /// the same in both directions (symhash, no `sreg`), modulo `modulus`.
+    Hash {
+        /// Source register of the hashed key; `None` for the symmetric hash.
+        sreg: Option<Register>,
+        /// Destination register.
+        dreg: Register,
+        /// Bytes hashed (jhash).
+        len: u32,
+        /// The modulus.
+        modulus: u32,
+        /// The seed (jhash).
+        seed: u32,
+    },
+    /// Log the packet with a prefix, at syslog level `level`.
+    Log {
+        /// The prefix.
+        prefix: String,
+        /// The syslog level (4: warning).
+        level: u32,
+    },
+    /// Go on only while packets stay under `rate` per `unit_seconds`, after a burst.
+    Limit {
+        /// Packets per unit.
+        rate: u64,
+        /// The unit, in seconds.
+        unit_seconds: u64,
+        /// Packets allowed at once beyond the rate.
+        burst: u32,
+    },
     /// Add or refresh `sreg_key` in a dynamic set (`update @set { key }`).
     DynsetUpdate {
         /// The set.
@@ -324,6 +354,9 @@ impl Expr {
             Expr::Masq { .. } => "masq",
             Expr::Reject { .. } => "reject",
             Expr::DynsetUpdate { .. } => "dynset",
+            Expr::Hash { .. } => "hash",
+            Expr::Log { .. } => "log",
+            Expr::Limit { .. } => "limit",
         }
     }
 

@@ -22,7 +22,7 @@ impl NftBackend {
         self.owners = ServiceOwners::default();
         self.slots.clear();
         self.group_hashes.clear();
-        let facts = NodeFacts::from_node(state.node.as_ref());
+        let facts = NodeFacts::from_node(state.node.as_ref(), self.masquerade_mark());
         let seed = |service: &LocalServiceState| seed_from_kernel(service, &adopted, &contents);
         let mut layout =
             Layout { options: self.skeleton_options(state.node.as_ref()), ..Layout::default() };
@@ -78,14 +78,14 @@ impl NftBackend {
 }
 
 /// A service's slots as the kernel holds them: backends elements for ordinary groups,
-/// the slot chains (with their holes) for affinity groups.
+/// the slot chains (with their holes) for services with groups of their own.
 fn seed_from_kernel(
     service: &LocalServiceState,
     adopted: &TableState,
     contents: &KernelContents,
 ) -> Slots {
     let mut slots = seed_slots(service, |id| adopted.get(id).copied());
-    if service.service.affinity_timeout_seconds.is_some() {
+    if crate::render::group_policy(&service.service, &NodeFacts::default()).is_some() {
         for group in group_keys(service) {
             let found = contents.affinity_slots(group.family, group.hash(&service.service.key));
             if found.is_empty() {

@@ -227,7 +227,8 @@ impl Vm<'_> {
 
     fn exprs(&self, exprs: &[Expr], mut path: Path) -> Vec<(Path, RuleEnd)> {
         for (i, expr) in exprs.iter().enumerate() {
-            if let Expr::Numgen { dreg, modulus, .. } = expr {
+            // A number or a hash could be any value: every one is a path.
+            if let Expr::Numgen { dreg, modulus, .. } | Expr::Hash { dreg, modulus, .. } = expr {
                 let mut out = Vec::new();
                 for value in 0..*modulus {
                     let mut fork = path.clone();
@@ -303,7 +304,11 @@ impl Vm<'_> {
                 };
                 write(path, *dreg, &(if local { 2u32 } else { 1 }).to_ne_bytes());
             }
-            Expr::Numgen { .. } | Expr::DynsetUpdate { .. } => {}
+            Expr::Numgen { .. }
+            | Expr::Hash { .. }
+            | Expr::DynsetUpdate { .. }
+            | Expr::Log { .. }
+            | Expr::Limit { .. } => {}
             Expr::Nat { kind: NatKind::Dnat, addr, proto, .. } => {
                 let ip = match self.family {
                     Family::V4 => {

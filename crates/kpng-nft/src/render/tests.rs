@@ -5,7 +5,10 @@ use std::collections::BTreeSet;
 use kpng_local::project_node_state;
 use kpng_local::project_service;
 use kpng_local::select::NodeView;
-use kpng_model::global::{IpMode, LoadBalancerIngress, ServiceType, TrafficPolicy};
+use kpng_model::global::{
+    Helper, IpMode, LoadBalancerIngress, LoadBalancing, LogPath, NatMode, Persistence,
+    PersistenceKey, Scheduler, ServiceType, TrafficPolicy,
+};
 
 use crate::objects::PickKind;
 use kpng_model::{GlobalModel, Object, Protocol, ServiceKey};
@@ -43,7 +46,7 @@ fn render(objects: Vec<Object>, node_name: &str) -> BTreeSet<String> {
     let view = NodeView { name: node_name, zone: None };
     let state = project_service(&model, &ServiceKey::new("ns", "web"), &view).expect("service");
     let node_state = project_node_state(&model, node_name);
-    let facts = NodeFacts::from_node(node_state.node.as_ref());
+    let facts = NodeFacts::from_node(node_state.node.as_ref(), 0x4000);
     lines(&render_service(&state, &facts, &Slots::new()).elements)
 }
 
@@ -284,4 +287,91 @@ fn affinity_services_enter_their_group_chain() {
     assert_eq!(rules.len(), 2 + 1 + 1);
     assert!(rules[2].starts_with("numgen random mod 2 == 0 goto"), "{rules:?}");
     assert!(group.slot_rule(1).unwrap().text.ends_with("dnat ip to 10.0.0.2:8080"));
+}
+
+/// The entry rules of `web`'s group (endpoints 10.0.0.1 and 10.0.0.2) with these settings
+/// and, optionally, ClientIP affinity.
+fn annotated_rules(lb: LoadBalancing, affinity: bool) -> Option<(Vec<String>, AffinityGroup)> {
+    let mut svc = service("ns", "web", &["10.96.0.1"], &[HTTP]);
+    svc.load_balancing = lb;
+    if affinity {
+        svc.session_affinity =
+            kpng_model::global::SessionAffinity::ClientIP { timeout_seconds: 600 };
+    }
+    let mut model = GlobalModel::new();
+    model.apply(Object::Service(svc));
+    model.apply(Object::EndpointSlice(slice(
+        "ns",
+        "web-1",
+        "web",
+        &[SLICE_HTTP],
+        vec![endpoint("10.0.0.2", "b"), endpoint("10.0.0.1", "a")],
+    )));
+    let view = NodeView { name: "a", zone: None };
+    let state = project_service(&model, &ServiceKey::new("ns", "web"), &view).unwrap();
+    let facts = NodeFacts { node_ips: Vec::new(), masquerade_mark: 0x4000 };
+    let rendered = render_service(&state, &facts, &Slots::new());
+    let group = rendered.affinity.first()?.clone();
+    Some((group.entry_rules().into_iter().map(|r| r.text).collect(), group))
+}
+
+#[test]
+fn annotated_services_get_group_chains_that_follow_their_settings() {
+    let lb = |f: fn(&mut LoadBalancing)| {
+        let mut lb = LoadBalancing::default();
+        f(&mut lb);
+        lb
+    };
+    let slot = |group: &AffinityGroup, i| crate::objects::affinity_slot(group.hash, i);
+
+    // Round robin: each rule's counter counts the connections that reach it.
+    let (rules, g) =
+        annotated_rules(lb(|l| l.scheduler = Some(Scheduler::RoundRobin)), false).expect("a group");
+    assert_eq!(
+        rules,
+        [format!("numgen inc mod 2 == 0 goto {}", slot(&g, 0)), format!("goto {}", slot(&g, 1))]
+    );
+    assert!(g.slot_rule(0).unwrap().text.starts_with("meta l4proto tcp dnat"), "no stickiness");
+
+    // hash: the persistence key, every slot compared, no stickiness.
+    let hashed = |l: &mut LoadBalancing| {
+        l.scheduler = Some(Scheduler::Hash);
+        l.persistence =
+            Some(Persistence { key: PersistenceKey::SrcIpDstPort, timeout_seconds: 60 });
+    };
+    let (rules, g) = annotated_rules(lb(hashed), false).unwrap();
+    assert_eq!(
+        rules[1],
+        format!("jhash ip saddr . th dport mod 2 seed 0x0 == 1 goto {}", slot(&g, 1))
+    );
+    assert_eq!(rules.len(), 2);
+    let (rules, _) =
+        annotated_rules(lb(|l| l.scheduler = Some(Scheduler::SymmetricHash)), false).unwrap();
+    assert!(rules[0].starts_with("symhash mod 2 == 0 goto"), "{rules:?}");
+
+    // persistence wins over ClientIP affinity: its key and timeout.
+    let sticky = |l: &mut LoadBalancing| {
+        l.persistence = Some(Persistence { key: PersistenceKey::SrcIpSrcPort, timeout_seconds: 5 });
+    };
+    let (rules, g) = annotated_rules(lb(sticky), true).unwrap();
+    assert_eq!(g.timeout, 5);
+    assert_eq!(rules[0], format!("ip saddr . th sport @{0} goto {0}", slot(&g, 0)));
+    assert!(rules[2].starts_with("numgen random mod 2 == 0"), "{rules:?}");
+    assert!(g.slot_rule(1).unwrap().text.contains("update @aff_"), "{:?}", g.slot_rule(1));
+
+    // mode and log come first.
+    let (rules, _) = annotated_rules(lb(|l| l.mode = Some(NatMode::Dnat)), false).unwrap();
+    assert_eq!(rules[0], "meta mark set meta mark & 0xffffbfff");
+    let (rules, _) = annotated_rules(lb(|l| l.mode = Some(NatMode::Snat)), false).unwrap();
+    assert_eq!(rules[0], "meta mark set meta mark | 0x4000");
+    let (rules, _) = annotated_rules(lb(|l| l.log = Some(LogPath::Forward)), false).unwrap();
+    assert_eq!(
+        rules[0],
+        r#"fib saddr type != local limit rate 10/second burst 5 packets log prefix "kpng ns/web " level warn"#
+    );
+
+    // Settings to-nft does not enforce give no chains; neither do none.
+    assert!(annotated_rules(lb(|l| l.helper = Some(Helper::Ftp)), false).is_none());
+    assert!(annotated_rules(lb(|l| l.mode = Some(NatMode::Dsr)), false).is_none());
+    assert!(annotated_rules(LoadBalancing::default(), false).is_none());
 }

@@ -50,6 +50,21 @@ mod attrs {
     pub const DYNSET_OP: u16 = 3;
     pub const DYNSET_SREG_KEY: u16 = 4;
     pub const DYNSET_OP_UPDATE: u32 = 1;
+    pub const HASH_SREG: u16 = 1;
+    pub const HASH_DREG: u16 = 2;
+    pub const HASH_LEN: u16 = 3;
+    pub const HASH_MODULUS: u16 = 4;
+    pub const HASH_SEED: u16 = 5;
+    pub const HASH_TYPE: u16 = 7;
+    pub const HASH_JENKINS: u32 = 0;
+    pub const HASH_SYM: u32 = 1;
+    pub const LOG_PREFIX: u16 = 2;
+    pub const LOG_LEVEL: u16 = 5;
+    pub const LIMIT_RATE: u16 = 1;
+    pub const LIMIT_UNIT: u16 = 2;
+    pub const LIMIT_BURST: u16 = 3;
+    pub const LIMIT_TYPE: u16 = 4;
+    pub const LIMIT_FLAGS: u16 = 5;
 }
 
 impl Expr {
@@ -149,6 +164,32 @@ impl Expr {
                     put_str(b, DYNSET_SET_NAME, set);
                     put_be32(b, DYNSET_OP, DYNSET_OP_UPDATE);
                     put_be32(b, DYNSET_SREG_KEY, *sreg_key);
+                }
+                Expr::Hash { sreg, dreg, len, modulus, seed } => match sreg {
+                    Some(sreg) => {
+                        put_be32(b, HASH_SREG, *sreg);
+                        put_be32(b, HASH_DREG, *dreg);
+                        put_be32(b, HASH_LEN, *len);
+                        put_be32(b, HASH_MODULUS, *modulus);
+                        put_be32(b, HASH_SEED, *seed);
+                        put_be32(b, HASH_TYPE, HASH_JENKINS);
+                    }
+                    None => {
+                        put_be32(b, HASH_DREG, *dreg);
+                        put_be32(b, HASH_MODULUS, *modulus);
+                        put_be32(b, HASH_TYPE, HASH_SYM);
+                    }
+                },
+                Expr::Log { prefix, level } => {
+                    put_str(b, LOG_PREFIX, prefix);
+                    put_be32(b, LOG_LEVEL, *level);
+                }
+                Expr::Limit { rate, unit_seconds, burst } => {
+                    attr::put_be64(b, LIMIT_RATE, *rate);
+                    attr::put_be64(b, LIMIT_UNIT, *unit_seconds);
+                    put_be32(b, LIMIT_BURST, *burst);
+                    put_be32(b, LIMIT_TYPE, 0);
+                    put_be32(b, LIMIT_FLAGS, 0);
                 }
             });
         });
@@ -257,6 +298,32 @@ fn decode_data(name: &str, a: &[(u16, &[u8])]) -> Option<Expr> {
         "dynset" if u(DYNSET_OP) == Some(DYNSET_OP_UPDATE) => Expr::DynsetUpdate {
             set: attr::string(attr::find(a, DYNSET_SET_NAME)?),
             sreg_key: u(DYNSET_SREG_KEY)?,
+        },
+        "hash" => match u(HASH_TYPE)? {
+            HASH_SYM => Expr::Hash {
+                sreg: None,
+                dreg: u(HASH_DREG)?,
+                len: 0,
+                modulus: u(HASH_MODULUS)?,
+                seed: 0,
+            },
+            HASH_JENKINS => Expr::Hash {
+                sreg: Some(u(HASH_SREG)?),
+                dreg: u(HASH_DREG)?,
+                len: u(HASH_LEN)?,
+                modulus: u(HASH_MODULUS)?,
+                seed: u(HASH_SEED)?,
+            },
+            _ => return None,
+        },
+        "log" => Expr::Log {
+            prefix: attr::string(attr::find(a, LOG_PREFIX)?),
+            level: u(LOG_LEVEL).unwrap_or(4),
+        },
+        "limit" if u(LIMIT_TYPE) == Some(0) && u(LIMIT_FLAGS).unwrap_or(0) == 0 => Expr::Limit {
+            rate: attr::be64(attr::find(a, LIMIT_RATE)?)?,
+            unit_seconds: attr::be64(attr::find(a, LIMIT_UNIT)?)?,
+            burst: u(LIMIT_BURST)?,
         },
         _ => return None,
     })

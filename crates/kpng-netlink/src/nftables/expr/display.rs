@@ -91,6 +91,21 @@ impl fmt::Display for Expr {
             Expr::DynsetUpdate { set, sreg_key } => {
                 write!(f, "dynset update reg_key {sreg_key} set {set}")
             }
+            Expr::Hash { sreg: Some(sreg), dreg, len, modulus, seed } => {
+                write!(f, "hash reg {dreg} = jhash(reg {sreg}, {len}, 0x{seed:x}) % mod {modulus}")
+            }
+            Expr::Hash { sreg: None, dreg, modulus, .. } => {
+                write!(f, "hash reg {dreg} = symhash() % mod {modulus}")
+            }
+            Expr::Log { prefix, level } => write!(f, "log prefix {prefix} level {level}"),
+            Expr::Limit { rate, unit_seconds, burst } => {
+                let unit = match unit_seconds {
+                    1 => "second".to_string(),
+                    60 => "minute".to_string(),
+                    n => format!("{n}s"),
+                };
+                write!(f, "limit rate {rate}/{unit} burst {burst} type packets flags 0x0")
+            }
         }
     }
 }

@@ -37,6 +37,19 @@ fn all() -> Vec<(Expr, &'static str)> {
         (Expr::Verdict(Verdict::Jump("services".into())), "immediate reg 0 jump -> services"),
         (Expr::Verdict(Verdict::Goto("pick".into())), "immediate reg 0 goto -> pick"),
         (Expr::Verdict(Verdict::Return), "immediate reg 0 return"),
+        (
+            Expr::Hash { sreg: Some(2), dreg: 1, len: 8, modulus: 3, seed: 0 },
+            "hash reg 1 = jhash(reg 2, 8, 0x0) % mod 3",
+        ),
+        (
+            Expr::Hash { sreg: None, dreg: 1, len: 0, modulus: 3, seed: 0 },
+            "hash reg 1 = symhash() % mod 3",
+        ),
+        (
+            Expr::Limit { rate: 10, unit_seconds: 1, burst: 5 },
+            "limit rate 10/second burst 5 type packets flags 0x0",
+        ),
+        (Expr::Log { prefix: "kpng ns/a ".into(), level: 4 }, "log prefix kpng ns/a  level 4"),
         (Expr::Verdict(Verdict::Drop), "immediate reg 0 drop"),
         (Expr::Ct { key: CtKey::Status, dreg: 1 }, "ct load status => reg 1"),
         (
