@@ -176,6 +176,19 @@ pub trait Backend: Send {
     /// retry later with a change set that starts with `Reset`.
     fn apply(&mut self, changes: &ChangeSet<'_>) -> Result<(), BackendError>;
 
+    /// The load-balancing settings of a service (kube-nftlb annotations) this backend
+    /// cannot enforce, as `(key, value)`; the runner logs them once per service
+    /// ([`crate::unsupported`]). By default none: a backend that only reports or follows
+    /// the state has nothing to enforce. A dataplane must list what it does not enforce
+    /// ([`crate::unsupported::all_settings`] when it enforces none).
+    fn unsupported(
+        &self,
+        lb: &kpng_model::global::LoadBalancing,
+    ) -> Vec<(kpng_model::global::AnnotationKey, &'static str)> {
+        let _ = lb;
+        Vec::new()
+    }
+
     /// Whether this backend acts on what the dataplane backends installed (conntrack
     /// cleanup): it then receives a state only once every other backend holds it, and gets
     /// the whole state again when it missed one.

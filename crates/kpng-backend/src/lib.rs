@@ -18,10 +18,13 @@
 //!   (local-traffic detection).
 //! - [`endpoints`]: which endpoints of a service port this node picks from (the Cluster
 //!   and Local sets), read from the node state the same way for every dataplane.
+//! - [`unsupported`]: load-balancing annotations a dataplane cannot enforce, logged once
+//!   per backend and service above the backends.
 
 pub mod backend;
 pub mod endpoints;
 pub mod metrics;
 pub mod proxy;
+pub mod unsupported;
 
 pub use backend::{Backend, BackendError, ChangeSet, Target, error_chain};

@@ -195,6 +195,14 @@ fn nodeports_of(state: &LocalState) -> NodePortAddresses {
 }
 
 impl Backend for EbpfBackend {
+    fn unsupported(
+        &self,
+        lb: &kpng_model::global::LoadBalancing,
+    ) -> Vec<(kpng_model::global::AnnotationKey, &'static str)> {
+        // None of the kube-nftlb settings has a translation here yet.
+        kpng_backend::unsupported::all_settings(lb)
+    }
+
     fn name(&self) -> &'static str {
         crate::NAME
     }

@@ -322,6 +322,14 @@ fn diff_snapshot(
 }
 
 impl Backend for IptablesBackend {
+    fn unsupported(
+        &self,
+        lb: &kpng_model::global::LoadBalancing,
+    ) -> Vec<(kpng_model::global::AnnotationKey, &'static str)> {
+        // None of the kube-nftlb settings has a translation here yet.
+        kpng_backend::unsupported::all_settings(lb)
+    }
+
     fn name(&self) -> &'static str {
         crate::NAME
     }

@@ -11,6 +11,7 @@
 //! Kept in one file on purpose: the change path and the table-sync state machine that
 //! decides it (see [`TableSync`]) read best together; the resync is in `resync`.
 
+use kpng_model::global::{AnnotationKey, LoadBalancing, NatMode};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -392,6 +393,17 @@ fn large_counts<'e>(
 }
 
 impl Backend for NftBackend {
+    fn unsupported(&self, lb: &LoadBalancing) -> Vec<(AnnotationKey, &'static str)> {
+        let mut out = Vec::new();
+        if let Some(mode @ (NatMode::StatelessDnat | NatMode::Dsr)) = lb.mode {
+            out.push((AnnotationKey::Mode, mode.as_str()));
+        }
+        if let Some(helper) = lb.helper {
+            out.push((AnnotationKey::Helper, helper.as_str()));
+        }
+        out
+    }
+
     fn name(&self) -> &'static str {
         "to-nft"
     }

@@ -102,6 +102,8 @@ pub(super) struct Slots {
     pub(super) options: RunnerOptions,
     pub(super) stats: Arc<NodeStats>,
     pub(super) pace: Pace,
+    /// Load-balancing settings backends cannot enforce, logged once.
+    unsupported: kpng_backend::unsupported::UnsupportedSettings,
 }
 
 impl Slots {
@@ -115,7 +117,7 @@ impl Slots {
             .map(|backend| Slot { backend, standing: Standing::due_now() })
             .collect();
         let pace = Pace::new(options.min_sync_period);
-        Slots { slots, options, stats, pace }
+        Slots { slots, options, stats, pace, unsupported: Default::default() }
     }
 
     /// Asks every up-to-date backend whether its dataplane still holds what it applied; one
@@ -237,6 +239,7 @@ impl Slots {
             Standing::InSync if ops.is_empty() => return Ok(()),
             Standing::InSync => ChangeSet::changes(ops, state),
         };
+        self.unsupported.check(slot.backend.as_ref(), &changes);
         let name = slot.backend.name();
         let _sync =
             tracing::debug_span!("sync", backend = name, full = changes.is_reset()).entered();

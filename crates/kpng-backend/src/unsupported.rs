@@ -1,0 +1,126 @@
+//! Load-balancing settings a dataplane cannot enforce: each backend says which
+//! ([`Backend::unsupported`](crate::Backend::unsupported)), and [`UnsupportedSettings`]
+//! logs them once per backend, service and settings, the same way for every backend.
+
+use std::collections::HashMap;
+
+use kpng_model::ServiceKey;
+use kpng_model::global::{AnnotationKey, LOAD_BALANCER_ANNOTATION_PREFIX, LoadBalancing};
+
+use crate::{Backend, ChangeSet};
+
+/// What was reported, so a setting is logged once per backend and service while it lasts.
+#[derive(Debug, Default)]
+pub struct UnsupportedSettings {
+    reported: HashMap<(&'static str, ServiceKey), LoadBalancing>,
+}
+
+impl UnsupportedSettings {
+    /// Logs the settings of the services in `changes` that `backend` cannot enforce, unless
+    /// already logged for these settings; returns how many services were logged.
+    pub fn check(&mut self, backend: &dyn Backend, changes: &ChangeSet<'_>) -> usize {
+        let name = backend.name();
+        let keys: Vec<ServiceKey> = if changes.is_reset() {
+            changes.state.services.keys().cloned().collect()
+        } else {
+            changes.touched().0
+        };
+        let mut logged = 0;
+        for key in keys {
+            let Some(svc) = changes.state.services.get(&key) else {
+                self.reported.remove(&(name, key));
+                continue;
+            };
+            let lb = svc.service.load_balancing;
+            let unsupported = backend.unsupported(&lb);
+            let id = (name, key);
+            if unsupported.is_empty() {
+                self.reported.remove(&id);
+                continue;
+            }
+            if self.reported.get(&id) == Some(&lb) {
+                continue;
+            }
+            for (setting, value) in &unsupported {
+                tracing::warn!(
+                    backend = name,
+                    service = %id.1,
+                    annotation = format!("{LOAD_BALANCER_ANNOTATION_PREFIX}{setting}"),
+                    value,
+                    "annotation not supported by this backend: the service is balanced as without it"
+                );
+            }
+            self.reported.insert(id, lb);
+            logged += 1;
+        }
+        logged
+    }
+}
+
+/// Every setting that is set: what a backend that enforces none of them cannot enforce.
+pub fn all_settings(lb: &LoadBalancing) -> Vec<(AnnotationKey, &'static str)> {
+    lb.annotations()
+}
+
+#[cfg(test)]
+mod tests {
+    use kpng_model::global::{Helper, LoadBalancing, ServiceType};
+    use kpng_model::local::{LocalService, LocalServiceState};
+    use kpng_model::{LocalState, Op};
+
+    use super::*;
+    use crate::BackendError;
+
+    /// A backend that enforces no setting.
+    struct Plain;
+
+    impl Backend for Plain {
+        fn name(&self) -> &'static str {
+            "to-plain"
+        }
+        fn apply(&mut self, _: &ChangeSet<'_>) -> Result<(), BackendError> {
+            Ok(())
+        }
+        fn unsupported(&self, lb: &LoadBalancing) -> Vec<(AnnotationKey, &'static str)> {
+            all_settings(lb)
+        }
+    }
+
+    fn state(helper: Option<Helper>) -> LocalState {
+        let service = LocalService {
+            key: ServiceKey::new("ns", "ftp"),
+            service_type: ServiceType::ClusterIP,
+            cluster_ips: vec![],
+            external_ips: vec![],
+            load_balancer_ips: vec![],
+            load_balancer_source_ranges: vec![],
+            ports: vec![],
+            affinity_timeout_seconds: None,
+            internal_local: false,
+            external_local: false,
+            health_check_node_port: None,
+            load_balancing: LoadBalancing { helper, ..LoadBalancing::default() },
+        };
+        let mut state = LocalState::default();
+        let endpoints = Default::default();
+        state.services.insert(service.key.clone(), LocalServiceState { service, endpoints });
+        state
+    }
+
+    #[test]
+    fn a_setting_is_reported_once_per_service_until_it_changes() {
+        let mut reports = UnsupportedSettings::default();
+        let ftp = state(Some(Helper::Ftp));
+        assert_eq!(reports.check(&Plain, &ChangeSet::full(&ftp)), 1);
+        assert_eq!(reports.check(&Plain, &ChangeSet::full(&ftp)), 0, "reported before");
+        let ops = [Op::Set(kpng_model::Item::Service(
+            ftp.services.values().next().unwrap().service.clone(),
+        ))];
+        assert_eq!(reports.check(&Plain, &ChangeSet::changes(&ops, &ftp)), 0);
+        let tftp = state(Some(Helper::Tftp));
+        assert_eq!(reports.check(&Plain, &ChangeSet::changes(&ops, &tftp)), 1, "a new value");
+        let plain = state(None);
+        assert_eq!(reports.check(&Plain, &ChangeSet::full(&plain)), 0);
+        assert_eq!(reports.check(&Plain, &ChangeSet::full(&tftp)), 1, "again after it went");
+    }
+}
