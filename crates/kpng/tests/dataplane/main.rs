@@ -3,6 +3,7 @@
 //! (`on_dataplane!`); the few that exercise one backend's own machinery are listed for
 //! that backend only.
 
+mod annotations;
 mod attachment;
 mod chains;
 mod harness;
@@ -82,6 +83,11 @@ on_every_dataplane!(nft, crate::harness::Dataplane::Nft;
     repair::a_flushed_table_is_repaired_at_the_next_verification,
     repair::deleted_and_foreign_rules_are_repaired,
     repair::a_refused_repair_keeps_every_rule_in_force,
+    annotations::round_robin_takes_the_endpoints_in_turn,
+    annotations::hash_persistence_keeps_a_client_on_one_endpoint,
+    annotations::persistence_sticks_until_its_timeout,
+    annotations::dnat_shows_the_client_and_snat_always_masquerades,
+    annotations::new_connections_are_logged_with_the_service_name,
 );
 
 on_every_dataplane!(ebpf, crate::harness::Dataplane::ebpf();

@@ -1,0 +1,152 @@
+//! The kube-nftlb load-balancing annotations, enforced by `to-nft`: round robin, hash and
+//! timed persistence, `dnat` and `snat` modes, and logging of new connections.
+
+use std::time::Duration;
+
+use kpng_testkit::topology::Cluster;
+
+use crate::harness::*;
+
+const PREFIX: &str = "service.kubernetes.io/kube-nftlb-load-balancer-";
+const CLIENT: &str = "192.168.10.100";
+
+/// Service `name` at `cluster_ip` with `annotations` (`key: value` pairs), further `spec`
+/// lines, and endpoints web-a and web-b.
+fn annotated(name: &str, cluster_ip: &str, annotations: &[(&str, &str)], spec: &str) -> String {
+    annotated_on(name, cluster_ip, annotations, spec, &[WEB_A, WEB_B])
+}
+
+/// The same with these endpoints.
+fn annotated_on(
+    name: &str,
+    cluster_ip: &str,
+    annotations: &[(&str, &str)],
+    spec: &str,
+    endpoints: &[Ep<'_>],
+) -> String {
+    let annotations: Vec<String> =
+        annotations.iter().map(|(k, v)| format!("{PREFIX}{k}: \"{v}\"")).collect();
+    let service = format!(
+        "---\napiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: test\n  annotations: {{{}}}\nspec:\n  clusterIP: {cluster_ip}\n{spec}  ports:\n{PORT_HTTP}",
+        annotations.join(", ")
+    );
+    [service, slice(&format!("{name}-1"), name, "IPv4", SLICE_HTTP, endpoints)].concat()
+}
+
+fn two_pods() -> Cluster {
+    let mut cluster = Cluster::new();
+    cluster.add_pod("web-a", true, 10, &[8080]);
+    cluster.add_pod("web-b", false, 10, &[8080]);
+    cluster
+}
+
+pub fn round_robin_takes_the_endpoints_in_turn(dp: Dataplane) {
+    let cluster = two_pods();
+    program(&cluster, dp, &annotated("rr", "10.96.0.120", &[("scheduler", "rr")], ""), &[]);
+    let names: Vec<String> = (0..10).map(|_| reach(&cluster.client, "10.96.0.120:80").0).collect();
+    for pair in names.windows(2) {
+        assert_ne!(pair[0], pair[1], "each connection takes the next endpoint: {names:?}");
+    }
+}
+
+pub fn hash_persistence_keeps_a_client_on_one_endpoint(dp: Dataplane) {
+    let cluster = two_pods();
+    let settings = [("scheduler", "hash"), ("persistence", "srcip")];
+    let log = program(&cluster, dp, &annotated("hashed", "10.96.0.121", &settings, ""), &[]);
+    let first = reach(&cluster.client, "10.96.0.121:80").0;
+    for _ in 0..12 {
+        assert_eq!(reach(&cluster.client, "10.96.0.121:80").0, first, "{log}");
+    }
+    let ruleset = cluster.node.output("nft", &["list", "table", "ip", "kpng"]);
+    let ruleset = String::from_utf8_lossy(&ruleset.stdout);
+    assert!(ruleset.contains("jhash ip saddr mod 2"), "{ruleset}");
+}
+
+pub fn persistence_sticks_until_its_timeout(dp: Dataplane) {
+    let cluster = two_pods();
+    // The annotation's key with the affinity config's timeout (1 s).
+    let spec =
+        "  sessionAffinity: ClientIP\n  sessionAffinityConfig: {clientIP: {timeoutSeconds: 1}}\n";
+    program(
+        &cluster,
+        dp,
+        &annotated("sticky", "10.96.0.122", &[("persistence", "srcip")], spec),
+        &[],
+    );
+    let first = reach(&cluster.client, "10.96.0.122:80").0;
+    for _ in 0..8 {
+        assert_eq!(reach(&cluster.client, "10.96.0.122:80").0, first, "sticky");
+    }
+    // Once the client has been idle for longer than the timeout it chooses again: with
+    // two endpoints it lands on the other one within a few tries (1 in 2^10 never does).
+    let moved = (0..10).any(|_| {
+        std::thread::sleep(Duration::from_millis(1600));
+        reach(&cluster.client, "10.96.0.122:80").0 != first
+    });
+    assert!(moved, "the client never chose again after the timeout");
+}
+
+pub fn dnat_shows_the_client_and_snat_always_masquerades(dp: Dataplane) {
+    let mut cluster = two_pods();
+    cluster.add_pod("client-pod", true, 20, &[9999]);
+    let mut pod = dp.local(&cluster.pod("client-pod").ns);
+    let own = ip("10.244.0.20");
+    let client = ip(CLIENT);
+    // web-a only: it answers through the node, as dnat needs (web-b, on the client's LAN,
+    // would answer the client directly).
+    let web =
+        |settings: &[(&str, &str)]| annotated_on("plain", "10.96.0.123", settings, "", &[WEB_A]);
+    // Without annotations: an outside client is masqueraded, a local pod is not.
+    program(&cluster, dp, &web(&[]), &[]);
+    assert_ne!(reach(&cluster.client, "10.96.0.123:80").1, client);
+    assert_eq!(pod.reach("10.96.0.123:80").1, own);
+    // dnat: the endpoint sees the outside client's own address.
+    program(&cluster, dp, &web(&[("mode", "dnat")]), &[]);
+    for _ in 0..4 {
+        assert_eq!(reach(&cluster.client, "10.96.0.123:80").1, client);
+    }
+    // snat: even a local pod is masqueraded.
+    program(&cluster, dp, &web(&[("mode", "snat")]), &[]);
+    for _ in 0..4 {
+        assert_ne!(pod.reach("10.96.0.123:80").1, own);
+    }
+}
+
+/// Sets a sysctl for the test's lifetime, restoring its value even on failure.
+struct Sysctl {
+    path: &'static str,
+    before: String,
+}
+
+impl Sysctl {
+    fn set(path: &'static str, value: &str) -> Sysctl {
+        let before = std::fs::read_to_string(path).expect("reading the sysctl");
+        std::fs::write(path, value).expect("writing the sysctl");
+        Sysctl { path, before }
+    }
+}
+
+impl Drop for Sysctl {
+    fn drop(&mut self) {
+        let _ = std::fs::write(self.path, self.before.trim());
+    }
+}
+
+pub fn new_connections_are_logged_with_the_service_name(dp: Dataplane) {
+    // Netfilter logs from a network namespace other than the host's only when allowed.
+    let _all_netns = Sysctl::set("/proc/sys/net/netfilter/nf_log_all_netns", "1");
+    let cluster = two_pods();
+    let name = format!("logged{}", std::process::id());
+    let manifests = annotated(&name, "10.96.0.124", &[("log", "forward")], "");
+    program(&cluster, dp, &manifests, &[]);
+    reach(&cluster.client, "10.96.0.124:80");
+    let prefix = format!("kpng test/{name} ");
+    wait_until("the kernel logs the connection", || {
+        let out = std::process::Command::new("dmesg").output().expect("running dmesg");
+        String::from_utf8_lossy(&out.stdout).contains(&prefix)
+    });
+    let dmesg = std::process::Command::new("dmesg").output().unwrap();
+    let text = String::from_utf8_lossy(&dmesg.stdout);
+    let line = text.lines().rev().find(|l| l.contains(&prefix)).unwrap();
+    assert!(line.contains("SRC=192.168.10.100") && line.contains("DST=10.96.0.124"), "{line}");
+}
