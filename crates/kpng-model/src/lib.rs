@@ -10,7 +10,8 @@
 //! - [`net`]: IP families, protocols and lenient parsing of IPs and CIDRs as Kubernetes writes them.
 //! - [`global`]: the reduced global model: [`global::Service`], [`global::EndpointSlice`],
 //!   [`global::Node`], [`global::ServiceCidr`], and [`global::GlobalModel`] which holds them
-//!   and reports what a change touched; [`global::is_for_proxy`], the service-proxy-name rule.
+//!   and reports what a change touched; [`global::is_for_proxy`], the service-proxy-name rule;
+//!   [`global::LoadBalancing`], the kube-nftlb load-balancing annotations, typed.
 //! - [`local`]: the ENLS of one node: [`local::LocalState`] with its services, endpoints and node.
 //! - [`ops`]: [`ops::Op`], the vocabulary every sink consumes (reset, set, delete, sync), and
 //!   [`local::LocalState::apply`] which replays ops onto a state.

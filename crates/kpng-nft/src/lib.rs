@@ -48,6 +48,22 @@
 //! of its destinations; slots are kept stable, so one endpoint change rewrites one or two
 //! slots.
 //!
+//! A service with kube-nftlb load-balancing annotations (scheduler, persistence, mode,
+//! log) is balanced by group chains too, whose entry chain follows its settings; services
+//! without annotations keep exactly the layout above. For example `test/rr` with
+//! `scheduler: rr`, `mode: dnat` and `log: forward` (two endpoints; the mark bit 0x4000):
+//!
+//! ```text
+//! add element ip kpng affinity_cluster { 10.96.0.120 . tcp . 80 : goto aff_<h> }
+//! chain aff_<h> {
+//!   fib saddr type != local limit rate 10/second burst 5 packets log prefix "kpng test/rr " level warn
+//!   meta mark set meta mark & 0xffffbfff
+//!   numgen inc mod 2 == 0 goto aff_<h>_0
+//!   goto aff_<h>_1
+//! }
+//! chain aff_<h>_0 { meta l4proto tcp dnat ip to 10.244.0.10:8080 }
+//! ```
+//!
 //! Only one set holds intervals: `firewall_allow` (load-balancer source ranges),
 //! consulted only for new connections to load-balancer IPs that have ranges.
 //!
@@ -71,7 +87,8 @@
 //! - [`skeleton`]: the static part of each table, for the options in force.
 //! - [`render`]: pure ENLS → elements, per service and for the node.
 //! - [`slots`]: stable slot assignment for the backends maps.
-//! - [`affinity`]: ClientIP session affinity groups (the only per-service chains).
+//! - [`affinity`]: groups of ClientIP affinity and annotated services (the only per-service
+//!   chains) and their policy.
 //! - [`state`]: the committed elements, their owners, and the difference of an update.
 //! - [`layout`]: the objects besides elements (skeleton, large counts, affinity groups).
 //! - [`reconcile`]: commands that bring the objects a table has to the objects it should

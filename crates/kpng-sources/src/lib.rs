@@ -10,7 +10,8 @@
 //!   watch events and manifests all parse into them).
 //! - [`convert`]: `Service`, `EndpointSlice`, `Node` and `ServiceCIDR` → model values, with
 //!   the rules of what is proxied (proxy-name and headless labels, ExternalName, headless
-//!   services, FQDN slices, slices without a service).
+//!   services, FQDN slices, slices without a service), and the kube-nftlb load-balancing
+//!   annotations read into typed settings.
 //! - [`object`]: one object from JSON text or a JSON value, parsed and converted: the
 //!   path every source reads objects through.
 //! - [`api`]: the api source: another kpng's global stream, mirrored into the store.
