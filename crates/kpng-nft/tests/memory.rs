@@ -190,7 +190,10 @@ fn expected_cluster_ip(
             if *p.has_endpoints.get(family) { Outcome::Dropped } else { Outcome::Rejected };
         return BTreeSet::from([outcome]);
     }
-    endpoints.into_iter().map(|e| Outcome::Passed { dnat: Some(e), masquerade: false }).collect()
+    // `mode: snat` masquerades every connection; otherwise one from outside is not (the
+    // backend has no local-traffic detector here).
+    let masquerade = svc.load_balancing.mode == Some(kpng_model::global::NatMode::Snat);
+    endpoints.into_iter().map(|e| Outcome::Passed { dnat: Some(e), masquerade }).collect()
 }
 
 fn check_against_fresh(kernel: &MemoryKernel, state: &LocalState) -> Result<(), TestCaseError> {
