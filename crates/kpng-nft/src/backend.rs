@@ -11,7 +11,6 @@
 //! Kept in one file on purpose: the change path and the table-sync state machine that
 //! decides it (see [`TableSync`]) read best together; the resync is in `resync`.
 
-use kpng_model::global::{AnnotationKey, LoadBalancing, NatMode};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -19,6 +18,7 @@ use std::sync::atomic::Ordering;
 use ipnet::IpNet;
 use kpng_backend::proxy::LocalDetection;
 use kpng_backend::{Backend, BackendError, ChangeSet, Target};
+use kpng_model::global::{AnnotationKey, LoadBalancing, NatMode};
 use kpng_model::local::LocalServiceState;
 use kpng_model::{Family, LocalNode, ServiceKey};
 
@@ -167,12 +167,12 @@ impl NftBackend {
         self.sync
     }
 
-    /// The skeleton's options for the node state's `node`.
     /// The packet-mark bit flagging connections for masquerading.
     fn masquerade_mark(&self) -> u32 {
         1 << self.options.masquerade_bit
     }
 
+    /// The skeleton's options for the node state's `node`.
     fn skeleton_options(&self, node: Option<&LocalNode>) -> SkeletonOptions {
         SkeletonOptions {
             masquerade_all: self.options.masquerade_all,

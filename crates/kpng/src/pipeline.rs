@@ -245,6 +245,7 @@ where
             Sink::Api { hub, listen: to_api.listen, security, options }
         }
     };
+    collectors.push(Box::new(crate::stats::SourceMetrics));
     let admin = admin_servers(
         global,
         kpng_server::admin::AdminSources {
@@ -258,10 +259,7 @@ where
                 _ => None,
             },
             health_timeout: global.sync.sync_period * 2,
-            collectors: {
-                collectors.push(Box::new(crate::stats::SourceMetrics));
-                collectors
-            },
+            collectors,
             bind_problems: process.problems.clone(),
             http: Some(process.http.clone()),
         },

@@ -139,6 +139,25 @@ fn health_readiness_metrics_and_state_follow_the_pipeline() {
     assert_eq!(state["model"], written);
     assert_eq!(state["node"]["name"], "node-a");
     assert!(state["node"]["state"]["services"]["shop/cart"].is_object(), "{state}");
+
+    // A load-balancing annotation with a value kpng does not know is named in the log and
+    // counted; the service is proxied as before, so no change set follows.
+    let (_, text) = wait_get(metrics, "/metrics", |code, _| code == 200);
+    assert_eq!(metric(&text, "kpng_rejected_annotations_total"), 0.0, "{text}");
+    let text = std::fs::read_to_string(&input).unwrap();
+    let annotated = text.replace(
+        "    service.kubernetes.io/topology-mode: Auto\n",
+        "    service.kubernetes.io/topology-mode: Auto\n    \
+         service.kubernetes.io/kube-nftlb-load-balancer-scheduler: fastest\n",
+    );
+    assert_ne!(annotated, text, "the example's kube-dns annotations moved");
+    replace_file(Path::new(&input), &annotated);
+    let (_, text) =
+        wait_get(metrics, "/metrics", |_, t| !t.contains("kpng_rejected_annotations_total 0"));
+    assert!(metric(&text, "kpng_rejected_annotations_total") >= 1.0, "{text}");
+    kpng.wait_stderr("unknown scheduler \"fastest\"");
+    assert!(kpng.stderr().contains("kube-system/kube-dns"), "{}", kpng.stderr());
+    assert!(kpng.try_line().is_none(), "no change set for a rejected annotation");
 }
 
 #[test]
