@@ -22,6 +22,8 @@ use kpng_model::{LocalState, ServiceKey};
 use crate::check::{Installed, mismatch};
 use crate::client::Client;
 use crate::error::NftlbError;
+use kpng_model::global::{AnnotationKey, LoadBalancing, NatMode};
+
 use crate::farm::{Farm, Listing, backends_body, create_body, farms_of, unsupported};
 
 /// nftlb's API, as the backend calls it.
@@ -217,6 +219,17 @@ impl NftlbBackend {
 impl Backend for NftlbBackend {
     fn name(&self) -> &'static str {
         crate::NAME
+    }
+
+    fn unsupported(&self, lb: &LoadBalancing) -> Vec<(AnnotationKey, &'static str)> {
+        // Stateless DNAT and direct server return need the node's interface and each
+        // endpoint's link-layer address in the farm, which the node state does not carry.
+        match lb.mode {
+            Some(mode @ (NatMode::StatelessDnat | NatMode::Dsr)) => {
+                vec![(AnnotationKey::Mode, mode.as_str())]
+            }
+            _ => Vec::new(),
+        }
     }
 
     fn apply(&mut self, changes: &ChangeSet<'_>) -> Result<(), BackendError> {

@@ -10,11 +10,13 @@
 use std::collections::BTreeMap;
 
 use kpng_backend::endpoints::port_sets;
-use kpng_model::local::LocalServiceState;
+use kpng_model::global::{Helper, LogPath, NatMode, PersistenceKey, Scheduler};
+use kpng_model::local::{LocalService, LocalServiceState};
 use kpng_model::{Family, Protocol};
 use serde::{Deserialize, Serialize};
 
-/// A farm's virtual service: what nftlb matches and how it balances.
+/// A farm's virtual service: what nftlb matches and how it balances. The balancing fields
+/// follow the service's load-balancing annotations, which keep nftlb's own spelling.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub struct Vip {
@@ -24,14 +26,74 @@ pub struct Vip {
     pub virtual_addr: String,
     /// The service port.
     pub virtual_ports: String,
-    /// `snat`: replies come back through the node (kube-proxy's behaviour for traffic that
-    /// needs it).
+    /// `snat` (replies come back through the node), or the `mode` annotation's `dnat`.
     pub mode: String,
     /// `tcp`, `udp` or `sctp`.
     pub protocol: String,
-    /// `weight`: random, weighted by each backend's weight (all 1: uniform, as kpng's other
-    /// backends pick).
+    /// The `scheduler` annotation (`rr`, `hash`, `symhash`); without one `weight`: random,
+    /// weighted by each backend's weight (all 1: uniform, as kpng's other backends pick).
     pub scheduler: String,
+    /// What `hash` hashes (the `persistence` annotation's key); `none` otherwise.
+    #[serde(deserialize_with = "trimmed")]
+    pub sched_param: String,
+    /// Stickiness: the `persistence` annotation's key, `srcip` for ClientIP affinity, or
+    /// `none`.
+    #[serde(deserialize_with = "trimmed")]
+    pub persistence: String,
+    /// Idle seconds after which a sticky client is forgotten.
+    pub persist_ttl: String,
+    /// The `helper` annotation, or `none`.
+    pub helper: String,
+    /// The `log` annotation (`output`, `forward`), or `none`.
+    #[serde(deserialize_with = "trimmed")]
+    pub log: String,
+}
+
+/// nftlb lists some fields with a trailing space (`"srcip "`).
+fn trimmed<'de, D: serde::Deserializer<'de>>(de: D) -> Result<String, D::Error> {
+    String::deserialize(de).map(|s| s.trim().to_string())
+}
+
+/// The balancing fields of a service's farms, from its load-balancing settings (and
+/// ClientIP affinity, which is `srcip` persistence when no `persistence` annotation wins).
+struct Balancing {
+    mode: &'static str,
+    scheduler: &'static str,
+    sched_param: &'static str,
+    persistence: &'static str,
+    persist_ttl: u32,
+    helper: &'static str,
+    log: &'static str,
+}
+
+impl Balancing {
+    fn of(service: &LocalService) -> Balancing {
+        let lb = &service.load_balancing;
+        let hashed = lb.scheduler == Some(Scheduler::Hash);
+        let sticky = match (lb.persistence, service.affinity_timeout_seconds) {
+            (Some(p), _) => Some((p.key.as_str(), p.timeout_seconds)),
+            (None, Some(timeout)) => Some((PersistenceKey::SrcIp.as_str(), timeout)),
+            (None, None) => None,
+        };
+        let (sched_param, persistence, persist_ttl) = match sticky {
+            // `hash` hashes the key, statelessly (`srcip` when no key is set).
+            _ if hashed => (sticky.map_or("srcip", |(key, _)| key), "none", 60),
+            Some((key, ttl)) => ("none", key, ttl),
+            None => ("none", "none", 60),
+        };
+        Balancing {
+            mode: match lb.mode {
+                Some(NatMode::Dnat) => "dnat",
+                _ => "snat",
+            },
+            scheduler: lb.scheduler.map_or("weight", Scheduler::as_str),
+            sched_param,
+            persistence,
+            persist_ttl,
+            helper: lb.helper.map_or("none", Helper::as_str),
+            log: lb.log.map_or("none", LogPath::as_str),
+        }
+    }
 }
 
 /// A farm's backend.
@@ -110,6 +172,7 @@ pub fn farm_name(state: &LocalServiceState, port: &str, family: Family) -> Strin
 /// The farms of one service.
 pub fn farms_of(state: &LocalServiceState) -> Vec<Farm> {
     let service = &state.service;
+    let balancing = Balancing::of(service);
     let mut farms = Vec::new();
     for port in &service.ports {
         for family in Family::ALL {
@@ -144,9 +207,14 @@ pub fn farms_of(state: &LocalServiceState) -> Vec<Farm> {
                     },
                     virtual_addr: ip.to_string(),
                     virtual_ports: port.port.to_string(),
-                    mode: "snat".into(),
+                    mode: balancing.mode.into(),
                     protocol: protocol_name(port.protocol).into(),
-                    scheduler: "weight".into(),
+                    scheduler: balancing.scheduler.into(),
+                    sched_param: balancing.sched_param.into(),
+                    persistence: balancing.persistence.into(),
+                    persist_ttl: balancing.persist_ttl.to_string(),
+                    helper: balancing.helper.into(),
+                    log: balancing.log.into(),
                 },
                 backends,
             });
@@ -167,9 +235,6 @@ pub fn unsupported(state: &LocalServiceState) -> Vec<&'static str> {
     }
     if !s.load_balancer_ips.is_empty() {
         what.push("load-balancer IPs");
-    }
-    if s.affinity_timeout_seconds.is_some() {
-        what.push("ClientIP affinity");
     }
     what
 }

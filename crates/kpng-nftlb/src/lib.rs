@@ -1,13 +1,25 @@
 //! kpng's nftlb backend (`to-nftlb`): the node state as nftlb farms, through nftlb's REST
 //! API, for those who keep the nftlb daemon.
 //!
-//! Each service port with a cluster IP of a family is one farm (`snat` mode, the `weight`
-//! scheduler with every weight 1: a uniform random pick, as kpng's other backends make),
-//! whose backends are the endpoints of the port's Cluster set (its Local set with
-//! `internalTrafficPolicy: Local`): topology and terminating fallback are applied before
-//! nftlb sees them. NodePorts, externalIPs, load-balancer IPs and ClientIP affinity are
-//! not expressed; a service that has them is logged once. A port without endpoints has a
-//! farm without backends, which nftlb does not reject as `to-nft` does.
+//! Each service port with a cluster IP of a family is one farm whose backends are the
+//! endpoints of the port's Cluster set (its Local set with `internalTrafficPolicy:
+//! Local`): topology and terminating fallback are applied before nftlb sees them. By
+//! default a farm is in `snat` mode with the `weight` scheduler and every weight 1 (a
+//! uniform random pick, as kpng's other backends make); the service's load-balancing
+//! annotations (kube-nftlb's keys) become the farm's fields of the same name:
+//!
+//! | annotation | farm |
+//! |---|---|
+//! | `scheduler: rr`, `symhash`, `hash` | `scheduler` |
+//! | `persistence: <key>` | `persistence` and `persist-ttl` (`sched-param` with `hash`) |
+//! | `mode: dnat` | `mode` |
+//! | `helper: <name>` | `helper` |
+//! | `log: output`, `forward` | `log` |
+//!
+//! ClientIP session affinity is `srcip` persistence with the affinity's timeout. The
+//! modes `stlsdnat` and `dsr`, NodePorts, externalIPs and load-balancer IPs are not
+//! expressed; a service that has them is logged once. A port without endpoints has a farm
+//! without backends, which nftlb does not reject as `to-nft` does.
 //!
 //! kpng owns the daemon's farms: what it does not want goes. nftlb programs the nftables
 //! of the host it runs on, which must be this node: after each change kpng reads the

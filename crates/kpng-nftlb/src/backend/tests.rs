@@ -247,3 +247,95 @@ fn farms_are_named_per_namespace_service_port_and_family() {
     assert_eq!((backend.ip_addr.as_str(), backend.port.as_str()), ("10.1.0.1", "5353"));
     assert!(farms[1].backends.is_empty(), "no IPv6 endpoint");
 }
+
+/// Service `ns/s0` of [`model`] with these settings and ClientIP affinity of `affinity`
+/// seconds.
+fn annotated(lb: LoadBalancing, affinity: Option<u32>) -> GlobalModel {
+    let mut model = model(2, 2);
+    let mut svc = service("ns", "s0", &["10.96.0.1"], &[("http", Protocol::Tcp, 80)]);
+    svc.load_balancing = lb;
+    if let Some(timeout_seconds) = affinity {
+        svc.session_affinity = kpng_model::global::SessionAffinity::ClientIP { timeout_seconds };
+    }
+    model.apply(Object::Service(svc));
+    model
+}
+
+fn vip_of(model: &GlobalModel) -> crate::farm::Vip {
+    let state = project_node_state(model, "n0");
+    farms_of(&state.services[&ServiceKey::new("ns", "s0")]).remove(0).vip
+}
+
+#[test]
+fn annotations_become_the_farm_fields_of_the_same_name() {
+    use kpng_model::global::{Helper, LogPath, Persistence, PersistenceKey, Scheduler};
+    let plain = vip_of(&annotated(LoadBalancing::default(), None));
+    let fields = |v: &crate::farm::Vip| {
+        [&v.mode, &v.scheduler, &v.sched_param, &v.persistence, &v.persist_ttl, &v.helper, &v.log]
+            .map(|s| s.clone())
+    };
+    assert_eq!(fields(&plain), ["snat", "weight", "none", "none", "60", "none", "none"]);
+
+    let persistence = Some(Persistence { key: PersistenceKey::SrcIpDstPort, timeout_seconds: 5 });
+    let all = LoadBalancing {
+        scheduler: Some(Scheduler::RoundRobin),
+        persistence,
+        mode: Some(NatMode::Dnat),
+        helper: Some(Helper::Ftp),
+        log: Some(LogPath::Forward),
+    };
+    let vip = vip_of(&annotated(all, Some(30)));
+    assert_eq!(fields(&vip), ["dnat", "rr", "none", "srcip dstport", "5", "ftp", "forward"]);
+
+    // `hash` hashes the persistence key, with no stickiness.
+    let hashed = LoadBalancing { scheduler: Some(Scheduler::Hash), persistence, ..all };
+    let vip = vip_of(&annotated(hashed, None));
+    assert_eq!((vip.scheduler.as_str(), vip.sched_param.as_str()), ("hash", "srcip dstport"));
+    assert_eq!(vip.persistence, "none");
+
+    // ClientIP affinity alone is srcip persistence with its timeout.
+    let vip = vip_of(&annotated(LoadBalancing::default(), Some(30)));
+    assert_eq!((vip.persistence.as_str(), vip.persist_ttl.as_str()), ("srcip", "30"));
+
+    // The modes a farm cannot express here are said, the others not.
+    let b = backend(&Fake::default());
+    let dsr = LoadBalancing { mode: Some(NatMode::Dsr), ..LoadBalancing::default() };
+    assert_eq!(b.unsupported(&dsr), [(AnnotationKey::Mode, "dsr")]);
+    assert!(b.unsupported(&all).is_empty());
+}
+
+#[test]
+fn an_annotation_change_recreates_that_farm_only() {
+    let fake = Fake::default();
+    let mut b = backend(&fake);
+    let before = project_node_state(&annotated(LoadBalancing::default(), None), "n0");
+    b.apply(&ChangeSet::full(&before)).unwrap();
+    let rr = LoadBalancing {
+        scheduler: Some(kpng_model::global::Scheduler::RoundRobin),
+        ..LoadBalancing::default()
+    };
+    let after = project_node_state(&annotated(rr, None), "n0");
+    fake.daemon().calls.clear();
+    b.apply(&ChangeSet::changes(&diff(&before, &after), &after)).unwrap();
+    assert_eq!(fake.daemon().calls, ["DELETE /farms/ns--s0--http", "POST /farms"]);
+    assert_eq!(fake.daemon().farms["ns--s0--http"].vip.scheduler, "rr");
+    assert_eq!(fake.daemon().farms["ns--s0--http"].backends.len(), 2);
+    assert!(b.verify().unwrap());
+}
+
+#[test]
+fn nftlbs_own_listing_reads_as_the_farm_kpng_wants() {
+    // As nftlb 1.0.7 lists a farm: more fields, and a trailing space after some values.
+    let listed = r#"{"farms": [{"name": "ns--s0--http", "family": "ipv4",
+        "virtual-addr": "10.96.0.1", "virtual-ports": "80", "source-addr": "", "mode": "snat",
+        "protocol": "tcp", "scheduler": "weight", "sched-param": "none",
+        "persistence": "srcip ", "persist-ttl": "30", "helper": "none", "log": "forward ",
+        "log-rtlimit": "0/second", "state": "up", "backends": []}]}"#;
+    let listing: crate::farm::Listing = serde_json::from_str(listed).unwrap();
+    let farm = Farm::from(listing.farms.into_iter().next().unwrap());
+    let lb = LoadBalancing {
+        log: Some(kpng_model::global::LogPath::Forward),
+        ..LoadBalancing::default()
+    };
+    assert_eq!(farm.vip, vip_of(&annotated(lb, Some(30))));
+}

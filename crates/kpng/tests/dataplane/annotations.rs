@@ -8,7 +8,7 @@ use kpng_testkit::topology::Cluster;
 use crate::harness::*;
 
 const PREFIX: &str = "service.kubernetes.io/kube-nftlb-load-balancer-";
-const CLIENT: &str = "192.168.10.100";
+pub const CLIENT: &str = "192.168.10.100";
 
 /// Service `name` at `cluster_ip` with `annotations` (`key: value` pairs), further `spec`
 /// lines, and endpoints web-a and web-b.
@@ -17,7 +17,7 @@ fn annotated(name: &str, cluster_ip: &str, annotations: &[(&str, &str)], spec: &
 }
 
 /// The same with these endpoints.
-fn annotated_on(
+pub fn annotated_on(
     name: &str,
     cluster_ip: &str,
     annotations: &[(&str, &str)],

@@ -1,7 +1,8 @@
 //! `to-nftlb` with real packets: the Debian package's nftlb daemon in the node namespace,
 //! driven by kpng from the manifests; connections from the client namespace through the
-//! cluster IP reach the endpoints nftlb was given, follow endpoint changes, and `kpng
-//! cleanup --backend nftlb` removes the farms.
+//! cluster IP reach the endpoints nftlb was given, follow endpoint changes and the
+//! load-balancing annotations (round robin, dnat), and `kpng cleanup --backend nftlb`
+//! removes the farms.
 
 use std::process::{Child, Stdio};
 
@@ -9,6 +10,7 @@ use kpng_testkit::privileged::require;
 use kpng_testkit::probe::Outcome;
 use kpng_testkit::topology::Cluster;
 
+use crate::annotations::{CLIENT, annotated_on};
 use crate::harness::*;
 
 const URL: &str = "http://127.0.0.1:5555";
@@ -102,6 +104,26 @@ pub fn to_nftlb_serves_cluster_ips_follows_endpoints_and_cleans_up() {
         assert_eq!(reach(&cluster.client, "10.96.0.90:80").0, "web-a", "{}", log());
     }
     assert!(log().contains("nftlb farms updated"), "{}", log());
+
+    // The load-balancing annotations become farm fields: round robin alternates...
+    write(&annotated_on("web", "10.96.0.90", &[("scheduler", "rr")], "", &[WEB_A, WEB_B]));
+    wait_until("the farm is round robin with both backends", || {
+        let listed = farms(&cluster, key);
+        listed.contains("\"scheduler\": \"rr\"") && listed.contains("10.244.1.10")
+    });
+    let names: Vec<String> = (0..8).map(|_| reach(&cluster.client, "10.96.0.90:80").0).collect();
+    for pair in names.windows(2) {
+        assert_ne!(pair[0], pair[1], "each connection takes the next endpoint: {names:?}");
+    }
+    // ...and dnat shows the endpoint the client's own address.
+    write(&annotated_on("web", "10.96.0.90", &[("mode", "dnat")], "", &[WEB_A]));
+    wait_until("the farm is in dnat mode with web-a alone", || {
+        let listed = farms(&cluster, key);
+        listed.contains("\"mode\": \"dnat\"") && !listed.contains("10.244.1.10")
+    });
+    for _ in 0..4 {
+        assert_eq!(reach(&cluster.client, "10.96.0.90:80"), ("web-a".into(), ip(CLIENT)));
+    }
 
     // cleanup removes kpng's farms; the cluster IP is no longer served.
     drop(_kpng);
