@@ -42,6 +42,12 @@ pub mod msg {
     pub const GETSETELEM: u16 = 13;
     /// Delete set elements (all of a set without a list).
     pub const DELSETELEM: u16 = 14;
+    /// Create a stateful object.
+    pub const NEWOBJ: u16 = 18;
+    /// Dump stateful objects.
+    pub const GETOBJ: u16 = 19;
+    /// Delete a stateful object.
+    pub const DELOBJ: u16 = 20;
 }
 
 /// `NFTA_LIST_ELEM`: one element of a nested list.

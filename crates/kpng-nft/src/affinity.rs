@@ -22,7 +22,9 @@
 //! again), one that arrives takes a hole or a new slot, so the clients of every other
 //! endpoint keep their endpoint.
 //!
-//! The annotations change the entry chain: `log` puts a rate-limited log rule first
+//! The annotations change the entry chain: `helper` assigns a `ct helper` object of the
+//! table (`helper_ftp_tcp`, made while a group uses it) to every connection of the ports of
+//! a protocol the helper serves; `log` puts a rate-limited log rule first
 //! (`fib saddr type local` for `output`, `!= local` for `forward`); `mode` sets (`snat`)
 //! or clears (`dnat`) the masquerade mark bit that the rules before set from kube-proxy's
 //! rules; `persistence` keys the slot sets by its fields (`srcip srcport`: `ip saddr . th
@@ -32,11 +34,12 @@
 //! `symhash mod N == j` / `jhash <persistence key> mod N seed 0x0 == j` (no stickiness:
 //! the hash is the persistence).
 
-use kpng_model::global::{LogPath, PersistenceKey, Scheduler};
+use kpng_model::global::{Helper, LogPath, PersistenceKey, Scheduler};
 use kpng_model::{Family, Protocol};
+use kpng_netlink::nftables::objects::CtHelperSpec;
 
 use crate::objects::{affinity_chain, affinity_slot};
-use crate::rules::{Field, Rule, RuleBuilder};
+use crate::rules::{Field, Rule, RuleBuilder, protocol_keyword, protocol_number};
 use crate::slots::Target;
 
 /// How a group chooses and treats a new connection.
@@ -55,6 +58,8 @@ pub struct GroupPolicy {
     pub mark: u32,
     /// Log new connections on this path with this prefix.
     pub log: Option<(LogPath, String)>,
+    /// A conntrack helper for the connections (on the ports of a protocol it serves).
+    pub helper: Option<Helper>,
 }
 
 impl GroupPolicy {
@@ -67,8 +72,38 @@ impl GroupPolicy {
             masquerade: None,
             mark: 0,
             log: None,
+            helper: None,
         }
     }
+}
+
+/// The kernel's conntrack helper for `helper` on `protocol`, when it serves that protocol:
+/// H.323 is `RAS` over UDP and `Q.931` over TCP; the others have one name.
+pub fn kernel_helper(helper: Helper, protocol: Protocol) -> Option<&'static str> {
+    use Protocol::{Tcp, Udp};
+    Some(match (helper, protocol) {
+        (Helper::Amanda, Udp) => "amanda",
+        (Helper::Ftp, Tcp) => "ftp",
+        (Helper::H323, Udp) => "RAS",
+        (Helper::H323, Tcp) => "Q.931",
+        (Helper::Irc, Tcp) => "irc",
+        (Helper::NetbiosNs, Udp) => "netbios-ns",
+        (Helper::Pptp, Tcp) => "pptp",
+        (Helper::Sane, Tcp) => "sane",
+        (Helper::Sip, Tcp | Udp) => "sip",
+        (Helper::Snmp, Udp) => "snmp",
+        (Helper::Tftp, Udp) => "tftp",
+        _ => return None,
+    })
+}
+
+/// The `ct helper` object of `helper` on `protocol` in a table of `family`, named
+/// `helper_<name>_<protocol>` (`helper_ftp_tcp`).
+pub fn helper_object(helper: Helper, protocol: Protocol) -> Option<CtHelperSpec> {
+    let kernel = kernel_helper(helper, protocol)?;
+    let proto = protocol_number(protocol);
+    let name = format!("helper_{}_{}", helper.as_str().replace('-', "_"), protocol_keyword(proto));
+    Some(CtHelperSpec { name, helper: kernel.to_string(), l4proto: proto })
 }
 
 /// The packet fields of a persistence key.
@@ -124,6 +159,9 @@ impl AffinityGroup {
                 LogPath::Forward => r().not_from_the_node().log_limited(prefix).end(),
             });
         }
+        if let Some(object) = self.helper_object() {
+            rules.push(r().ct_helper(&object.name).end());
+        }
         match policy.masquerade {
             Some(true) => rules.push(r().mark_set(policy.mark).end()),
             Some(false) => rules.push(r().mark_unset(policy.mark).end()),
@@ -151,6 +189,12 @@ impl AffinityGroup {
             rules.push(choose.goto(slot));
         }
         rules
+    }
+
+    /// The `ct helper` object the group's connections get, if its helper serves its
+    /// protocol.
+    pub fn helper_object(&self) -> Option<CtHelperSpec> {
+        helper_object(self.policy.helper?, self.protocol)
     }
 
     /// New connections are placed by a hash (every rule compares it).

@@ -398,9 +398,6 @@ impl Backend for NftBackend {
         if let Some(mode @ (NatMode::StatelessDnat | NatMode::Dsr)) = lb.mode {
             out.push((AnnotationKey::Mode, mode.as_str()));
         }
-        if let Some(helper) = lb.helper {
-            out.push((AnnotationKey::Helper, helper.as_str()));
-        }
         out
     }
 

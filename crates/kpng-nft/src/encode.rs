@@ -23,6 +23,8 @@ pub fn encode(plan: &Plan<'_>, batch: &mut Batch) {
             Command::AddSet(decl) => table.add_set(batch, &decl.spec, batch_id(batch)),
             Command::FlushSet(name) => table.flush_set(batch, name),
             Command::DeleteSet(name) => table.delete_set(batch, name),
+            Command::AddCtHelper(spec) => table.add_ct_helper(batch, spec),
+            Command::DeleteCtHelper(name) => table.delete_ct_helper(batch, name),
             Command::AddChain(spec) => table.add_chain(batch, spec),
             Command::FlushChain(name) => table.flush_chain(batch, name),
             Command::DeleteChain(name) => table.delete_chain(batch, name),

@@ -181,6 +181,12 @@ impl NetlinkKernel {
             });
             present.chains.insert((family, chain.name), PresentChain { hook, rules: Vec::new() });
         }
+        let helpers = dump::ct_helpers_request(pf, TABLE);
+        for helper in self.socket.dump(&helpers).map_err(NftError::Read)? {
+            if let Some(spec) = dump::ct_helper(&helper) {
+                present.helpers.insert((family, spec.name.clone()), spec);
+            }
+        }
         let rules =
             self.socket.dump(&dump::rules_request(pf, TABLE, None)).map_err(NftError::Read)?;
         for rule in rules.iter().filter_map(|b| dump::rule(b)) {

@@ -98,6 +98,9 @@ pub fn add_group(wanted: &mut Wanted, group: &AffinityGroup) {
         let spec = ChainSpec { name: name.clone(), hook: None };
         wanted.chains.insert((family, name), (spec, rules));
     }
+    if let Some(object) = group.helper_object() {
+        wanted.helpers.insert((family, object.name.clone()), object);
+    }
     let Some(key) = group.policy.sticky else { return };
     for (i, slot) in group.slots.iter().enumerate() {
         if slot.is_none() {

@@ -49,7 +49,7 @@
 //! slots.
 //!
 //! A service with kube-nftlb load-balancing annotations (scheduler, persistence, mode,
-//! log) is balanced by group chains too, whose entry chain follows its settings; services
+//! helper, log) is balanced by group chains too, whose entry chain follows its settings; services
 //! without annotations keep exactly the layout above. For example `test/rr` with
 //! `scheduler: rr`, `mode: dnat` and `log: forward` (two endpoints; the mark bit 0x4000):
 //!

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use kpng_model::Family;
 use kpng_netlink::NetlinkError;
 use kpng_netlink::nftables::expr::{Expr, Verdict};
+use kpng_netlink::nftables::objects::CtHelperSpec;
 
 use crate::error::NftError;
 use crate::kernel::{Kernel, KernelContents};
@@ -48,6 +49,8 @@ pub struct MemoryTables {
     pub sets: BTreeMap<Name, MemorySet>,
     /// Chains.
     pub chains: BTreeMap<Name, MemoryChain>,
+    /// `ct helper` objects.
+    pub helpers: BTreeMap<Name, CtHelperSpec>,
     /// Commits to refuse before applying any.
     pub fail_commits: usize,
     /// Transactions applied.
@@ -83,6 +86,18 @@ fn refused(what: String, errno: nix::errno::Errno) -> NftError {
 }
 
 impl MemoryTables {
+    /// The `ct helper` objects rules assign, in `family`.
+    fn helper_references(&self, family: Family) -> BTreeSet<String> {
+        let rules = self.chains.iter().filter(|((f, _), _)| *f == family);
+        let exprs = rules.flat_map(|(_, chain)| chain.rules.iter().flat_map(|r| &r.exprs));
+        exprs
+            .filter_map(|e| match e {
+                Expr::CtHelperSet { name } => Some(name.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// The sets and chains rules refer to, in `family`.
     fn references(&self, family: Family) -> (BTreeSet<String>, BTreeSet<String>) {
         let (mut sets, mut chains) = (BTreeSet::new(), BTreeSet::new());
@@ -154,6 +169,25 @@ impl MemoryTables {
                 }
                 self.sets.remove(&(family, name.clone()));
             }
+            Command::AddCtHelper(spec) => {
+                need_table(self)?;
+                match self.helpers.get(&(family, spec.name.clone())) {
+                    Some(present) if present != spec => return Err(refused(what, EEXIST)),
+                    Some(_) => {}
+                    None => {
+                        self.helpers.insert((family, spec.name.clone()), spec.clone());
+                    }
+                }
+            }
+            Command::DeleteCtHelper(name) => {
+                if !self.helpers.contains_key(&(family, name.clone())) {
+                    return Err(refused(what, ENOENT));
+                }
+                if self.helper_references(family).contains(name) {
+                    return Err(refused(what, EBUSY));
+                }
+                self.helpers.remove(&(family, name.clone()));
+            }
             Command::AddChain(spec) => {
                 need_table(self)?;
                 let hook = crate::reconcile::hook_shape(&spec.hook);
@@ -191,6 +225,9 @@ impl MemoryTables {
                         }
                         Expr::Verdict(Verdict::Jump(c) | Verdict::Goto(c)) => {
                             !self.chains.contains_key(&(family, c.clone()))
+                        }
+                        Expr::CtHelperSet { name } => {
+                            !self.helpers.contains_key(&(family, name.clone()))
                         }
                         _ => false,
                     };
@@ -234,7 +271,11 @@ impl MemoryTables {
 
     /// What a read-back returns.
     pub fn contents(&self) -> KernelContents {
-        let mut present = Present { tables: self.tables.clone(), ..Present::default() };
+        let mut present = Present {
+            tables: self.tables.clone(),
+            helpers: self.helpers.clone(),
+            ..Present::default()
+        };
         let mut elements = Vec::new();
         for ((family, name), set) in &self.sets {
             present.sets.insert((*family, name.clone()), set.shape.clone());

@@ -7,6 +7,7 @@ use std::fmt::Write;
 
 use kpng_model::Family;
 use kpng_netlink::nftables::ChainSpec;
+use kpng_netlink::nftables::objects::CtHelperSpec;
 
 use crate::objects::{ElementId, MapName, TABLE, Value, table_family};
 use crate::rules::Rule;
@@ -24,6 +25,10 @@ pub enum Command<'a> {
     FlushSet(String),
     /// Delete a set (nothing may refer to it any more).
     DeleteSet(String),
+    /// Create a `ct helper` object (an existing one is kept).
+    AddCtHelper(CtHelperSpec),
+    /// Delete a `ct helper` object (no rule may assign it any more).
+    DeleteCtHelper(String),
     /// Create a chain (an existing one is kept).
     AddChain(ChainSpec),
     /// Remove every rule of a chain.
@@ -127,6 +132,15 @@ fn command_text(out: &mut String, family: Family, command: &Command<'_>) {
             writeln!(out, "add {} {table} {} {{ {} }}", decl.keyword(), decl.spec.name, decl.text)
         }
         Command::FlushSet(name) => writeln!(out, "flush set {table} {name}"),
+        Command::AddCtHelper(spec) => writeln!(
+            out,
+            "add ct helper {table} {} {{ type {:?} protocol {}; l3proto {}; }}",
+            spec.name,
+            spec.helper,
+            crate::rules::protocol_keyword(spec.l4proto),
+            table_family(family)
+        ),
+        Command::DeleteCtHelper(name) => writeln!(out, "delete ct helper {table} {name}"),
         Command::DeleteSet(name) => writeln!(out, "delete set {table} {name}"),
         Command::AddChain(spec) => match &spec.hook {
             Some(h) => writeln!(

@@ -12,7 +12,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use kpng_model::Family;
-use kpng_netlink::nftables::objects::{Hook, SetData};
+use kpng_netlink::nftables::objects::{CtHelperSpec, Hook, SetData};
 use kpng_netlink::nftables::{ChainSpec, Expr};
 
 use crate::plan::Command;
@@ -109,6 +109,8 @@ pub struct Wanted {
     pub sets: BTreeMap<Name, WantedSet>,
     /// Chains and their rules.
     pub chains: BTreeMap<Name, (ChainSpec, Vec<Rule>)>,
+    /// `ct helper` objects.
+    pub helpers: BTreeMap<Name, CtHelperSpec>,
 }
 
 /// Objects a table has.
@@ -120,6 +122,8 @@ pub struct Present {
     pub sets: BTreeMap<Name, SetShape>,
     /// Chains: hook, and rules (`None` for an expression kpng does not know).
     pub chains: BTreeMap<Name, PresentChain>,
+    /// `ct helper` objects.
+    pub helpers: BTreeMap<Name, CtHelperSpec>,
 }
 
 impl Wanted {
@@ -138,6 +142,7 @@ impl Wanted {
                     (n.clone(), chain)
                 })
                 .collect(),
+            helpers: self.helpers.clone(),
         }
     }
 }
@@ -181,6 +186,14 @@ fn referenced_sets(rule: &Rule) -> impl Iterator<Item = &str> {
     })
 }
 
+/// The `ct helper` objects a rule assigns.
+fn referenced_helpers(rule: &Rule) -> impl Iterator<Item = &str> {
+    rule.exprs.iter().filter_map(|e| match e {
+        Expr::CtHelperSet { name } => Some(name.as_str()),
+        _ => None,
+    })
+}
+
 /// The commands that bring `present` to `wanted`. Objects in `present` that `wanted` does
 /// not name are deleted.
 pub fn reconcile(wanted: &Wanted, present: &Present) -> Reconciled {
@@ -194,6 +207,15 @@ pub fn reconcile(wanted: &Wanted, present: &Present) -> Reconciled {
         out.before.push((*family, Command::AddTable));
         out.reasons.push(format!("table {} kpng missing", crate::objects::table_family(*family)));
     }
+    // Helper objects are created before the rules that assign them, and deleted after the
+    // rules that did (their chains are emptied first). Another definition under the same
+    // name is replaced after the chains referring to it are emptied.
+    let rehelped: BTreeSet<&Name> = wanted
+        .helpers
+        .iter()
+        .filter(|(name, spec)| present.helpers.get(*name).is_some_and(|p| p != *spec))
+        .map(|(name, _)| name)
+        .collect();
     // Sets that exist with another definition must be deleted and created again.
     let reshaped: BTreeSet<&Name> = wanted
         .sets
@@ -225,6 +247,10 @@ pub fn reconcile(wanted: &Wanted, present: &Present) -> Reconciled {
             .iter()
             .flat_map(referenced_sets)
             .any(|s| reshaped.contains(&(name.0, s.to_string())))
+            || rules
+                .iter()
+                .flat_map(referenced_helpers)
+                .any(|h| rehelped.contains(&(name.0, h.to_string())))
         {
             rewrite.insert(name);
         }
@@ -242,6 +268,18 @@ pub fn reconcile(wanted: &Wanted, present: &Present) -> Reconciled {
     }
     for name in &rehook {
         out.before.push((name.0, Command::DeleteChain(name.1.clone())));
+    }
+    for name in &rehelped {
+        out.before.push((name.0, Command::DeleteCtHelper(name.1.clone())));
+        out.reasons.push(format!("ct helper {}: definition changed", label(name)));
+    }
+    for (name, spec) in &wanted.helpers {
+        if !present.helpers.contains_key(name) || rehelped.contains(name) {
+            if !present.helpers.contains_key(name) && !fresh(name) {
+                out.reasons.push(format!("ct helper {} missing", label(name)));
+            }
+            out.before.push((name.0, Command::AddCtHelper(spec.clone())));
+        }
     }
     for name in &reshaped {
         out.before.push((name.0, Command::DeleteSet(name.1.clone())));
@@ -282,6 +320,10 @@ pub fn reconcile(wanted: &Wanted, present: &Present) -> Reconciled {
     for name in present.sets.keys().filter(|n| !wanted.sets.contains_key(*n)) {
         out.reasons.push(format!("set {} not wanted", label(name)));
         out.after.push((name.0, Command::DeleteSet(name.1.clone())));
+    }
+    for name in present.helpers.keys().filter(|n| !wanted.helpers.contains_key(*n)) {
+        out.reasons.push(format!("ct helper {} not wanted", label(name)));
+        out.after.push((name.0, Command::DeleteCtHelper(name.1.clone())));
     }
     out
 }

@@ -53,8 +53,8 @@ impl NodeFacts {
 /// The policy and timeout of a service's groups, when the service needs chains of its own:
 /// ClientIP affinity, or load-balancing settings `to-nft` enforces (see [`GroupPolicy`]).
 /// The `persistence` annotation wins over ClientIP affinity; `scheduler: hash` hashes it
-/// (`srcip` when unset) instead of sticking to it. `helper` and the modes `stlsdnat` and
-/// `dsr` are not enforced (the backend says so once per service), so alone they give none.
+/// (`srcip` when unset) instead of sticking to it. The modes `stlsdnat` and `dsr` are not
+/// enforced (the backend says so once per service), so alone they give none.
 pub fn group_policy(svc: &LocalService, facts: &NodeFacts) -> Option<(GroupPolicy, u32)> {
     let lb = &svc.load_balancing;
     let hashed = lb.scheduler == Some(Scheduler::Hash);
@@ -76,11 +76,13 @@ pub fn group_policy(svc: &LocalService, facts: &NodeFacts) -> Option<(GroupPolic
         masquerade,
         mark: facts.masquerade_mark,
         log: lb.log.map(|path| (path, format!("kpng {} ", svc.key))),
+        helper: lb.helper,
     };
     let plain = policy.sticky.is_none()
         && policy.scheduler.is_none()
         && policy.masquerade.is_none()
-        && policy.log.is_none();
+        && policy.log.is_none()
+        && policy.helper.is_none();
     (!plain).then_some((policy, timeout))
 }
 

@@ -104,6 +104,16 @@ pub fn protocol_number(protocol: Protocol) -> u8 {
     }
 }
 
+/// A transport protocol's nft keyword, by number.
+pub fn protocol_keyword(number: u8) -> String {
+    match number {
+        6 => "tcp".into(),
+        17 => "udp".into(),
+        132 => "sctp".into(),
+        n => n.to_string(),
+    }
+}
+
 /// Builds a [`Rule`] statement by statement.
 #[derive(Debug, Clone)]
 pub struct RuleBuilder {
@@ -407,6 +417,13 @@ impl RuleBuilder {
     pub fn mark_unset(self, mark: u32) -> Self {
         let set = Expr::MetaSet { key: MetaKey::Mark, sreg: 1 };
         self.mark(format!("meta mark set meta mark & {:#x}", !mark), !mark, 0, Some(set))
+    }
+
+    /// `ct helper set "<name>"`: the connection gets the table's conntrack helper object
+    /// `name`.
+    pub fn ct_helper(self, name: &str) -> Self {
+        let exprs = [Expr::CtHelperSet { name: name.to_string() }];
+        self.say(format!("ct helper set {name:?}"), exprs)
     }
 
     /// `update @<set> { <fields> }`: remember the client's key in a dynamic set.

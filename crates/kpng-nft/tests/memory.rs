@@ -117,6 +117,10 @@ fn canonical(
         let rules: Vec<&str> = chain.rules.iter().map(|r| r.text.as_str()).collect();
         chains.insert(format!("{family:?} {name}"), format!("{:?} {rules:?}", chain.hook));
     }
+    // Helper objects are named by helper and protocol: compared as they are.
+    for ((family, name), spec) in &tables.helpers {
+        chains.insert(format!("{family:?} ct helper {name}"), format!("{spec:?}"));
+    }
     (elements, chains)
 }
 

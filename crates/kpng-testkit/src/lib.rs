@@ -18,6 +18,7 @@
 pub mod apiserver;
 pub mod builders;
 pub mod echo;
+pub mod ftp;
 pub mod generate;
 pub mod netns;
 pub mod privileged;

@@ -133,6 +133,28 @@ pub fn elements(body: &[u8]) -> Vec<DumpedElement> {
         .collect()
 }
 
+/// The request for every `ct helper` object of `table`.
+pub fn ct_helpers_request(family: ProtoFamily, table: &str) -> Vec<u8> {
+    request(msg::GETOBJ, family, |b| {
+        attr::put_str(b, 1, table);
+        attr::put_be32(b, 3, super::objects::OBJECT_CT_HELPER);
+    })
+}
+
+/// Decodes a dumped `ct helper` object (`None` for another object type).
+pub fn ct_helper(body: &[u8]) -> Option<super::objects::CtHelperSpec> {
+    let a = attr::parse(payload(body));
+    if attr::find(&a, 3).and_then(attr::be32) != Some(super::objects::OBJECT_CT_HELPER) {
+        return None;
+    }
+    let data = attr::parse(attr::find(&a, 4)?);
+    Some(super::objects::CtHelperSpec {
+        name: attr::string(attr::find(&a, 2)?),
+        helper: attr::string(attr::find(&data, 1)?),
+        l4proto: *attr::find(&data, 3)?.first()?,
+    })
+}
+
 /// A chain as the kernel describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DumpedChain {

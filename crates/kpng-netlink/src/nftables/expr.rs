@@ -334,6 +334,12 @@ pub enum Expr {
         /// Source register of the key.
         sreg_key: Register,
     },
+    /// Assign the table's conntrack helper object `name` to the connection (`ct helper set
+    /// "<name>"`, an `objref` to a `ct helper` object).
+    CtHelperSet {
+        /// The object's name.
+        name: String,
+    },
 }
 
 impl Expr {
@@ -357,6 +363,7 @@ impl Expr {
             Expr::Hash { .. } => "hash",
             Expr::Log { .. } => "log",
             Expr::Limit { .. } => "limit",
+            Expr::CtHelperSet { .. } => "objref",
         }
     }
 

@@ -60,6 +60,31 @@ mod elem {
     pub const KEY_END: u16 = 10;
 }
 
+mod obj {
+    pub const TABLE: u16 = 1;
+    pub const NAME: u16 = 2;
+    pub const TYPE: u16 = 3;
+    pub const DATA: u16 = 4;
+    pub const HELPER_NAME: u16 = 1;
+    pub const HELPER_L3PROTO: u16 = 2;
+    pub const HELPER_L4PROTO: u16 = 3;
+}
+
+/// `NFT_OBJECT_CT_HELPER`: the object type of a conntrack helper.
+pub const OBJECT_CT_HELPER: u32 = 3;
+
+/// A `ct helper` object: the kernel's conntrack helper `helper` (`ftp`, `sip`, ...) for
+/// one transport protocol, which rules assign to connections by the object's name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CtHelperSpec {
+    /// The object's name in its table.
+    pub name: String,
+    /// The kernel helper's name.
+    pub helper: String,
+    /// The transport protocol number (6 TCP, 17 UDP).
+    pub l4proto: u8,
+}
+
 /// `NFT_SET_INTERVAL`.
 pub const SET_INTERVAL: u32 = 0x4;
 /// `NFT_SET_MAP`.
@@ -298,6 +323,40 @@ impl Table<'_> {
             if !spec.userdata.is_empty() {
                 attr::put(b, set::USERDATA, &spec.userdata);
             }
+        });
+    }
+
+    /// Creates a `ct helper` object (an existing one with the same definition is kept). The
+    /// kernel loads the helper's module if needed; a helper it does not have fails the
+    /// transaction.
+    pub fn add_ct_helper(&self, batch: &mut Batch, spec: &CtHelperSpec) {
+        let l3 = self.family.keyword();
+        let what = format!(
+            "add ct helper {} {} {{ type {:?} protocol {}; l3proto {l3}; }}",
+            self.prefix(),
+            spec.name,
+            spec.helper,
+            spec.l4proto
+        );
+        batch.message(msg::NEWOBJ, NLM_F_CREATE, self.family, what, |b| {
+            put_str(b, obj::TABLE, self.name);
+            put_str(b, obj::NAME, &spec.name);
+            put_be32(b, obj::TYPE, OBJECT_CT_HELPER);
+            attr::nested(b, obj::DATA, |b| {
+                put_str(b, obj::HELPER_NAME, &spec.helper);
+                attr::put(b, obj::HELPER_L3PROTO, &u16::from(self.family.number()).to_be_bytes());
+                attr::put(b, obj::HELPER_L4PROTO, &[spec.l4proto]);
+            });
+        });
+    }
+
+    /// Deletes a `ct helper` object (no rule may refer to it).
+    pub fn delete_ct_helper(&self, batch: &mut Batch, name: &str) {
+        let what = format!("delete ct helper {} {name}", self.prefix());
+        batch.message(msg::DELOBJ, 0, self.family, what, |b| {
+            put_str(b, obj::TABLE, self.name);
+            put_str(b, obj::NAME, name);
+            put_be32(b, obj::TYPE, OBJECT_CT_HELPER);
         });
     }
 

@@ -308,7 +308,8 @@ impl Vm<'_> {
             | Expr::Hash { .. }
             | Expr::DynsetUpdate { .. }
             | Expr::Log { .. }
-            | Expr::Limit { .. } => {}
+            | Expr::Limit { .. }
+            | Expr::CtHelperSet { .. } => {}
             Expr::Nat { kind: NatKind::Dnat, addr, proto, .. } => {
                 let ip = match self.family {
                     Family::V4 => {

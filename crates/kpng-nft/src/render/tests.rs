@@ -370,8 +370,16 @@ fn annotated_services_get_group_chains_that_follow_their_settings() {
         r#"fib saddr type != local limit rate 10/second burst 5 packets log prefix "kpng ns/web " level warn"#
     );
 
+    // helper: a ct helper object of the table for the port's protocol, assigned first.
+    let (rules, g) = annotated_rules(lb(|l| l.helper = Some(Helper::Ftp)), false).unwrap();
+    assert_eq!(rules[0], r#"ct helper set "helper_ftp_tcp""#);
+    let object = g.helper_object().unwrap();
+    assert_eq!((object.helper.as_str(), object.l4proto), ("ftp", 6));
+    // A helper that does not serve the port's protocol (TFTP is UDP) assigns nothing.
+    let (rules, g) = annotated_rules(lb(|l| l.helper = Some(Helper::Tftp)), false).unwrap();
+    assert!(g.helper_object().is_none() && !rules[0].contains("helper"), "{rules:?}");
+
     // Settings to-nft does not enforce give no chains; neither do none.
-    assert!(annotated_rules(lb(|l| l.helper = Some(Helper::Ftp)), false).is_none());
     assert!(annotated_rules(lb(|l| l.mode = Some(NatMode::Dsr)), false).is_none());
     assert!(annotated_rules(LoadBalancing::default(), false).is_none());
 }

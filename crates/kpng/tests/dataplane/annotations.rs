@@ -1,5 +1,6 @@
 //! The kube-nftlb load-balancing annotations, enforced by `to-nft`: round robin, hash and
-//! timed persistence, `dnat` and `snat` modes, and logging of new connections.
+//! timed persistence, `dnat` and `snat` modes, logging of new connections, and the FTP
+//! conntrack helper.
 
 use std::time::Duration;
 
@@ -110,6 +111,33 @@ pub fn dnat_shows_the_client_and_snat_always_masquerades(dp: Dataplane) {
     for _ in 0..4 {
         assert_ne!(pod.reach("10.96.0.123:80").1, own);
     }
+}
+
+pub fn the_ftp_helper_follows_active_data_connections(dp: Dataplane) {
+    let mut cluster = Cluster::new();
+    cluster.add_pod("ftp-a", true, 30, &[]);
+    kpng_testkit::ftp::serve(&cluster.pod("ftp-a").ns, "ftp-a", 8080);
+    let ftp_a: Ep<'_> = ("10.244.0.30", "node-a", true, true, false);
+    let manifests = annotated_on("files", "10.96.0.125", &[("helper", "ftp")], "", &[ftp_a]);
+    let log = program(&cluster, dp, &manifests, &[]);
+    let ruleset = cluster.node.output("nft", &["list", "table", "ip", "kpng"]);
+    let ruleset = String::from_utf8_lossy(&ruleset.stdout);
+    assert!(ruleset.contains("ct helper helper_ftp_tcp"), "{ruleset}\n{log}");
+    // The server opens the data connection to the address the client gave in PORT.
+    let server = "10.96.0.125:80".parse().unwrap();
+    let got = kpng_testkit::ftp::retrieve(&cluster.client, server).expect("an active-mode RETR");
+    // The control connection is masqueraded, and the NAT helper rewrote the client's PORT
+    // to the masquerading address, which leads the data connection back to the client.
+    let words: Vec<&str> = got.content.split(' ').collect();
+    assert_eq!(words.len(), 3, "{got:?}");
+    assert_eq!(words[0], "ftp-a");
+    assert_ne!(words[1], CLIENT, "masqueraded: {got:?}");
+    assert_eq!(words[1], words[2], "PORT rewritten to the masquerading address: {got:?}");
+    // Conntrack tracks the control connection with the FTP helper.
+    let tracked =
+        cluster.node.output("conntrack", &["-L", "-p", "tcp", "--orig-dst", "10.96.0.125"]);
+    let tracked = String::from_utf8_lossy(&tracked.stdout);
+    assert!(tracked.contains("helper=ftp"), "{tracked}");
 }
 
 /// Sets a sysctl for the test's lifetime, restoring its value even on failure.

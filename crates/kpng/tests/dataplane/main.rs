@@ -88,6 +88,7 @@ on_every_dataplane!(nft, crate::harness::Dataplane::Nft;
     annotations::persistence_sticks_until_its_timeout,
     annotations::dnat_shows_the_client_and_snat_always_masquerades,
     annotations::new_connections_are_logged_with_the_service_name,
+    annotations::the_ftp_helper_follows_active_data_connections,
 );
 
 on_every_dataplane!(ebpf, crate::harness::Dataplane::ebpf();

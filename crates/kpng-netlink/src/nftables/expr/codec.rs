@@ -65,6 +65,10 @@ mod attrs {
     pub const LIMIT_BURST: u16 = 3;
     pub const LIMIT_TYPE: u16 = 4;
     pub const LIMIT_FLAGS: u16 = 5;
+    pub const OBJREF_IMM_TYPE: u16 = 1;
+    pub const OBJREF_IMM_NAME: u16 = 2;
+    /// `NFT_OBJECT_CT_HELPER`.
+    pub const OBJECT_CT_HELPER: u32 = 3;
 }
 
 impl Expr {
@@ -190,6 +194,10 @@ impl Expr {
                     put_be32(b, LIMIT_BURST, *burst);
                     put_be32(b, LIMIT_TYPE, 0);
                     put_be32(b, LIMIT_FLAGS, 0);
+                }
+                Expr::CtHelperSet { name } => {
+                    put_be32(b, OBJREF_IMM_TYPE, OBJECT_CT_HELPER);
+                    put_str(b, OBJREF_IMM_NAME, name);
                 }
             });
         });
@@ -325,6 +333,9 @@ fn decode_data(name: &str, a: &[(u16, &[u8])]) -> Option<Expr> {
             unit_seconds: attr::be64(attr::find(a, LIMIT_UNIT)?)?,
             burst: u(LIMIT_BURST)?,
         },
+        "objref" if u(OBJREF_IMM_TYPE) == Some(OBJECT_CT_HELPER) => {
+            Expr::CtHelperSet { name: attr::string(attr::find(a, OBJREF_IMM_NAME)?) }
+        }
         _ => return None,
     })
 }

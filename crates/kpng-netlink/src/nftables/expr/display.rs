@@ -98,6 +98,7 @@ impl fmt::Display for Expr {
                 write!(f, "hash reg {dreg} = symhash() % mod {modulus}")
             }
             Expr::Log { prefix, level } => write!(f, "log prefix {prefix} level {level}"),
+            Expr::CtHelperSet { name } => write!(f, "objref type 3 name {name}"),
             Expr::Limit { rate, unit_seconds, burst } => {
                 let unit = match unit_seconds {
                     1 => "second".to_string(),

@@ -51,6 +51,7 @@ fn all() -> Vec<(Expr, &'static str)> {
         ),
         (Expr::Log { prefix: "kpng ns/a ".into(), level: 4 }, "log prefix kpng ns/a  level 4"),
         (Expr::Verdict(Verdict::Drop), "immediate reg 0 drop"),
+        (Expr::CtHelperSet { name: "ftp_tcp".into() }, "objref type 3 name ftp_tcp"),
         (Expr::Ct { key: CtKey::Status, dreg: 1 }, "ct load status => reg 1"),
         (
             Expr::Fib { flags: FIB_SADDR, result: FIB_RESULT_ADDRTYPE, dreg: 1 },
