@@ -7,13 +7,17 @@
 //! Kept in one file on purpose: the nftlb client, the scenario and its table are one
 //! benchmark.
 
+use std::collections::BTreeSet;
 use std::io::Read;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use kpng_model::global::{EndpointSlice, Service};
-use kpng_model::{Family, Object};
+use kpng_local::NodeProjector;
+use kpng_model::global::{EndpointSlice, LoadBalancing, Scheduler, Service};
+use kpng_model::{Changes, Family, GlobalModel, Object};
+use kpng_nftlb::{NftListing, NftlbBackend};
+use kpng_runner::{Backend, ChangeSet};
 use kpng_testkit::generate::ClusterSpec;
 use serde::Serialize;
 
@@ -34,8 +38,13 @@ pub struct OpRow {
     pub name: String,
     /// nftlb's times.
     pub nftlb: (f64, f64, f64),
-    /// kpng's times.
+    /// kpng's times (`to-nft`, services without annotations).
     pub kpng: (f64, f64, f64),
+    /// `to-nft` with the service annotated as the nftlb farms are (`scheduler: rr`), for the
+    /// operations on annotated services.
+    pub annotated: Option<(f64, f64, f64)>,
+    /// `to-nftlb` driving its own nftlb daemon (`None` where its farms would not fit).
+    pub to_nftlb: Option<(f64, f64, f64)>,
 }
 
 /// The results at one cluster size.
@@ -52,6 +61,8 @@ pub struct NftlbRow {
 struct Nftlb {
     child: Child,
     client: kpng_nftlb::Client,
+    url: String,
+    key: String,
 }
 
 impl Nftlb {
@@ -69,8 +80,9 @@ impl Nftlb {
             .stderr(Stdio::null())
             .spawn()
             .context("cannot run nftlb (install the Debian package nftlb, or skip this scenario with --nftlb-services 0)")?;
-        let client = kpng_nftlb::Client::new(&format!("http://127.0.0.1:{port}"), &key)?;
-        let mut nftlb = Nftlb { child, client };
+        let url = format!("http://127.0.0.1:{port}");
+        let client = kpng_nftlb::Client::new(&url, &key)?;
+        let mut nftlb = Nftlb { child, client, url, key };
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             match nftlb.call("GET", "/farms", "") {
@@ -244,9 +256,26 @@ fn time(
     Ok(percentiles(&mut samples))
 }
 
+/// The settings the operations' services are annotated with for `to-nft` and `to-nftlb`:
+/// round robin, as the farms kube-nftlb makes.
+fn round_robin() -> LoadBalancing {
+    LoadBalancing { scheduler: Some(Scheduler::RoundRobin), ..LoadBalancing::default() }
+}
+
+/// The extra service `bench/extra-<n>` (as [`cluster::extra_service`]) annotated with
+/// [`round_robin`].
+fn annotated_service(model: &GlobalModel, n: usize, endpoints: usize) -> (Object, Object) {
+    let (mut service, slice) = cluster::extra_service(model, n, endpoints);
+    if let Object::Service(s) = &mut service {
+        s.load_balancing = round_robin();
+    }
+    (service, slice)
+}
+
 /// Loads the same generated cluster into nftlb and into kpng, then creates and deletes a
 /// service of 10, 50 and 100 endpoints and adds and removes one endpoint, `repeat` times
-/// each, on both.
+/// each: on nftlb driven directly, on `to-nftlb` driving a fresh nftlb, and on `to-nft`
+/// (creates and deletes also with the service annotated as the farms are).
 pub fn run(services: usize, endpoints: usize, repeat: usize) -> anyhow::Result<NftlbRow> {
     const SIZES: [usize; 3] = [10, 50, 100];
     let spec = ClusterSpec { services, endpoints, nodes: 3, zones: 2 };
@@ -286,6 +315,22 @@ pub fn run(services: usize, endpoints: usize, repeat: usize) -> anyhow::Result<N
         b.change(touched)
     })?;
     kpng.push(remove.wall);
+    let mut annotated = vec![None];
+    for size in SIZES {
+        let base = size * 1000 + 500;
+        let create = measure(&mut bench, repeat, "create", |b, r| {
+            let (service, slice) = annotated_service(&b.model, base + r, size);
+            let mut touched = cluster::apply(&mut b.model, service);
+            touched.extend(cluster::apply(&mut b.model, slice));
+            b.change(touched)
+        })?;
+        annotated.push(Some(create.wall));
+        let delete =
+            measure(&mut bench, repeat, "delete", |b, r| b.delete_service(base + r, size))?;
+        annotated.push(Some(delete.wall));
+    }
+    annotated.extend([None, None]);
+    let backend = through_to_nftlb(&mut bench, repeat, &targets, &added)?;
 
     let all: Vec<Farm> = bench
         .model
@@ -338,52 +383,155 @@ pub fn run(services: usize, endpoints: usize, repeat: usize) -> anyhow::Result<N
     })?);
     names.extend(["endpoint add".to_string(), "endpoint remove".to_string()]);
     drop(nftlb);
+    let rows = names.len();
     let ops = names
         .into_iter()
         .zip(theirs)
         .zip(kpng)
-        .map(|((name, nftlb), kpng)| OpRow { name, nftlb, kpng })
+        .zip(annotated)
+        .zip(backend.map_or_else(|| vec![None; rows], |b| b.into_iter().map(Some).collect()))
+        .map(|((((name, nftlb), kpng), annotated), to_nftlb)| OpRow {
+            name,
+            nftlb,
+            kpng,
+            annotated,
+            to_nftlb,
+        })
         .collect();
     Ok(NftlbRow { services, endpoints, ops })
+}
+
+/// The same operations through `to-nftlb`, on a fresh nftlb daemon: the cluster loaded in
+/// one full sync, then each change projected to the node state and applied (each apply
+/// returns once nftlb answered and the kernel was read back).
+fn through_to_nftlb(
+    bench: &mut Bench,
+    repeat: usize,
+    targets: &[(Service, EndpointSlice)],
+    added: &dyn Fn(usize) -> kpng_model::global::Endpoint,
+) -> anyhow::Result<Option<Vec<(f64, f64, f64)>>> {
+    let mut projector = NodeProjector::new("node-0");
+    projector.update(&bench.model, &Changes::All);
+    // kpng makes a farm per port and family (kube-nftlb IPv4 only): more than nftlb holds
+    // at the larger sizes, and to-nftlb would rightly refuse to go on.
+    let state = projector.state();
+    let farms: Vec<_> = state.services.values().flat_map(kpng_nftlb::farm::farms_of).collect();
+    let backends: usize = farms.iter().map(|f| f.backends.len()).sum();
+    if farms.len() + 100 > MAX_FARMS || backends + 1000 > MAX_BACKENDS {
+        eprintln!(
+            "to-nftlb skipped at {} services: {} farms of {backends} backends, more than nftlb \
+             installs",
+            state.services.len(),
+            farms.len()
+        );
+        return Ok(None);
+    }
+    let nftlb = Nftlb::start()?;
+    let client = kpng_nftlb::Client::new(&nftlb.url, &nftlb.key)?;
+    let mut backend = NftlbBackend::new(Box::new(client), Box::new(NftListing));
+    let start = Instant::now();
+    backend.apply(&ChangeSet::full(projector.state())).context("to-nftlb's first sync")?;
+    let load_ms = start.elapsed().as_secs_f64() * 1000.0;
+    let mut times = vec![(load_ms, load_ms, load_ms)];
+    let mut apply = |model: &mut GlobalModel, objects: Vec<Change>| -> anyhow::Result<()> {
+        let mut touched = BTreeSet::new();
+        for object in objects {
+            touched.extend(match object {
+                Change::Set(object) => cluster::apply(model, object),
+                Change::Delete(object) => cluster::delete(model, &object),
+            });
+        }
+        let ops = projector.update(model, &Changes::Touched(touched));
+        backend.apply(&ChangeSet::changes(&ops, projector.state())).context("to-nftlb")?;
+        Ok(())
+    };
+    for size in [10, 50, 100] {
+        let base = size * 1000 + 700;
+        let model = &mut bench.model;
+        times.push(time(repeat, |r| {
+            let (service, slice) = annotated_service(model, base + r, size);
+            apply(model, vec![Change::Set(service), Change::Set(slice)])
+        })?);
+        times.push(time(repeat, |r| {
+            let (service, slice) = annotated_service(model, base + r, size);
+            apply(
+                model,
+                vec![Change::Delete(slice.object_ref()), Change::Delete(service.object_ref())],
+            )
+        })?);
+    }
+    let model = &mut bench.model;
+    times.push(time(repeat, |r| {
+        let mut slice = targets[r].1.clone();
+        slice.endpoints.push(added(r));
+        apply(model, vec![Change::Set(Object::EndpointSlice(slice))])
+    })?);
+    times.push(time(repeat, |r| {
+        apply(model, vec![Change::Set(Object::EndpointSlice(targets[r].1.clone()))])
+    })?);
+    Ok(Some(times))
+}
+
+/// A model change of the to-nftlb scenario.
+enum Change {
+    Set(Object),
+    Delete(kpng_model::global::ObjectRef),
 }
 
 /// Prints the nftlb table.
 pub fn print(rows: &[NftlbRow]) {
     println!(
-        "nftlb: nftlb's REST API (farms as kube-nftlb makes them) vs kpng's nftables backend, same cluster, same operations"
+        "nftlb: nftlb's REST API driven directly (farms as kube-nftlb makes them, scheduler rr), \
+         to-nftlb driving nftlb, and to-nft (plain, and annotated scheduler: rr); same cluster, \
+         same operations"
     );
     println!(
-        "{:>8} {:>4} | {:<22} | {:>10} {:>10} {:>10} | {:>9} {:>9} {:>9} | {:>11}",
+        "{:>8} {:>4} | {:<22} | {:>9} {:>9} | {:>9} {:>9} | {:>9} {:>9} | {:>9} {:>9} | {:>11} {:>11}",
         "services",
         "eps",
         "operation",
         "nftlb p50",
-        "nftlb p99",
-        "nftlb max",
-        "kpng p50",
-        "kpng p99",
-        "kpng max",
-        "nftlb/kpng"
+        "p99",
+        "to-nftlb",
+        "p99",
+        "to-nft",
+        "p99",
+        "annotated",
+        "p99",
+        "nftlb/ann.",
+        "to-nftlb/ann."
     );
+    let ms = |v: f64| format!("{v:.3}");
+    let ratio = |a: f64, b: f64| if b > 0.0 { format!("{:.0}", a / b) } else { "-".into() };
     for row in rows {
         for op in &row.ops {
             let (n, k) = (op.nftlb, op.kpng);
+            let (b50, b99) = op.to_nftlb.map_or(("-".into(), "-".into()), |b| (ms(b.0), ms(b.1)));
+            // Operations on annotated services compare with annotated to-nft, the others
+            // with plain to-nft.
+            let (a50, a99) = op.annotated.map_or(("-".into(), "-".into()), |a| (ms(a.0), ms(a.1)));
+            let base = op.annotated.map_or(k.0, |a| a.0);
             println!(
-                "{:>8} {:>4} | {:<22} | {:>10.3} {:>10.3} {:>10.3} | {:>9.3} {:>9.3} {:>9.3} | {:>11.0}",
+                "{:>8} {:>4} | {:<22} | {:>9} {:>9} | {:>9} {:>9} | {:>9} {:>9} | {:>9} {:>9} | {:>11} {:>11}",
                 row.services,
                 row.endpoints,
                 op.name,
-                n.0,
-                n.1,
-                n.2,
-                k.0,
-                k.1,
-                k.2,
-                if k.0 > 0.0 { n.0 / k.0 } else { 0.0 },
+                ms(n.0),
+                ms(n.1),
+                b50,
+                b99,
+                ms(k.0),
+                ms(k.1),
+                a50,
+                a99,
+                ratio(n.0, base),
+                op.to_nftlb.map_or("-".into(), |b| ratio(b.0, base)),
             );
         }
     }
     println!(
-        "* ms; nftlb: HTTP call to its answer (applied); kpng: model change to committed netlink transaction; ratio of p50s"
+        "* ms; nftlb: HTTP call to its answer (applied); to-nftlb: node-state change to nftlb's \
+         answer and the kernel read back; to-nft: model change to committed netlink transaction; \
+         ratios of p50s against annotated to-nft where measured, else plain to-nft"
     );
 }

@@ -55,6 +55,9 @@ pub fn cleanup(api: &mut dyn Api) -> Result<Vec<String>, NftlbError> {
     Ok(farms.into_keys().collect())
 }
 
+/// The most farms created in one call.
+pub const CREATE_CHUNK: usize = 200;
+
 /// The nftlb backend.
 pub struct NftlbBackend {
     api: Box<dyn Api>,
@@ -105,21 +108,26 @@ impl NftlbBackend {
         }
     }
 
-    /// Brings farm `name` from `old` to `new`; returns whether the kernel must be checked.
-    fn converge(&mut self, old: Option<&Farm>, new: Option<&Farm>) -> Result<bool, NftlbError> {
+    /// Brings farm `name` from `old` to `new` but for its creation, which is returned for
+    /// [`Self::sync`] to send with the others; returns too whether the kernel must be
+    /// checked.
+    fn converge<'f>(
+        &mut self,
+        old: Option<&Farm>,
+        new: Option<&'f Farm>,
+    ) -> Result<(Option<&'f Farm>, bool), NftlbError> {
         match (old, new) {
-            (None, None) => Ok(false),
+            (None, None) => Ok((None, false)),
             (Some(old), None) => {
                 self.call("DELETE", &format!("/farms/{}", old.name), "")?;
-                Ok(false)
+                Ok((None, false))
             }
             (old, Some(new)) => {
                 if let Some(old) = old.filter(|old| old.vip != new.vip) {
                     self.call("DELETE", &format!("/farms/{}", old.name), "")?;
                 }
                 let Some(old) = old.filter(|old| old.vip == new.vip) else {
-                    self.call("POST", "/farms", &create_body(new))?;
-                    return Ok(true);
+                    return Ok((Some(new), true));
                 };
                 let gone: Vec<&String> = old
                     .backends
@@ -139,12 +147,14 @@ impl NftlbBackend {
                 if !added.is_empty() {
                     self.call("POST", "/farms", &backends_body(&new.name, &added))?;
                 }
-                Ok(!gone.is_empty() || !added.is_empty())
+                Ok((None, !gone.is_empty() || !added.is_empty()))
             }
         }
     }
 
     /// Makes nftlb hold `wanted` in place of `have` (farm names of both); checks the kernel.
+    /// New farms go in calls of up to [`CREATE_CHUNK`]: nftlb's cost per call grows with
+    /// what it holds, so a start or a burst of new services costs few calls.
     fn sync(
         &mut self,
         have: &BTreeMap<String, Farm>,
@@ -152,11 +162,17 @@ impl NftlbBackend {
     ) -> Result<usize, NftlbError> {
         let names: BTreeSet<&String> = have.keys().chain(wanted.keys()).collect();
         let mut check = Vec::new();
+        let mut create = Vec::new();
         let before = self.calls;
         for name in names {
-            if self.converge(have.get(name), wanted.get(name))? {
+            let (created, changed) = self.converge(have.get(name), wanted.get(name))?;
+            create.extend(created);
+            if changed {
                 check.extend(wanted.get(name).filter(|f| !f.backends.is_empty()));
             }
+        }
+        for chunk in create.chunks(CREATE_CHUNK) {
+            self.call("POST", "/farms", &create_body(chunk))?;
         }
         let chains = match check.is_empty() {
             true => BTreeMap::new(),

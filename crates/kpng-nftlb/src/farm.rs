@@ -239,9 +239,9 @@ pub fn unsupported(state: &LocalServiceState) -> Vec<&'static str> {
     what
 }
 
-/// The body of a `POST /farms` creating `farm` whole. nftlb reads keys in order: the name
-/// comes first.
-pub fn create_body(farm: &Farm) -> String {
+/// The body of a `POST /farms` creating `farms` whole, in one call. nftlb reads keys in
+/// order: the name comes first.
+pub fn create_body(farms: &[&Farm]) -> String {
     #[derive(Serialize)]
     #[serde(rename_all = "kebab-case")]
     struct Whole<'a> {
@@ -252,13 +252,16 @@ pub fn create_body(farm: &Farm) -> String {
         state: &'static str,
         backends: Vec<Up<'a>>,
     }
-    let whole = Whole {
-        name: &farm.name,
-        vip: &farm.vip,
-        intra_connect: "on",
-        state: "up",
-        backends: farm.backends.values().map(Up::of).collect(),
-    };
+    let whole: Vec<Whole<'_>> = farms
+        .iter()
+        .map(|farm| Whole {
+            name: &farm.name,
+            vip: &farm.vip,
+            intra_connect: "on",
+            state: "up",
+            backends: farm.backends.values().map(Up::of).collect(),
+        })
+        .collect();
     farms_body(&whole)
 }
 
@@ -269,7 +272,7 @@ pub fn backends_body(name: &str, backends: &[&FarmBackend]) -> String {
         name: &'a str,
         backends: Vec<Up<'a>>,
     }
-    farms_body(&Part { name, backends: backends.iter().map(|b| Up::of(b)).collect() })
+    farms_body(&[Part { name, backends: backends.iter().map(|b| Up::of(b)).collect() }])
 }
 
 #[derive(Serialize)]
@@ -287,11 +290,11 @@ impl<'a> Up<'a> {
     }
 }
 
-fn farms_body(farm: &impl Serialize) -> String {
+fn farms_body<T: Serialize>(farms: &[T]) -> String {
     #[derive(Serialize)]
     struct Farms<'a, T: Serialize> {
-        farms: [&'a T; 1],
+        farms: &'a [T],
     }
     // Serializing plain structs of strings cannot fail.
-    serde_json::to_string(&Farms { farms: [farm] }).unwrap_or_default()
+    serde_json::to_string(&Farms { farms }).unwrap_or_default()
 }

@@ -150,6 +150,7 @@ fn an_endpoint_change_adds_or_deletes_that_backend_only() {
     let mut model = model(3, 2);
     let before = project_node_state(&model, "n0");
     b.apply(&ChangeSet::full(&before)).unwrap();
+    assert_eq!(fake.daemon().calls, ["GET /farms", "POST /farms"], "new farms in one call");
     assert_eq!(fake.daemon().farms.len(), 3);
     assert_eq!(fake.daemon().farms["ns--s1--http"].backends.len(), 2);
 

@@ -1,8 +1,8 @@
 //! `to-nftlb` with real packets: the Debian package's nftlb daemon in the node namespace,
 //! driven by kpng from the manifests; connections from the client namespace through the
 //! cluster IP reach the endpoints nftlb was given, follow endpoint changes and the
-//! load-balancing annotations (round robin, dnat), and `kpng cleanup --backend nftlb`
-//! removes the farms.
+//! load-balancing annotations (round robin, dnat, persistence, the FTP helper), and `kpng
+//! cleanup --backend nftlb` removes the farms.
 
 use std::process::{Child, Stdio};
 
@@ -125,13 +125,39 @@ pub fn to_nftlb_serves_cluster_ips_follows_endpoints_and_cleans_up() {
         assert_eq!(reach(&cluster.client, "10.96.0.90:80"), ("web-a".into(), ip(CLIENT)));
     }
 
+    // persistence: every connection of one client reaches one endpoint.
+    let sticky =
+        annotated_on("web", "10.96.0.90", &[("persistence", "srcip")], "", &[WEB_A, WEB_B]);
+    write(&sticky);
+    wait_until("the farm is sticky by source address with both backends", || {
+        let listed = farms(&cluster, key);
+        listed.contains("\"persistence\": \"srcip") && listed.contains("10.244.1.10")
+    });
+    let first = reach(&cluster.client, "10.96.0.90:80").0;
+    for _ in 0..8 {
+        assert_eq!(reach(&cluster.client, "10.96.0.90:80").0, first, "sticky");
+    }
+
+    // helper: nftlb's FTP helper carries an active-mode data connection.
+    cluster.add_pod("ftp-a", true, 30, &[]);
+    kpng_testkit::ftp::serve(&cluster.pod("ftp-a").ns, "ftp-a", 8080);
+    let ftp_a: Ep<'_> = ("10.244.0.30", "node-a", true, true, false);
+    let files = annotated_on("files", "10.96.0.91", &[("helper", "ftp")], "", &[ftp_a]);
+    write(&[sticky, files].concat());
+    wait_until("the files farm has the FTP helper", || {
+        farms(&cluster, key).contains("\"helper\": \"ftp\"")
+    });
+    let server = "10.96.0.91:80".parse().unwrap();
+    let got = kpng_testkit::ftp::retrieve(&cluster.client, server).expect("an active-mode RETR");
+    assert!(got.content.starts_with("ftp-a "), "{got:?}");
+
     // cleanup removes kpng's farms; the cluster IP is no longer served.
     drop(_kpng);
     let cleanup =
         ["cleanup", "--backend", "nftlb", "--nftlb-url", URL, "--nftlb-key-file", &key_path];
     let out = cluster.node.output(env!("CARGO_BIN_EXE_kpng"), &cleanup);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("removed 1 nftlb farms"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("removed 2 nftlb farms"));
     assert!(!farms(&cluster, key).contains("test--web--http"), "{}", farms(&cluster, key));
     let after = Cluster::tcp(&cluster.client, "10.96.0.90:80");
     assert!(!answers(&after), "nothing serves the cluster IP after cleanup: {after}");
