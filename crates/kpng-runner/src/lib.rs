@@ -26,4 +26,4 @@ pub mod runner;
 
 pub use json::JsonBackend;
 pub use kpng_backend::{Backend, BackendError, ChangeSet, Target, error_chain, proxy};
-pub use runner::{Health, NodeStats, RunnerError, RunnerOptions, run_node, run_remote};
+pub use runner::{Health, NodeStats, Pace, RunnerError, RunnerOptions, run_node, run_remote};

@@ -6,7 +6,7 @@
 //! - [`slots`]: each backend's [`Standing`](slots::Standing) (due for
 //!   the whole state, or in sync), a state machine stepped by what happens to it, and the
 //!   delivery of change sets.
-//! - `pace`: when the next sync may start (token bucket, rest after a long sync).
+//! - `pace`: [`Pace`], when the next sync may start (token bucket, rest after a long sync).
 //! - `stats`: [`NodeStats`] and [`Health`].
 //! - `remote`: [`run_remote`].
 //! - `stop`: [`Stop`].
@@ -25,13 +25,11 @@ pub mod slots;
 mod stats;
 mod stop;
 
-pub use pace::{REST_AFTER, REST_MAX};
+pub use pace::{Pace, REST_AFTER, REST_MAX};
 pub use remote::run_remote;
 pub use stats::{Health, NodeStats, parse_rfc3339};
 pub use stop::Stop;
 
-#[cfg(test)]
-use pace::Pace;
 use slots::Slots;
 use stats::observe_programming;
 

@@ -18,7 +18,12 @@ pub const REST_MAX: Duration = Duration::from_millis(100);
 
 /// When the next sync may start: a token bucket of [`SYNC_BURST`] syncs at once, then one
 /// per `period` (none with a zero period), and a rest after a long sync ([`REST_AFTER`]).
-pub(super) struct Pace {
+///
+/// The runner's policy, public so that whatever else batches kernel work (the nftables
+/// aggregator) paces it the same way: [`ready`](Pace::ready), [`spend`](Pace::spend), do
+/// the work, [`finished`](Pace::finished) with how long it took.
+#[derive(Debug)]
+pub struct Pace {
     pub(super) period: Duration,
     pub(super) tokens: f64,
     pub(super) at: Instant,
@@ -26,12 +31,14 @@ pub(super) struct Pace {
 }
 
 impl Pace {
-    pub(super) fn new(period: Duration) -> Self {
+    /// A pace of one sync per `period` after a burst of [`SYNC_BURST`] (zero: no limit).
+    pub fn new(period: Duration) -> Self {
         Pace { period, tokens: SYNC_BURST, at: Instant::now(), rest_until: None }
     }
 
     /// When the next sync may start (now if a token is left and no rest is due).
-    pub(super) fn next(&mut self) -> Instant {
+    #[allow(clippy::should_implement_trait)] // Not an iterator: it never ends.
+    pub fn next(&mut self) -> Instant {
         let now = Instant::now();
         let rested = self.rest_until.filter(|&until| until > now).unwrap_or(now);
         if self.period.is_zero() {
@@ -47,13 +54,13 @@ impl Pace {
 
     /// Records how long a sync took: after a long one the next waits as long, at most
     /// [`REST_MAX`].
-    pub(super) fn finished(&mut self, took: Duration) {
+    pub fn finished(&mut self, took: Duration) {
         self.rest_until = (took >= REST_AFTER).then(|| Instant::now() + took.min(REST_MAX));
     }
 
     /// Waits until the next sync may start. With a token left it returns at once: a
     /// timer, even one already due, would wait for the timer's next tick (up to 1 ms).
-    pub(super) async fn ready(&mut self) {
+    pub async fn ready(&mut self) {
         let at = self.next();
         if at > Instant::now() {
             tokio::time::sleep_until(at).await;
@@ -61,7 +68,7 @@ impl Pace {
     }
 
     /// Spends a token for a sync that starts now.
-    pub(super) fn spend(&mut self) {
+    pub fn spend(&mut self) {
         if !self.period.is_zero() {
             let _ = self.next();
             self.tokens -= 1.0;

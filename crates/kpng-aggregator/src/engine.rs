@@ -1,0 +1,274 @@
+//! [`Aggregator`]: every producer's committed and pending state, who owns which table, the
+//! leases of those who left, and the batch that commits everyone's changes in one
+//! transaction. Pure but for the [`Applier`] it is handed; time is passed in.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::applier::NftError;
+use crate::diff::{Script, comment_owner};
+use crate::model::{ModelError, Publication, State, TableKey, check_name};
+use crate::parse::{ParseError, parse};
+
+/// Why a producer's connection or publication was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// The producer's name is not one identifier.
+    #[error(transparent)]
+    Name(ModelError),
+    /// Another connection publishes under that name.
+    #[error("producer {0} is already connected")]
+    Connected(String),
+    /// The publication came before the producer connected.
+    #[error("producer {0} is not connected")]
+    NotConnected(String),
+}
+
+/// A publication (or a batch's part of it) refused: returned to its producer, whose
+/// committed state stays as it was.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("producer {producer} revision {revision}: {object}: {message}")]
+pub struct Rejection {
+    /// The producer.
+    pub producer: String,
+    /// The revision refused (the latest pending one).
+    pub revision: u64,
+    /// The object, in nft syntax (`table ip t`, or the nft command that failed).
+    pub object: String,
+    /// What is wrong (for nft, its error text).
+    pub message: String,
+}
+
+/// What one batch did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Batch {
+    /// Producers whose pending state is now committed, with the revision acknowledged.
+    pub acks: Vec<(String, u64)>,
+    /// Producers whose pending state was refused.
+    pub rejections: Vec<Rejection>,
+    /// Transactions committed (0 when nothing changed, 1 normally, more only when some
+    /// part failed).
+    pub transactions: usize,
+    /// Commands committed.
+    pub commands: usize,
+    /// Producers whose lease ended and whose tables are now gone.
+    pub removed: Vec<String>,
+}
+
+/// Counters of one producer, for `/metrics`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct ProducerStats {
+    /// Publications received.
+    pub publications: u64,
+    /// Batches that committed a change of this producer.
+    pub batches: u64,
+    /// Publications refused.
+    pub rejections: u64,
+    /// Leases that ran out.
+    pub lease_expiries: u64,
+    /// Time spent in transactions that held this producer's changes.
+    pub commit_seconds: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Presence {
+    Connected,
+    /// Gone (or not back since a restart) until this instant; then its tables go.
+    Leased(Instant),
+    /// Its lease ran out: its tables are being removed.
+    Expiring,
+}
+
+#[derive(Debug)]
+struct Producer {
+    committed: State,
+    revision: Option<u64>,
+    pending: Option<(State, u64)>,
+    presence: Presence,
+    stats: ProducerStats,
+}
+
+impl Producer {
+    fn new(presence: Presence) -> Self {
+        Producer {
+            committed: State::default(),
+            revision: None,
+            pending: None,
+            presence,
+            stats: ProducerStats::default(),
+        }
+    }
+
+    fn desired(&self) -> &State {
+        self.pending.as_ref().map_or(&self.committed, |(state, _)| state)
+    }
+}
+
+/// The aggregator's state: see the crate docs.
+#[derive(Debug)]
+pub struct Aggregator {
+    producers: BTreeMap<String, Producer>,
+    foreign: BTreeSet<TableKey>,
+    lease: Duration,
+}
+
+impl Aggregator {
+    /// An aggregator whose producers keep their tables for `lease` after leaving.
+    pub fn new(lease: Duration) -> Self {
+        Aggregator { producers: BTreeMap::new(), foreign: BTreeSet::new(), lease }
+    }
+
+    /// Adopts what the kernel holds (`listed`, as `nft -s list ruleset` prints it): each
+    /// table marked with the aggregator's comment is its producer's committed state, with a
+    /// lease from `now`; every other table is foreign and refused to producers. Flushes
+    /// nothing. Returns the producers adopted.
+    pub fn adopt(&mut self, listed: &str, now: Instant) -> Result<Vec<String>, ParseError> {
+        let parsed = parse(listed)?;
+        let mut adopted = BTreeSet::new();
+        for (key, table) in parsed.state.tables {
+            let owner = parsed.comments.get(&key).and_then(|c| comment_owner(c));
+            match owner.filter(|name| check_name("producer", name).is_ok()) {
+                Some(name) => {
+                    let until = Presence::Leased(now + self.lease);
+                    let producer = self
+                        .producers
+                        .entry(name.to_string())
+                        .or_insert_with(|| Producer::new(until));
+                    producer.committed.tables.insert(key, table);
+                    adopted.insert(name.to_string());
+                }
+                None => {
+                    self.foreign.insert(key);
+                }
+            }
+        }
+        Ok(adopted.into_iter().collect())
+    }
+
+    /// A producer connects: it may publish from now on, and its lease (if any) stops.
+    pub fn connect(&mut self, name: &str) -> Result<(), Refusal> {
+        check_name("producer", name).map_err(Refusal::Name)?;
+        match self.producers.get_mut(name) {
+            Some(producer) if producer.presence == Presence::Connected => {
+                Err(Refusal::Connected(name.to_string()))
+            }
+            Some(producer) => {
+                producer.presence = Presence::Connected;
+                Ok(())
+            }
+            None => {
+                self.producers.insert(name.to_string(), Producer::new(Presence::Connected));
+                Ok(())
+            }
+        }
+    }
+
+    /// A producer's connection ends: its tables stay for the lease, from `now`.
+    pub fn disconnect(&mut self, name: &str, now: Instant) {
+        if let Some(producer) = self.producers.get_mut(name) {
+            producer.presence = Presence::Leased(now + self.lease);
+        }
+    }
+
+    /// Records a publication, to be committed with the next batch. Refused at once, with
+    /// nothing changed, if an update does not apply, a text is invalid, or a table is not
+    /// the producer's to take.
+    pub fn publish(&mut self, name: &str, publication: Publication) -> Result<(), Rejection> {
+        let Publication { revision, updates } = publication;
+        let reject = |object: String, message: String| Rejection {
+            producer: name.to_string(),
+            revision,
+            object,
+            message,
+        };
+        let producer = self.producers.get(name).filter(|p| p.presence == Presence::Connected);
+        let Some(producer) = producer else {
+            return Err(reject(String::new(), Refusal::NotConnected(name.to_string()).to_string()));
+        };
+        let mut desired = producer.desired().clone();
+        for update in updates {
+            desired.apply(update).map_err(|e| reject(String::new(), e.to_string()))?;
+        }
+        desired.validate().map_err(|e| reject(String::new(), e.to_string()))?;
+        for key in desired.tables.keys() {
+            if let Some(message) = self.owner_conflict(name, key) {
+                let producer = self.producers.get_mut(name);
+                producer.into_iter().for_each(|p| p.stats.rejections += 1);
+                return Err(reject(format!("table {key}"), message));
+            }
+        }
+        if let Some(producer) = self.producers.get_mut(name) {
+            producer.stats.publications += 1;
+            producer.pending = Some((desired, revision));
+        }
+        Ok(())
+    }
+
+    /// Why `name` may not hold the table `key`, if it may not.
+    fn owner_conflict(&self, name: &str, key: &TableKey) -> Option<String> {
+        let owner = self.producers.iter().find(|(other, producer)| {
+            other.as_str() != name
+                && (producer.committed.tables.contains_key(key)
+                    || producer.desired().tables.contains_key(key))
+        });
+        match owner {
+            Some((other, _)) => {
+                Some(format!("refused to producer {name}: table {key} belongs to producer {other}"))
+            }
+            None if self.foreign.contains(key) => Some(format!(
+                "refused to producer {name}: table {key} exists in the kernel and is not the \
+                 aggregator's"
+            )),
+            None => None,
+        }
+    }
+
+    /// Starts removing the tables of every producer whose lease ended by `now` (committed
+    /// by the next batch). Returns their names.
+    pub fn expire(&mut self, now: Instant) -> Vec<String> {
+        let mut expired = Vec::new();
+        for (name, producer) in &mut self.producers {
+            if matches!(producer.presence, Presence::Leased(until) if until <= now) {
+                producer.presence = Presence::Expiring;
+                producer.stats.lease_expiries += 1;
+                producer.pending = Some((State::default(), producer.revision.unwrap_or(0)));
+                expired.push(name.clone());
+            }
+        }
+        expired
+    }
+
+    /// When the next lease ends, if any runs.
+    pub fn next_expiry(&self) -> Option<Instant> {
+        let leases = self.producers.values().filter_map(|p| match p.presence {
+            Presence::Leased(until) => Some(until),
+            _ => None,
+        });
+        leases.min()
+    }
+
+    /// Whether a batch has anything to do.
+    pub fn has_pending(&self) -> bool {
+        self.producers.values().any(|p| p.pending.is_some())
+    }
+}
+
+mod batch;
+mod report;
+
+pub use report::{ProducerReport, Report};
+
+#[cfg(test)]
+mod tests;
+
+/// Converts an nft failure of `script` into a producer's rejection.
+fn rejection(producer: &str, revision: u64, script: &Script, error: NftError) -> Rejection {
+    let object = error
+        .command()
+        .map(str::to_string)
+        .or_else(|| script.commands.first().cloned())
+        .unwrap_or_default();
+    Rejection { producer: producer.to_string(), revision, object, message: error.message }
+}

@@ -1,0 +1,168 @@
+use super::*;
+use crate::applier::MemoryApplier;
+use crate::model::{Family, Update};
+use crate::parse::parse;
+
+const LEASE: Duration = Duration::from_secs(60);
+
+fn whole(revision: u64, text: &str) -> Publication {
+    Publication { revision, updates: vec![Update::Whole(parse(text).unwrap().state)] }
+}
+
+fn add_elements(revision: u64, table: &str, set: &str, elements: &[&str]) -> Publication {
+    let table = TableKey::new(Family::Ip, table);
+    let elements = elements.iter().map(|e| e.to_string()).collect();
+    Publication {
+        revision,
+        updates: vec![Update::AddElements { table, set: set.into(), elements }],
+    }
+}
+
+fn two_producers() -> (Aggregator, MemoryApplier, Instant) {
+    let mut aggregator = Aggregator::new(LEASE);
+    let mut applier = MemoryApplier::default();
+    let now = Instant::now();
+    for (name, table) in [("a", "ta"), ("b", "tb")] {
+        aggregator.connect(name).unwrap();
+        let text = format!(
+            "table ip {table} {{ set s {{ type ipv4_addr; }} chain c {{ ip saddr @s accept }} }}"
+        );
+        aggregator.publish(name, whole(1, &text)).unwrap();
+    }
+    let batch = aggregator.commit(&mut applier, now);
+    assert_eq!(batch.transactions, 1);
+    (aggregator, applier, now)
+}
+
+#[test]
+fn two_producers_updates_land_in_one_transaction() {
+    let (mut aggregator, mut applier, now) = two_producers();
+    assert_eq!(applier.transactions.len(), 1, "both whole states in one transaction");
+    aggregator.publish("a", add_elements(2, "ta", "s", &["1.1.1.1"])).unwrap();
+    aggregator.publish("a", add_elements(3, "ta", "s", &["1.1.1.2"])).unwrap();
+    aggregator.publish("b", add_elements(2, "tb", "s", &["2.2.2.2"])).unwrap();
+    let batch = aggregator.commit(&mut applier, now);
+    assert_eq!(batch.transactions, 1);
+    assert_eq!(batch.acks, [("a".to_string(), 3), ("b".to_string(), 2)]);
+    assert_eq!(
+        applier.transactions[1].commands,
+        ["add element ip ta s { 1.1.1.1, 1.1.1.2 }", "add element ip tb s { 2.2.2.2 }"],
+        "only what changed, a's two revisions coalesced"
+    );
+    assert!(!aggregator.has_pending());
+}
+
+#[test]
+fn a_bad_producer_is_isolated_and_told_why() {
+    let (mut aggregator, mut applier, now) = two_producers();
+    applier.refuse = vec!["nochain".into()];
+    let bad = Publication {
+        revision: 2,
+        updates: vec![Update::ReplaceRules {
+            table: TableKey::new(Family::Ip, "ta"),
+            chain: "c".into(),
+            rules: vec!["jump nochain".into()],
+        }],
+    };
+    aggregator.publish("a", bad).unwrap();
+    aggregator.publish("b", add_elements(2, "tb", "s", &["2.2.2.2"])).unwrap();
+    let batch = aggregator.commit(&mut applier, now);
+    assert_eq!(batch.acks, [("b".to_string(), 2)]);
+    let [rejection] = batch.rejections.as_slice() else { panic!("{batch:?}") };
+    assert_eq!((rejection.producer.as_str(), rejection.revision), ("a", 2));
+    assert_eq!(rejection.object, "add rule ip ta c jump nochain");
+    assert!(rejection.message.contains("Could not process rule"), "{rejection}");
+    assert_eq!(batch.transactions, 1, "the rest in one transaction");
+    assert_eq!(applier.transactions.last().unwrap().commands, ["add element ip tb s { 2.2.2.2 }"]);
+    // a keeps its previous committed state: republishing it changes nothing.
+    let report = aggregator.report(now);
+    assert_eq!(
+        report.producers["a"].committed.tables[&TableKey::new(Family::Ip, "ta")].chains["c"].rules,
+        ["ip saddr @s accept"]
+    );
+    assert_eq!(report.producers["a"].stats.rejections, 1);
+}
+
+#[test]
+fn tables_of_others_are_refused() {
+    let (mut aggregator, mut applier, now) = two_producers();
+    let error = aggregator.publish("a", whole(2, "table ip tb { }")).unwrap_err();
+    assert_eq!(error.object, "table ip tb");
+    assert_eq!(error.message, "refused to producer a: table ip tb belongs to producer b");
+    applier.foreign = vec![TableKey::new(Family::Inet, "filter")];
+    aggregator.adopt("table inet filter {\n}\n", now).unwrap();
+    let error = aggregator.publish("a", whole(3, "table inet filter { }")).unwrap_err();
+    assert!(
+        error
+            .message
+            .contains("table inet filter exists in the kernel and is not the aggregator's"),
+        "{error}"
+    );
+    // One created by someone else since start-up is found when the batch would create it.
+    applier.foreign.push(TableKey::new(Family::Ip, "late"));
+    aggregator.publish("a", whole(4, "table ip late { }")).unwrap();
+    let batch = aggregator.commit(&mut applier, now);
+    assert_eq!(batch.rejections[0].object, "table ip late");
+    assert_eq!(batch.transactions, 0);
+    assert!(matches!(aggregator.connect("a"), Err(Refusal::Connected(_))));
+    assert!(aggregator.connect("bad name").is_err());
+}
+
+#[test]
+fn an_expired_lease_removes_only_that_producers_tables() {
+    let (mut aggregator, mut applier, now) = two_producers();
+    aggregator.disconnect("a", now);
+    assert_eq!(aggregator.next_expiry(), Some(now + LEASE));
+    assert!(aggregator.expire(now + LEASE / 2).is_empty(), "not yet");
+    assert_eq!(aggregator.expire(now + LEASE), ["a"]);
+    let batch = aggregator.commit(&mut applier, now + LEASE);
+    assert_eq!(batch.removed, ["a"]);
+    assert_eq!(applier.transactions.last().unwrap().commands, ["delete table ip ta"]);
+    let report = aggregator.report(now);
+    assert!(!report.producers.contains_key("a") && report.producers.contains_key("b"));
+}
+
+#[test]
+fn a_reconnection_with_the_same_whole_state_changes_nothing() {
+    let (mut aggregator, mut applier, now) = two_producers();
+    aggregator.disconnect("a", now);
+    aggregator.connect("a").unwrap();
+    let text = "table ip ta { set s { type ipv4_addr; } chain c { ip saddr @s accept } }";
+    aggregator.publish("a", whole(7, text)).unwrap();
+    let batch = aggregator.commit(&mut applier, now);
+    assert_eq!(batch.acks, [("a".to_string(), 7)]);
+    assert_eq!((batch.transactions, applier.transactions.len()), (0, 1), "no transaction");
+    assert_eq!(aggregator.next_expiry(), None, "the lease stopped");
+}
+
+#[test]
+fn a_restart_adopts_the_kernels_tables_and_flushes_nothing() {
+    let listed = "table ip ta {\n\tcomment \"kpng-aggregator producer=a\"\n\tset s {\n\t\ttype ipv4_addr\n\t\telements = { 1.1.1.1 }\n\t}\n\n\tchain c {\n\t\tip saddr @s counter accept\n\t}\n}\ntable ip foreign {\n}\n";
+    let mut aggregator = Aggregator::new(LEASE);
+    let mut applier = MemoryApplier::default();
+    let now = Instant::now();
+    assert_eq!(aggregator.adopt(listed, now).unwrap(), ["a"]);
+    assert!(!aggregator.has_pending(), "nothing to commit after adoption");
+    assert_eq!(aggregator.next_expiry(), Some(now + LEASE), "a lease from start-up");
+    aggregator.connect("a").unwrap();
+    let text = "table ip ta { set s { type ipv4_addr; elements = { 1.1.1.1, 2.2.2.2 } } chain c { ip saddr @s counter accept } }";
+    aggregator.publish("a", whole(1, text)).unwrap();
+    aggregator.commit(&mut applier, now);
+    assert_eq!(
+        applier.transactions[0].commands,
+        ["add element ip ta s { 2.2.2.2 }"],
+        "converged by diff"
+    );
+    let error = aggregator.publish("a", whole(2, "table ip foreign { }")).unwrap_err();
+    assert!(error.message.contains("not the aggregator's"), "{error}");
+}
+
+#[test]
+fn a_publication_that_does_not_apply_is_refused_at_once() {
+    let (mut aggregator, _, _) = two_producers();
+    let error = aggregator.publish("a", add_elements(2, "nope", "s", &["1.1.1.1"])).unwrap_err();
+    assert_eq!(error.message, "table ip nope does not exist");
+    let error = aggregator.publish("a", whole(3, "table ip ta { chain c { accept; drop } }"));
+    assert!(error.is_ok(), "two statements are two rules");
+    assert!(aggregator.publish("nobody", whole(1, "table ip x { }")).is_err());
+}

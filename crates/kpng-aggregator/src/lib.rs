@@ -1,0 +1,57 @@
+//! kpng's nftables aggregator: one process owns the node's nftables, many producers
+//! publish the tables they own, and every batch of their changes is one transaction.
+//!
+//! A producer names itself and publishes desired state as nftables objects: the tables it
+//! declares (under names that neither another producer nor anything outside the aggregator
+//! holds), their chains with rules, and their sets and maps with elements, in nft syntax.
+//! It publishes its whole state first, then updates (elements added or removed, a chain's
+//! rules replaced, an object put or deleted), each carrying a revision. The aggregator
+//! diffs each producer's desired state against what it committed for that producer and
+//! merges every producer's commands into one `nft -f -` script per batch.
+//!
+//! # Cost
+//! A batch is one `nft` invocation, which sends one atomic netlink batch: one kernel
+//! transaction for every producer's changes at once. The aggregator's cost is therefore
+//! one process start (~10 ms) plus one transaction per batch, and batches are paced by the
+//! runner's policy ([`kpng_runner::Pace`]: a burst, then at most one per
+//! `--min-sync-period`, and a rest after a long one), so changes that arrive meanwhile,
+//! element changes above all, coalesce into the next batch instead of each costing a
+//! transaction.
+//!
+//! # Guarantees
+//! - **Isolation**: when nft refuses a batch, each producer's part is checked alone
+//!   (`nft -c`); a part that fails is rejected with nft's error (which quotes the failing
+//!   command, naming the object) and the rest is committed in one transaction. A rejected
+//!   producer keeps its previous committed state.
+//! - **Ownership**: a producer creates and changes only its own tables; another producer's
+//!   table or a table the aggregator did not create is refused with an error naming the
+//!   producer, the table and its owner. Each table the aggregator creates carries the
+//!   comment `kpng-aggregator producer=NAME`.
+//! - **Leases**: a producer that disconnects keeps its tables for the lease; then they are
+//!   deleted in one transaction. A producer that reconnects and publishes its whole state
+//!   changes only what differs (nothing, if nothing does).
+//! - **Restarts**: at start-up the aggregator reads the ruleset (`nft -s list ruleset`),
+//!   adopts every table carrying its comment as its producer's committed state, with a
+//!   lease from start-up, and flushes nothing. Where nft prints something differently from
+//!   how a producer wrote it, the producer's republication replaces that element or
+//!   chain's rules, within one transaction.
+//!
+//! # Layout
+//! - [`model`]: tables, chains, sets, the updates a producer publishes, and validation.
+//! - [`parse`]: nft file structure into the model (`kpng publish --file`, adoption).
+//! - [`diff`]: committed → desired as nft commands, in an order valid in one transaction.
+//! - [`applier`]: [`Applier`], with [`NftApplier`] (one `nft -f -` per batch, optionally
+//!   in a network namespace) and [`MemoryApplier`] (for tests).
+//! - [`engine`]: [`Aggregator`]: producers, ownership, leases, adoption, and the batch.
+
+pub mod applier;
+pub mod diff;
+pub mod engine;
+pub mod model;
+pub mod parse;
+
+pub use applier::{Applier, MemoryApplier, NftApplier, NftError};
+pub use engine::{Aggregator, Batch, Refusal, Rejection};
+pub use model::{
+    Chain, Family, ModelError, Publication, Set, SetKind, State, Table, TableKey, Update,
+};
