@@ -43,12 +43,26 @@
 //! - [`applier`]: [`Applier`], with [`NftApplier`] (one `nft -f -` per batch, optionally
 //!   in a network namespace) and [`MemoryApplier`] (for tests).
 //! - [`engine`]: [`Aggregator`]: producers, ownership, leases, adoption, and the batch.
+//! - [`updates`]: the updates from one desired state to the next (what a producer
+//!   publishes after its whole state).
+//! - [`daemon`]: the task that owns the [`Aggregator`], paces batches with the runner's
+//!   policy, ends leases and answers producers, reached through a [`daemon::Handle`].
+//! - [`wire`]: `aggregatorv1` messages ↔ the model.
+//! - [`service`]: the gRPC service `/aggregatorv1.Aggregator/Publish`.
+//! - [`client`]: a producer's stream and its acknowledgements.
+//! - [`metrics`]: `/metrics` text, per producer.
 
 pub mod applier;
+pub mod client;
+pub mod daemon;
 pub mod diff;
 pub mod engine;
+pub mod metrics;
 pub mod model;
 pub mod parse;
+pub mod service;
+pub mod updates;
+pub mod wire;
 
 pub use applier::{Applier, MemoryApplier, NftApplier, NftError};
 pub use engine::{Aggregator, Batch, Refusal, Rejection};

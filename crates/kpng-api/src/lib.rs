@@ -5,7 +5,7 @@
 //! `kpng-sources`.
 //!
 //! # Layout
-//! - [`localv1`], [`globalv1`]: the generated messages and services (`proto/`, compiled
+//! - [`localv1`], [`globalv1`], [`aggregatorv1`]: the generated messages and services (`proto/`, compiled
 //!   with protox at build time, no `protoc` needed).
 //! - [`local`]: ENLS ops ↔ `localv1` op items.
 //! - [`global`]: global model objects ↔ `globalv1` infos, and the global stream's items.
@@ -25,6 +25,13 @@ pub mod localv1 {
 #[allow(missing_docs, clippy::all)]
 pub mod globalv1 {
     tonic::include_proto!("globalv1");
+}
+
+/// The nftables aggregator's messages and service (`aggregatorv1`): producers publish the
+/// tables they own (conversions to the aggregator's model are in `kpng-aggregator`).
+#[allow(missing_docs, clippy::all)]
+pub mod aggregatorv1 {
+    tonic::include_proto!("aggregatorv1");
 }
 
 pub mod addr;
