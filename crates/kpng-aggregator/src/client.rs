@@ -20,6 +20,24 @@ pub enum Ack {
     Rejected(Rejection),
 }
 
+/// Sends publications on a [`Publisher`]'s stream.
+#[derive(Debug, Clone)]
+pub struct PublicationSender {
+    producer: String,
+    sender: mpsc::Sender<pb::Publication>,
+}
+
+impl PublicationSender {
+    /// Sends a publication.
+    pub async fn publish(&self, publication: &Publication) -> Result<(), ClientError> {
+        let message = publication_to_wire(&self.producer, publication);
+        self.sender
+            .send(message)
+            .await
+            .map_err(|_| ClientError::Status(tonic::Status::unavailable("the stream ended")))
+    }
+}
+
 /// One producer's open stream.
 #[derive(Debug)]
 pub struct Publisher {
@@ -49,11 +67,12 @@ impl Publisher {
 
     /// Sends a publication; its outcome comes from [`next_ack`](Self::next_ack).
     pub async fn publish(&self, publication: &Publication) -> Result<(), ClientError> {
-        let message = publication_to_wire(&self.producer, publication);
-        self.sender
-            .send(message)
-            .await
-            .map_err(|_| ClientError::Status(tonic::Status::unavailable("the stream ended")))
+        self.sender().publish(publication).await
+    }
+
+    /// A sender of publications on this stream, usable while acknowledgements are awaited.
+    pub fn sender(&self) -> PublicationSender {
+        PublicationSender { producer: self.producer.clone(), sender: self.sender.clone() }
     }
 
     /// The next acknowledgement; `None` when the aggregator ended the stream.

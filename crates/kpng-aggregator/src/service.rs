@@ -23,6 +23,11 @@ impl PublishService {
     pub fn server(handle: Handle) -> AggregatorServer<PublishService> {
         AggregatorServer::new(PublishService { handle })
     }
+
+    /// The service as routes, for a server that serves several.
+    pub fn routes(handle: Handle) -> tonic::service::Routes {
+        tonic::service::Routes::new(PublishService::server(handle))
+    }
 }
 
 type Acks = Pin<Box<dyn Stream<Item = Result<pb::Ack, Status>> + Send>>;

@@ -12,7 +12,8 @@
 //! client that stops reading holds a cursor, not a buffer.
 //!
 //! # Layout
-//! - [`listen`](serve): [`serve`], the gRPC server on its listener, with the client cap.
+//! - [`listen`](serve): [`serve`], the gRPC server on its listener, with the client cap;
+//!   [`serve_routes`], the same for other gRPC services (the nftables aggregator).
 //! - `connection`: admission of connections up to `--max-clients`, and the watchdog that
 //!   cuts those whose client stopped reading.
 //! - `service`: the hand-written gRPC services and the [`Hub`] they share.
@@ -43,5 +44,5 @@ mod service;
 mod variants;
 
 pub use counters::ServerStats;
-pub use listen::{ServeError, ServeOptions, serve};
+pub use listen::{ServeError, ServeOptions, Served, serve, serve_routes};
 pub use service::{GlobalSets, Hub, LocalSets};

@@ -10,10 +10,12 @@ use std::time::Duration;
 use kpng_api::addr::{Address, Security, SecurityError, tls_material};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_stream::Stream;
+use tonic::service::Routes;
 use tonic::transport::server::Router;
 use tonic::transport::{Server, ServerTlsConfig};
 
 use crate::connection::{Admission, Guarded};
+use crate::counters::ServerStats;
 use crate::service::Hub;
 
 /// Streams one connection may carry at once (a kpng client opens one).
@@ -75,6 +77,39 @@ pub async fn serve(
     options: ServeOptions,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
+    let routes = Routes::new(hub.local_service()).add_service(hub.global_service());
+    // Once the store closes, the fan-out has told the node streams' clients so; the
+    // server itself keeps running until shut down.
+    let fan_out = hub.fan_out();
+    let feeds = async move {
+        fan_out.await;
+        std::future::pending::<()>().await
+    };
+    let served = Served { routes, stats: hub.stats(), what: "the kpng API" };
+    serve_routes(served, feeds, address, security, options, shutdown).await
+}
+
+/// gRPC services to serve, with the counters of their connections.
+pub struct Served {
+    /// The services.
+    pub routes: Routes,
+    /// Connection counters.
+    pub stats: Arc<ServerStats>,
+    /// What is served, for the log line (`the kpng API`).
+    pub what: &'static str,
+}
+
+/// Serves `served` on `address` as [`serve`] does (same socket rules, security, client cap
+/// and watchdog) until `shutdown` resolves or `background` returns: what other gRPC
+/// services of kpng (the nftables aggregator) listen with.
+pub async fn serve_routes(
+    served: Served,
+    background: impl Future<Output = ()>,
+    address: &Address,
+    security: &Security,
+    options: ServeOptions,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServeError> {
     security.check(address)?;
     let mut builder = Server::builder().max_concurrent_streams(STREAMS_PER_CONNECTION);
     if let Some(files) = &security.tls {
@@ -89,8 +124,8 @@ pub async fn serve(
             message: e.to_string(),
         })?;
     }
-    let router = builder.add_service(hub.local_service()).add_service(hub.global_service());
-    let admission = Admission::new(options.max_clients, options.client_timeout, hub.stats());
+    let router = builder.add_routes(served.routes);
+    let admission = Admission::new(options.max_clients, options.client_timeout, served.stats);
     let listen_error = |message: String| ServeError::Listen { address: address.clone(), message };
     let serve_error = |source| ServeError::Serve { address: address.clone(), source };
     let log = |bound: &Address| {
@@ -99,7 +134,7 @@ pub async fn serve(
             tls = security.tls.is_some(),
             max_clients = options.max_clients,
             client_timeout = ?options.client_timeout,
-            "serving the kpng API"
+            "serving {}", served.what
         )
     };
     match address {
@@ -107,7 +142,7 @@ pub async fn serve(
             let listener = bind_unix(path).await.map_err(listen_error)?;
             let _socket = SocketFile(path.to_path_buf());
             log(address);
-            run(router, listener, admission, &hub, shutdown).await.map_err(serve_error)
+            run(router, listener, admission, background, shutdown).await.map_err(serve_error)
         }
         Address::Tcp { host, port } => {
             let listener = tokio::net::TcpListener::bind((host.as_str(), *port))
@@ -115,32 +150,25 @@ pub async fn serve(
                 .map_err(|e| listen_error(e.to_string()))?;
             let local = listener.local_addr().map_err(|e| listen_error(e.to_string()))?;
             log(&Address::Tcp { host: local.ip().to_string(), port: local.port() });
-            run(router, listener, admission, &hub, shutdown).await.map_err(serve_error)
+            run(router, listener, admission, background, shutdown).await.map_err(serve_error)
         }
     }
 }
 
-/// Serves `listener`'s admitted connections, the node streams' fan-out and the watchdog,
-/// until `shutdown`.
+/// Serves `listener`'s admitted connections, the `background` work (the node streams'
+/// fan-out) and the watchdog, until `shutdown`.
 async fn run<L: Listener>(
     router: Router,
     listener: L,
     admission: Arc<Admission>,
-    hub: &Hub,
+    background: impl Future<Output = ()>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error> {
-    // Once the store closes, the fan-out has told the node streams' clients so; the
-    // server itself keeps running until shut down.
-    let fan_out = hub.fan_out();
-    let feeds = async move {
-        fan_out.await;
-        std::future::pending::<()>().await
-    };
     let watchdog = admission.watch();
     let incoming = incoming(listener, admission.clone());
     tokio::select! {
         result = router.serve_with_incoming_shutdown(incoming, shutdown) => result,
-        () = feeds => Ok(()),
+        () = background => Ok(()),
         () = watchdog => Ok(()),
     }
 }

@@ -12,6 +12,8 @@
 //!            | to-nftlb --nftlb-key-file PATH [--nftlb-url URL]
 //! kpng cleanup [--backend nft|iptables|ebpf|nftlb|all] [--bpf-pin-path PATH]
 //!              [--nftlb-key-file PATH] [--nftlb-url URL]
+//! kpng aggregate [--listen ADDR] [--producer-lease DURATION] [--netns NAME]
+//! kpng publish --producer NAME --file PATH [--aggregator ADDR]
 //! ```
 //!
 //! Options that concern the whole process ([`global`]: `--once`, `--node`, `--stats`, the
@@ -77,6 +79,14 @@ pub enum SourceCommand {
     /// tables, its KPNG-* iptables chains, its eBPF programs' links and maps pinned under
     /// --bpf-pin-path) and nothing else, then exit.
     Cleanup(CleanupArgs),
+    /// Run the nftables aggregator: the one process that programs the node's nftables,
+    /// committing the tables many producers publish (over `aggregatorv1`) in one
+    /// transaction per batch, paced by --min-sync-period.
+    Aggregate(AggregateArgs),
+    /// Publish a ruleset in nft syntax (tables, chains with rules, sets and maps with
+    /// elements) to an aggregator as producer NAME, and its changes on every edit of the
+    /// file; with --once, exit once the aggregator has committed it.
+    Publish(PublishArgs),
     /// Print the version, the git commit built from, and what this build contains.
     Version,
     /// The config file (`--config PATH`).
@@ -306,6 +316,46 @@ pub struct ToApiArgs {
     /// stream for this long, is disconnected (its slot and memory are freed).
     #[arg(long, default_value = "30s", value_parser = parse_duration, value_name = "DURATION")]
     pub client_timeout: std::time::Duration,
+    /// Connection security.
+    #[command(flatten)]
+    pub conn: ConnArgs,
+}
+
+/// The aggregator's default address.
+pub const AGGREGATOR_ADDRESS: &str = "unix:///run/kpng/aggregator.sock";
+
+/// `kpng aggregate`.
+#[derive(Debug, Args)]
+pub struct AggregateArgs {
+    /// Where producers connect: unix:///path (created mode 0600, its directory if missing)
+    /// or tcp://host:port (mutual TLS, or plaintext on loopback or with --insecure).
+    #[arg(long, value_name = "ADDR", default_value = AGGREGATOR_ADDRESS, value_parser = parse_address)]
+    pub listen: kpng_api::Address,
+    /// How long a producer that disconnected keeps its tables; then they are deleted.
+    /// After a restart, producers found in the kernel get this long to publish again.
+    #[arg(long, default_value = "60s", value_parser = parse_duration, value_name = "DURATION")]
+    pub producer_lease: std::time::Duration,
+    /// Program this named network namespace (`ip netns exec NAME nft ...`) instead of
+    /// the process's own.
+    #[arg(long, value_name = "NAME")]
+    pub netns: Option<String>,
+    /// Connection security.
+    #[command(flatten)]
+    pub conn: ConnArgs,
+}
+
+/// `kpng publish`.
+#[derive(Debug, Args)]
+pub struct PublishArgs {
+    /// This producer's name (letters, digits, '_', '-', '.'); its tables are marked with it.
+    #[arg(long, value_name = "NAME")]
+    pub producer: String,
+    /// The ruleset, in nft syntax; watched, and its changes published.
+    #[arg(long, value_name = "PATH")]
+    pub file: PathBuf,
+    /// The aggregator: unix:///path or tcp://host:port.
+    #[arg(long, value_name = "ADDR", default_value = AGGREGATOR_ADDRESS, value_parser = parse_address)]
+    pub aggregator: kpng_api::Address,
     /// Connection security.
     #[command(flatten)]
     pub conn: ConnArgs,

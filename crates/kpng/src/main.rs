@@ -5,6 +5,8 @@
 //! ```
 //!
 //! # Layout
+//! - [`aggregate`]: `kpng aggregate` (the nftables aggregator daemon) and `kpng publish`
+//!   (a producer of a static ruleset file).
 //! - [`cli`]: the command line (clap): a source, a sink, backends, process-wide options.
 //! - [`config`]: the config file, merged under the command line.
 //! - [`limits`]: the open-file limit, raised at start and shared between clients and
@@ -16,6 +18,7 @@
 //! - [`sinks`]: `to-file` and `to-local`.
 //! - [`stats`]: the `--stats` line, and the sources' own metrics.
 
+mod aggregate;
 mod cli;
 mod config;
 mod limits;

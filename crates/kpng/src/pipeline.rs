@@ -74,6 +74,12 @@ pub async fn run(cli: Cli, process: Process) -> anyhow::Result<()> {
                 .await
         }
         SourceCommand::Local(args) => run_local(args, &mut global, &process, retry, shutdown).await,
+        SourceCommand::Aggregate(args) => {
+            crate::aggregate::run_aggregate(args, &global, &process, shutdown).await
+        }
+        SourceCommand::Publish(args) => {
+            crate::aggregate::run_publish(args, &global, shutdown).await
+        }
         SourceCommand::Config(args) => match args.command {
             crate::cli::ConfigCommand::PrintDefaults => {
                 print!("{}", crate::config::print_defaults());
@@ -92,7 +98,7 @@ pub async fn run(cli: Cli, process: Process) -> anyhow::Result<()> {
                     kpng_ebpf::support::UNAVAILABLE.trim()
                 ),
             }
-            println!("wire: localv1 globalv1 (kpng extensions from field 100)");
+            println!("wire: localv1 globalv1 (kpng extensions from field 100) aggregatorv1");
             Ok(())
         }
         SourceCommand::Cleanup(args) => {
