@@ -1,0 +1,114 @@
+//! `kpng aggregate` and `kpng publish` end to end with the real binary, over a Unix socket in
+//! a temporary directory, programming a network namespace of the test's own.
+
+#[path = "support/mod.rs"]
+mod support;
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kpng_testkit::netns::Netns;
+use kpng_testkit::privileged::require;
+use support::{binary, replace_file};
+
+const STUCK: Duration = Duration::from_secs(20);
+
+const FIREWALL: &str = "table inet fw {
+    set allowed { type ipv4_addr . inet_service; flags interval; elements = { 10.0.0.0/8 . 22 } }
+    chain input { type filter hook input priority 0; policy accept; ip saddr . tcp dport @allowed counter accept }
+}
+";
+
+/// A process killed when the test ends, however it ends.
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn kpng(args: &[&str]) -> Command {
+    let mut command = Command::new(binary());
+    command
+        .args(args)
+        .env("KPNG_HEALTHZ_BIND_ADDRESS", "127.0.0.1:0")
+        .env("KPNG_METRICS_BIND_ADDRESS", "127.0.0.1:0")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    command
+}
+
+fn publish_once(socket: &str, producer: &str, file: &Path) -> std::process::Output {
+    let file = file.to_str().unwrap();
+    let args =
+        ["publish", "--producer", producer, "--file", file, "--aggregator", socket, "--once"];
+    kpng(&args).output().unwrap()
+}
+
+fn ruleset(netns: &Netns) -> String {
+    String::from_utf8_lossy(&netns.output("nft", &["list", "ruleset"]).stdout).into_owned()
+}
+
+fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < STUCK, "stuck waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn aggregate_and_publish_through_the_binary() {
+    if !require("aggregate_and_publish_through_the_binary", &["nft", "ip"]) {
+        return;
+    }
+    let netns = Netns::new("aggbin");
+    let dir = tempfile::tempdir().unwrap();
+    let socket_path = dir.path().join("aggregator.sock");
+    let socket = format!("unix://{}", socket_path.display());
+    let args =
+        ["aggregate", "--listen", &socket, "--netns", netns.name(), "--producer-lease", "2s"];
+    let _aggregator = Running(kpng(&args).spawn().unwrap());
+    wait_for("the socket", || socket_path.exists());
+
+    // A whole ruleset, committed before --once exits.
+    let fw = dir.path().join("fw.nft");
+    std::fs::write(&fw, FIREWALL).unwrap();
+    let out = publish_once(&socket, "fw", &fw);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let listed = ruleset(&netns);
+    assert!(listed.contains("comment \"kpng-aggregator producer=fw\""), "{listed}");
+    assert!(listed.contains("10.0.0.0/8 . 22"), "{listed}");
+
+    // Another producer may not take that table; a malformed file names its line.
+    let thief = dir.path().join("thief.nft");
+    std::fs::write(&thief, "table inet fw {\n}\n").unwrap();
+    let out = publish_once(&socket, "thief", &thief);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("belongs to producer fw"), "{stderr}");
+    std::fs::write(&thief, "table inet other {\n  chain c {\n").unwrap();
+    let out = publish_once(&socket, "thief", &thief);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("line 3: table inet other chain c"),
+        "{stderr}"
+    );
+
+    // A watching producer publishes each edit.
+    let file = fw.to_str().unwrap();
+    let args = ["publish", "--producer", "fw", "--file", file, "--aggregator", &socket];
+    let watching = Running(kpng(&args).spawn().unwrap());
+    std::thread::sleep(Duration::from_millis(700));
+    replace_file(
+        &fw,
+        &FIREWALL.replace("10.0.0.0/8 . 22", "10.0.0.0/8 . 22, 192.168.0.0/16 . 443"),
+    );
+    wait_for("the edit in the kernel", || ruleset(&netns).contains("192.168.0.0/16 . 443"));
+
+    // Once the producer is gone, its tables go when the lease ends.
+    drop(watching);
+    wait_for("the lease to end", || !ruleset(&netns).contains("table inet fw"));
+}
