@@ -1,6 +1,6 @@
 //! [`Aggregator`]: every producer's committed and pending state, who owns which table, the
 //! leases of those who left, and the batch that commits everyone's changes in one
-//! transaction. Pure but for the [`Applier`] it is handed; time is passed in.
+//! transaction. Pure but for the [`Applier`](crate::Applier) it is handed; time is passed in.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
