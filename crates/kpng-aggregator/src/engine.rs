@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::applier::NftError;
-use crate::diff::{Script, comment_owner};
+use crate::diff::{OWNER_COMMENT, Script, comment_owner};
 use crate::model::{ModelError, Publication, State, TableKey, check_name};
-use crate::parse::{ParseError, parse};
+use crate::parse::{ParseError, parse, split_tables};
 
 /// Why a producer's connection or publication was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -125,22 +125,30 @@ impl Aggregator {
     /// lease from `now`; every other table is foreign and refused to producers. Flushes
     /// nothing. Returns the producers adopted.
     pub fn adopt(&mut self, listed: &str, now: Instant) -> Result<Vec<String>, ParseError> {
-        let parsed = parse(listed)?;
         let mut adopted = BTreeSet::new();
-        for (key, table) in parsed.state.tables {
-            let owner = parsed.comments.get(&key).and_then(|c| comment_owner(c));
-            match owner.filter(|name| check_name("producer", name).is_ok()) {
-                Some(name) => {
-                    let until = Presence::Leased(now + self.lease);
-                    let producer = self
-                        .producers
-                        .entry(name.to_string())
-                        .or_insert_with(|| Producer::new(until));
-                    producer.committed.tables.insert(key, table);
-                    adopted.insert(name.to_string());
-                }
-                None => {
-                    self.foreign.insert(key);
+        for (key, text) in split_tables(listed) {
+            // Only the aggregator's own tables are read; any other is foreign, whatever
+            // it holds.
+            if !text.contains(&format!("comment \"{OWNER_COMMENT}")) {
+                self.foreign.insert(key);
+                continue;
+            }
+            let parsed = parse(text)?;
+            for (key, table) in parsed.state.tables {
+                let owner = parsed.comments.get(&key).and_then(|c| comment_owner(c));
+                match owner.filter(|name| check_name("producer", name).is_ok()) {
+                    Some(name) => {
+                        let until = Presence::Leased(now + self.lease);
+                        let producer = self
+                            .producers
+                            .entry(name.to_string())
+                            .or_insert_with(|| Producer::new(until));
+                        producer.committed.tables.insert(key, table);
+                        adopted.insert(name.to_string());
+                    }
+                    None => {
+                        self.foreign.insert(key);
+                    }
                 }
             }
         }

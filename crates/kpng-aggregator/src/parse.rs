@@ -75,6 +75,46 @@ pub fn parse(text: &str) -> Result<Parsed, ParseError> {
     }
 }
 
+/// The top-level tables of nft's listing as `(family name, text of the whole table)`,
+/// whatever their content: adoption parses only the aggregator's own tables, so a foreign
+/// table with objects the model has no place for (flowtables, counters, quotas, ct
+/// helpers) is still known as foreign without being read. Braces inside quotes are text.
+pub fn split_tables(text: &str) -> Vec<(TableKey, &str)> {
+    let mut tables = Vec::new();
+    let mut depth = 0usize;
+    let mut quoted = false;
+    let mut start = None;
+    let mut line_start = 0;
+    for (i, c) in text.char_indices() {
+        match c {
+            '"' => quoted = !quoted,
+            '\n' => line_start = i + 1,
+            '{' if !quoted => {
+                if depth == 0 {
+                    start = Some(line_start);
+                }
+                depth += 1;
+            }
+            '}' if !quoted && depth > 0 => {
+                depth -= 1;
+                if let (0, Some(from)) = (depth, start.take()) {
+                    let block = &text[from..=i];
+                    let mut words = block.split_whitespace();
+                    if let (Some("table"), Some(family), Some(name)) =
+                        (words.next(), words.next(), words.next())
+                    {
+                        if let Ok(family) = family.parse::<Family>() {
+                            tables.push((TableKey::new(family, name), block));
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    tables
+}
+
 fn table_body(
     scanner: &mut Scanner,
     key: &TableKey,
