@@ -102,10 +102,9 @@ pub fn split_tables(text: &str) -> Vec<(TableKey, &str)> {
                     let mut words = block.split_whitespace();
                     if let (Some("table"), Some(family), Some(name)) =
                         (words.next(), words.next(), words.next())
+                        && let Ok(family) = family.parse::<Family>()
                     {
-                        if let Ok(family) = family.parse::<Family>() {
-                            tables.push((TableKey::new(family, name), block));
-                        }
+                        tables.push((TableKey::new(family, name), block));
                     }
                 }
             }
