@@ -97,7 +97,8 @@ pub fn split_tables(text: &str) -> Vec<(TableKey, &str)> {
             }
             '}' if !quoted && depth > 0 => {
                 depth -= 1;
-                if let (0, Some(from)) = (depth, start.take()) {
+                if let Some(from) = start.filter(|_| depth == 0) {
+                    start = None;
                     let block = &text[from..=i];
                     let mut words = block.split_whitespace();
                     if let (Some("table"), Some(family), Some(name)) =

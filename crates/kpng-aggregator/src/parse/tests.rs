@@ -90,3 +90,13 @@ fn a_malformed_file_names_the_line_and_object() {
         assert!(error.starts_with(expected), "{text:?}: {error}");
     }
 }
+
+#[test]
+fn tables_split_whole_whatever_they_hold() {
+    let listed = "table ip ta {\n\tcomment \"x {\"\n\tchain c {\n\t\taccept\n\t}\n}\ntable inet f {\n\tflowtable ft {\n\t\tdevices = { lo }\n\t}\n}\n";
+    let tables = split_tables(listed);
+    let keys: Vec<String> = tables.iter().map(|(k, _)| k.to_string()).collect();
+    assert_eq!(keys, ["ip ta", "inet f"]);
+    assert!(tables[0].1.starts_with("table ip ta {") && tables[0].1.ends_with('}'));
+    assert!(tables[1].1.contains("flowtable ft"));
+}
