@@ -1,5 +1,5 @@
 //! Load-balancing settings a dataplane cannot enforce: each backend says which
-//! ([`Backend::unsupported`](crate::Backend::unsupported)), and [`UnsupportedSettings`]
+//! ([`Backend::unsupported`]), and [`UnsupportedSettings`]
 //! logs them once per backend, service and settings, the same way for every backend.
 
 use std::collections::HashMap;
