@@ -165,21 +165,15 @@ impl RuleBuilder {
                     exprs.push(Expr::Meta { key: MetaKey::L4Proto, dreg });
                     4
                 }
-                Field::Dport => {
-                    text.push("th dport".into());
+                Field::Sport | Field::Dport => {
+                    let source = *field == Field::Sport;
+                    text.push(format!("th {}", if source { "sport" } else { "dport" }));
+                    // The source port comes first in the transport header, then the
+                    // destination port.
+                    let offset = if source { 0 } else { 2 };
                     exprs.push(Expr::Payload {
                         base: PayloadBase::Transport,
-                        offset: 2,
-                        len: 2,
-                        dreg,
-                    });
-                    4
-                }
-                Field::Sport => {
-                    text.push("th sport".into());
-                    exprs.push(Expr::Payload {
-                        base: PayloadBase::Transport,
-                        offset: 0,
+                        offset,
                         len: 2,
                         dreg,
                     });
