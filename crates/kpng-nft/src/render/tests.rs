@@ -248,10 +248,9 @@ fn endpoints_of_every_node_get_a_hairpin_pair() {
     );
 }
 
-#[test]
-fn affinity_services_enter_their_group_chain() {
-    let mut svc = service("ns", "web", &["10.96.0.1"], &[HTTP]);
-    svc.session_affinity = kpng_model::global::SessionAffinity::ClientIP { timeout_seconds: 600 };
+/// `svc` (named `ns/web`) with endpoints 10.0.0.2 on node b and 10.0.0.1 on node a,
+/// rendered for node a with these facts.
+fn render_web(svc: kpng_model::global::Service, facts: &NodeFacts) -> Rendered {
     let mut model = GlobalModel::new();
     model.apply(Object::Service(svc));
     model.apply(Object::EndpointSlice(slice(
@@ -263,7 +262,14 @@ fn affinity_services_enter_their_group_chain() {
     )));
     let view = NodeView { name: "a", zone: None };
     let state = project_service(&model, &ServiceKey::new("ns", "web"), &view).unwrap();
-    let rendered = render_service(&state, &NodeFacts::default(), &Slots::new());
+    render_service(&state, facts, &Slots::new())
+}
+
+#[test]
+fn affinity_services_enter_their_group_chain() {
+    let mut svc = service("ns", "web", &["10.96.0.1"], &[HTTP]);
+    svc.session_affinity = kpng_model::global::SessionAffinity::ClientIP { timeout_seconds: 600 };
+    let rendered = render_web(svc, &NodeFacts::default());
     assert_eq!(rendered.affinity.len(), 1);
     let group = &rendered.affinity[0];
     assert_eq!(group.timeout, 600);
@@ -298,19 +304,8 @@ fn annotated_rules(lb: LoadBalancing, affinity: bool) -> Option<(Vec<String>, Af
         svc.session_affinity =
             kpng_model::global::SessionAffinity::ClientIP { timeout_seconds: 600 };
     }
-    let mut model = GlobalModel::new();
-    model.apply(Object::Service(svc));
-    model.apply(Object::EndpointSlice(slice(
-        "ns",
-        "web-1",
-        "web",
-        &[SLICE_HTTP],
-        vec![endpoint("10.0.0.2", "b"), endpoint("10.0.0.1", "a")],
-    )));
-    let view = NodeView { name: "a", zone: None };
-    let state = project_service(&model, &ServiceKey::new("ns", "web"), &view).unwrap();
     let facts = NodeFacts { node_ips: Vec::new(), masquerade_mark: 0x4000 };
-    let rendered = render_service(&state, &facts, &Slots::new());
+    let rendered = render_web(svc, &facts);
     let group = rendered.affinity.first()?.clone();
     Some((group.entry_rules().into_iter().map(|r| r.text).collect(), group))
 }
