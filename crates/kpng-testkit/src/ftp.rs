@@ -9,10 +9,8 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::thread;
 use std::time::Duration;
 
-use nix::sched::{CloneFlags, setns};
-
 use crate::netns::Netns;
-use crate::topology::in_netns;
+use crate::topology::{in_netns, spawn_in_netns};
 
 const TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -20,28 +18,20 @@ const TIMEOUT: Duration = Duration::from_secs(5);
 /// server's threads live in `ns`: the data connections they open start there.
 pub fn serve(ns: &Netns, name: &str, port: u16) {
     let name = name.to_string();
-    let path = format!("/var/run/netns/{}", ns.name());
     let (ready_tx, ready) = std::sync::mpsc::channel();
-    thread::spawn(move || {
-        let entered = std::fs::File::open(&path)
-            .map_err(|e| e.to_string())
-            .and_then(|f| setns(&f, CloneFlags::CLONE_NEWNET).map_err(|e| e.to_string()));
-        let listener = entered.and_then(|()| {
-            TcpListener::bind(("0.0.0.0", port)).map_err(|e| format!("binding port {port}: {e}"))
-        });
-        let listener = match listener {
+    spawn_in_netns(ns, move || {
+        let listener = match TcpListener::bind(("0.0.0.0", port)) {
             Ok(listener) => {
                 let _ = ready_tx.send(Ok(()));
                 listener
             }
             Err(e) => {
-                let _ = ready_tx.send(Err(e));
+                let _ = ready_tx.send(Err(format!("binding port {port}: {e}")));
                 return;
             }
         };
         for stream in listener.incoming().map_while(Result::ok) {
             let name = name.clone();
-            // Threads start in the namespace of the thread that makes them: this one's.
             thread::spawn(move || {
                 let _ = session(&name, stream);
             });

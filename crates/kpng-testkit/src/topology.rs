@@ -62,14 +62,21 @@ pub struct Cluster {
 
 /// Runs `f` in a thread that has entered `ns`'s network namespace.
 pub fn in_netns<T: Send + 'static>(ns: &Netns, f: impl FnOnce() -> T + Send + 'static) -> T {
+    spawn_in_netns(ns, f).join().expect("thread in namespace panicked")
+}
+
+/// Starts `f` in a thread that has entered `ns`'s network namespace; the threads it starts
+/// are in that namespace too (a server's connection threads, its outgoing connections).
+pub fn spawn_in_netns<T: Send + 'static>(
+    ns: &Netns,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> thread::JoinHandle<T> {
     let path = format!("/var/run/netns/{}", ns.name());
     thread::spawn(move || {
         let file = File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
         setns(&file, CloneFlags::CLONE_NEWNET).unwrap_or_else(|e| panic!("setns {path}: {e}"));
         f()
     })
-    .join()
-    .expect("thread in namespace panicked")
 }
 
 fn host(lan: &Netns, ns: &Netns, port: &str, v4: &str, v6: &str) {
@@ -147,11 +154,8 @@ impl Cluster {
             ipv6: ipv6.parse().unwrap(),
         };
         let (server_name, tcp, udp) = (pod.name.clone(), ports.to_vec(), ports.to_vec());
-        let path = format!("/var/run/netns/{}", pod.ns.name());
         let (ready_tx, ready) = std::sync::mpsc::channel();
-        thread::spawn(move || {
-            let file = File::open(&path).expect("pod namespace");
-            setns(&file, CloneFlags::CLONE_NEWNET).expect("enter pod namespace");
+        spawn_in_netns(&pod.ns, move || {
             let sctp: Result<Vec<_>, _> =
                 tcp.iter().map(|p| crate::sctp::serve(&server_name, *p)).collect();
             match (echo::bind(&tcp, &udp), sctp) {
