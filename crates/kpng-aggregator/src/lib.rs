@@ -16,7 +16,11 @@
 //! runner's policy ([`kpng_runner::Pace`]: a burst, then at most one per
 //! `--min-sync-period`, and a rest after a long one), so changes that arrive meanwhile,
 //! element changes above all, coalesce into the next batch instead of each costing a
-//! transaction.
+//! transaction. The aggregator's own work is proportional to the producer's state, not to
+//! the change: a publication is applied to a copy of the producer's desired state, and a
+//! batch diffs each pending producer's whole desired state against its committed one. That
+//! suits rulesets of the size a firewall agent publishes; a producer of tens of thousands
+//! of elements would want updates diffed by the objects they touch.
 //!
 //! # Guarantees
 //! - **Isolation**: when nft refuses a batch, each producer's part is checked alone
