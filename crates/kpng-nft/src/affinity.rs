@@ -32,7 +32,8 @@
 //! `numgen inc mod N-j == 0` in rule `j` (each rule's counter counts the connections that
 //! reach it, so connection `k` takes live slot `k mod N`), `symhash`/`hash` with
 //! `symhash mod N == j` / `jhash <persistence key> mod N seed 0x0 == j` (no stickiness:
-//! the hash is the persistence).
+//! the hash is the persistence). Whatever the scheduler, the last live slot's rule has no
+//! condition: it takes what the others left.
 
 use kpng_model::global::{Helper, LogPath, PersistenceKey, Scheduler};
 use kpng_model::{Family, Protocol};
@@ -178,7 +179,9 @@ impl AffinityGroup {
             let remaining = n - j as u32;
             let slot = affinity_slot(self.hash, *i);
             let choose = match policy.scheduler {
-                _ if remaining == 1 && !self.hashed() => r(),
+                // The last live slot takes what is left: a hash mod n is below n, so
+                // comparing it again could only add a path no packet takes.
+                _ if remaining == 1 => r(),
                 None => r().one_in(remaining),
                 Some(Scheduler::RoundRobin) => r().one_in_turn(remaining),
                 Some(Scheduler::SymmetricHash) => r().hash_is(None, n, j as u32),
@@ -195,11 +198,6 @@ impl AffinityGroup {
     /// protocol.
     pub fn helper_object(&self) -> Option<CtHelperSpec> {
         helper_object(self.policy.helper?, self.protocol)
-    }
-
-    /// New connections are placed by a hash (every rule compares it).
-    fn hashed(&self) -> bool {
-        matches!(self.policy.scheduler, Some(Scheduler::SymmetricHash | Scheduler::Hash))
     }
 
     /// The rule of slot `i`'s chain; `None` for a hole.
