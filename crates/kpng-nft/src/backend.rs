@@ -172,6 +172,14 @@ impl NftBackend {
         1 << self.options.masquerade_bit
     }
 
+    /// What shapes service elements: `node`'s facts and what the kernel supports.
+    fn facts(&self, node: Option<&LocalNode>) -> NodeFacts {
+        NodeFacts {
+            without_helpers: !self.kernel.ct_helpers(),
+            ..NodeFacts::from_node(node, self.masquerade_mark())
+        }
+    }
+
     /// The skeleton's options for the node state's `node`.
     fn skeleton_options(&self, node: Option<&LocalNode>) -> SkeletonOptions {
         SkeletonOptions {
@@ -229,7 +237,7 @@ impl NftBackend {
             keys.extend(state.services.keys().cloned());
             keys.extend(self.owners.numbers.keys().cloned());
         }
-        let facts = NodeFacts::from_node(state.node.as_ref(), self.masquerade_mark());
+        let facts = self.facts(state.node.as_ref());
         let no_seed = |_: &LocalServiceState| Slots::new();
         let mut services = Vec::with_capacity(keys.len());
         for key in &keys {
@@ -258,7 +266,7 @@ impl NftBackend {
         plan.commands.extend(reconciled.after.iter().cloned());
         if plan.is_empty() {
             tracing::debug!(elements = self.state.len(), "nftables: nothing to change");
-        } else if let Err(error) = self.commit(&plan) {
+        } else if let Err(error) = self.commit(&plan, false) {
             self.state.update(previous);
             return Err(error);
         }
@@ -350,9 +358,13 @@ impl NftBackend {
         }
     }
 
-    fn commit(&mut self, plan: &Plan<'_>) -> Result<(), NftError> {
+    /// Commits `plan`; a `whole` one (planned from nothing) replaces kpng's tables.
+    fn commit(&mut self, plan: &Plan<'_>, whole: bool) -> Result<(), NftError> {
         let started = std::time::Instant::now();
-        let result = self.kernel.commit(plan);
+        let result = match whole {
+            true => self.kernel.replace(plan),
+            false => self.kernel.commit(plan),
+        };
         let took = started.elapsed();
         if let Err(error) = result {
             self.stats.transaction_failures.fetch_add(1, Ordering::Relaxed);
@@ -397,6 +409,9 @@ impl Backend for NftBackend {
         let mut out = Vec::new();
         if let Some(mode @ (NatMode::StatelessDnat | NatMode::Dsr)) = lb.mode {
             out.push((AnnotationKey::Mode, mode.as_str()));
+        }
+        if let Some(helper) = lb.helper.filter(|_| !self.kernel.ct_helpers()) {
+            out.push((AnnotationKey::Helper, helper.as_str()));
         }
         out
     }

@@ -30,6 +30,9 @@ pub enum NftError {
     /// kpng's tables cannot be read back.
     #[error("reading kpng's tables back")]
     Read(#[source] NetlinkError),
+    /// The aggregator did not commit a transaction; nothing of it is in force.
+    #[error("the nftables aggregator did not commit the transaction: {0}")]
+    Aggregator(String),
     /// The dry run's output cannot be written.
     #[error("writing the dry run")]
     Output(#[source] std::io::Error),

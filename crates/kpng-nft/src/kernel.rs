@@ -28,8 +28,20 @@ pub trait Kernel: Send {
     fn commit(&mut self, plan: &Plan<'_>) -> Result<(), NftError>;
 
     /// What kpng's tables hold now; `None` when the kernel cannot say (a dry run starts
-    /// from nothing).
+    /// from nothing, an aggregator is told the whole state again).
     fn read(&mut self) -> Result<Option<KernelContents>, NftError>;
+
+    /// Applies a transaction planned from nothing after [`read`](Self::read) said `None`:
+    /// the plan is the whole of kpng's tables, and replaces whatever they held. A kernel
+    /// that can read its tables back never gets one; by default it is a commit.
+    fn replace(&mut self, plan: &Plan<'_>) -> Result<(), NftError> {
+        self.commit(plan)
+    }
+
+    /// Whether `ct helper` objects can be created (kube-nftlb's `helper` annotation).
+    fn ct_helpers(&self) -> bool {
+        true
+    }
 }
 
 /// What kpng's tables hold.

@@ -97,6 +97,8 @@
 //! - [`encode`], [`decode`]: commands and elements as netlink bytes, and back.
 //! - [`kernel`]: the [`Kernel`] trait and [`NetlinkKernel`], the real kernel.
 //! - [`dry_run`]: [`DryRunKernel`], which prints instead of applying.
+//! - [`aggregated`]: [`AggregatorKernel`], which publishes each transaction to an nftables
+//!   aggregator (`to-nft --aggregator`).
 //! - [`memory`]: [`MemoryKernel`], an in-memory table for tests that traces packets.
 //! - [`backend`]: [`NftBackend`], its sync state, and its options; `backend/resync.rs`, the
 //!   read-back and reconciliation with the whole state.
@@ -104,6 +106,7 @@
 //! - [`error`]: the backend's errors ([`NftError`]).
 
 pub mod affinity;
+pub mod aggregated;
 pub mod backend;
 pub mod decode;
 pub mod dry_run;
@@ -124,6 +127,7 @@ pub mod state;
 pub mod stats;
 pub mod text;
 
+pub use aggregated::{AggregatorKernel, AggregatorTarget};
 pub use backend::{NftBackend, NftOptions, TableSync};
 pub use dry_run::DryRunKernel;
 pub use error::NftError;

@@ -38,6 +38,9 @@ pub struct NodeFacts {
     pub node_ips: Vec<IpAddr>,
     /// The masquerade mark bit, which the `mode` annotation sets or clears.
     pub masquerade_mark: u32,
+    /// `ct helper` objects cannot be created (the kernel is reached through an
+    /// aggregator): the `helper` annotation is not enforced.
+    pub without_helpers: bool,
 }
 
 impl NodeFacts {
@@ -46,6 +49,7 @@ impl NodeFacts {
         NodeFacts {
             node_ips: node.map(|n| n.primary_ips.clone()).unwrap_or_default(),
             masquerade_mark,
+            without_helpers: false,
         }
     }
 }
@@ -76,7 +80,7 @@ pub fn group_policy(svc: &LocalService, facts: &NodeFacts) -> Option<(GroupPolic
         masquerade,
         mark: facts.masquerade_mark,
         log: lb.log.map(|path| (path, format!("kpng {} ", svc.key))),
-        helper: lb.helper,
+        helper: lb.helper.filter(|_| !facts.without_helpers),
     };
     let plain = policy.sticky.is_none()
         && policy.scheduler.is_none()

@@ -17,12 +17,15 @@ use crate::state::{Owner, TableState};
 impl NftBackend {
     /// Reads the tables back and reconciles them with the whole of `state`.
     pub(super) fn resync(&mut self, state: &LocalState) -> Result<bool, NftError> {
-        let contents = self.kernel.read()?.unwrap_or_default();
+        let contents = self.kernel.read()?;
+        // A kernel that cannot say gets the whole tables, planned from nothing.
+        let whole = contents.is_none();
+        let contents = contents.unwrap_or_default();
         let adopted = TableState::adopt(contents.elements.clone());
         self.owners = ServiceOwners::default();
         self.slots.clear();
         self.group_hashes.clear();
-        let facts = NodeFacts::from_node(state.node.as_ref(), self.masquerade_mark());
+        let facts = self.facts(state.node.as_ref());
         let seed = |service: &LocalServiceState| seed_from_kernel(service, &adopted, &contents);
         let mut layout =
             Layout { options: self.skeleton_options(state.node.as_ref()), ..Layout::default() };
@@ -62,7 +65,7 @@ impl NftBackend {
         plan.elements(true, &diff.adds);
         plan.commands.extend(reconciled.after.iter().cloned());
         if !plan.is_empty() {
-            self.commit(&plan)?;
+            self.commit(&plan, whole)?;
         } else {
             tracing::info!(elements = table.len(), "nftables: the kernel already holds this state");
         }

@@ -304,7 +304,7 @@ fn annotated_rules(lb: LoadBalancing, affinity: bool) -> Option<(Vec<String>, Af
         svc.session_affinity =
             kpng_model::global::SessionAffinity::ClientIP { timeout_seconds: 600 };
     }
-    let facts = NodeFacts { node_ips: Vec::new(), masquerade_mark: 0x4000 };
+    let facts = NodeFacts { node_ips: Vec::new(), masquerade_mark: 0x4000, without_helpers: false };
     let rendered = render_web(svc, &facts);
     let group = rendered.affinity.first()?.clone();
     Some((group.entry_rules().into_iter().map(|r| r.text).collect(), group))

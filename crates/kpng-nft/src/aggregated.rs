@@ -1,0 +1,293 @@
+//! [`AggregatorKernel`]: kpng's tables published to an nftables aggregator (`kpng
+//! aggregate`, package `aggregatorv1`) instead of programmed through netlink. The
+//! aggregator owns the node's nftables and commits every producer's changes in one
+//! transaction per batch; this kernel is one producer.
+//!
+//! Each transaction becomes one publication holding only what it changes: elements added
+//! and removed, sets and chains created or deleted, the rules of the chains it touches.
+//! The publication is acknowledged once the aggregator has committed it, so a commit here
+//! is as synchronous as a netlink transaction. The aggregator cannot be read back from:
+//! [`Kernel::read`] says `None`, so at start-up and after a failure the backend plans its
+//! tables from nothing and the kernel publishes them whole, and the aggregator changes only
+//! what differs from what it committed before. `ct helper` objects are not part of the
+//! aggregator's model: the `helper` annotation is reported as not enforced.
+
+use std::collections::BTreeSet;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use kpng_aggregator::client::Publisher;
+use kpng_aggregator::{Chain, Family as TableFamily, Publication, Set, SetKind, State, TableKey};
+use kpng_aggregator::{Table, Update};
+use kpng_api::{Address, Security};
+use kpng_model::Family;
+
+use crate::error::NftError;
+use crate::kernel::{Kernel, KernelContents};
+use crate::objects::TABLE;
+use crate::plan::{Command, Plan};
+use crate::text::element_text;
+
+/// How long a publication may wait for its acknowledgement.
+const ACK_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Where and as whom to publish.
+#[derive(Debug, Clone)]
+pub struct AggregatorTarget {
+    /// The aggregator's address.
+    pub address: Address,
+    /// The connection's security.
+    pub security: Security,
+    /// The producer's name.
+    pub producer: String,
+}
+
+/// A kernel reached through an nftables aggregator.
+pub struct AggregatorKernel {
+    /// kpng's tables as the aggregator committed them (nft text).
+    state: State,
+    /// The revision of the last publication.
+    revision: u64,
+    requests: mpsc::Sender<Request>,
+}
+
+/// A publication for the client's thread, and where its outcome goes.
+struct Request {
+    publication: Publication,
+    whole: bool,
+    reply: mpsc::Sender<Result<(), String>>,
+}
+
+impl AggregatorKernel {
+    /// A kernel publishing to `target`; it connects on its first transaction, and again
+    /// after the stream broke.
+    pub fn new(target: AggregatorTarget) -> Result<Self, NftError> {
+        let (requests, receiver) = mpsc::channel();
+        std::thread::Builder::new()
+            .name("kpng-aggregator-client".into())
+            .spawn(move || serve_requests(target, receiver))
+            .map_err(|e| NftError::Aggregator(format!("starting the publishing thread: {e}")))?;
+        Ok(AggregatorKernel { state: State::default(), revision: 0, requests })
+    }
+
+    fn publish(&mut self, updates: Vec<Update>, whole: bool) -> Result<(), NftError> {
+        self.revision += 1;
+        let (reply, outcome) = mpsc::channel();
+        let publication = Publication { revision: self.revision, updates };
+        let request = Request { publication, whole, reply };
+        let gone = || NftError::Aggregator("the publishing thread ended".into());
+        self.requests.send(request).map_err(|_| gone())?;
+        outcome.recv().map_err(|_| gone())?.map_err(NftError::Aggregator)
+    }
+}
+
+impl Kernel for AggregatorKernel {
+    fn commit(&mut self, plan: &Plan<'_>) -> Result<(), NftError> {
+        // On failure the backend plans from nothing next (`read` says `None`), and the
+        // state is replaced whole: what this one holds meanwhile does not matter.
+        let updates = translate(&mut self.state, plan)?;
+        if updates.is_empty() {
+            return Ok(());
+        }
+        self.publish(updates, false)
+    }
+
+    fn replace(&mut self, plan: &Plan<'_>) -> Result<(), NftError> {
+        let mut state = State::default();
+        translate(&mut state, plan)?;
+        self.state = state.clone();
+        self.publish(vec![Update::Whole(state)], true)
+    }
+
+    fn read(&mut self) -> Result<Option<KernelContents>, NftError> {
+        Ok(None)
+    }
+
+    fn ct_helpers(&self) -> bool {
+        false
+    }
+}
+
+/// The client's thread: one stream at a time, opened by a whole publication; any failure
+/// ends it, and the backend's next transaction (a whole one) opens another.
+fn serve_requests(target: AggregatorTarget, requests: mpsc::Receiver<Request>) {
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            for request in requests {
+                let _ = request.reply.send(Err(format!("starting a runtime: {error}")));
+            }
+            return;
+        }
+    };
+    let mut stream: Option<Publisher> = None;
+    for Request { publication, whole, reply } in requests {
+        let outcome = runtime.block_on(async {
+            let sent = match (stream.take(), whole) {
+                (Some(publisher), false) => {
+                    publisher.publish(&publication).await.map(|()| publisher)
+                }
+                (None, false) => {
+                    return Err(
+                        "not connected to the aggregator; the tables are published whole next"
+                            .to_string(),
+                    );
+                }
+                (_, true) => {
+                    Publisher::connect(
+                        &target.address,
+                        &target.security,
+                        &target.producer,
+                        &publication,
+                    )
+                    .await
+                }
+            };
+            let mut publisher =
+                sent.map_err(|e| format!("publishing to {}: {e}", target.address))?;
+            let acked = tokio::time::timeout(ACK_TIMEOUT, publisher.wait_for(publication.revision));
+            let answer = match acked.await {
+                Err(_) => {
+                    return Err(format!("no answer from the aggregator within {ACK_TIMEOUT:?}"));
+                }
+                Ok(Err(e)) => return Err(format!("publishing to {}: {e}", target.address)),
+                Ok(Ok(answer)) => answer,
+            };
+            match answer {
+                Ok(_) => {
+                    stream = Some(publisher);
+                    Ok(())
+                }
+                // A refused revision leaves the producer's committed state as it was; the
+                // stream stays, but the backend publishes its tables whole next anyway.
+                Err(rejection) => Err(format!(
+                    "the aggregator refused revision {} at {}: {}",
+                    rejection.revision, rejection.object, rejection.message
+                )),
+            }
+        });
+        let _ = reply.send(outcome);
+    }
+}
+
+/// Applies `plan` to `state` (nft text), returning the updates that publish the change.
+/// Rules are published per chain touched, after everything else: the aggregator applies
+/// updates to its model in order and orders the kernel's commands itself.
+pub fn translate(state: &mut State, plan: &Plan<'_>) -> Result<Vec<Update>, NftError> {
+    let mut updates = Vec::new();
+    let mut touched: BTreeSet<(TableKey, String)> = BTreeSet::new();
+    for (family, command) in &plan.commands {
+        let key = table_key(*family);
+        if !matches!(command, Command::AddTable) && !state.tables.contains_key(&key) {
+            return Err(NftError::Aggregator(format!(
+                "the plan uses table {key} before adding it"
+            )));
+        }
+        let existed = state.tables.contains_key(&key);
+        let table = state.tables.entry(key.clone()).or_default();
+        match command {
+            Command::AddTable => {
+                if !existed {
+                    updates.push(Update::PutTable { table: key, content: Table::default() });
+                }
+            }
+            Command::AddSet(decl) => {
+                let name = decl.spec.name.clone();
+                if !table.sets.contains_key(&name) {
+                    let kind = if decl.spec.data.is_some() { SetKind::Map } else { SetKind::Set };
+                    let set = Set::new(kind, &decl.text, std::iter::empty::<&str>());
+                    table.sets.insert(name.clone(), set.clone());
+                    updates.push(Update::PutSet { table: key, name, set });
+                }
+            }
+            Command::FlushSet(name) => {
+                let set = table.sets.get_mut(name).ok_or_else(|| missing(&key, "set", name))?;
+                set.elements.clear();
+                updates.push(Update::PutSet { table: key, name: name.clone(), set: set.clone() });
+            }
+            Command::DeleteSet(name) => {
+                table.sets.remove(name);
+                updates.push(Update::DeleteSet { table: key, name: name.clone() });
+            }
+            Command::AddCtHelper(spec) => {
+                return Err(NftError::Aggregator(format!(
+                    "ct helper {} cannot be published: the aggregator's tables hold chains and sets only",
+                    spec.name
+                )));
+            }
+            Command::DeleteCtHelper(_) => {}
+            Command::AddChain(spec) => {
+                if !table.chains.contains_key(&spec.name) {
+                    let declaration = spec.hook.as_ref().map(|h| {
+                        format!(
+                            "type {} hook {} priority {}; policy accept;",
+                            h.chain_type,
+                            h.name(),
+                            h.priority
+                        )
+                    });
+                    let chain = Chain::new(declaration.as_deref(), std::iter::empty::<&str>());
+                    table.chains.insert(spec.name.clone(), chain.clone());
+                    updates.push(Update::PutChain { table: key, name: spec.name.clone(), chain });
+                }
+            }
+            Command::FlushChain(name) => {
+                let chain =
+                    table.chains.get_mut(name).ok_or_else(|| missing(&key, "chain", name))?;
+                chain.rules.clear();
+                touched.insert((key, name.clone()));
+            }
+            Command::DeleteChain(name) => {
+                table.chains.remove(name);
+                touched.remove(&(key.clone(), name.clone()));
+                updates.push(Update::DeleteChain { table: key, name: name.clone() });
+            }
+            Command::AddRule { chain, rule } => {
+                let found =
+                    table.chains.get_mut(chain).ok_or_else(|| missing(&key, "chain", chain))?;
+                found.rules.push(kpng_aggregator::model::collapse(&rule.text));
+                touched.insert((key, chain.clone()));
+            }
+            Command::Elements { add, map, elements } => {
+                let name = map.name().into_owned();
+                let set = table.sets.get_mut(&name).ok_or_else(|| missing(&key, "set", &name))?;
+                let texts: Vec<String> =
+                    elements.iter().map(|(id, value)| element_text(&id.key, value)).collect();
+                if *add {
+                    set.elements.extend(texts.iter().cloned());
+                    updates.push(Update::AddElements { table: key, set: name, elements: texts });
+                } else {
+                    for text in &texts {
+                        set.elements.remove(text);
+                    }
+                    updates.push(Update::RemoveElements { table: key, set: name, elements: texts });
+                }
+            }
+        }
+    }
+    for (key, name) in touched {
+        if let Some(chain) = state.tables.get(&key).and_then(|t| t.chains.get(&name)) {
+            updates.push(Update::ReplaceRules {
+                table: key,
+                chain: name,
+                rules: chain.rules.clone(),
+            });
+        }
+    }
+    Ok(updates)
+}
+
+/// kpng's table of `family`.
+fn table_key(family: Family) -> TableKey {
+    let family = match family {
+        Family::V4 => TableFamily::Ip,
+        Family::V6 => TableFamily::Ip6,
+    };
+    TableKey::new(family, TABLE)
+}
+
+fn missing(table: &TableKey, kind: &str, name: &str) -> NftError {
+    NftError::Aggregator(format!(
+        "the plan changes {kind} {name} of table {table}, which it never added"
+    ))
+}
