@@ -7,7 +7,9 @@
 //! It publishes its whole state first, then updates (elements added or removed, a chain's
 //! rules replaced, an object put or deleted), each carrying a revision. The aggregator
 //! diffs each producer's desired state against what it committed for that producer and
-//! merges every producer's commands into one `nft -f -` script per batch.
+//! merges every producer's commands into one `nft -f -` script per batch. kpng's own
+//! nftables backend is one such producer (`to-nft --aggregator`, through
+//! `kpng_nft::AggregatorKernel`), `kpng publish` another.
 //!
 //! # Cost
 //! A batch is one `nft` invocation, which sends one atomic netlink batch: one kernel

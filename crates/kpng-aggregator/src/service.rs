@@ -12,6 +12,9 @@ use crate::daemon::{Handle, Outcome};
 use crate::engine::{Refusal, Rejection};
 use crate::wire::{committed_to_wire, publication_from_wire, rejection_to_wire};
 
+/// The largest publication accepted, in bytes of its encoding.
+pub const MAX_PUBLICATION: usize = 256 << 20;
+
 /// The service, over a daemon's [`Handle`].
 #[derive(Debug, Clone)]
 pub struct PublishService {
@@ -19,9 +22,11 @@ pub struct PublishService {
 }
 
 impl PublishService {
-    /// The tonic server for this service.
+    /// The tonic server for this service. A publication may carry a producer's whole
+    /// state (kpng's own tables hold an element per service port and endpoint): messages
+    /// up to [`MAX_PUBLICATION`] bytes are accepted.
     pub fn server(handle: Handle) -> AggregatorServer<PublishService> {
-        AggregatorServer::new(PublishService { handle })
+        AggregatorServer::new(PublishService { handle }).max_decoding_message_size(MAX_PUBLICATION)
     }
 
     /// The service as routes, for a server that serves several.

@@ -430,8 +430,10 @@ pub enum BackendCommand {
     /// sync): the debugging backend.
     ToJson(Chain),
     /// nftables: one table per family with a constant number of chains; services and
-    /// endpoints are elements of hash maps. Use --dry-run to print the ruleset.
-    ToNft(Chain),
+    /// endpoints are elements of hash maps. Use --dry-run to print the ruleset, and
+    /// --aggregator to publish the tables through `kpng aggregate` instead of programming
+    /// them directly.
+    ToNft(NftArgs),
     /// eBPF socket-level translation: cgroup programs choose the endpoint at connect()
     /// (TCP) or sendmsg() (UDP) for sockets of this node, so their packets need no NAT.
     /// Cluster IPs, and for local sockets NodePorts, external and load-balancer IPs; SCTP
@@ -478,12 +480,33 @@ impl BackendCommand {
 
     fn chain(&self) -> &Chain {
         match self {
-            BackendCommand::ToJson(c) | BackendCommand::ToNft(c) => c,
+            BackendCommand::ToJson(c) => c,
+            BackendCommand::ToNft(n) => &n.chain,
             BackendCommand::ToEbpf(e) => &e.chain,
             BackendCommand::ToIptables(i) => &i.chain,
             BackendCommand::ToNftlb(n) => &n.chain,
         }
     }
+}
+
+/// `to-nft` options.
+#[derive(Debug, Clone, Args)]
+pub struct NftArgs {
+    /// Publish kpng's tables to the nftables aggregator at ADDR (`kpng aggregate`;
+    /// unix:///path or tcp://host:port) instead of programming nftables directly: each
+    /// transaction is one publication, committed with the other producers' changes. The
+    /// aggregator owns the tables; the `helper` annotation is not enforced this way.
+    #[arg(long, value_name = "ADDR", value_parser = parse_address)]
+    pub aggregator: Option<kpng_api::Address>,
+    /// The producer name kpng publishes under (with --aggregator).
+    #[arg(long, value_name = "NAME", default_value = "kpng", requires = "aggregator")]
+    pub producer: String,
+    /// How the connection to the aggregator is protected.
+    #[command(flatten)]
+    pub conn: ConnArgs,
+    /// Further backends.
+    #[command(flatten)]
+    pub chain: Chain,
 }
 
 /// Where the nftlb daemon listens, and its key.

@@ -229,6 +229,23 @@ fn missing_file_and_unavailable_parts_are_clear_errors() {
     assert!(!out.status.success());
     assert!(out.stderr.contains("--iptables-mode"), "{}", out.stderr);
 
+    // `to-nft --aggregator` with what cannot go with it: refused before anything is touched.
+    let to_nft = |extra: &[&str]| {
+        let mut args = vec!["file", "--input", "/nonexistent.yaml", "to-local", "--once"];
+        args.extend(extra);
+        run(&args)
+    };
+    let out = to_nft(&["--dry-run", "to-nft", "--aggregator", "unix:///tmp/kpng-none.sock"]);
+    assert!(!out.status.success());
+    assert!(out.stderr.contains("--dry-run prints the transactions"), "{}", out.stderr);
+    let out =
+        to_nft(&["to-nft", "--aggregator", "unix:///tmp/kpng-none.sock", "--producer", "a b"]);
+    assert!(!out.status.success());
+    assert!(out.stderr.contains("--producer: invalid producer name \"a b\""), "{}", out.stderr);
+    let out = to_nft(&["to-nft", "--producer", "p"]);
+    assert!(!out.status.success());
+    assert!(out.stderr.contains("--aggregator <ADDR>"), "{}", out.stderr);
+
     // A rate that is not one is refused with the flag named, before any connection.
     let out = run(&[
         "kube",

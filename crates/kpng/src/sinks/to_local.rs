@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use kpng_local::NodeLocal;
-use kpng_nft::{NftBackend, NftOptions};
+use kpng_nft::{AggregatorKernel, AggregatorTarget, NftBackend, NftOptions};
 use kpng_runner::conntrack::tuning::HostSysctls;
 use kpng_runner::conntrack::{ConntrackCleaner, ConntrackMetrics};
 use kpng_runner::lock::InstanceLock;
@@ -13,7 +13,7 @@ use kpng_runner::runner::AddressUpdates;
 use kpng_runner::{Backend, JsonBackend, NodeStats, RunnerOptions, Target, run_node};
 use kpng_store::StoreReader;
 
-use crate::cli::{BackendCommand, EbpfArgs, GlobalArgs, IptablesArgs, NftlbDaemonArgs};
+use crate::cli::{BackendCommand, EbpfArgs, GlobalArgs, IptablesArgs, NftArgs, NftlbDaemonArgs};
 
 /// The backends named on the command line, and their metrics.
 pub struct Backends {
@@ -36,11 +36,11 @@ pub fn build_backends(
             BackendCommand::ToJson(_) => {
                 built.backends.push(Box::new(JsonBackend::new(std::io::stdout())))
             }
-            BackendCommand::ToNft(_) => {
+            BackendCommand::ToNft(args) => {
                 if !global.dry_run {
                     built.locks.push(InstanceLock::take("nftables")?);
                 }
-                let backend = nft_backend(global)?;
+                let backend = nft_backend(args, global)?;
                 built.collectors.push(Box::new(kpng_nft::NftMetrics(backend.stats())));
                 built.backends.push(Box::new(backend));
             }
@@ -107,15 +107,29 @@ fn target(global: &GlobalArgs) -> Target {
     }
 }
 
-/// The nftables backend as the options describe it.
-fn nft_backend(global: &GlobalArgs) -> anyhow::Result<NftBackend> {
+/// The nftables backend as the options describe it: the kernel, standard output with
+/// `--dry-run`, or an aggregator with `--aggregator`.
+fn nft_backend(args: &NftArgs, global: &GlobalArgs) -> anyhow::Result<NftBackend> {
     let options = NftOptions {
         masquerade_all: global.proxy.masquerade_all,
         masquerade_bit: global.proxy.masquerade_bit,
         local_detection: global.proxy.local_detection()?,
         cluster_cidrs: global.proxy.cluster_cidr.iter().map(|n| n.trunc()).collect(),
     };
-    Ok(NftBackend::open(options, target(global))?)
+    let Some(address) = &args.aggregator else {
+        return Ok(NftBackend::open(options, target(global))?);
+    };
+    if global.dry_run {
+        anyhow::bail!(
+            "to-nft: --dry-run prints the transactions and --aggregator publishes them: choose one"
+        );
+    }
+    kpng_aggregator::model::check_name("producer", &args.producer).context("to-nft --producer")?;
+    let security = args.conn.security();
+    security.validate(address)?;
+    let target =
+        AggregatorTarget { address: address.clone(), security, producer: args.producer.clone() };
+    Ok(NftBackend::new(options, Box::new(AggregatorKernel::new(target)?)))
 }
 
 /// The iptables backend as the options describe it: the kernel through the chosen

@@ -11,6 +11,7 @@ use kpng_testkit::privileged::require;
 use kpng_testkit::probe::Outcome;
 use kpng_testkit::topology::Cluster;
 
+pub use crate::aggregation::Aggregation;
 pub use crate::attachment::Attachment;
 use crate::attachment::ebpf_programs_built;
 
@@ -25,6 +26,9 @@ pub enum Dataplane {
     Ebpf(Attachment),
     /// `to-iptables`.
     Iptables,
+    /// `to-nft --aggregator`: kpng's tables published to a `kpng aggregate` of the
+    /// scenario's own, which programs the node.
+    Aggregated(Aggregation),
 }
 
 impl Dataplane {
@@ -33,10 +37,16 @@ impl Dataplane {
         Dataplane::Ebpf(Attachment::next())
     }
 
+    /// `to-nft --aggregator` with an aggregator of its own.
+    pub fn aggregated() -> Dataplane {
+        Dataplane::Aggregated(Aggregation::next())
+    }
+
     /// The backend under test, as on kpng's command line.
     pub fn name(self) -> &'static str {
         match self {
             Dataplane::Nft => "to-nft",
+            Dataplane::Aggregated(_) => "to-nft --aggregator",
             Dataplane::Ebpf(_) => "to-ebpf",
             Dataplane::Iptables => "to-iptables",
         }
@@ -46,6 +56,9 @@ impl Dataplane {
     pub fn backends(self) -> Vec<String> {
         match self {
             Dataplane::Nft => vec!["to-nft".into()],
+            Dataplane::Aggregated(aggregation) => {
+                vec!["to-nft".into(), "--aggregator".into(), aggregation.address()]
+            }
             Dataplane::Iptables => vec!["to-iptables".into()],
             Dataplane::Ebpf(attachment) => vec![
                 "to-ebpf".into(),
@@ -73,10 +86,27 @@ impl Dataplane {
         (peer == own) == self.translates_sockets()
     }
 
+    /// Whether kpng's start-up, whose log is `stderr`, left the kernel as it was (kpng
+    /// found its tables, or programs and maps, holding the state). Through an aggregator,
+    /// kpng publishes its tables whole and the aggregator's batch has nothing to commit.
+    pub fn started_without_changes(self, stderr: &str) -> bool {
+        match self {
+            Dataplane::Aggregated(aggregation) => {
+                let log = aggregation.log();
+                let last = log.lines().rfind(|l| l.contains(" batch "));
+                last.is_some_and(|l| l.contains("transactions=0") && l.contains("commands=0"))
+            }
+            Dataplane::Ebpf(_) => {
+                stderr.contains("already holds this state") && !stderr.contains("eBPF maps written")
+            }
+            Dataplane::Nft | Dataplane::Iptables => stderr.contains("already holds this state"),
+        }
+    }
+
     /// The commands its scenarios need.
     fn tools(self) -> &'static [&'static str] {
         match self {
-            Dataplane::Nft => &["nft", "ip", "curl", "conntrack"],
+            Dataplane::Nft | Dataplane::Aggregated(_) => &["nft", "ip", "curl", "conntrack"],
             Dataplane::Ebpf(_) => &["nft", "ip", "curl", "conntrack", "bpftool", "nsenter"],
             Dataplane::Iptables => &[
                 "iptables",
@@ -94,8 +124,11 @@ impl Dataplane {
     /// changes only the network namespace: `ip netns exec` would also remount /sys, hiding
     /// the cgroup2 mount and bpffs.
     pub fn kpng(self, cluster: &Cluster, args: &[String]) -> Command {
+        if let Dataplane::Aggregated(aggregation) = self {
+            aggregation.ensure(cluster);
+        }
         match self {
-            Dataplane::Nft | Dataplane::Iptables => {
+            Dataplane::Nft | Dataplane::Iptables | Dataplane::Aggregated(_) => {
                 let args: Vec<&str> = args.iter().map(String::as_str).collect();
                 cluster.node.command(env!("CARGO_BIN_EXE_kpng"), &args)
             }
@@ -133,8 +166,12 @@ pub fn run(name: &str, dp: Dataplane, f: fn(Dataplane)) {
     if !require(&test, dp.tools()) {
         return;
     }
+    let _aggregated = match dp {
+        Dataplane::Aggregated(aggregation) => Some(aggregation.guard()),
+        _ => None,
+    };
     let _attached = match dp {
-        Dataplane::Nft | Dataplane::Iptables => None,
+        Dataplane::Nft | Dataplane::Iptables | Dataplane::Aggregated(_) => None,
         Dataplane::Ebpf(attachment) => match ebpf_programs_built(&test) {
             true => Some(attachment.create()),
             false => return,

@@ -29,7 +29,7 @@ impl Dataplane {
     /// A probing process in `ns` (a pod on the node, or the node itself).
     pub fn local(self, ns: &Netns) -> Local {
         let join = match self {
-            Dataplane::Nft | Dataplane::Iptables => String::new(),
+            Dataplane::Nft | Dataplane::Iptables | Dataplane::Aggregated(_) => String::new(),
             Dataplane::Ebpf(attachment) => {
                 format!("echo $$ > '{}/cgroup.procs' && ", attachment.cgroup().display())
             }

@@ -3,6 +3,7 @@
 //! (`on_dataplane!`); the few that exercise one backend's own machinery are listed for
 //! that backend only.
 
+mod aggregation;
 mod annotations;
 mod attachment;
 mod chains;
@@ -28,8 +29,8 @@ fn nftlb_serves_cluster_ips_follows_endpoints_and_cleans_up() {
     nftlb::to_nftlb_serves_cluster_ips_follows_endpoints_and_cleans_up();
 }
 
-/// One `#[test]` per scenario and dataplane: `nft::<scenario>`, `iptables::<scenario>`,
-/// `ebpf::<scenario>`.
+/// One `#[test]` per scenario and dataplane: `nft::<scenario>`, `aggregated::<scenario>`,
+/// `iptables::<scenario>`, `ebpf::<scenario>`.
 macro_rules! on_dataplane {
     ($dp:ident, $dataplane:expr; $($module:ident :: $name:ident),* $(,)?) => {
         mod $dp {
@@ -89,6 +90,15 @@ on_every_dataplane!(nft, crate::harness::Dataplane::Nft;
     annotations::dnat_shows_the_client_and_snat_always_masquerades,
     annotations::new_connections_are_logged_with_the_service_name,
     annotations::the_ftp_helper_follows_active_data_connections,
+);
+
+on_every_dataplane!(aggregated, crate::harness::Dataplane::aggregated();
+    parity::service_proxy_name_selects_the_services_kpng_proxies,
+    annotations::round_robin_takes_the_endpoints_in_turn,
+    annotations::hash_persistence_keeps_a_client_on_one_endpoint,
+    annotations::persistence_sticks_until_its_timeout,
+    annotations::dnat_shows_the_client_and_snat_always_masquerades,
+    annotations::new_connections_are_logged_with_the_service_name,
 );
 
 on_every_dataplane!(ebpf, crate::harness::Dataplane::ebpf();
