@@ -108,8 +108,9 @@ impl Kernel for AggregatorKernel {
     }
 }
 
-/// The client's thread: one stream at a time, opened by a whole publication; any failure
-/// ends it, and the backend's next transaction (a whole one) opens another.
+/// The client's thread: one stream at a time, opened by a whole publication. A broken or
+/// silent stream is dropped, and the backend's next transaction (a whole one, as after any
+/// failure) opens another.
 fn serve_requests(target: AggregatorTarget, requests: mpsc::Receiver<Request>) {
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(runtime) => runtime,
@@ -123,17 +124,11 @@ fn serve_requests(target: AggregatorTarget, requests: mpsc::Receiver<Request>) {
     let mut stream: Option<Publisher> = None;
     for Request { publication, whole, reply } in requests {
         let outcome = runtime.block_on(async {
-            let sent = match (stream.take(), whole) {
-                (Some(publisher), false) => {
-                    publisher.publish(&publication).await.map(|()| publisher)
-                }
-                (None, false) => {
-                    return Err(
-                        "not connected to the aggregator; the tables are published whole next"
-                            .to_string(),
-                    );
-                }
-                (_, true) => {
+            // A whole publication goes on the open stream too: a new connection under the
+            // same name would be refused while the aggregator still holds the old one.
+            let sent = match stream.take() {
+                Some(publisher) => publisher.publish(&publication).await.map(|()| publisher),
+                None if whole => {
                     Publisher::connect(
                         &target.address,
                         &target.security,
@@ -141,6 +136,12 @@ fn serve_requests(target: AggregatorTarget, requests: mpsc::Receiver<Request>) {
                         &publication,
                     )
                     .await
+                }
+                None => {
+                    return Err(
+                        "not connected to the aggregator; the tables are published whole next"
+                            .to_string(),
+                    );
                 }
             };
             let mut publisher =
@@ -153,18 +154,15 @@ fn serve_requests(target: AggregatorTarget, requests: mpsc::Receiver<Request>) {
                 Ok(Err(e)) => return Err(format!("publishing to {}: {e}", target.address)),
                 Ok(Ok(answer)) => answer,
             };
-            match answer {
-                Ok(_) => {
-                    stream = Some(publisher);
-                    Ok(())
-                }
-                // A refused revision leaves the producer's committed state as it was; the
-                // stream stays, but the backend publishes its tables whole next anyway.
-                Err(rejection) => Err(format!(
+            // A refused revision leaves the producer's committed state as it was and the
+            // stream open; the backend publishes its tables whole next.
+            stream = Some(publisher);
+            answer.map(drop).map_err(|rejection| {
+                format!(
                     "the aggregator refused revision {} at {}: {}",
                     rejection.revision, rejection.object, rejection.message
-                )),
-            }
+                )
+            })
         });
         let _ = reply.send(outcome);
     }

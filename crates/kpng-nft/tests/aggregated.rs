@@ -168,3 +168,131 @@ fn the_helper_annotation_is_reported_and_not_rendered() {
     let direct = NftBackend::new(NftOptions::default(), Box::new(MemoryKernel::new()));
     assert!(direct.unsupported(&lb).is_empty());
 }
+
+/// The backend through a real aggregator (in this process, over a unix socket, applying to
+/// memory): refused while another producer holds `ip kpng`, with the reason; published whole
+/// and committed once that producer's lease ended; then each change is one publication.
+#[test]
+fn refusals_are_errors_and_the_tables_are_republished_whole() {
+    use kpng_aggregator::client::Publisher;
+    use kpng_aggregator::daemon::{self, DaemonOptions};
+    use kpng_aggregator::service::PublishService;
+    use kpng_aggregator::{Aggregator, Family, MemoryApplier, Publication, Table, TableKey};
+    use kpng_api::Security;
+    use kpng_model::Protocol;
+    use kpng_nft::{AggregatorKernel, AggregatorTarget};
+    use kpng_server::{ServeOptions, Served, ServerStats};
+    use kpng_testkit::builders::{endpoint, node, service, slice};
+    use std::time::Duration;
+
+    let dir = tempfile::tempdir().unwrap();
+    let address: kpng_api::Address =
+        format!("unix://{}", dir.path().join("aggregator.sock").display()).parse().unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let lease = Duration::from_millis(300);
+    let options = DaemonOptions { lease, min_sync_period: Duration::ZERO };
+    let handle = runtime.block_on(async {
+        let (handle, _) =
+            daemon::spawn(Aggregator::new(lease), Box::new(MemoryApplier::default()), options);
+        handle
+    });
+    let served = Served {
+        routes: PublishService::routes(handle.clone()),
+        stats: std::sync::Arc::new(ServerStats::default()),
+        what: "the test's aggregator",
+    };
+    let serve_options = ServeOptions { max_clients: 8, client_timeout: Duration::from_secs(30) };
+    let listen = address.clone();
+    runtime.spawn(async move {
+        let never = std::future::pending::<()>();
+        let security = Security::default();
+        kpng_server::serve_routes(
+            served,
+            std::future::pending(),
+            &listen,
+            &security,
+            serve_options,
+            never,
+        )
+        .await
+    });
+    // Another producer takes `ip kpng`, then leaves: the table is its own until its lease ends.
+    runtime.block_on(async {
+        let kpng_table = TableKey::new(Family::Ip, "kpng");
+        let state = State { tables: [(kpng_table, Table::default())].into() };
+        let first = Publication { revision: 1, updates: vec![Update::Whole(state)] };
+        let mut other = loop {
+            match Publisher::connect(&address, &Security::default(), "other", &first).await {
+                Ok(publisher) => break publisher,
+                Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+        };
+        assert!(other.wait_for(1).await.unwrap().is_ok());
+    });
+    let objects = |producer: &str| {
+        let (report, _) = handle.observe();
+        report.producers.get(producer).map(|p| (p.presence, p.objects))
+    };
+
+    let mut model = GlobalModel::new();
+    model.apply(kpng_model::Object::Node(node(NODE, None, &["10.0.0.200"])));
+    model.apply(kpng_model::Object::Service(service(
+        "ns",
+        "web",
+        &["10.96.0.1"],
+        &[("http", Protocol::Tcp, 80)],
+    )));
+    let web = |ips: &[&str]| {
+        let eps = ips.iter().map(|ip| endpoint(ip, NODE)).collect();
+        kpng_model::Object::EndpointSlice(slice(
+            "ns",
+            "web-1",
+            "web",
+            &[("http", Protocol::Tcp, 8080)],
+            eps,
+        ))
+    };
+    model.apply(web(&["10.244.0.1"]));
+    let mut projector = NodeProjector::new(NODE);
+    projector.update(&model, &Changes::All);
+
+    let target = AggregatorTarget {
+        address: address.clone(),
+        security: Security::default(),
+        producer: "kpng".into(),
+    };
+    let mut backend =
+        NftBackend::new(NftOptions::default(), Box::new(AggregatorKernel::new(target).unwrap()));
+    let error = backend.apply(&ChangeSet::full(projector.state())).unwrap_err();
+    let chain = anyhow_chain(&error);
+    assert!(chain.contains("table ip kpng belongs to producer other"), "{chain}");
+
+    std::thread::sleep(lease * 3);
+    assert_eq!(objects("other"), None, "the other producer's lease ended");
+    backend.apply(&ChangeSet::full(projector.state())).unwrap();
+    let (presence, before) = objects("kpng").unwrap();
+    assert_eq!(presence, "connected");
+    assert!(before > 20, "kpng's tables are committed whole: {before} objects");
+
+    // One more endpoint: a few elements more, on the same stream.
+    let mut touched = BTreeSet::new();
+    touched.extend(model.apply(web(&["10.244.0.1", "10.244.0.2"])).unwrap_or_default());
+    let ops = projector.update(&model, &Changes::Touched(touched));
+    backend.apply(&ChangeSet::changes(&ops, projector.state())).unwrap();
+    let (_, after) = objects("kpng").unwrap();
+    assert!(after > before, "{before} -> {after} objects");
+    let (report, _) = handle.observe();
+    assert_eq!(report.producers["kpng"].stats.publications, 2, "whole, then one change");
+}
+
+/// The error and its sources, as the runner logs them.
+fn anyhow_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
