@@ -69,11 +69,14 @@ impl NftApplier {
         command.args(args).stdout(Stdio::piped()).stderr(Stdio::piped());
         command.stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() });
         let failed = |e: std::io::Error| NftError { message: format!("running nft: {e}") };
+        let started = std::time::Instant::now();
         let mut child = command.spawn().map_err(failed)?;
+        let spawned = started.elapsed();
         if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
             pipe.write_all(text.as_bytes()).map_err(failed)?;
         }
         let output = child.wait_with_output().map_err(failed)?;
+        tracing::debug!(?args, ?spawned, took = ?started.elapsed(), "nft run");
         if output.status.success() {
             return Ok(String::from_utf8_lossy(&output.stdout).into_owned());
         }

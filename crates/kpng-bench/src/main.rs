@@ -36,7 +36,10 @@
 //!   `connect()`), through `to-nft` (DNAT), and straight to the pods: connect latency,
 //!   requests per second and conntrack entries per connection, at each size in one run;
 //! - `ebpf changes`: one endpoint change through `to-ebpf` (map writes) and `to-nft` (one
-//!   transaction) at each size, and each one's full load.
+//!   transaction) at each size, and each one's full load;
+//! - `aggregator`: N producers each making M updates a second to a table of their own,
+//!   through one nftables aggregator against each committing alone: transactions and
+//!   system calls per second, CPU, and the latency the aggregator adds.
 //!
 //! # Layout
 //! - [`cluster`]: the synthetic cluster as model objects, and the changes applied to it.
@@ -54,10 +57,13 @@
 //! - [`nftlb`]: nftlb through its REST API, side by side with kpng.
 //! - [`ebpf`]: pod to cluster IP through eBPF, nftables and straight; the pod client.
 //! - [`ebpf_change`]: one endpoint change through eBPF and nftables.
+//! - [`aggregator`]: producers through the nftables aggregator and alone.
+//! - [`syscalls`]: a system-call counter (perf, `raw_syscalls:sys_enter`).
 //! - [`probe`]: the netlink kernel, instrumented (commit time, transactions, elements).
 //! - [`table`]: percentiles and table printing.
 //! - [`plot`]: the run as an SVG bar chart (`--plot`).
 
+mod aggregator;
 mod api;
 mod churn;
 mod cluster;
@@ -75,6 +81,7 @@ mod plot;
 mod probe;
 mod restart;
 mod storm;
+mod syscalls;
 mod table;
 
 use clap::Parser;
@@ -192,6 +199,15 @@ struct Cli {
     /// the default only).
     #[arg(long, value_delimiter = ',', default_value = "1s")]
     storm_min_sync_periods: Vec<String>,
+    /// Aggregator: numbers of producers, comma-separated (0 skips the scenario).
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16")]
+    aggregator_producers: Vec<usize>,
+    /// Aggregator: updates per second of each producer, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "10")]
+    aggregator_rates: Vec<u64>,
+    /// Aggregator: seconds per load and mode.
+    #[arg(long, default_value_t = 5)]
+    aggregator_seconds: u64,
     /// Also draw the run as an SVG bar chart into this file (log time axis: kpng against
     /// full reloads, nftlb, and the dataplane without a service).
     #[arg(long, value_name = "FILE")]
@@ -321,6 +337,16 @@ fn main() -> anyhow::Result<()> {
     if !change_rows.is_empty() {
         println!();
         ebpf_change::print(&change_rows);
+    }
+    let mut aggregator_rows = Vec::new();
+    for &producers in cli.aggregator_producers.iter().filter(|p| **p > 0) {
+        for &rate in cli.aggregator_rates.iter().filter(|r| **r > 0) {
+            aggregator_rows.push(aggregator::run(producers, rate, cli.aggregator_seconds)?);
+        }
+    }
+    if !aggregator_rows.is_empty() {
+        println!();
+        aggregator::print(&aggregator_rows);
     }
     let sizes: Vec<usize> = cli.ebpf_services.iter().copied().filter(|s| *s > 0).collect();
     if !sizes.is_empty() {
