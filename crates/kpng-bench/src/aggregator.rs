@@ -423,3 +423,66 @@ pub fn print(rows: &[AggregatorRow]) {
         );
     }
 }
+
+/// The aggregator's own work for one update as a producer's state grows: one element added
+/// and one removed, published and committed in a batch, against an applier that records
+/// scripts instead of running nft (what is left is the aggregator itself).
+pub struct EngineRow {
+    /// Elements the producer holds.
+    pub elements: usize,
+    /// Publication and batch per update: p50, p99, max (ms).
+    pub update: (f64, f64, f64),
+}
+
+/// Times `repeat` updates of a producer holding `elements` elements.
+pub fn engine(elements: usize, repeat: usize) -> anyhow::Result<EngineRow> {
+    use kpng_aggregator::MemoryApplier;
+    let now = Instant::now();
+    let mut aggregator = Aggregator::new(Duration::from_secs(60));
+    let mut applier = MemoryApplier::default();
+    aggregator.connect("big").map_err(|e| anyhow::anyhow!("{e}"))?;
+    let key = TableKey::new(Family::Ip, "big");
+    let mut table = Table::default();
+    let addresses = (0..elements).map(|i| address(i / 62_500, i % 62_500));
+    table.sets.insert("allowed".into(), Set::new(SetKind::Set, "type ipv4_addr;", addresses));
+    table.chains.insert("input".into(), Chain::new(Some(CHAIN), [RULE]));
+    let whole = State { tables: [(key.clone(), table)].into() };
+    let first = Publication { revision: 1, updates: vec![Update::Whole(whole)] };
+    aggregator.publish("big", first).map_err(|e| anyhow::anyhow!("{e}"))?;
+    anyhow::ensure!(aggregator.commit(&mut applier, now).acks.len() == 1, "the whole state");
+    let mut samples = Vec::with_capacity(repeat);
+    for seq in 0..repeat {
+        let (gone, new) = (address(0, seq), address(249, seq));
+        let updates = vec![
+            Update::RemoveElements {
+                table: key.clone(),
+                set: "allowed".into(),
+                elements: vec![gone],
+            },
+            Update::AddElements { table: key.clone(), set: "allowed".into(), elements: vec![new] },
+        ];
+        let started = Instant::now();
+        let publication = Publication { revision: seq as u64 + 2, updates };
+        aggregator.publish("big", publication).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let batch = aggregator.commit(&mut applier, now);
+        samples.push(started.elapsed());
+        anyhow::ensure!(batch.acks.len() == 1 && batch.commands <= 2, "one update: {batch:?}");
+    }
+    Ok(EngineRow { elements, update: percentiles(&mut samples) })
+}
+
+/// Prints the engine table.
+pub fn print_engine(rows: &[EngineRow]) {
+    println!(
+        "nftables aggregator's own work per update (publication and batch, nft not run) as the producer's state grows"
+    );
+    println!("{:>9} | {:>8} {:>8} {:>8} | vs first", "elements", "p50(ms)", "p99(ms)", "max(ms)");
+    let first = rows.first().map_or(0.0, |r| r.update.0);
+    for row in rows {
+        let ratio = if first > 0.0 { row.update.0 / first } else { 0.0 };
+        println!(
+            "{:>9} | {:>8.3} {:>8.3} {:>8.3} | {:>7.1}x",
+            row.elements, row.update.0, row.update.1, row.update.2, ratio
+        );
+    }
+}

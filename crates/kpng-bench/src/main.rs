@@ -205,6 +205,9 @@ struct Cli {
     /// Aggregator: updates per second of each producer, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "10")]
     aggregator_rates: Vec<u64>,
+    /// Aggregator's own work: elements a producer holds, comma-separated (0 skips it).
+    #[arg(long, value_delimiter = ',', default_value = "1000,10000,100000,500000")]
+    aggregator_elements: Vec<usize>,
     /// Aggregator: seconds per load and mode.
     #[arg(long, default_value_t = 5)]
     aggregator_seconds: u64,
@@ -347,6 +350,14 @@ fn main() -> anyhow::Result<()> {
     if !aggregator_rows.is_empty() {
         println!();
         aggregator::print(&aggregator_rows);
+    }
+    let mut engine_rows = Vec::new();
+    for &elements in cli.aggregator_elements.iter().filter(|e| **e > 0) {
+        engine_rows.push(aggregator::engine(elements, cli.repeat)?);
+    }
+    if !engine_rows.is_empty() {
+        println!();
+        aggregator::print_engine(&engine_rows);
     }
     let sizes: Vec<usize> = cli.ebpf_services.iter().copied().filter(|s| *s > 0).collect();
     if !sizes.is_empty() {
