@@ -89,6 +89,9 @@ enum Request {
         producer: String,
         id: u64,
     },
+    State {
+        reply: oneshot::Sender<Report>,
+    },
 }
 
 /// How servers reach the daemon: cheap to clone.
@@ -121,7 +124,16 @@ impl Handle {
         Ok((connection, receiver))
     }
 
-    /// The state after the last batch (for `/state`) and the totals (for `/metrics`).
+    /// Every producer with its committed tables, as the daemon holds them between batches
+    /// (for `/state`); `None` when the daemon stopped.
+    pub async fn state(&self) -> Option<Report> {
+        let (reply, answer) = oneshot::channel();
+        self.requests.send(Request::State { reply }).await.ok()?;
+        answer.await.ok()
+    }
+
+    /// The producers without their tables, after the last batch, and the totals (for
+    /// `/metrics`).
     pub fn observe(&self) -> (Report, Totals) {
         self.observed.lock().map(|guard| guard.clone()).unwrap_or_else(|e| e.into_inner().clone())
     }
@@ -141,7 +153,7 @@ pub fn spawn(
     options: DaemonOptions,
 ) -> (Handle, tokio::task::JoinHandle<()>) {
     let (requests, receiver) = mpsc::channel(1024);
-    let report = aggregator.report(std::time::Instant::now());
+    let report = aggregator.report(std::time::Instant::now(), false);
     let observed = Arc::new(Mutex::new((report, Totals::default())));
     let handle = Handle { requests, observed: observed.clone() };
     let daemon = Daemon {
@@ -220,6 +232,9 @@ impl Daemon {
                     let _ = outcomes.send(Outcome::Rejected(rejection));
                 }
             }
+            Request::State { reply } => {
+                let _ = reply.send(aggregator.report(std::time::Instant::now(), true));
+            }
             Request::Disconnect { producer, id } => {
                 if self.connections.get(&producer).is_some_and(|(current, _)| *current == id) {
                     self.connections.remove(&producer);
@@ -272,11 +287,11 @@ impl Daemon {
         self.observe();
     }
 
-    /// Publishes the report for `/state` and `/metrics` (after what changes it, not after
-    /// each publication: it copies every producer's committed state).
+    /// Publishes the report for `/metrics` (after what changes it, not after each
+    /// publication); without the producers' tables, which `/state` asks for.
     fn observe(&self) {
         let Some((aggregator, _)) = self.aggregator.as_ref() else { return };
-        let report = aggregator.report(std::time::Instant::now());
+        let report = aggregator.report(std::time::Instant::now(), false);
         if let Ok(mut observed) = self.observed.lock() {
             *observed = (report, self.totals);
         }

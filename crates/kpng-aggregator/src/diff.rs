@@ -63,27 +63,33 @@ impl fmt::Display for Script {
     }
 }
 
-/// The commands that take `producer`'s tables from `committed` to `desired`.
-pub fn diff(producer: &str, committed: &State, desired: &State) -> Script {
-    let mut phases: [Vec<String>; 6] = Default::default();
-    for key in committed.tables.keys() {
-        if !desired.tables.contains_key(key) {
-            phases[0].push(format!("delete table {key}"));
-        }
+/// Commands by phase (see the module docs).
+pub type Phases = [Vec<String>; 6];
+
+impl Script {
+    /// The commands of `phases`, in phase order.
+    pub fn from_phases(phases: Phases) -> Script {
+        Script { commands: phases.into_iter().flatten().collect() }
     }
-    let empty = Table::default();
-    for (key, want) in &desired.tables {
-        let have = committed.tables.get(key);
-        if have.is_none() {
-            let comment = owner_comment(producer);
-            phases[3].push(format!("add table {key} {{ comment \"{comment}\"; }}"));
-        }
-        diff_table(key, have.unwrap_or(&empty), want, &mut phases);
-    }
-    Script { commands: phases.into_iter().flatten().collect() }
 }
 
-fn diff_table(key: &TableKey, have: &Table, want: &Table, phases: &mut [Vec<String>; 6]) {
+/// The commands that take `producer`'s tables from `committed` to `desired`, comparing
+/// everything (see [`Changes`](crate::changes::Changes) for the touched objects only).
+pub fn diff(producer: &str, committed: &State, desired: &State) -> Script {
+    let mut changes = crate::changes::Changes::default();
+    changes.tables.extend(committed.tables.keys().cloned());
+    changes.tables.extend(desired.tables.keys().cloned());
+    let mut phases = Phases::default();
+    changes.diff(producer, committed, desired, &mut phases);
+    Script::from_phases(phases)
+}
+
+/// `add table`, with the comment naming its owner.
+pub(crate) fn table_commands(key: &TableKey, producer: &str) -> String {
+    format!("add table {key} {{ comment \"{}\"; }}", owner_comment(producer))
+}
+
+pub(crate) fn diff_table(key: &TableKey, have: &Table, want: &Table, phases: &mut Phases) {
     // Sets redeclared: deleted and added again, after flushing every chain that uses them.
     let mut recreated_sets = BTreeSet::new();
     for (name, set) in &want.sets {
@@ -91,8 +97,8 @@ fn diff_table(key: &TableKey, have: &Table, want: &Table, phases: &mut [Vec<Stri
             Some(old) if old.declaration == set.declaration && old.kind == set.kind => {
                 let gone: Vec<&String> = old.elements.difference(&set.elements).collect();
                 let new: Vec<&String> = set.elements.difference(&old.elements).collect();
-                elements(&mut phases[1], "delete", key, name, &gone);
-                elements(&mut phases[4], "add", key, name, &new);
+                element_commands(&mut phases[1], "delete", key, name, &gone);
+                element_commands(&mut phases[4], "add", key, name, &new);
             }
             Some(old) => {
                 recreated_sets.insert(name.as_str());
@@ -145,7 +151,7 @@ fn diff_table(key: &TableKey, have: &Table, want: &Table, phases: &mut [Vec<Stri
 }
 
 /// Whether `rule` names the set `set` (`@set` not followed by more of a name).
-fn references(rule: &str, set: &str) -> bool {
+pub(crate) fn references(rule: &str, set: &str) -> bool {
     let needle = format!("@{set}");
     rule.match_indices(&needle).any(|(at, _)| {
         let after = rule[at + needle.len()..].chars().next();
@@ -176,18 +182,24 @@ fn add_chain(key: &TableKey, name: &str, chain: &Chain) -> String {
     }
 }
 
-fn add_rules(key: &TableKey, name: &str, chain: &Chain, phases: &mut [Vec<String>; 6]) {
+fn add_rules(key: &TableKey, name: &str, chain: &Chain, phases: &mut Phases) {
     phases[5].extend(chain.rules.iter().map(|rule| format!("add rule {key} {name} {rule}")));
 }
 
-fn add_set(key: &TableKey, name: &str, set: &Set, phases: &mut [Vec<String>; 6]) {
+fn add_set(key: &TableKey, name: &str, set: &Set, phases: &mut Phases) {
     let kind = set.kind.as_str();
     phases[3].push(format!("add {kind} {key} {name} {{ {} }}", set.declaration));
     let all: Vec<&String> = set.elements.iter().collect();
-    elements(&mut phases[4], "add", key, name, &all);
+    element_commands(&mut phases[4], "add", key, name, &all);
 }
 
-fn elements(out: &mut Vec<String>, verb: &str, key: &TableKey, set: &str, elements: &[&String]) {
+pub(crate) fn element_commands(
+    out: &mut Vec<String>,
+    verb: &str,
+    key: &TableKey,
+    set: &str,
+    elements: &[&String],
+) {
     for chunk in elements.chunks(ELEMENTS_PER_COMMAND) {
         let list = chunk.iter().map(|e| e.as_str()).collect::<Vec<_>>().join(", ");
         out.push(format!("{verb} element {key} {set} {{ {list} }}"));

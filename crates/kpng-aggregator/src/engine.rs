@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::applier::NftError;
+use crate::changes::Changes;
 use crate::diff::{OWNER_COMMENT, Script, comment_owner};
 use crate::model::{ModelError, Publication, State, TableKey, check_name};
 use crate::parse::{ParseError, parse, split_tables};
@@ -84,8 +85,13 @@ enum Presence {
 #[derive(Debug)]
 struct Producer {
     committed: State,
+    /// What the producer published: the committed state with its pending changes.
+    desired: State,
     revision: Option<u64>,
-    pending: Option<(State, u64)>,
+    /// The revision published since the last batch, if any.
+    pending: Option<u64>,
+    /// What the pending publications touched.
+    changes: Changes,
     presence: Presence,
     stats: ProducerStats,
 }
@@ -94,15 +100,13 @@ impl Producer {
     fn new(presence: Presence) -> Self {
         Producer {
             committed: State::default(),
+            desired: State::default(),
             revision: None,
             pending: None,
+            changes: Changes::default(),
             presence,
             stats: ProducerStats::default(),
         }
-    }
-
-    fn desired(&self) -> &State {
-        self.pending.as_ref().map_or(&self.committed, |(state, _)| state)
     }
 }
 
@@ -143,6 +147,7 @@ impl Aggregator {
                             .producers
                             .entry(name.to_string())
                             .or_insert_with(|| Producer::new(until));
+                        producer.desired.tables.insert(key.clone(), table.clone());
                         producer.committed.tables.insert(key, table);
                         adopted.insert(name.to_string());
                     }
@@ -182,7 +187,8 @@ impl Aggregator {
 
     /// Records a publication, to be committed with the next batch. Refused at once, with
     /// nothing changed, if an update does not apply, a text is invalid, or a table is not
-    /// the producer's to take.
+    /// the producer's to take. The work is proportional to the publication, not to the
+    /// producer's state.
     pub fn publish(&mut self, name: &str, publication: Publication) -> Result<(), Rejection> {
         let Publication { revision, updates } = publication;
         let reject = |object: String, message: String| Rejection {
@@ -191,27 +197,64 @@ impl Aggregator {
             object,
             message,
         };
-        let producer = self.producers.get(name).filter(|p| p.presence == Presence::Connected);
+        let producer = self.producers.get_mut(name).filter(|p| p.presence == Presence::Connected);
         let Some(producer) = producer else {
             return Err(reject(String::new(), Refusal::NotConnected(name.to_string()).to_string()));
         };
-        let mut desired = producer.desired().clone();
+        let mut changes = Changes::default();
+        let mut undo = Vec::new();
+        let mut failed = None;
         for update in updates {
-            desired.apply(update).map_err(|e| reject(String::new(), e.to_string()))?;
-        }
-        desired.validate().map_err(|e| reject(String::new(), e.to_string()))?;
-        for key in desired.tables.keys() {
-            if let Some(message) = self.owner_conflict(name, key) {
-                let producer = self.producers.get_mut(name);
-                producer.into_iter().for_each(|p| p.stats.rejections += 1);
-                return Err(reject(format!("table {key}"), message));
+            if let Err(error) = update.validate() {
+                failed = Some(error);
+                break;
+            }
+            changes.record(&update, &producer.desired);
+            match producer.desired.apply_undoable(update) {
+                Ok(step) => undo.push(step),
+                Err(error) => {
+                    failed = Some(error);
+                    break;
+                }
             }
         }
-        if let Some(producer) = self.producers.get_mut(name) {
-            producer.stats.publications += 1;
-            producer.pending = Some((desired, revision));
+        let conflict = match failed {
+            Some(error) => Some((String::new(), error.to_string())),
+            None => self.table_conflict(name, &changes),
+        };
+        let Some(producer) = self.producers.get_mut(name) else {
+            return Err(reject(String::new(), Refusal::NotConnected(name.to_string()).to_string()));
+        };
+        if let Some((object, message)) = conflict {
+            for step in undo.into_iter().rev() {
+                producer.desired.undo(step);
+            }
+            if !object.is_empty() {
+                producer.stats.rejections += 1;
+            }
+            return Err(reject(object, message));
         }
+        producer.changes.merge(changes);
+        producer.stats.publications += 1;
+        producer.pending = Some(revision);
         Ok(())
+    }
+
+    /// A table that `changes` (of producer `name`) touches and that `name` may not hold:
+    /// the object and why.
+    fn table_conflict(&self, name: &str, changes: &Changes) -> Option<(String, String)> {
+        let producer = self.producers.get(name)?;
+        let touched = changes
+            .tables
+            .iter()
+            .chain(changes.chains.iter().chain(&changes.sets).map(|(key, _)| key))
+            .filter(|key| producer.desired.tables.contains_key(*key));
+        for key in touched {
+            if let Some(message) = self.owner_conflict(name, key) {
+                return Some((format!("table {key}"), message));
+            }
+        }
+        None
     }
 
     /// Why `name` may not hold the table `key`, if it may not.
@@ -219,7 +262,7 @@ impl Aggregator {
         let owner = self.producers.iter().find(|(other, producer)| {
             other.as_str() != name
                 && (producer.committed.tables.contains_key(key)
-                    || producer.desired().tables.contains_key(key))
+                    || producer.desired.tables.contains_key(key))
         });
         match owner {
             Some((other, _)) => {
@@ -241,7 +284,10 @@ impl Aggregator {
             if matches!(producer.presence, Presence::Leased(until) if until <= now) {
                 producer.presence = Presence::Expiring;
                 producer.stats.lease_expiries += 1;
-                producer.pending = Some((State::default(), producer.revision.unwrap_or(0)));
+                producer.changes.tables.extend(producer.desired.tables.keys().cloned());
+                producer.changes.tables.extend(producer.committed.tables.keys().cloned());
+                producer.desired = State::default();
+                producer.pending = Some(producer.revision.unwrap_or(0));
                 expired.push(name.clone());
             }
         }

@@ -18,11 +18,13 @@
 //! runner's policy ([`kpng_runner::Pace`]: a burst, then at most one per
 //! `--min-sync-period`, and a rest after a long one), so changes that arrive meanwhile,
 //! element changes above all, coalesce into the next batch instead of each costing a
-//! transaction. The aggregator's own work is proportional to the producer's state, not to
-//! the change: a publication is applied to a copy of the producer's desired state, and a
-//! batch diffs each pending producer's whole desired state against its committed one. That
-//! suits rulesets of the size a firewall agent publishes; a producer of tens of thousands
-//! of elements would want updates diffed by the objects they touch.
+//! transaction. The aggregator's own work is proportional to the change, not to the
+//! producer's state: a publication is applied in place to the producer's desired state
+//! (and taken back with an undo log if any of its updates does not apply), the objects it
+//! touches are recorded ([`changes::Changes`]: whole tables, single chains and sets, single
+//! elements), and a batch compares, commits or rolls back only those. An element update
+//! costs the same a few microseconds whether the producer holds a thousand elements or half
+//! a million; a whole state (a producer connecting again) is compared whole.
 //!
 //! # Guarantees
 //! - **Isolation**: when nft refuses a batch, each producer's part is checked alone
@@ -46,6 +48,8 @@
 //! - [`model`]: tables, chains, sets, the updates a producer publishes, and validation.
 //! - [`parse`]: nft file structure into the model (`kpng publish --file`, adoption).
 //! - [`diff`]: committed → desired as nft commands, in an order valid in one transaction.
+//! - [`changes`]: what a producer touched since its last batch: the objects a batch diffs,
+//!   commits or rolls back.
 //! - [`applier`]: [`Applier`], with [`NftApplier`] (one `nft -f -` per batch, optionally
 //!   in a network namespace) and [`MemoryApplier`] (for tests).
 //! - [`engine`]: [`Aggregator`]: producers, ownership, leases, adoption, and the batch.
@@ -59,6 +63,7 @@
 //! - [`metrics`]: `/metrics` text, per producer.
 
 pub mod applier;
+pub mod changes;
 pub mod client;
 pub mod daemon;
 pub mod diff;

@@ -321,78 +321,204 @@ pub enum ModelError {
 impl State {
     /// Applies `update`; on error the state is unchanged.
     pub fn apply(&mut self, update: Update) -> Result<(), ModelError> {
-        match update {
-            Update::Whole(state) => *self = state,
-            Update::PutTable { table, content } => {
-                self.tables.insert(table, content);
-            }
-            Update::DeleteTable { table } => {
-                self.tables.remove(&table);
-            }
-            Update::PutChain { table, name, chain } => {
-                self.table_mut(&table)?.chains.insert(name, chain);
-            }
-            Update::DeleteChain { table, name } => {
-                self.table_mut(&table)?.chains.remove(&name);
-            }
-            Update::ReplaceRules { table, chain, rules } => {
-                let found = self.table_mut(&table)?.chains.get_mut(&chain);
-                let found = found.ok_or_else(|| missing(&table, "chain", &chain))?;
-                found.rules = rules.iter().map(|r| collapse(r)).collect();
-            }
-            Update::PutSet { table, name, set } => {
-                self.table_mut(&table)?.sets.insert(name, set);
-            }
-            Update::DeleteSet { table, name } => {
-                self.table_mut(&table)?.sets.remove(&name);
-            }
-            Update::AddElements { table, set, elements } => {
-                let found = self.table_mut(&table)?.sets.get_mut(&set);
-                let found = found.ok_or_else(|| missing(&table, "set", &set))?;
-                found.elements.extend(elements.iter().map(|e| collapse(e)));
-            }
-            Update::RemoveElements { table, set, elements } => {
-                let found = self.table_mut(&table)?.sets.get_mut(&set);
-                let found = found.ok_or_else(|| missing(&table, "set", &set))?;
-                for element in elements {
-                    found.elements.remove(&collapse(&element));
-                }
-            }
-        }
-        Ok(())
+        self.apply_undoable(update).map(drop)
     }
 
     fn table_mut(&mut self, table: &TableKey) -> Result<&mut Table, ModelError> {
         self.tables.get_mut(table).ok_or_else(|| ModelError::Missing(format!("table {table}")))
     }
 
+    /// Applies `update` and returns how to take it back ([`State::undo`]); on error the
+    /// state is unchanged. What an update replaces is moved into the undo, never copied.
+    pub fn apply_undoable(&mut self, update: Update) -> Result<Undo, ModelError> {
+        Ok(match update {
+            Update::Whole(state) => Undo::Whole(std::mem::replace(self, state)),
+            Update::PutTable { table, content } => {
+                let old = self.tables.insert(table.clone(), content);
+                Undo::Table(table, old)
+            }
+            Update::DeleteTable { table } => {
+                let old = self.tables.remove(&table);
+                Undo::Table(table, old)
+            }
+            Update::PutChain { table, name, chain } => {
+                let old = self.table_mut(&table)?.chains.insert(name.clone(), chain);
+                Undo::Chain(table, name, old)
+            }
+            Update::DeleteChain { table, name } => {
+                let old = self.table_mut(&table)?.chains.remove(&name);
+                Undo::Chain(table, name, old)
+            }
+            Update::ReplaceRules { table, chain, rules } => {
+                let found = self.table_mut(&table)?.chains.get_mut(&chain);
+                let found = found.ok_or_else(|| missing(&table, "chain", &chain))?;
+                let rules = rules.iter().map(|r| collapse(r)).collect();
+                let old = std::mem::replace(&mut found.rules, rules);
+                Undo::Rules(table, chain, old)
+            }
+            Update::PutSet { table, name, set } => {
+                let old = self.table_mut(&table)?.sets.insert(name.clone(), set);
+                Undo::Set(table, name, old)
+            }
+            Update::DeleteSet { table, name } => {
+                let old = self.table_mut(&table)?.sets.remove(&name);
+                Undo::Set(table, name, old)
+            }
+            Update::AddElements { table, set, elements } => {
+                let found = self.table_mut(&table)?.sets.get_mut(&set);
+                let found = found.ok_or_else(|| missing(&table, "set", &set))?;
+                let added = elements
+                    .iter()
+                    .map(|e| collapse(e))
+                    .filter(|e| found.elements.insert(e.clone()));
+                let added = added.collect();
+                Undo::Added(table, set, added)
+            }
+            Update::RemoveElements { table, set, elements } => {
+                let found = self.table_mut(&table)?.sets.get_mut(&set);
+                let found = found.ok_or_else(|| missing(&table, "set", &set))?;
+                let removed =
+                    elements.iter().map(|e| collapse(e)).filter(|e| found.elements.remove(e));
+                let removed = removed.collect();
+                Undo::Removed(table, set, removed)
+            }
+        })
+    }
+
+    /// Takes back an update [`State::apply_undoable`] applied (the latest first).
+    pub fn undo(&mut self, undo: Undo) {
+        fn restore<T>(map: &mut BTreeMap<String, T>, name: String, old: Option<T>) {
+            match old {
+                Some(old) => map.insert(name, old),
+                None => map.remove(&name),
+            };
+        }
+        match undo {
+            Undo::Whole(old) => *self = old,
+            Undo::Table(table, old) => {
+                match old {
+                    Some(old) => self.tables.insert(table, old),
+                    None => self.tables.remove(&table),
+                };
+            }
+            Undo::Chain(table, name, old) => {
+                if let Some(t) = self.tables.get_mut(&table) {
+                    restore(&mut t.chains, name, old);
+                }
+            }
+            Undo::Rules(table, chain, old) => {
+                let found = self.tables.get_mut(&table).and_then(|t| t.chains.get_mut(&chain));
+                if let Some(found) = found {
+                    found.rules = old;
+                }
+            }
+            Undo::Set(table, name, old) => {
+                if let Some(t) = self.tables.get_mut(&table) {
+                    restore(&mut t.sets, name, old);
+                }
+            }
+            Undo::Added(table, set, added) => {
+                let found = self.tables.get_mut(&table).and_then(|t| t.sets.get_mut(&set));
+                if let Some(found) = found {
+                    added.iter().for_each(|e| {
+                        found.elements.remove(e);
+                    });
+                }
+            }
+            Undo::Removed(table, set, removed) => {
+                let found = self.tables.get_mut(&table).and_then(|t| t.sets.get_mut(&set));
+                if let Some(found) = found {
+                    found.elements.extend(removed);
+                }
+            }
+        }
+    }
+
     /// Checks every name and text: names are nft identifiers, and no text can end the
     /// command it is written into (so a producer can only ever touch its own tables).
     pub fn validate(&self) -> Result<(), ModelError> {
         for (key, table) in &self.tables {
-            check_name("table", &key.name)?;
-            for (name, chain) in &table.chains {
-                check_name("chain", name)?;
-                let object = format!("table {key} chain {name}");
-                if let Some(declaration) = &chain.declaration {
-                    check_text(&object, "declaration", declaration, &['{', '}', '#', '\n'])?;
-                }
-                for rule in &chain.rules {
-                    check_text(&object, "rule", rule, &[';', '\n', '\r'])?;
-                }
-            }
-            for (name, set) in &table.sets {
-                check_name("set", name)?;
-                let object = format!("table {key} {} {name}", set.kind.as_str());
-                check_text(&object, "declaration", &set.declaration, &['{', '}', '#', '\n'])?;
-                for element in &set.elements {
-                    let forbidden = [';', '\n', '\r', '{', '}', ',', '#'];
-                    check_text(&object, "element", element, &forbidden)?;
-                }
-            }
+            validate_table(key, table)?;
         }
         Ok(())
     }
+}
+
+/// How to take back one applied update: what it replaced or changed.
+#[derive(Debug)]
+pub enum Undo {
+    /// The whole state before.
+    Whole(State),
+    /// A table before (`None`: it did not exist).
+    Table(TableKey, Option<Table>),
+    /// A chain before.
+    Chain(TableKey, String, Option<Chain>),
+    /// A chain's rules before.
+    Rules(TableKey, String, Vec<String>),
+    /// A set before.
+    Set(TableKey, String, Option<Set>),
+    /// Elements that were added (and were not there).
+    Added(TableKey, String, Vec<String>),
+    /// Elements that were removed (and were there).
+    Removed(TableKey, String, Vec<String>),
+}
+
+impl Update {
+    /// Checks the names and texts this update carries, as [`State::validate`] does for a
+    /// whole state.
+    pub fn validate(&self) -> Result<(), ModelError> {
+        match self {
+            Update::Whole(state) => state.validate(),
+            Update::PutTable { table, content } => validate_table(table, content),
+            Update::DeleteTable { .. } | Update::DeleteChain { .. } | Update::DeleteSet { .. } => {
+                Ok(())
+            }
+            Update::PutChain { table, name, chain } => validate_chain(table, name, chain),
+            Update::ReplaceRules { table, chain, rules } => {
+                let object = format!("table {table} chain {chain}");
+                rules.iter().try_for_each(|rule| check_text(&object, "rule", rule, RULE_FORBIDDEN))
+            }
+            Update::PutSet { table, name, set } => validate_set(table, name, set),
+            Update::AddElements { table, set, elements }
+            | Update::RemoveElements { table, set, elements } => {
+                let object = format!("table {table} set {set}");
+                elements
+                    .iter()
+                    .try_for_each(|e| check_text(&object, "element", e, ELEMENT_FORBIDDEN))
+            }
+        }
+    }
+}
+
+const RULE_FORBIDDEN: &[char] = &[';', '\n', '\r'];
+const ELEMENT_FORBIDDEN: &[char] = &[';', '\n', '\r', '{', '}', ',', '#'];
+const DECLARATION_FORBIDDEN: &[char] = &['{', '}', '#', '\n'];
+
+fn validate_table(key: &TableKey, table: &Table) -> Result<(), ModelError> {
+    check_name("table", &key.name)?;
+    for (name, chain) in &table.chains {
+        validate_chain(key, name, chain)?;
+    }
+    for (name, set) in &table.sets {
+        validate_set(key, name, set)?;
+    }
+    Ok(())
+}
+
+fn validate_chain(key: &TableKey, name: &str, chain: &Chain) -> Result<(), ModelError> {
+    check_name("chain", name)?;
+    let object = format!("table {key} chain {name}");
+    if let Some(declaration) = &chain.declaration {
+        check_text(&object, "declaration", declaration, DECLARATION_FORBIDDEN)?;
+    }
+    chain.rules.iter().try_for_each(|rule| check_text(&object, "rule", rule, RULE_FORBIDDEN))
+}
+
+fn validate_set(key: &TableKey, name: &str, set: &Set) -> Result<(), ModelError> {
+    check_name("set", name)?;
+    let object = format!("table {key} {} {name}", set.kind.as_str());
+    check_text(&object, "declaration", &set.declaration, DECLARATION_FORBIDDEN)?;
+    set.elements.iter().try_for_each(|e| check_text(&object, "element", e, ELEMENT_FORBIDDEN))
 }
 
 fn missing(table: &TableKey, kind: &str, name: &str) -> ModelError {

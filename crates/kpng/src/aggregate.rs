@@ -79,7 +79,8 @@ fn admin_server(global: &GlobalArgs, handle: &Handle, process: &Process) -> Opti
         axum::Router::new().route("/metrics", get(move || async move { metrics.metrics() })).route(
             "/state",
             get(move || async move {
-                let body = serde_json::to_string_pretty(&state.observe().0).unwrap_or_default();
+                let report = state.state().await.unwrap_or_else(|| state.observe().0);
+                let body = serde_json::to_string_pretty(&report).unwrap_or_default();
                 ([(axum::http::header::CONTENT_TYPE, "application/json")], body)
             }),
         );

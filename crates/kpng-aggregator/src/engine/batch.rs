@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use super::{Aggregator, Batch, Presence, Rejection, rejection};
 use crate::applier::Applier;
-use crate::diff::{Script, diff};
+use crate::diff::{Phases, Script};
 
 /// One producer's part of a batch.
 struct Part {
@@ -23,9 +23,11 @@ impl Aggregator {
         let mut batch = Batch::default();
         let mut parts = Vec::new();
         for (name, producer) in &self.producers {
-            if let Some((state, revision)) = &producer.pending {
-                let script = diff(name, &producer.committed, state);
-                parts.push(Part { producer: name.clone(), revision: *revision, script });
+            if let Some(revision) = producer.pending {
+                let mut phases = Phases::default();
+                producer.changes.diff(name, &producer.committed, &producer.desired, &mut phases);
+                let script = Script::from_phases(phases);
+                parts.push(Part { producer: name.clone(), revision, script });
             }
         }
         let (empty, mut parts): (Vec<Part>, Vec<Part>) =
@@ -109,8 +111,9 @@ impl Aggregator {
 
     fn accept(&mut self, part: &Part, took: f64, batch: &mut Batch) {
         let Some(producer) = self.producers.get_mut(&part.producer) else { return };
-        let Some((state, revision)) = producer.pending.take() else { return };
-        producer.committed = state;
+        let Some(revision) = producer.pending.take() else { return };
+        let changes = std::mem::take(&mut producer.changes);
+        changes.copy(&producer.desired, &mut producer.committed);
         producer.revision = Some(revision);
         if !part.script.is_empty() {
             producer.stats.batches += 1;
@@ -127,6 +130,8 @@ impl Aggregator {
     fn reject(&mut self, rejected: Rejection, now: Instant, batch: &mut Batch) {
         if let Some(producer) = self.producers.get_mut(&rejected.producer) {
             producer.pending = None;
+            let changes = std::mem::take(&mut producer.changes);
+            changes.copy(&producer.committed, &mut producer.desired);
             producer.stats.rejections += 1;
             if producer.presence == Presence::Expiring {
                 // Its tables could not be removed: try again after another lease.
@@ -153,11 +158,12 @@ impl Aggregator {
     /// A table `producer` would create that exists outside the aggregator, if any.
     fn foreign_conflict(&self, producer: &str) -> Option<(String, String)> {
         let found = self.producers.get(producer)?;
-        let (desired, _) = found.pending.as_ref()?;
-        let key = desired
-            .tables
-            .keys()
-            .find(|key| !found.committed.tables.contains_key(key) && self.foreign.contains(key))?;
+        found.pending?;
+        let key = found.changes.tables.iter().find(|key| {
+            found.desired.tables.contains_key(*key)
+                && !found.committed.tables.contains_key(*key)
+                && self.foreign.contains(*key)
+        })?;
         let message = format!(
             "refused to producer {producer}: table {key} exists in the kernel and is not the \
              aggregator's"

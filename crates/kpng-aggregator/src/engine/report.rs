@@ -32,13 +32,15 @@ pub struct ProducerReport {
     pub objects: usize,
     /// Its counters.
     pub stats: ProducerStats,
-    /// Its committed tables.
-    pub committed: State,
+    /// Its committed tables (only in [`Aggregator::report`] with tables).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub committed: Option<State>,
 }
 
 impl Aggregator {
-    /// What each producer has, at `now`.
-    pub fn report(&self, now: Instant) -> Report {
+    /// What each producer has, at `now`; with `tables`, its committed tables too (a copy
+    /// of every producer's state: for `/state`, not after every batch).
+    pub fn report(&self, now: Instant, tables: bool) -> Report {
         let producers = self
             .producers
             .iter()
@@ -54,10 +56,10 @@ impl Aggregator {
                     presence,
                     lease_seconds_left: left,
                     committed_revision: producer.revision,
-                    pending_revision: producer.pending.as_ref().map(|(_, revision)| *revision),
+                    pending_revision: producer.pending,
                     objects: producer.committed.objects(),
                     stats: producer.stats.clone(),
-                    committed: producer.committed.clone(),
+                    committed: tables.then(|| producer.committed.clone()),
                 };
                 (name.clone(), report)
             })

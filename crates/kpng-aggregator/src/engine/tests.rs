@@ -75,9 +75,11 @@ fn a_bad_producer_is_isolated_and_told_why() {
     assert_eq!(batch.transactions, 1, "the rest in one transaction");
     assert_eq!(applier.transactions.last().unwrap().commands, ["add element ip tb s { 2.2.2.2 }"]);
     // a keeps its previous committed state: republishing it changes nothing.
-    let report = aggregator.report(now);
+    let report = aggregator.report(now, true);
     assert_eq!(
-        report.producers["a"].committed.tables[&TableKey::new(Family::Ip, "ta")].chains["c"].rules,
+        report.producers["a"].committed.as_ref().unwrap().tables[&TableKey::new(Family::Ip, "ta")]
+            .chains["c"]
+            .rules,
         ["ip saddr @s accept"]
     );
     assert_eq!(report.producers["a"].stats.rejections, 1);
@@ -118,7 +120,7 @@ fn an_expired_lease_removes_only_that_producers_tables() {
     let batch = aggregator.commit(&mut applier, now + LEASE);
     assert_eq!(batch.removed, ["a"]);
     assert_eq!(applier.transactions.last().unwrap().commands, ["delete table ip ta"]);
-    let report = aggregator.report(now);
+    let report = aggregator.report(now, true);
     assert!(!report.producers.contains_key("a") && report.producers.contains_key("b"));
 }
 
@@ -166,4 +168,135 @@ fn a_publication_that_does_not_apply_is_refused_at_once() {
     let error = aggregator.publish("a", whole(3, "table ip ta { chain c { accept; drop } }"));
     assert!(error.is_ok(), "two statements are two rules");
     assert!(aggregator.publish("nobody", whole(1, "table ip x { }")).is_err());
+}
+
+mod random_histories {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::model::{Chain, Set, SetKind, Table};
+
+    fn key(t: u8) -> TableKey {
+        TableKey::new(Family::Ip, format!("t{t}"))
+    }
+
+    fn set(interval: bool, elements: &[u8]) -> Set {
+        let declaration =
+            if interval { "type ipv4_addr; flags interval;" } else { "type ipv4_addr;" };
+        Set::new(SetKind::Set, declaration, elements.iter().map(|e| format!("10.0.0.{e}")))
+    }
+
+    fn chain(s: u8, verdict: bool) -> Chain {
+        let rule = format!("ip saddr @s{s} {}", if verdict { "accept" } else { "drop" });
+        Chain::new(None, [rule])
+    }
+
+    /// Updates over two tables, two sets and two chains, some of which do not apply.
+    fn arb_update() -> impl Strategy<Value = Update> {
+        let elements = prop::collection::vec(0u8..5, 1..4);
+        prop_oneof![
+            1 => (0u8..2, prop::collection::vec(0u8..8, 0..4)).prop_map(|(t, e)| {
+                let mut table = Table::default();
+                table.sets.insert("s0".into(), set(false, &e));
+                table.sets.insert("s1".into(), set(false, &[]));
+                table.chains.insert("c0".into(), chain(0, true));
+                Update::PutTable { table: key(t), content: table }
+            }),
+            1 => (0u8..2).prop_map(|t| Update::DeleteTable { table: key(t) }),
+            1 => (0u8..2, 0u8..2, any::<bool>(), elements.clone()).prop_map(|(t, s, i, e)| {
+                Update::PutSet { table: key(t), name: format!("s{s}"), set: set(i, &e) }
+            }),
+            1 => (0u8..2, 0u8..2).prop_map(|(t, s)| Update::DeleteSet { table: key(t), name: format!("s{s}") }),
+            1 => (0u8..2, 0u8..2, 0u8..2, any::<bool>()).prop_map(|(t, c, s, v)| {
+                Update::PutChain { table: key(t), name: format!("c{c}"), chain: chain(s, v) }
+            }),
+            1 => (0u8..2, 0u8..2).prop_map(|(t, c)| Update::DeleteChain { table: key(t), name: format!("c{c}") }),
+            1 => (0u8..2, 0u8..2, any::<bool>()).prop_map(|(t, c, v)| Update::ReplaceRules {
+                table: key(t),
+                chain: format!("c{c}"),
+                rules: vec![format!("ip daddr @s0 {}", if v { "accept" } else { "drop" })],
+            }),
+            4 => (0u8..2, 0u8..2, elements.clone()).prop_map(|(t, s, e)| Update::AddElements {
+                table: key(t),
+                set: format!("s{s}"),
+                elements: e.iter().map(|e| format!("10.0.0.{e}")).collect(),
+            }),
+            4 => (0u8..2, 0u8..2, elements).prop_map(|(t, s, e)| Update::RemoveElements {
+                table: key(t),
+                set: format!("s{s}"),
+                elements: e.iter().map(|e| format!("10.0.0.{e}")).collect(),
+            }),
+        ]
+    }
+
+    fn sorted(script: &Script) -> Vec<String> {
+        let mut commands = script.commands.clone();
+        commands.sort();
+        commands
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+
+        /// Batches diff, commit and roll back only what publications touched; they must do
+        /// exactly what comparing whole states would: the same commands, the same committed
+        /// state, and after a refusal the committed state again.
+        #[test]
+        fn batches_match_whole_state_comparisons(
+            history in prop::collection::vec(
+                (prop::collection::vec(prop::collection::vec(arb_update(), 1..4), 1..4), any::<bool>()),
+                1..8,
+            )
+        ) {
+            let now = Instant::now();
+            let mut aggregator = Aggregator::new(LEASE);
+            let mut applier = MemoryApplier::default();
+            aggregator.connect("p").unwrap();
+            // Both tables exist at first, so that most updates apply.
+            let mut start = State::default();
+            for t in 0..2 {
+                let mut table = Table::default();
+                table.sets.insert("s0".into(), set(false, &[0, 1, 2]));
+                table.sets.insert("s1".into(), set(true, &[3]));
+                table.chains.insert("c0".into(), chain(0, true));
+                table.chains.insert("c1".into(), chain(1, false));
+                start.tables.insert(key(t), table);
+            }
+            let first = Publication { revision: 0, updates: vec![Update::Whole(start.clone())] };
+            aggregator.publish("p", first).unwrap();
+            aggregator.commit(&mut applier, now);
+            let (mut committed, mut revision) = (start, 0);
+            for (publications, refuse) in history {
+                let mut desired = committed.clone();
+                for updates in publications {
+                    revision += 1;
+                    let mut attempt = desired.clone();
+                    let applies = updates.iter().cloned().all(|u| attempt.apply(u).is_ok());
+                    let publication = Publication { revision, updates };
+                    prop_assert_eq!(aggregator.publish("p", publication).is_ok(), applies);
+                    if applies {
+                        desired = attempt;
+                    }
+                }
+                let expected = crate::diff::diff("p", &committed, &desired);
+                applier.refuse = if refuse { vec!["".into()] } else { Vec::new() };
+                let transactions = applier.transactions.len();
+                let batch = aggregator.commit(&mut applier, now);
+                let report = aggregator.report(now, true);
+                let held = report.producers["p"].committed.clone().unwrap();
+                if refuse && !expected.is_empty() {
+                    prop_assert_eq!(batch.rejections.len(), 1);
+                    prop_assert_eq!(&held, &committed, "a refusal keeps the committed state");
+                } else {
+                    prop_assert!(batch.rejections.is_empty());
+                    let scripts = &applier.transactions[transactions..];
+                    let done = scripts.first().map(sorted).unwrap_or_default();
+                    prop_assert_eq!(done, sorted(&expected));
+                    prop_assert_eq!(&held, &desired);
+                    committed = desired;
+                }
+                prop_assert!(!aggregator.has_pending());
+            }
+        }
+    }
 }

@@ -1,0 +1,222 @@
+//! [`Changes`]: what a producer's publications touched since its last batch, so that a
+//! batch diffs, commits and rolls back only those objects: an element update costs the same
+//! whatever the producer's state holds.
+//!
+//! Three grains: whole tables (a whole state, a table put or deleted), single chains and
+//! sets (put, deleted, rules replaced), and single elements (added or removed). A batch
+//! compares the desired and committed state of each touched object only; elements are
+//! compared one by one, so an element added and removed again before the batch costs
+//! nothing.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::diff::{Phases, diff_table, element_commands, table_commands};
+use crate::model::{State, Table, TableKey, Update};
+
+/// A chain or set: its table and name.
+type Object = (TableKey, String);
+
+/// What publications touched since the last batch.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Changes {
+    /// Tables compared whole.
+    pub tables: BTreeSet<TableKey>,
+    /// Chains compared whole (in tables not compared whole).
+    pub chains: BTreeSet<Object>,
+    /// Sets compared whole (in tables not compared whole).
+    pub sets: BTreeSet<Object>,
+    /// Elements compared one by one, per set (of sets not compared whole).
+    pub elements: BTreeMap<Object, BTreeSet<String>>,
+}
+
+impl Changes {
+    /// Records what `update` touches; `desired` is the state before it is applied.
+    pub fn record(&mut self, update: &Update, desired: &State) {
+        match update {
+            Update::Whole(state) => {
+                self.tables.extend(desired.tables.keys().cloned());
+                self.tables.extend(state.tables.keys().cloned());
+            }
+            Update::PutTable { table, .. } | Update::DeleteTable { table } => {
+                self.tables.insert(table.clone());
+            }
+            Update::PutChain { table, name, .. }
+            | Update::DeleteChain { table, name }
+            | Update::ReplaceRules { table, chain: name, .. } => {
+                self.chains.insert((table.clone(), name.clone()));
+            }
+            Update::PutSet { table, name, .. } | Update::DeleteSet { table, name } => {
+                self.sets.insert((table.clone(), name.clone()));
+            }
+            Update::AddElements { table, set, elements }
+            | Update::RemoveElements { table, set, elements } => {
+                let touched = self.elements.entry((table.clone(), set.clone())).or_default();
+                touched.extend(elements.iter().map(|e| crate::model::collapse(e)));
+            }
+        }
+    }
+
+    /// Adds what `other` touched.
+    pub fn merge(&mut self, other: Changes) {
+        self.tables.extend(other.tables);
+        self.chains.extend(other.chains);
+        self.sets.extend(other.sets);
+        for (set, elements) in other.elements {
+            self.elements.entry(set).or_default().extend(elements);
+        }
+    }
+
+    /// Whether nothing was touched.
+    pub fn is_empty(&self) -> bool {
+        self.tables.is_empty()
+            && self.chains.is_empty()
+            && self.sets.is_empty()
+            && self.elements.is_empty()
+    }
+
+    fn whole_table(&self, key: &TableKey) -> bool {
+        self.tables.contains(key)
+    }
+
+    /// The touched objects' commands that take `committed` to `desired`, by phase.
+    pub fn diff(&self, producer: &str, committed: &State, desired: &State, phases: &mut Phases) {
+        let empty = Table::default();
+        for key in &self.tables {
+            let (have, want) = (committed.tables.get(key), desired.tables.get(key));
+            match (have, want) {
+                (Some(_), None) => phases[0].push(format!("delete table {key}")),
+                (None, Some(want)) => {
+                    phases[3].push(table_commands(key, producer));
+                    diff_table(key, &empty, want, phases);
+                }
+                (Some(have), Some(want)) => diff_table(key, have, want, phases),
+                (None, None) => {}
+            }
+        }
+        let partial: BTreeSet<&TableKey> = self
+            .chains
+            .iter()
+            .chain(&self.sets)
+            .chain(self.elements.keys())
+            .map(|(key, _)| key)
+            .filter(|key| !self.whole_table(key))
+            .collect();
+        for key in partial {
+            let (Some(have), Some(want)) = (committed.tables.get(key), desired.tables.get(key))
+            else {
+                continue;
+            };
+            let (have_part, want_part) = self.parts(key, have, want);
+            diff_table(key, &have_part, &want_part, phases);
+            let elements = self.elements.range(range_of(key)).take_while(|((k, _), _)| k == key);
+            for ((_, set), touched) in elements {
+                if self.sets.contains(&(key.clone(), set.clone())) {
+                    continue;
+                }
+                let (Some(old), Some(new)) = (have.sets.get(set), want.sets.get(set)) else {
+                    continue;
+                };
+                let gone: Vec<&String> = touched
+                    .iter()
+                    .filter(|e| old.elements.contains(*e) && !new.elements.contains(*e))
+                    .collect();
+                let added: Vec<&String> = touched
+                    .iter()
+                    .filter(|e| new.elements.contains(*e) && !old.elements.contains(*e))
+                    .collect();
+                element_commands(&mut phases[1], "delete", key, set, &gone);
+                element_commands(&mut phases[4], "add", key, set, &added);
+            }
+        }
+    }
+
+    /// The touched chains and sets of table `key`, as committed and as desired, with the
+    /// chains that use a set being declared anew (nft requires them rewritten).
+    fn parts(&self, key: &TableKey, have: &Table, want: &Table) -> (Table, Table) {
+        let (mut have_part, mut want_part) = (Table::default(), Table::default());
+        for (_, name) in self.sets.range(range_of(key)).take_while(|(k, _)| k == key) {
+            have.sets.get(name).map(|s| have_part.sets.insert(name.clone(), s.clone()));
+            want.sets.get(name).map(|s| want_part.sets.insert(name.clone(), s.clone()));
+        }
+        for (_, name) in self.chains.range(range_of(key)).take_while(|(k, _)| k == key) {
+            have.chains.get(name).map(|c| have_part.chains.insert(name.clone(), c.clone()));
+            want.chains.get(name).map(|c| want_part.chains.insert(name.clone(), c.clone()));
+        }
+        let redeclared: Vec<&String> = want_part
+            .sets
+            .iter()
+            .filter(|(name, set)| {
+                have_part
+                    .sets
+                    .get(*name)
+                    .is_some_and(|old| old.kind != set.kind || old.declaration != set.declaration)
+            })
+            .map(|(name, _)| name)
+            .collect();
+        if !redeclared.is_empty() {
+            for (name, chain) in &want.chains {
+                let uses = chain
+                    .rules
+                    .iter()
+                    .any(|r| redeclared.iter().any(|s| crate::diff::references(r, s)));
+                if uses && !want_part.chains.contains_key(name) {
+                    want_part.chains.insert(name.clone(), chain.clone());
+                    have.chains.get(name).map(|c| have_part.chains.insert(name.clone(), c.clone()));
+                }
+            }
+        }
+        (have_part, want_part)
+    }
+
+    /// Makes the touched objects of `to` what they are in `from`: after a commit, the
+    /// committed state takes the desired one's; after a refusal, the desired state goes back
+    /// to the committed one's.
+    pub fn copy(&self, from: &State, to: &mut State) {
+        for key in &self.tables {
+            match from.tables.get(key) {
+                Some(table) => to.tables.insert(key.clone(), table.clone()),
+                None => to.tables.remove(key),
+            };
+        }
+        for (key, name) in self.chains.iter().filter(|(key, _)| !self.whole_table(key)) {
+            let (Some(source), Some(target)) = (from.tables.get(key), to.tables.get_mut(key))
+            else {
+                continue;
+            };
+            match source.chains.get(name) {
+                Some(chain) => target.chains.insert(name.clone(), chain.clone()),
+                None => target.chains.remove(name),
+            };
+        }
+        for (key, name) in self.sets.iter().filter(|(key, _)| !self.whole_table(key)) {
+            let (Some(source), Some(target)) = (from.tables.get(key), to.tables.get_mut(key))
+            else {
+                continue;
+            };
+            match source.sets.get(name) {
+                Some(set) => target.sets.insert(name.clone(), set.clone()),
+                None => target.sets.remove(name),
+            };
+        }
+        for ((key, name), touched) in &self.elements {
+            if self.whole_table(key) || self.sets.contains(&(key.clone(), name.clone())) {
+                continue;
+            }
+            let source = from.tables.get(key).and_then(|t| t.sets.get(name));
+            let target = to.tables.get_mut(key).and_then(|t| t.sets.get_mut(name));
+            let (Some(source), Some(target)) = (source, target) else { continue };
+            for element in touched {
+                if source.elements.contains(element) {
+                    target.elements.insert(element.clone());
+                } else {
+                    target.elements.remove(element);
+                }
+            }
+        }
+    }
+}
+
+/// Where the objects of table `key` start in a map or set keyed by `(table, name)`.
+fn range_of(key: &TableKey) -> std::ops::RangeFrom<Object> {
+    (key.clone(), String::new())..
+}
