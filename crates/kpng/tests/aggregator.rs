@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use kpng_testkit::netns::Netns;
 use kpng_testkit::privileged::require;
-use support::{binary, replace_file};
+use support::{binary, http_get, replace_file};
 
 const STUCK: Duration = Duration::from_secs(20);
 
@@ -69,8 +69,19 @@ fn aggregate_and_publish_through_the_binary() {
     let dir = tempfile::tempdir().unwrap();
     let socket_path = dir.path().join("aggregator.sock");
     let socket = format!("unix://{}", socket_path.display());
-    let args =
-        ["aggregate", "--listen", &socket, "--netns", netns.name(), "--producer-lease", "2s"];
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let metrics = format!("127.0.0.1:{port}");
+    let args = [
+        "aggregate",
+        "--listen",
+        &socket,
+        "--netns",
+        netns.name(),
+        "--producer-lease",
+        "2s",
+        "--metrics-bind-address",
+        &metrics,
+    ];
     let _aggregator = Running(kpng(&args).spawn().unwrap());
     wait_for("the socket", || socket_path.exists());
 
@@ -82,6 +93,17 @@ fn aggregate_and_publish_through_the_binary() {
     let listed = ruleset(&netns);
     assert!(listed.contains("comment \"kpng-aggregator producer=fw\""), "{listed}");
     assert!(listed.contains("10.0.0.0/8 . 22"), "{listed}");
+    // /state lists the producer with what it committed; /metrics counts its publications.
+    let (code, state) = http_get(port, "/state").expect("/state answers");
+    assert_eq!(code, 200, "{state}");
+    let state: serde_json::Value = serde_json::from_str(&state).unwrap();
+    let fw_state = &state["producers"]["fw"];
+    assert_eq!(fw_state["committed_revision"], 1, "{state}");
+    let elements = &fw_state["committed"]["tables"]["inet fw"]["sets"]["allowed"]["elements"];
+    assert_eq!(elements, &serde_json::json!(["10.0.0.0/8 . 22"]), "{state}");
+    let (_, metrics) = http_get(port, "/metrics").expect("/metrics answers");
+    let line = "kpng_aggregator_producer_publications_total{producer=\"fw\"} 1";
+    assert!(metrics.contains(line), "{metrics}");
 
     // Another producer may not take that table; a malformed file names its line.
     let thief = dir.path().join("thief.nft");
