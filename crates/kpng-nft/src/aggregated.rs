@@ -6,10 +6,12 @@
 //! Each transaction becomes one publication holding only what it changes: elements added
 //! and removed, sets and chains created or deleted, the rules of the chains it touches.
 //! The publication is acknowledged once the aggregator has committed it, so a commit here
-//! is as synchronous as a netlink transaction. The aggregator cannot be read back from:
-//! [`Kernel::read`] says `None`, so at start-up and after a failure the backend plans its
-//! tables from nothing and the kernel publishes them whole, and the aggregator changes only
-//! what differs from what it committed before. `ct helper` objects are not part of the
+//! is as synchronous as a netlink transaction. At start-up and after a failure the backend
+//! plans its tables from nothing and the kernel publishes them whole
+//! ([`Kernel::publishes_whole`]): the aggregator changes only what differs from what it
+//! committed before. What the node's kernel holds of kpng's tables is still read, to keep
+//! each endpoint in its position (ClientIP affinity clients keep their endpoints across a
+//! restart). `ct helper` objects are not part of the
 //! aggregator's model: the `helper` annotation is reported as not enforced.
 
 use std::collections::BTreeSet;
@@ -99,8 +101,23 @@ impl Kernel for AggregatorKernel {
         self.publish(vec![Update::Whole(state)], true)
     }
 
+    /// What this network namespace's kernel holds of kpng's tables (what the aggregator
+    /// committed, when it programs this namespace), read over netlink: it seeds the
+    /// endpoints' positions of the whole publication that follows. Nothing when it
+    /// cannot be read.
     fn read(&mut self) -> Result<Option<KernelContents>, NftError> {
-        Ok(None)
+        let read = crate::NetlinkKernel::reader().and_then(|mut kernel| kernel.read());
+        match read {
+            Ok(contents) => Ok(contents),
+            Err(error) => {
+                tracing::debug!(%error, "nftables: kpng's tables cannot be read here; endpoints get new positions");
+                Ok(None)
+            }
+        }
+    }
+
+    fn publishes_whole(&self) -> bool {
+        true
     }
 
     fn ct_helpers(&self) -> bool {

@@ -431,7 +431,7 @@ impl Backend for NftBackend {
     /// Reads kpng's tables back (never on the change path) and compares them with what was
     /// committed: every set, chain and rule by content, and every element.
     fn verify(&mut self) -> Result<bool, BackendError> {
-        if self.sync != TableSync::InSync {
+        if self.sync != TableSync::InSync || self.kernel.publishes_whole() {
             return Ok(true);
         }
         let Some(contents) = self.kernel.read().map_err(NftError::into_backend)? else {

@@ -31,11 +31,19 @@ pub trait Kernel: Send {
     /// from nothing, an aggregator is told the whole state again).
     fn read(&mut self) -> Result<Option<KernelContents>, NftError>;
 
-    /// Applies a transaction planned from nothing after [`read`](Self::read) said `None`:
-    /// the plan is the whole of kpng's tables, and replaces whatever they held. A kernel
-    /// that can read its tables back never gets one; by default it is a commit.
+    /// Applies a transaction planned from nothing, after [`read`](Self::read) said `None`
+    /// or when the kernel [takes whole tables](Self::publishes_whole): the plan is the
+    /// whole of kpng's tables and replaces whatever they held. By default a commit.
     fn replace(&mut self, plan: &Plan<'_>) -> Result<(), NftError> {
         self.commit(plan)
+    }
+
+    /// Whether every reconciliation is sent whole ([`replace`](Self::replace)) rather than
+    /// as the difference from what [`read`](Self::read) found, which then only seeds the
+    /// endpoints' positions; such a kernel is not verified either (an aggregator, which owns
+    /// the tables).
+    fn publishes_whole(&self) -> bool {
+        false
     }
 
     /// Whether `ct helper` objects can be created (kube-nftlb's `helper` annotation).
@@ -99,6 +107,12 @@ impl NetlinkKernel {
         let mut kernel = NetlinkKernel { socket };
         kernel.check_features()?;
         Ok(kernel)
+    }
+
+    /// Opens the netlink socket to read kpng's tables only: no probe, nothing written.
+    pub fn reader() -> Result<Self, NftError> {
+        let socket = NetlinkSocket::open(NETLINK_NETFILTER).map_err(NftError::Socket)?;
+        Ok(NetlinkKernel { socket })
     }
 
     /// Bytes sent to the kernel over netlink so far.

@@ -66,7 +66,11 @@ impl Kernel for Tee {
     }
 
     fn read(&mut self) -> Result<Option<KernelContents>, NftError> {
-        Ok(None)
+        self.kernel.read()
+    }
+
+    fn publishes_whole(&self) -> bool {
+        true
     }
 
     fn ct_helpers(&self) -> bool {

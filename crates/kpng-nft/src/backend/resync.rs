@@ -18,9 +18,11 @@ impl NftBackend {
     /// Reads the tables back and reconciles them with the whole of `state`.
     pub(super) fn resync(&mut self, state: &LocalState) -> Result<bool, NftError> {
         let contents = self.kernel.read()?;
-        // A kernel that cannot say gets the whole tables, planned from nothing.
-        let whole = contents.is_none();
-        let contents = contents.unwrap_or_default();
+        // A kernel that cannot say, or that takes whole tables (an aggregator), gets the
+        // whole tables planned from nothing; what it said still seeds the slots, so that
+        // endpoints keep their positions (and affinity clients their endpoints).
+        let whole = contents.is_none() || self.kernel.publishes_whole();
+        let mut contents = contents.unwrap_or_default();
         let adopted = TableState::adopt(contents.elements.clone());
         self.owners = ServiceOwners::default();
         self.slots.clear();
@@ -42,6 +44,9 @@ impl NftBackend {
         }
         updates.push((Owner::Kernel, Vec::new()));
         layout.large = large_counts(updates.iter().flat_map(|(_, e)| e));
+        if whole {
+            contents = KernelContents::default();
+        }
         let reconciled = reconcile(&layout.wanted(), &contents.present);
         // Elements of sets that go, or come back empty, are not the kernel's any more.
         let wanted = layout.wanted();
