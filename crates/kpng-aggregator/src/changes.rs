@@ -10,7 +10,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::diff::{Phases, diff_table, element_commands, table_commands};
+use crate::diff::{Phases, diff_table, diff_whole_table, element_commands};
 use crate::model::{State, Table, TableKey, Update};
 
 /// A chain or set: its table and name.
@@ -80,18 +80,9 @@ impl Changes {
 
     /// The touched objects' commands that take `committed` to `desired`, by phase.
     pub fn diff(&self, producer: &str, committed: &State, desired: &State, phases: &mut Phases) {
-        let empty = Table::default();
         for key in &self.tables {
             let (have, want) = (committed.tables.get(key), desired.tables.get(key));
-            match (have, want) {
-                (Some(_), None) => phases[0].push(format!("delete table {key}")),
-                (None, Some(want)) => {
-                    phases[3].push(table_commands(key, producer));
-                    diff_table(key, &empty, want, phases);
-                }
-                (Some(have), Some(want)) => diff_table(key, have, want, phases),
-                (None, None) => {}
-            }
+            diff_whole_table(producer, key, have, want, phases);
         }
         let partial: BTreeSet<&TableKey> = self
             .chains

@@ -76,16 +76,36 @@ impl Script {
 /// The commands that take `producer`'s tables from `committed` to `desired`, comparing
 /// everything (see [`Changes`](crate::changes::Changes) for the touched objects only).
 pub fn diff(producer: &str, committed: &State, desired: &State) -> Script {
-    let mut changes = crate::changes::Changes::default();
-    changes.tables.extend(committed.tables.keys().cloned());
-    changes.tables.extend(desired.tables.keys().cloned());
+    let keys: BTreeSet<&TableKey> = committed.tables.keys().chain(desired.tables.keys()).collect();
     let mut phases = Phases::default();
-    changes.diff(producer, committed, desired, &mut phases);
+    for key in keys {
+        let (have, want) = (committed.tables.get(key), desired.tables.get(key));
+        diff_whole_table(producer, key, have, want, &mut phases);
+    }
     Script::from_phases(phases)
 }
 
+/// The commands for table `key`, from `have` to `want` (`None`: it does not exist).
+pub(crate) fn diff_whole_table(
+    producer: &str,
+    key: &TableKey,
+    have: Option<&Table>,
+    want: Option<&Table>,
+    phases: &mut Phases,
+) {
+    match (have, want) {
+        (Some(_), None) => phases[0].push(format!("delete table {key}")),
+        (None, Some(want)) => {
+            phases[3].push(table_command(key, producer));
+            diff_table(key, &Table::default(), want, phases);
+        }
+        (Some(have), Some(want)) => diff_table(key, have, want, phases),
+        (None, None) => {}
+    }
+}
+
 /// `add table`, with the comment naming its owner.
-pub(crate) fn table_commands(key: &TableKey, producer: &str) -> String {
+fn table_command(key: &TableKey, producer: &str) -> String {
     format!("add table {key} {{ comment \"{}\"; }}", owner_comment(producer))
 }
 

@@ -25,7 +25,7 @@ use kpng_api::{Address, Security};
 use kpng_model::Family;
 
 use crate::error::NftError;
-use crate::kernel::{Kernel, KernelContents};
+use crate::kernel::{Kernel, KernelContents, NetlinkKernel};
 use crate::objects::TABLE;
 use crate::plan::{Command, Plan};
 use crate::text::element_text;
@@ -106,7 +106,7 @@ impl Kernel for AggregatorKernel {
     /// endpoints' positions of the whole publication that follows. Nothing when it
     /// cannot be read.
     fn read(&mut self) -> Result<Option<KernelContents>, NftError> {
-        let read = crate::NetlinkKernel::reader().and_then(|mut kernel| kernel.read());
+        let read = NetlinkKernel::reader().and_then(|mut kernel| kernel.read());
         match read {
             Ok(contents) => Ok(contents),
             Err(error) => {
