@@ -1,6 +1,6 @@
 //! The kube-nftlb load-balancing annotations, enforced by `to-nft`: round robin, hash and
-//! timed persistence, `dnat` and `snat` modes, logging of new connections, and the FTP
-//! conntrack helper.
+//! symmetric hash, timed persistence, `dnat` and `snat` modes, logging of new connections,
+//! and the FTP conntrack helper.
 
 use std::time::Duration;
 
@@ -25,13 +25,25 @@ pub fn annotated_on(
     spec: &str,
     endpoints: &[Ep<'_>],
 ) -> String {
+    annotated_ports(name, cluster_ip, annotations, spec, endpoints, (PORT_HTTP, SLICE_HTTP))
+}
+
+/// The same with these ports: the service's and the slice's.
+fn annotated_ports(
+    name: &str,
+    cluster_ip: &str,
+    annotations: &[(&str, &str)],
+    spec: &str,
+    endpoints: &[Ep<'_>],
+    (port, slice_port): (&str, &str),
+) -> String {
     let annotations: Vec<String> =
         annotations.iter().map(|(k, v)| format!("{PREFIX}{k}: \"{v}\"")).collect();
     let service = format!(
-        "---\napiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: test\n  annotations: {{{}}}\nspec:\n  clusterIP: {cluster_ip}\n{spec}  ports:\n{PORT_HTTP}",
+        "---\napiVersion: v1\nkind: Service\nmetadata:\n  name: {name}\n  namespace: test\n  annotations: {{{}}}\nspec:\n  clusterIP: {cluster_ip}\n{spec}  ports:\n{port}",
         annotations.join(", ")
     );
-    [service, slice(&format!("{name}-1"), name, "IPv4", SLICE_HTTP, endpoints)].concat()
+    [service, slice(&format!("{name}-1"), name, "IPv4", slice_port, endpoints)].concat()
 }
 
 fn two_pods() -> Cluster {
@@ -61,6 +73,40 @@ pub fn hash_persistence_keeps_a_client_on_one_endpoint(dp: Dataplane) {
     let ruleset = cluster.node.output("nft", &["list", "table", "ip", "kpng"]);
     let ruleset = String::from_utf8_lossy(&ruleset.stdout);
     assert!(ruleset.contains("jhash ip saddr mod 2"), "{ruleset}");
+}
+
+pub fn symmetric_hash_keeps_each_flow_on_one_endpoint(dp: Dataplane) {
+    let cluster = two_pods();
+    let manifests = annotated_ports(
+        "sym",
+        "10.96.0.124",
+        &[("scheduler", "symhash")],
+        "",
+        &[WEB_A, WEB_B],
+        (DNS_PORT, SLICE_DNS),
+    );
+    let log = program(&cluster, dp, &manifests, &[]);
+    // Sixteen flows from as many source ports of one client.
+    let ports: Vec<u16> = (40100..40116).collect();
+    let endpoints = |cluster: &Cluster| -> Vec<String> {
+        let flow = |port: u16| answer(&udp_flow(&cluster.client, "10.96.0.124:53", port)).0;
+        ports.iter().map(|port| flow(*port)).collect()
+    };
+    let first = endpoints(&cluster);
+    assert!(
+        first.iter().any(|e| e == "web-a") && first.iter().any(|e| e == "web-b"),
+        "flows of different ports spread over both endpoints: {first:?}"
+    );
+    // Forgotten by conntrack, each flow is hashed again to the same endpoint: the choice
+    // is a function of the flow's addresses and ports (a random one would move about
+    // half of them).
+    let flushed =
+        cluster.node.output("conntrack", &["-D", "-p", "udp", "--orig-dst", "10.96.0.124"]);
+    assert!(flushed.status.success() || flushed.status.code() == Some(1), "{flushed:?}");
+    assert_eq!(endpoints(&cluster), first, "{log}");
+    let ruleset = cluster.node.output("nft", &["list", "table", "ip", "kpng"]);
+    let ruleset = String::from_utf8_lossy(&ruleset.stdout);
+    assert!(ruleset.contains("symhash mod 2"), "{ruleset}");
 }
 
 pub fn persistence_sticks_until_its_timeout(dp: Dataplane) {
