@@ -126,8 +126,8 @@ pub struct MemoryApplier {
     pub refuse: Vec<String>,
     /// Tables that exist outside the aggregator.
     pub foreign: Vec<TableKey>,
-    /// What [`Applier::ruleset`] returns.
-    pub listed: String,
+    /// What [`Applier::ruleset`] returns (`None`: listing fails).
+    pub listed: Option<String>,
 }
 
 impl MemoryApplier {
@@ -167,7 +167,7 @@ impl Applier for MemoryApplier {
     }
 
     fn ruleset(&mut self) -> Result<String, NftError> {
-        Ok(self.listed.clone())
+        self.listed.clone().ok_or_else(|| NftError { message: "no ruleset to list".into() })
     }
 }
 

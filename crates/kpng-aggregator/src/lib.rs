@@ -30,7 +30,9 @@
 //! - **Isolation**: when nft refuses a batch, each producer's part is checked alone
 //!   (`nft -c`); a part that fails is rejected with nft's error (which quotes the failing
 //!   command, naming the object) and the rest is committed in one transaction. A rejected
-//!   producer keeps its previous committed state.
+//!   producer keeps its previous committed state, as the kernel lists it: its tables are
+//!   read back (they may have been changed behind the aggregator's back, which is often
+//!   why nft refused), so that its next whole publication recreates what is missing.
 //! - **Ownership**: a producer creates and changes only its own tables; another producer's
 //!   table or a table the aggregator did not create is refused with an error naming the
 //!   producer, the table and its owner. Each table the aggregator creates carries the

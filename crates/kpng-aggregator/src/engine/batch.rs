@@ -5,7 +5,9 @@ use std::time::Instant;
 
 use super::{Aggregator, Batch, Presence, Rejection, rejection};
 use crate::applier::Applier;
-use crate::diff::{Phases, Script};
+use crate::diff::{Phases, Script, comment_owner, owner_comment};
+use crate::model::{State, TableKey};
+use crate::parse::{parse, split_tables};
 
 /// One producer's part of a batch.
 struct Part {
@@ -51,6 +53,7 @@ impl Aggregator {
                 }
             });
         }
+        let refused_before = batch.rejections.len();
         while !parts.is_empty() {
             let mut script = Script::default();
             parts.iter().for_each(|part| script.extend(&part.script));
@@ -91,7 +94,46 @@ impl Aggregator {
                 }
             }
         }
+        let refused: Vec<String> =
+            batch.rejections[refused_before..].iter().map(|r| r.producer.clone()).collect();
+        for producer in refused {
+            self.reread(&producer, applier);
+        }
         batch
+    }
+
+    /// What the kernel holds of `name`'s tables becomes its committed (and desired) state:
+    /// nft refused its change, perhaps because its tables changed behind the aggregator's
+    /// back, and its next publication (a whole one, after a refusal) must be compared with
+    /// what is really there. A listing that fails or does not parse keeps what it was.
+    fn reread(&mut self, name: &str, applier: &mut dyn Applier) {
+        let listed = match applier.ruleset() {
+            Ok(listed) => listed,
+            Err(error) => {
+                tracing::warn!(producer = name, %error, "listing the ruleset after a refusal failed");
+                return;
+            }
+        };
+        let marker = format!("comment \"{}\"", owner_comment(name));
+        let mut found = State::default();
+        for (_, text) in split_tables(&listed).into_iter().filter(|(_, t)| t.contains(&marker)) {
+            match parse(text) {
+                Ok(parsed) => {
+                    let mine = |key: &TableKey| {
+                        parsed.comments.get(key).and_then(|c| comment_owner(c)) == Some(name)
+                    };
+                    found.tables.extend(parsed.state.tables.into_iter().filter(|(k, _)| mine(k)));
+                }
+                Err(error) => {
+                    tracing::warn!(producer = name, %error, "reading the producer's tables back failed");
+                    return;
+                }
+            }
+        }
+        if let Some(producer) = self.producers.get_mut(name) {
+            producer.desired = found.clone();
+            producer.committed = found;
+        }
     }
 
     fn committed(

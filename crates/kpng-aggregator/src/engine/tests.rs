@@ -170,6 +170,28 @@ fn a_publication_that_does_not_apply_is_refused_at_once() {
     assert!(aggregator.publish("nobody", whole(1, "table ip x { }")).is_err());
 }
 
+#[test]
+fn a_table_deleted_behind_the_aggregators_back_is_recreated_by_the_next_whole_state() {
+    let (mut aggregator, mut applier, now) = two_producers();
+    // Someone deletes table ip ta: the kernel lists only tb; nft refuses a's next change.
+    applier.listed = Some("table ip tb {\n\tcomment \"kpng-aggregator producer=b\"\n\tset s {\n\t\ttype ipv4_addr\n\t}\n\n\tchain c {\n\t\tip saddr @s accept\n\t}\n}\n".into());
+    applier.refuse = vec!["ip ta".into()];
+    aggregator.publish("a", add_elements(2, "ta", "s", &["1.1.1.1"])).unwrap();
+    let batch = aggregator.commit(&mut applier, now);
+    assert_eq!(batch.rejections.len(), 1);
+    // The producer publishes its whole state again, as after any refusal: compared with
+    // what the kernel holds, the table is created anew with everything in it.
+    applier.refuse.clear();
+    let text = "table ip ta { set s { type ipv4_addr; elements = { 1.1.1.1 } } chain c { ip saddr @s accept } }";
+    aggregator.publish("a", whole(3, text)).unwrap();
+    let batch = aggregator.commit(&mut applier, now);
+    assert_eq!(batch.acks, [("a".to_string(), 3)]);
+    let script = &applier.transactions.last().unwrap().commands;
+    assert!(script.iter().any(|c| c.starts_with("add table ip ta ")), "{script:?}");
+    assert!(script.contains(&"add element ip ta s { 1.1.1.1 }".to_string()), "{script:?}");
+    assert!(script.contains(&"add rule ip ta c ip saddr @s accept".to_string()), "{script:?}");
+}
+
 mod random_histories {
     use proptest::prelude::*;
 
