@@ -95,6 +95,7 @@ on_every_dataplane!(nft, crate::harness::Dataplane::Nft;
 
 on_every_dataplane!(aggregated, crate::harness::Dataplane::aggregated();
     parity::service_proxy_name_selects_the_services_kpng_proxies,
+    repair::a_rejected_transaction_is_retried_and_the_table_rebuilt,
     annotations::round_robin_takes_the_endpoints_in_turn,
     annotations::hash_persistence_keeps_a_client_on_one_endpoint,
     annotations::symmetric_hash_keeps_each_flow_on_one_endpoint,

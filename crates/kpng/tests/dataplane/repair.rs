@@ -34,11 +34,23 @@ pub fn a_rejected_transaction_is_retried_and_the_table_rebuilt(dp: Dataplane) {
     kpng.write(&web(&[a]));
     wait_until("the failure is logged", || kpng.log().contains("change set failed"));
     let log = kpng.log();
+    // Through an aggregator, nft's refusal comes back as the aggregator's, quoting the
+    // command.
+    let refused = match dp {
+        Dataplane::Aggregated(_) => "the aggregator refused revision",
+        _ => "the kernel rejected `delete element ip kpng",
+    };
     assert!(
-        log.contains("the kernel rejected `delete element ip kpng"),
+        log.contains(refused) && log.contains("delete element ip kpng"),
         "the failing operation is named:\n{log}"
     );
-    // The retry starts from what the kernel holds and converges: only web-a remains.
+    // The retry starts from what the kernel holds and converges: a transaction commits
+    // after the failure, and only web-a remains.
+    wait_until("a transaction commits after the failure", || {
+        let log = kpng.log();
+        let failed = log.find("change set failed").unwrap_or(log.len());
+        log[failed..].contains("nftables transaction committed")
+    });
     wait_until("the table is repaired", || slots(&cluster, dp, "10.96.0.80 . tcp . 80") == 1);
     for _ in 0..8 {
         assert_eq!(answer(&probe()).0, "web-a");
