@@ -46,7 +46,7 @@ pub struct AggregatorTarget {
 
 /// A kernel reached through an nftables aggregator.
 pub struct AggregatorKernel {
-    /// kpng's tables as the aggregator committed them (nft text).
+    /// kpng's tables as last published (nft text).
     state: State,
     /// The revision of the last publication.
     revision: u64,
@@ -56,7 +56,6 @@ pub struct AggregatorKernel {
 /// A publication for the client's thread, and where its outcome goes.
 struct Request {
     publication: Publication,
-    whole: bool,
     reply: mpsc::Sender<Result<(), String>>,
 }
 
@@ -72,11 +71,11 @@ impl AggregatorKernel {
         Ok(AggregatorKernel { state: State::default(), revision: 0, requests })
     }
 
-    fn publish(&mut self, updates: Vec<Update>, whole: bool) -> Result<(), NftError> {
+    fn publish(&mut self, updates: Vec<Update>) -> Result<(), NftError> {
         self.revision += 1;
         let (reply, outcome) = mpsc::channel();
         let publication = Publication { revision: self.revision, updates };
-        let request = Request { publication, whole, reply };
+        let request = Request { publication, reply };
         let gone = || NftError::Aggregator("the publishing thread ended".into());
         self.requests.send(request).map_err(|_| gone())?;
         outcome.recv().map_err(|_| gone())?.map_err(NftError::Aggregator)
@@ -85,20 +84,20 @@ impl AggregatorKernel {
 
 impl Kernel for AggregatorKernel {
     fn commit(&mut self, plan: &Plan<'_>) -> Result<(), NftError> {
-        // On failure the backend plans from nothing next (`read` says `None`), and the
-        // state is replaced whole: what this one holds meanwhile does not matter.
+        // After a failure the backend resyncs, which replaces the state whole: what this
+        // one holds meanwhile does not matter.
         let updates = translate(&mut self.state, plan)?;
         if updates.is_empty() {
             return Ok(());
         }
-        self.publish(updates, false)
+        self.publish(updates)
     }
 
     fn replace(&mut self, plan: &Plan<'_>) -> Result<(), NftError> {
         let mut state = State::default();
         translate(&mut state, plan)?;
         self.state = state.clone();
-        self.publish(vec![Update::Whole(state)], true)
+        self.publish(vec![Update::Whole(state)])
     }
 
     /// What this network namespace's kernel holds of kpng's tables (what the aggregator
@@ -139,7 +138,8 @@ fn serve_requests(target: AggregatorTarget, requests: mpsc::Receiver<Request>) {
         }
     };
     let mut stream: Option<Publisher> = None;
-    for Request { publication, whole, reply } in requests {
+    for Request { publication, reply } in requests {
+        let whole = matches!(publication.updates.first(), Some(Update::Whole(_)));
         let outcome = runtime.block_on(async {
             // A whole publication goes on the open stream too: a new connection under the
             // same name would be refused while the aggregator still holds the old one.
@@ -193,12 +193,12 @@ pub fn translate(state: &mut State, plan: &Plan<'_>) -> Result<Vec<Update>, NftE
     let mut touched: BTreeSet<(TableKey, String)> = BTreeSet::new();
     for (family, command) in &plan.commands {
         let key = table_key(*family);
-        if !matches!(command, Command::AddTable) && !state.tables.contains_key(&key) {
+        let existed = state.tables.contains_key(&key);
+        if !existed && !matches!(command, Command::AddTable) {
             return Err(NftError::Aggregator(format!(
                 "the plan uses table {key} before adding it"
             )));
         }
-        let existed = state.tables.contains_key(&key);
         let table = state.tables.entry(key.clone()).or_default();
         match command {
             Command::AddTable => {
@@ -209,7 +209,7 @@ pub fn translate(state: &mut State, plan: &Plan<'_>) -> Result<Vec<Update>, NftE
             Command::AddSet(decl) => {
                 let name = decl.spec.name.clone();
                 if !table.sets.contains_key(&name) {
-                    let kind = if decl.spec.data.is_some() { SetKind::Map } else { SetKind::Set };
+                    let kind = if decl.is_map() { SetKind::Map } else { SetKind::Set };
                     let set = Set::new(kind, &decl.text, std::iter::empty::<&str>());
                     table.sets.insert(name.clone(), set.clone());
                     updates.push(Update::PutSet { table: key, name, set });
@@ -233,14 +233,7 @@ pub fn translate(state: &mut State, plan: &Plan<'_>) -> Result<Vec<Update>, NftE
             Command::DeleteCtHelper(_) => {}
             Command::AddChain(spec) => {
                 if !table.chains.contains_key(&spec.name) {
-                    let declaration = spec.hook.as_ref().map(|h| {
-                        format!(
-                            "type {} hook {} priority {}; policy accept;",
-                            h.chain_type,
-                            h.name(),
-                            h.priority
-                        )
-                    });
+                    let declaration = spec.hook.as_ref().map(|h| h.declaration());
                     let chain = Chain::new(declaration.as_deref(), std::iter::empty::<&str>());
                     table.chains.insert(spec.name.clone(), chain.clone());
                     updates.push(Update::PutChain { table: key, name: spec.name.clone(), chain });

@@ -143,14 +143,7 @@ fn command_text(out: &mut String, family: Family, command: &Command<'_>) {
         Command::DeleteCtHelper(name) => writeln!(out, "delete ct helper {table} {name}"),
         Command::DeleteSet(name) => writeln!(out, "delete set {table} {name}"),
         Command::AddChain(spec) => match &spec.hook {
-            Some(h) => writeln!(
-                out,
-                "add chain {table} {} {{ type {} hook {} priority {}; policy accept; }}",
-                spec.name,
-                h.chain_type,
-                h.name(),
-                h.priority
-            ),
+            Some(h) => writeln!(out, "add chain {table} {} {{ {} }}", spec.name, h.declaration()),
             None => writeln!(out, "add chain {table} {}", spec.name),
         },
         Command::FlushChain(name) => writeln!(out, "flush chain {table} {name}"),

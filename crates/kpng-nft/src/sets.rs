@@ -38,9 +38,14 @@ pub struct SetDecl {
 }
 
 impl SetDecl {
+    /// Whether it declares a map (its elements map to data).
+    pub fn is_map(&self) -> bool {
+        self.spec.data.is_some()
+    }
+
     /// `set` or `map`.
     pub fn keyword(&self) -> &'static str {
-        if self.spec.data.is_some() { "map" } else { "set" }
+        if self.is_map() { "map" } else { "set" }
     }
 }
 

@@ -122,6 +122,17 @@ impl Hook {
             _ => "postrouting",
         }
     }
+
+    /// The base chain's declaration in nft syntax, with policy accept
+    /// (`type nat hook prerouting priority -100; policy accept;`).
+    pub fn declaration(&self) -> String {
+        format!(
+            "type {} hook {} priority {}; policy accept;",
+            self.chain_type,
+            self.name(),
+            self.priority
+        )
+    }
 }
 
 /// A chain to create.
