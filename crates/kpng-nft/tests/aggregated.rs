@@ -17,7 +17,7 @@ use kpng_nft::objects::table_family;
 use kpng_nft::plan::Plan;
 use kpng_nft::text::element_text;
 use kpng_nft::{Kernel, KernelContents, MemoryKernel, NftBackend, NftError, NftOptions};
-use kpng_testkit::strategies::{Mutation, arb_mutation};
+use kpng_testkit::strategies::{History, arb_mutation};
 use proptest::prelude::*;
 
 /// The in-memory kernel and, beside it, what the aggregator was told.
@@ -125,17 +125,11 @@ proptest! {
         let tee = Tee::default();
         let mut backend = NftBackend::new(NftOptions::default(), Box::new(tee.clone()));
         let mut projector = NodeProjector::new(NODE);
-        let mut model = GlobalModel::new();
-        let mut first = true;
+        let mut model = History::default();
         let mut needs_reset = true;
         for (mutations, event) in history {
-            let mut touched = BTreeSet::new();
-            for m in &mutations {
-                touched.extend(Mutation::apply_to(m, &mut model));
-            }
-            let changes = if first { Changes::All } else { Changes::Touched(touched) };
-            first = false;
-            let ops = projector.update(&model, &changes);
+            let changes = model.step(&mutations);
+            let ops = projector.update(&model.model, &changes);
             let state = projector.state().clone();
             match event {
                 0 => tee.kernel.fail_next(1),
@@ -268,7 +262,7 @@ fn refusals_are_errors_and_the_tables_are_republished_whole() {
     let mut backend =
         NftBackend::new(NftOptions::default(), Box::new(AggregatorKernel::new(target).unwrap()));
     let error = backend.apply(&ChangeSet::full(projector.state())).unwrap_err();
-    let chain = anyhow_chain(&error);
+    let chain = kpng_backend::error_chain(&error);
     assert!(chain.contains("table ip kpng belongs to producer other"), "{chain}");
 
     std::thread::sleep(lease * 3);
@@ -287,16 +281,4 @@ fn refusals_are_errors_and_the_tables_are_republished_whole() {
     assert!(after > before, "{before} -> {after} objects");
     let (report, _) = handle.observe();
     assert_eq!(report.producers["kpng"].stats.publications, 2, "whole, then one change");
-}
-
-/// The error and its sources, as the runner logs them.
-fn anyhow_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }

@@ -17,7 +17,7 @@ use kpng_nft::memory::{MemoryChain, MemoryTables};
 use kpng_nft::objects::{Key, MapName, parse_affinity_slot};
 use kpng_nft::rules::RuleBuilder;
 use kpng_nft::{MemoryKernel, NftBackend, NftOptions};
-use kpng_testkit::strategies::{Mutation, arb_mutation};
+use kpng_testkit::strategies::{History, arb_mutation};
 use proptest::prelude::*;
 
 /// What happens around one change set.
@@ -248,17 +248,11 @@ proptest! {
         let kernel = MemoryKernel::new();
         let mut backend = NftBackend::new(NftOptions::default(), Box::new(kernel.clone()));
         let mut projector = NodeProjector::new(NODE);
-        let mut model = GlobalModel::new();
-        let mut first = true;
+        let mut model = History::default();
         let mut needs_reset = true;
         for (mutations, event) in history {
-            let mut touched = BTreeSet::new();
-            for m in &mutations {
-                touched.extend(Mutation::apply_to(m, &mut model));
-            }
-            let changes = if first { Changes::All } else { Changes::Touched(touched) };
-            first = false;
-            let ops = projector.update(&model, &changes);
+            let changes = model.step(&mutations);
+            let ops = projector.update(&model.model, &changes);
             let state = projector.state().clone();
             match event {
                 Event::Apply => {}

@@ -42,6 +42,29 @@ impl Mutation {
     }
 }
 
+/// A model changed by random histories, a batch of mutations at a time.
+#[derive(Debug, Default)]
+pub struct History {
+    /// The model after the batches so far.
+    pub model: kpng_model::GlobalModel,
+    started: bool,
+}
+
+impl History {
+    /// Applies `mutations`; returns what a projection must look at: everything after the
+    /// first batch, then what each batch touched.
+    pub fn step(&mut self, mutations: &[Mutation]) -> kpng_model::Changes {
+        let mut touched = std::collections::BTreeSet::new();
+        for mutation in mutations {
+            touched.extend(mutation.apply_to(&mut self.model));
+        }
+        match std::mem::replace(&mut self.started, true) {
+            false => kpng_model::Changes::All,
+            true => kpng_model::Changes::Touched(touched),
+        }
+    }
+}
+
 /// The model `mutations` build from nothing.
 pub fn build(mutations: &[Mutation]) -> kpng_model::GlobalModel {
     let mut model = kpng_model::GlobalModel::new();
