@@ -66,14 +66,6 @@ impl Changes {
         }
     }
 
-    /// Whether nothing was touched.
-    pub fn is_empty(&self) -> bool {
-        self.tables.is_empty()
-            && self.chains.is_empty()
-            && self.sets.is_empty()
-            && self.elements.is_empty()
-    }
-
     fn whole_table(&self, key: &TableKey) -> bool {
         self.tables.contains(key)
     }
@@ -125,13 +117,13 @@ impl Changes {
     /// chains that use a set being declared anew (nft requires them rewritten).
     fn parts(&self, key: &TableKey, have: &Table, want: &Table) -> (Table, Table) {
         let (mut have_part, mut want_part) = (Table::default(), Table::default());
-        for (_, name) in self.sets.range(range_of(key)).take_while(|(k, _)| k == key) {
-            have.sets.get(name).map(|s| have_part.sets.insert(name.clone(), s.clone()));
-            want.sets.get(name).map(|s| want_part.sets.insert(name.clone(), s.clone()));
+        for name in names_in(&self.sets, key) {
+            copy_entry(&have.sets, &mut have_part.sets, name);
+            copy_entry(&want.sets, &mut want_part.sets, name);
         }
-        for (_, name) in self.chains.range(range_of(key)).take_while(|(k, _)| k == key) {
-            have.chains.get(name).map(|c| have_part.chains.insert(name.clone(), c.clone()));
-            want.chains.get(name).map(|c| want_part.chains.insert(name.clone(), c.clone()));
+        for name in names_in(&self.chains, key) {
+            copy_entry(&have.chains, &mut have_part.chains, name);
+            copy_entry(&want.chains, &mut want_part.chains, name);
         }
         let redeclared: Vec<&String> = want_part
             .sets
@@ -152,7 +144,7 @@ impl Changes {
                     .any(|r| redeclared.iter().any(|s| crate::diff::references(r, s)));
                 if uses && !want_part.chains.contains_key(name) {
                     want_part.chains.insert(name.clone(), chain.clone());
-                    have.chains.get(name).map(|c| have_part.chains.insert(name.clone(), c.clone()));
+                    copy_entry(&have.chains, &mut have_part.chains, name);
                 }
             }
         }
@@ -170,24 +162,14 @@ impl Changes {
             };
         }
         for (key, name) in self.chains.iter().filter(|(key, _)| !self.whole_table(key)) {
-            let (Some(source), Some(target)) = (from.tables.get(key), to.tables.get_mut(key))
-            else {
-                continue;
-            };
-            match source.chains.get(name) {
-                Some(chain) => target.chains.insert(name.clone(), chain.clone()),
-                None => target.chains.remove(name),
-            };
+            if let (Some(source), Some(target)) = (from.tables.get(key), to.tables.get_mut(key)) {
+                copy_entry(&source.chains, &mut target.chains, name);
+            }
         }
         for (key, name) in self.sets.iter().filter(|(key, _)| !self.whole_table(key)) {
-            let (Some(source), Some(target)) = (from.tables.get(key), to.tables.get_mut(key))
-            else {
-                continue;
-            };
-            match source.sets.get(name) {
-                Some(set) => target.sets.insert(name.clone(), set.clone()),
-                None => target.sets.remove(name),
-            };
+            if let (Some(source), Some(target)) = (from.tables.get(key), to.tables.get_mut(key)) {
+                copy_entry(&source.sets, &mut target.sets, name);
+            }
         }
         for ((key, name), touched) in &self.elements {
             if self.whole_table(key) || self.sets.contains(&(key.clone(), name.clone())) {
@@ -210,4 +192,20 @@ impl Changes {
 /// Where the objects of table `key` start in a map or set keyed by `(table, name)`.
 fn range_of(key: &TableKey) -> std::ops::RangeFrom<Object> {
     (key.clone(), String::new())..
+}
+
+/// The names of the objects of table `key` in `objects`.
+fn names_in<'a>(
+    objects: &'a BTreeSet<Object>,
+    key: &'a TableKey,
+) -> impl Iterator<Item = &'a String> {
+    objects.range(range_of(key)).take_while(move |(k, _)| k == key).map(|(_, name)| name)
+}
+
+/// Makes entry `name` of `to` what it is in `from` (absent if absent).
+fn copy_entry<T: Clone>(from: &BTreeMap<String, T>, to: &mut BTreeMap<String, T>, name: &str) {
+    match from.get(name) {
+        Some(value) => to.insert(name.to_string(), value.clone()),
+        None => to.remove(name),
+    };
 }

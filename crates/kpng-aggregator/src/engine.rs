@@ -129,35 +129,18 @@ impl Aggregator {
     /// lease from `now`; every other table is foreign and refused to producers. Flushes
     /// nothing. Returns the producers adopted.
     pub fn adopt(&mut self, listed: &str, now: Instant) -> Result<Vec<String>, ParseError> {
-        let mut adopted = BTreeSet::new();
-        for (key, text) in split_tables(listed) {
-            // Only the aggregator's own tables are read; any other is foreign, whatever
-            // it holds.
-            if !text.contains(&format!("comment \"{OWNER_COMMENT}")) {
-                self.foreign.insert(key);
-                continue;
-            }
-            let parsed = parse(text)?;
-            for (key, table) in parsed.state.tables {
-                let owner = parsed.comments.get(&key).and_then(|c| comment_owner(c));
-                match owner.filter(|name| check_name("producer", name).is_ok()) {
-                    Some(name) => {
-                        let until = Presence::Leased(now + self.lease);
-                        let producer = self
-                            .producers
-                            .entry(name.to_string())
-                            .or_insert_with(|| Producer::new(until));
-                        producer.desired.tables.insert(key.clone(), table.clone());
-                        producer.committed.tables.insert(key, table);
-                        adopted.insert(name.to_string());
-                    }
-                    None => {
-                        self.foreign.insert(key);
-                    }
-                }
+        let (owned, foreign) = owned_tables(listed)?;
+        self.foreign.extend(foreign);
+        for (name, state) in &owned {
+            let until = Presence::Leased(now + self.lease);
+            let producer =
+                self.producers.entry(name.clone()).or_insert_with(|| Producer::new(until));
+            for (key, table) in &state.tables {
+                producer.desired.tables.insert(key.clone(), table.clone());
+                producer.committed.tables.insert(key.clone(), table.clone());
             }
         }
-        Ok(adopted.into_iter().collect())
+        Ok(owned.into_keys().collect())
     }
 
     /// A producer connects: it may publish from now on, and its lease (if any) stops.
@@ -203,24 +186,15 @@ impl Aggregator {
         };
         let mut changes = Changes::default();
         let mut undo = Vec::new();
-        let mut failed = None;
-        for update in updates {
-            if let Err(error) = update.validate() {
-                failed = Some(error);
-                break;
-            }
+        let applied = updates.into_iter().try_for_each(|update| {
+            update.validate()?;
             changes.record(&update, &producer.desired);
-            match producer.desired.apply_undoable(update) {
-                Ok(step) => undo.push(step),
-                Err(error) => {
-                    failed = Some(error);
-                    break;
-                }
-            }
-        }
-        let conflict = match failed {
-            Some(error) => Some((String::new(), error.to_string())),
-            None => self.table_conflict(name, &changes),
+            undo.push(producer.desired.apply_undoable(update)?);
+            Ok::<_, ModelError>(())
+        });
+        let conflict = match applied {
+            Err(error) => Some((String::new(), error.to_string())),
+            Ok(()) => self.table_conflict(name, &changes),
         };
         let Some(producer) = self.producers.get_mut(name) else {
             return Err(reject(String::new(), Refusal::NotConnected(name.to_string()).to_string()));
@@ -307,6 +281,31 @@ impl Aggregator {
     pub fn has_pending(&self) -> bool {
         self.producers.values().any(|p| p.pending.is_some())
     }
+}
+
+/// The tables of a ruleset listing (`nft -s list ruleset`): those marked with the
+/// aggregator's comment by producer, and the foreign ones (any other, whatever it holds:
+/// only the aggregator's own tables are read).
+fn owned_tables(listed: &str) -> Result<(BTreeMap<String, State>, Vec<TableKey>), ParseError> {
+    let mut owned: BTreeMap<String, State> = BTreeMap::new();
+    let mut foreign = Vec::new();
+    for (key, text) in split_tables(listed) {
+        if !text.contains(&format!("comment \"{OWNER_COMMENT}")) {
+            foreign.push(key);
+            continue;
+        }
+        let parsed = parse(text)?;
+        for (key, table) in parsed.state.tables {
+            let owner = parsed.comments.get(&key).and_then(|c| comment_owner(c));
+            match owner.filter(|name| check_name("producer", name).is_ok()) {
+                Some(name) => {
+                    owned.entry(name.to_string()).or_default().tables.insert(key, table);
+                }
+                None => foreign.push(key),
+            }
+        }
+    }
+    Ok((owned, foreign))
 }
 
 mod batch;

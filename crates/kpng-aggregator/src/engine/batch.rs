@@ -5,9 +5,7 @@ use std::time::Instant;
 
 use super::{Aggregator, Batch, Presence, Rejection, rejection};
 use crate::applier::Applier;
-use crate::diff::{Phases, Script, comment_owner, owner_comment};
-use crate::model::{State, TableKey};
-use crate::parse::{parse, split_tables};
+use crate::diff::{Phases, Script};
 
 /// One producer's part of a batch.
 struct Part {
@@ -114,22 +112,13 @@ impl Aggregator {
                 return;
             }
         };
-        let marker = format!("comment \"{}\"", owner_comment(name));
-        let mut found = State::default();
-        for (_, text) in split_tables(&listed).into_iter().filter(|(_, t)| t.contains(&marker)) {
-            match parse(text) {
-                Ok(parsed) => {
-                    let mine = |key: &TableKey| {
-                        parsed.comments.get(key).and_then(|c| comment_owner(c)) == Some(name)
-                    };
-                    found.tables.extend(parsed.state.tables.into_iter().filter(|(k, _)| mine(k)));
-                }
-                Err(error) => {
-                    tracing::warn!(producer = name, %error, "reading the producer's tables back failed");
-                    return;
-                }
+        let found = match super::owned_tables(&listed) {
+            Ok((mut owned, _)) => owned.remove(name).unwrap_or_default(),
+            Err(error) => {
+                tracing::warn!(producer = name, %error, "reading the producer's tables back failed");
+                return;
             }
-        }
+        };
         if let Some(producer) = self.producers.get_mut(name) {
             producer.desired = found.clone();
             producer.committed = found;
