@@ -7,8 +7,6 @@
 //! when an update was due to its acknowledgement (or to the producer's own commit).
 
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -104,17 +102,7 @@ fn initial_script(producers: usize) -> String {
 }
 
 fn nft(script: &str) -> anyhow::Result<()> {
-    let mut child = Command::new("nft")
-        .args(["-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("running nft")?;
-    child.stdin.take().context("nft's input")?.write_all(script.as_bytes())?;
-    let out = child.wait_with_output()?;
-    anyhow::ensure!(out.status.success(), "nft: {}", String::from_utf8_lossy(&out.stderr));
-    Ok(())
+    crate::feed("nft", &["-f", "-"], script)
 }
 
 fn delete_tables(producers: usize) {

@@ -8,7 +8,6 @@ use std::io::Write as _;
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use anyhow::Context;
 use kpng_model::{Family, LocalState};
 
 use crate::table::percentiles;
@@ -90,19 +89,7 @@ pub fn restore(text: &str, times: usize) -> anyhow::Result<Option<f64>> {
     let mut samples = Vec::new();
     for _ in 0..times.max(1) {
         let start = Instant::now();
-        let mut child = Command::new("iptables-restore")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .context("running iptables-restore")?;
-        child.stdin.take().context("no stdin")?.write_all(text.as_bytes())?;
-        let out = child.wait_with_output()?;
-        anyhow::ensure!(
-            out.status.success(),
-            "iptables-restore failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        crate::feed("iptables-restore", &[], text)?;
         samples.push(start.elapsed());
     }
     // Leave the namespace's nat table empty again.

@@ -391,6 +391,29 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Runs `program` with `args` and `input` on its standard input; an error with its
+/// standard error when it fails.
+fn feed(program: &str, args: &[&str], input: &str) -> anyhow::Result<()> {
+    use anyhow::Context;
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("running {program}"))?;
+    child.stdin.take().context("the child's input")?.write_all(input.as_bytes())?;
+    let out = child.wait_with_output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "{program} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
 /// The running kernel's release.
 fn kernel_release() -> String {
     std::fs::read_to_string("/proc/sys/kernel/osrelease").map_or("?".into(), |s| s.trim().into())
