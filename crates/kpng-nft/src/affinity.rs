@@ -34,14 +34,46 @@
 //! `symhash mod N == j` / `jhash <persistence key> mod N seed 0x0 == j` (no stickiness:
 //! the hash is the persistence). Whatever the scheduler, the last live slot's rule has no
 //! condition: it takes what the others left.
+//!
+//! A group of a `mode: stlsdnat` service is stateless: conntrack never sees its packets,
+//! so nothing is NATed and every packet of a flow must choose the same way. Two base
+//! chains of its own, `aff_<hash>_prerouting` (filter, prerouting) and `aff_<hash>_output`
+//! (route, output), both at priority -300 (before conntrack), send the packets to the
+//! service port's ClusterIP through `notrack` into the entry chain, which picks a slot by
+//! hash (`symhash` for `scheduler: symhash`, else `jhash` of the persistence key, source
+//! address and port when unset); the slot chain rewrites destination address and port in
+//! the packet (checksums updated). In the prerouting chain, each live slot's replies
+//! (source = that endpoint and port) are rewritten back to the ClusterIP and port, also
+//! untracked:
+//!
+//! ```text
+//! chain aff_h_prerouting { type filter hook prerouting priority -300;
+//!                          ip daddr <cluster IP> tcp dport <port> notrack goto aff_h
+//!                          ip saddr <endpoint i> tcp sport <target port> notrack
+//!                              ip saddr set <cluster IP> tcp sport set <port> ... }
+//! chain aff_h_i          { ip daddr set <endpoint i> tcp dport set <target port> }
+//! ```
+//!
+//! Both directions must therefore pass through this node (like `dnat`, the endpoint sees
+//! the client's address and must answer through the node), and an endpoint's packets from
+//! its target port are taken for replies of the ClusterIP: that is why a stlsdnat
+//! service's external IPs, load-balancer IPs and NodePorts are rejected rather than served
+//! statefully (their replies would be rewritten too). Log, helper and `rr` need conntrack
+//! or per-flow state and are reported unsupported with this mode.
 
 use kpng_model::global::{Helper, LogPath, PersistenceKey, Scheduler};
 use kpng_model::{Family, Protocol};
-use kpng_netlink::nftables::objects::CtHelperSpec;
+use kpng_netlink::nftables::ChainSpec;
+use kpng_netlink::nftables::objects::{CtHelperSpec, Hook};
 
-use crate::objects::{affinity_chain, affinity_slot};
+use crate::objects::{Dest, affinity_chain, affinity_slot};
 use crate::rules::{Field, Rule, RuleBuilder, protocol_keyword, protocol_number};
 use crate::slots::Target;
+
+/// The priority of a stateless group's base chains: before conntrack (-200), as `raw`.
+pub const STATELESS_PRIORITY: i32 = -300;
+const PREROUTING: u32 = 0;
+const OUTPUT: u32 = 3;
 
 /// How a group chooses and treats a new connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,6 +93,8 @@ pub struct GroupPolicy {
     pub log: Option<(LogPath, String)>,
     /// A conntrack helper for the connections (on the ports of a protocol it serves).
     pub helper: Option<Helper>,
+    /// Stateless DNAT (`stlsdnat`): packets are rewritten without conntrack.
+    pub stateless: bool,
 }
 
 impl GroupPolicy {
@@ -74,6 +108,7 @@ impl GroupPolicy {
             mark: 0,
             log: None,
             helper: None,
+            stateless: false,
         }
     }
 }
@@ -133,6 +168,8 @@ pub struct AffinityGroup {
     pub slots: Vec<Option<Target>>,
     /// How new connections are chosen and treated.
     pub policy: GroupPolicy,
+    /// For a stateless group: the ClusterIP destination whose packets it rewrites.
+    pub stateless: Option<Dest>,
 }
 
 impl AffinityGroup {
@@ -203,6 +240,10 @@ impl AffinityGroup {
     /// The rule of slot `i`'s chain; `None` for a hole.
     pub fn slot_rule(&self, i: usize) -> Option<Rule> {
         let (ip, port) = self.slots.get(i).copied().flatten()?;
+        if self.stateless.is_some() {
+            let rule = RuleBuilder::new(self.family).address_set(false, ip);
+            return Some(rule.port_set(self.protocol, false, port).end());
+        }
         let set = affinity_slot(self.hash, i);
         let rule = RuleBuilder::new(self.family).protocol(self.protocol);
         let rule = match self.policy.sticky {
@@ -212,14 +253,50 @@ impl AffinityGroup {
         Some(rule.dnat_to(ip, port))
     }
 
-    /// Every chain of the group with its rules: the entry chain, then each live slot.
-    pub fn chains(&self) -> Vec<(String, Vec<Rule>)> {
-        let mut chains = vec![(self.chain(), self.entry_rules())];
+    /// Every chain of the group with its rules: the entry chain, each live slot, and a
+    /// stateless group's base chains.
+    pub fn chains(&self) -> Vec<(ChainSpec, Vec<Rule>)> {
+        let chain = |name: String| ChainSpec { name, hook: None };
+        let mut chains = vec![(chain(self.chain()), self.entry_rules())];
         for (i, _) in self.live() {
             let rule = self.slot_rule(i).into_iter().collect();
-            chains.push((affinity_slot(self.hash, i), rule));
+            chains.push((chain(affinity_slot(self.hash, i)), rule));
         }
+        chains.extend(self.stateless_chains());
         chains
+    }
+
+    /// A stateless group's base chains: requests to its ClusterIP port go untracked to the
+    /// entry chain, replies of each live slot are rewritten back to it (prerouting only:
+    /// the node's own sockets receive replies through prerouting too).
+    fn stateless_chains(&self) -> Vec<(ChainSpec, Vec<Rule>)> {
+        let Some(dest) = self.stateless else { return Vec::new() };
+        let r = || RuleBuilder::new(self.family);
+        let single = |ip| ipnet::IpNet::from(ip);
+        let request = r()
+            .address_in(false, single(dest.ip), false)
+            .port_is(dest.protocol, false, dest.port)
+            .notrack()
+            .goto(self.chain());
+        let mut prerouting = vec![request.clone()];
+        for (_, (ip, port)) in self.live() {
+            let reply = r()
+                .address_in(true, single(ip), false)
+                .port_is(dest.protocol, true, port)
+                .notrack()
+                .address_set(true, dest.ip)
+                .port_set(dest.protocol, true, dest.port)
+                .end();
+            prerouting.push(reply);
+        }
+        let base = |name: &str, chain_type, num| ChainSpec {
+            name: format!("{}_{name}", self.chain()),
+            hook: Some(Hook { chain_type, num, priority: STATELESS_PRIORITY }),
+        };
+        vec![
+            (base("prerouting", "filter", PREROUTING), prerouting),
+            (base("output", "route", OUTPUT), vec![request]),
+        ]
     }
 }
 
@@ -238,6 +315,7 @@ mod tests {
                 .map(|s| s.map(|n| (std::net::IpAddr::from([10, 0, 0, n]), 80)))
                 .collect(),
             policy: GroupPolicy::client_ip(),
+            stateless: None,
         }
     }
 

@@ -18,7 +18,7 @@ use std::sync::atomic::Ordering;
 use ipnet::IpNet;
 use kpng_backend::proxy::LocalDetection;
 use kpng_backend::{Backend, BackendError, ChangeSet, Target};
-use kpng_model::global::{AnnotationKey, LoadBalancing, NatMode};
+use kpng_model::global::{AnnotationKey, LoadBalancing, NatMode, Scheduler};
 use kpng_model::local::LocalServiceState;
 use kpng_model::{Family, LocalNode, ServiceKey};
 
@@ -407,11 +407,22 @@ fn large_counts<'e>(
 impl Backend for NftBackend {
     fn unsupported(&self, lb: &LoadBalancing) -> Vec<(AnnotationKey, &'static str)> {
         let mut out = Vec::new();
-        if let Some(mode @ (NatMode::StatelessDnat | NatMode::Dsr)) = lb.mode {
-            out.push((AnnotationKey::Mode, mode.as_str()));
+        if lb.mode == Some(NatMode::Dsr) {
+            out.push((AnnotationKey::Mode, NatMode::Dsr.as_str()));
         }
-        if let Some(helper) = lb.helper.filter(|_| !self.kernel.ct_helpers()) {
+        let stateless = lb.mode == Some(NatMode::StatelessDnat);
+        if let Some(helper) = lb.helper.filter(|_| stateless || !self.kernel.ct_helpers()) {
             out.push((AnnotationKey::Helper, helper.as_str()));
+        }
+        if stateless {
+            // Without conntrack there are no connections to log or to take turns, and
+            // every packet of a flow must hash the same way.
+            if let Some(log) = lb.log {
+                out.push((AnnotationKey::Log, log.as_str()));
+            }
+            if let Some(Scheduler::RoundRobin) = lb.scheduler {
+                out.push((AnnotationKey::Scheduler, Scheduler::RoundRobin.as_str()));
+            }
         }
         out
     }

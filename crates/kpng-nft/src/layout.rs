@@ -94,9 +94,8 @@ impl Layout {
 /// The chains and sets of one affinity group.
 pub fn add_group(wanted: &mut Wanted, group: &AffinityGroup) {
     let family = group.family;
-    for (name, rules) in group.chains() {
-        let spec = ChainSpec { name: name.clone(), hook: None };
-        wanted.chains.insert((family, name), (spec, rules));
+    for (spec, rules) in group.chains() {
+        wanted.chains.insert((family, spec.name.clone()), (spec, rules));
     }
     if let Some(object) = group.helper_object() {
         wanted.helpers.insert((family, object.name.clone()), object);

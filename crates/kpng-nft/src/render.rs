@@ -57,10 +57,29 @@ impl NodeFacts {
 /// The policy and timeout of a service's groups, when the service needs chains of its own:
 /// ClientIP affinity, or load-balancing settings `to-nft` enforces (see [`GroupPolicy`]).
 /// The `persistence` annotation wins over ClientIP affinity; `scheduler: hash` hashes it
-/// (`srcip` when unset) instead of sticking to it. The modes `stlsdnat` and `dsr` are not
-/// enforced (the backend says so once per service), so alone they give none.
+/// (`srcip` when unset) instead of sticking to it. `mode: stlsdnat` makes the groups
+/// stateless: every packet is hashed (`symhash`, or `jhash` of the persistence key, source
+/// address and port when unset), without stickiness, logging or helper. The mode `dsr` is
+/// not enforced (the backend says so once per service), so alone it gives none.
 pub fn group_policy(svc: &LocalService, facts: &NodeFacts) -> Option<(GroupPolicy, u32)> {
     let lb = &svc.load_balancing;
+    if lb.mode == Some(NatMode::StatelessDnat) {
+        let scheduler = match lb.scheduler {
+            Some(Scheduler::SymmetricHash) => Scheduler::SymmetricHash,
+            _ => Scheduler::Hash,
+        };
+        let policy = GroupPolicy {
+            sticky: None,
+            scheduler: Some(scheduler),
+            hash_key: lb.persistence.map_or(PersistenceKey::SrcIpSrcPort, |p| p.key),
+            masquerade: None,
+            mark: facts.masquerade_mark,
+            log: None,
+            helper: None,
+            stateless: true,
+        };
+        return Some((policy, 0));
+    }
     let hashed = lb.scheduler == Some(Scheduler::Hash);
     let (sticky, timeout) = match (hashed, lb.persistence, svc.affinity_timeout_seconds) {
         (true, _, _) => (None, 0),
@@ -81,6 +100,7 @@ pub fn group_policy(svc: &LocalService, facts: &NodeFacts) -> Option<(GroupPolic
         mark: facts.masquerade_mark,
         log: lb.log.map(|path| (path, format!("kpng {} ", svc.key))),
         helper: lb.helper.filter(|_| !facts.without_helpers),
+        stateless: false,
     };
     let plain = policy.sticky.is_none()
         && policy.scheduler.is_none()
@@ -107,6 +127,8 @@ struct Out<'a> {
     service: &'a ServiceKey,
     /// The policy and timeout of the service's groups, when it has groups.
     affinity: Option<(GroupPolicy, u32)>,
+    /// The current port's ClusterIP destination.
+    cluster_dest: Option<Dest>,
     /// The current port's groups, by set.
     cluster_group: Option<GroupKey>,
     local_group: Option<GroupKey>,
@@ -136,6 +158,7 @@ impl Out<'_> {
             if !self.groups.iter().any(|g| g.hash == hash) {
                 let protocol = group.protocol;
                 let slots = slots.to_vec();
+                let stateless = self.cluster_dest.filter(|_| policy.stateless);
                 self.groups.push(AffinityGroup {
                     hash,
                     family: self.family,
@@ -143,6 +166,7 @@ impl Out<'_> {
                     timeout,
                     slots,
                     policy,
+                    stateless,
                 });
             }
         } else {
@@ -240,6 +264,7 @@ pub fn render_service(state: &LocalServiceState, node: &NodeFacts, previous: &Sl
         slots: Slots::new(),
         service: &svc.key,
         affinity: group_policy(svc, node),
+        cluster_dest: None,
         cluster_group: None,
         local_group: None,
         groups: Vec::new(),
@@ -288,7 +313,11 @@ fn render_port(
     // ClusterIP.
     let Some(cluster_ip) = svc.cluster_ip(family) else { return };
     let dest = Dest { ip: cluster_ip, protocol: port.protocol, port: port.port };
+    out.cluster_dest = Some(dest);
     let held = |ip: &IpAddr| !port.yielded.contains(ip);
+    // A stateless service's endpoints answer as its ClusterIP whatever the client asked
+    // for: its other destinations cannot be served, and say so.
+    let stateless = out.affinity.as_ref().is_some_and(|(policy, _)| policy.stateless);
     let (kind, dests, slots) = if svc.internal_local {
         (PickKind::Local, MapName::LocalDests, &local_slots)
     } else {
@@ -307,6 +336,10 @@ fn render_port(
     // External IPs and load-balancer IPs.
     for ip in of_family(&svc.external_ips).iter().chain(&lb_ips).filter(|ip| held(ip)) {
         let key = Key::Dest(Dest { ip: *ip, protocol: port.protocol, port: port.port });
+        if stateless {
+            out.member(MapName::RejectDests, key);
+            continue;
+        }
         external(out, svc.external_local, key, &cluster_slots, &local_slots, has_endpoints);
     }
     let ranges: Vec<IpNet> = svc
@@ -334,6 +367,10 @@ fn render_port(
     // NodePort.
     if let Some(node_port) = port.node_port {
         let key = Key::NodePort(port.protocol, node_port);
+        if stateless {
+            out.member(MapName::RejectNodePorts, key);
+            return;
+        }
         external(out, svc.external_local, key, &cluster_slots, &local_slots, has_endpoints);
     }
 }

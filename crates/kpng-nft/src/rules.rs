@@ -13,8 +13,9 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use kpng_model::{Family, Protocol};
 use kpng_netlink::nftables::expr::{
-    CmpOp, CtKey, Expr, FIB_DADDR, FIB_RESULT_ADDRTYPE, FIB_SADDR, MetaKey, NAT_PROTO_SPECIFIED,
-    NAT_RANDOM_FULLY, NatKind, PayloadBase, REJECT_ICMP_UNREACH, Register, Verdict,
+    CSUM_INET, CSUM_L4_PSEUDOHDR, CSUM_NONE, CSUM_SCTP, CmpOp, CtKey, Expr, FIB_DADDR,
+    FIB_RESULT_ADDRTYPE, FIB_SADDR, MetaKey, NAT_PROTO_SPECIFIED, NAT_RANDOM_FULLY, NatKind,
+    PayloadBase, REJECT_ICMP_UNREACH, Register, Verdict,
 };
 
 /// One rule: its nft text and its expressions.
@@ -120,12 +121,15 @@ pub struct RuleBuilder {
     family: Family,
     text: Vec<String>,
     exprs: Vec<Expr>,
+    /// The transport protocol the rule already matched: a port match or rewrite of that
+    /// protocol needs no `meta l4proto` check of its own (nft adds one only when missing).
+    l4proto: Option<u8>,
 }
 
 impl RuleBuilder {
     /// An empty rule for `family`'s table.
     pub fn new(family: Family) -> Self {
-        RuleBuilder { family, text: Vec::new(), exprs: Vec::new() }
+        RuleBuilder { family, text: Vec::new(), exprs: Vec::new(), l4proto: None }
     }
 
     fn say(mut self, text: impl Into<String>, exprs: impl IntoIterator<Item = Expr>) -> Self {
@@ -428,12 +432,90 @@ impl RuleBuilder {
     }
 
     /// `meta l4proto <protocol>`.
-    pub fn protocol(self, protocol: Protocol) -> Self {
+    pub fn protocol(mut self, protocol: Protocol) -> Self {
+        self.l4proto = Some(protocol_number(protocol));
         let exprs = [
             Expr::Meta { key: MetaKey::L4Proto, dreg: 1 },
             Expr::Cmp { sreg: 1, op: CmpOp::Eq, data: vec![protocol_number(protocol)] },
         ];
         self.say(format!("meta l4proto {}", protocol.as_str().to_ascii_lowercase()), exprs)
+    }
+
+    /// The `meta l4proto` check a port of `protocol` depends on, unless the rule made it.
+    fn depend_on(&mut self, protocol: Protocol) -> Vec<Expr> {
+        let number = protocol_number(protocol);
+        if self.l4proto == Some(number) {
+            return Vec::new();
+        }
+        self.l4proto = Some(number);
+        vec![
+            Expr::Meta { key: MetaKey::L4Proto, dreg: 1 },
+            Expr::Cmp { sreg: 1, op: CmpOp::Eq, data: vec![number] },
+        ]
+    }
+
+    /// `<protocol> sport|dport <port>`.
+    pub fn port_is(mut self, protocol: Protocol, source: bool, port: u16) -> Self {
+        let mut exprs = self.depend_on(protocol);
+        let offset = if source { 0 } else { 2 };
+        exprs.push(Expr::Payload { base: PayloadBase::Transport, offset, len: 2, dreg: 1 });
+        exprs.push(Expr::Cmp { sreg: 1, op: CmpOp::Eq, data: port.to_be_bytes().to_vec() });
+        let keyword = protocol_keyword(protocol_number(protocol));
+        let field = if source { "sport" } else { "dport" };
+        self.say(format!("{keyword} {field} {port}"), exprs)
+    }
+
+    /// `<protocol> sport|dport set <port>`: rewrites a port in the packet, updating the
+    /// transport checksum (SCTP's CRC32c for SCTP).
+    pub fn port_set(mut self, protocol: Protocol, source: bool, port: u16) -> Self {
+        let mut exprs = self.depend_on(protocol);
+        let (csum_type, csum_offset) = match protocol {
+            Protocol::Tcp => (CSUM_INET, 16),
+            Protocol::Udp => (CSUM_INET, 6),
+            Protocol::Sctp => (CSUM_SCTP, 8),
+        };
+        exprs.push(Expr::Immediate { dreg: 1, data: port.to_be_bytes().to_vec() });
+        exprs.push(Expr::PayloadSet {
+            base: PayloadBase::Transport,
+            offset: if source { 0 } else { 2 },
+            len: 2,
+            sreg: 1,
+            csum_type,
+            csum_offset,
+            csum_flags: 0,
+        });
+        let keyword = protocol_keyword(protocol_number(protocol));
+        let field = if source { "sport" } else { "dport" };
+        self.say(format!("{keyword} {field} set {port}"), exprs)
+    }
+
+    /// `<ip> saddr|daddr set <address>`: rewrites an address in the packet, updating the
+    /// IPv4 header checksum and the transport checksum's pseudo-header.
+    pub fn address_set(self, source: bool, ip: IpAddr) -> Self {
+        let family = self.family;
+        let (csum_type, csum_offset) = match family {
+            Family::V4 => (CSUM_INET, 10),
+            Family::V6 => (CSUM_NONE, 0),
+        };
+        let exprs = [
+            Expr::Immediate { dreg: 1, data: ip_bytes(&ip) },
+            Expr::PayloadSet {
+                base: PayloadBase::Network,
+                offset: addr_offset(family, source),
+                len: addr_len(family),
+                sreg: 1,
+                csum_type,
+                csum_offset,
+                csum_flags: CSUM_L4_PSEUDOHDR,
+            },
+        ];
+        let field = if source { "saddr" } else { "daddr" };
+        self.say(format!("{} {field} set {ip}", ip_keyword(family)), exprs)
+    }
+
+    /// `notrack`: connection tracking never sees the packet.
+    pub fn notrack(self) -> Self {
+        self.say("notrack", [Expr::Notrack])
     }
 
     /// `update @<set> { ip saddr }`: remember the client in a dynamic set.
@@ -564,6 +646,72 @@ mod tests {
         assert_eq!(
             rule.text,
             "ip6 daddr . meta l4proto . th dport . numgen random mod 3 @x accept"
+        );
+    }
+
+    #[test]
+    fn rewrites_are_what_nft_makes_of_their_text() {
+        let shown =
+            |rule: &Rule| -> Vec<String> { rule.exprs.iter().map(ToString::to_string).collect() };
+        // nft --debug=netlink of `ip daddr set 10.0.0.5 udp dport set 8080`.
+        let request = RuleBuilder::new(Family::V4)
+            .address_set(false, "10.0.0.5".parse().unwrap())
+            .port_set(Protocol::Udp, false, 8080)
+            .end();
+        assert_eq!(request.text, "ip daddr set 10.0.0.5 udp dport set 8080");
+        assert_eq!(
+            shown(&request),
+            [
+                "immediate reg 1 0x0500000a",
+                "payload write reg 1 => 4b @ network header + 16 csum_type 1 csum_off 10 csum_flags 0x1",
+                "meta load l4proto => reg 1",
+                "cmp eq reg 1 0x00000011",
+                "immediate reg 1 0x0000901f",
+                "payload write reg 1 => 2b @ transport header + 2 csum_type 1 csum_off 6 csum_flags 0x0",
+            ]
+        );
+        // ... of `ip saddr 10.0.0.5 tcp sport 8080 notrack ip saddr set 10.96.0.1 tcp sport
+        // set 80`: the port rewrite relies on the match's protocol check.
+        let reply = RuleBuilder::new(Family::V4)
+            .address_in(true, "10.0.0.5/32".parse().unwrap(), false)
+            .port_is(Protocol::Tcp, true, 8080)
+            .notrack()
+            .address_set(true, "10.96.0.1".parse().unwrap())
+            .port_set(Protocol::Tcp, true, 80)
+            .end();
+        assert_eq!(
+            reply.text,
+            "ip saddr 10.0.0.5 tcp sport 8080 notrack ip saddr set 10.96.0.1 tcp sport set 80"
+        );
+        assert_eq!(
+            shown(&reply),
+            [
+                "payload load 4b @ network header + 12 => reg 1",
+                "cmp eq reg 1 0x0500000a",
+                "meta load l4proto => reg 1",
+                "cmp eq reg 1 0x00000006",
+                "payload load 2b @ transport header + 0 => reg 1",
+                "cmp eq reg 1 0x0000901f",
+                "notrack",
+                "immediate reg 1 0x0100600a",
+                "payload write reg 1 => 4b @ network header + 12 csum_type 1 csum_off 10 csum_flags 0x1",
+                "immediate reg 1 0x00005000",
+                "payload write reg 1 => 2b @ transport header + 0 csum_type 1 csum_off 16 csum_flags 0x0",
+            ]
+        );
+        // ... of `ip6 daddr set fd00::5 sctp dport set 8080`: no IPv6 header checksum, and
+        // SCTP's own.
+        let v6 = RuleBuilder::new(Family::V6)
+            .address_set(false, "fd00::5".parse().unwrap())
+            .port_set(Protocol::Sctp, false, 8080)
+            .end();
+        assert_eq!(
+            shown(&v6)[1],
+            "payload write reg 1 => 16b @ network header + 24 csum_type 0 csum_off 0 csum_flags 0x1"
+        );
+        assert_eq!(
+            shown(&v6)[5],
+            "payload write reg 1 => 2b @ transport header + 2 csum_type 2 csum_off 8 csum_flags 0x0"
         );
     }
 

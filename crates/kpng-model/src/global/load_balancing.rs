@@ -118,7 +118,8 @@ annotation_values! {
         /// Never masquerade: the endpoint sees the client's address (a pod reaching itself
         /// through the service is still masqueraded, or it could not answer).
         Dnat = "dnat",
-        /// Stateless DNAT (kube-nftlb's `stlsdnat`): not enforced by kpng's backends yet.
+        /// Stateless DNAT (kube-nftlb's `stlsdnat`): both directions rewritten in the
+        /// packet without conntrack, each packet hashed to its endpoint (`to-nft` only).
         StatelessDnat = "stlsdnat",
         /// Direct server return: not enforced by kpng's backends yet.
         Dsr = "dsr",

@@ -161,6 +161,15 @@ pub const FIB_DADDR: u32 = 2;
 /// `NFT_FIB_RESULT_ADDRTYPE`: the address type (`RTN_LOCAL` is 2).
 pub const FIB_RESULT_ADDRTYPE: u32 = 3;
 
+/// `NFT_PAYLOAD_CSUM_NONE`: no checksum in this header (IPv6).
+pub const CSUM_NONE: u32 = 0;
+/// `NFT_PAYLOAD_CSUM_INET`: the internet checksum (IPv4, TCP, UDP).
+pub const CSUM_INET: u32 = 1;
+/// `NFT_PAYLOAD_CSUM_SCTP`: SCTP's CRC32c.
+pub const CSUM_SCTP: u32 = 2;
+/// `NFT_PAYLOAD_L4CSUM_PSEUDOHDR`: also update the transport checksum's pseudo-header.
+pub const CSUM_L4_PSEUDOHDR: u32 = 1;
+
 /// `NFT_REJECT_ICMP_UNREACH`.
 pub const REJECT_ICMP_UNREACH: u32 = 0;
 /// `NFT_REJECT_TCP_RST`.
@@ -179,6 +188,24 @@ pub enum Expr {
         len: u32,
         /// Destination register.
         dreg: Register,
+    },
+    /// Write `len` bytes of `sreg` at `offset` of a header, updating a checksum.
+    PayloadSet {
+        /// The header.
+        base: PayloadBase,
+        /// Byte offset.
+        offset: u32,
+        /// Byte count.
+        len: u32,
+        /// Source register.
+        sreg: Register,
+        /// The checksum to update in place: `CSUM_INET`, `CSUM_SCTP` or `CSUM_NONE`.
+        csum_type: u32,
+        /// Where that checksum is, from the same header's start.
+        csum_offset: u32,
+        /// `CSUM_L4_PSEUDOHDR`: the transport checksum covers the written bytes too (an
+        /// address in the pseudo-header).
+        csum_flags: u32,
     },
     /// Load a meta key into `dreg`.
     Meta {
@@ -334,6 +361,8 @@ pub enum Expr {
         /// Source register of the key.
         sreg_key: Register,
     },
+    /// Keep the packet out of connection tracking (`notrack`, before conntrack sees it).
+    Notrack,
     /// Assign the table's conntrack helper object `name` to the connection (`ct helper set
     /// "<name>"`, an `objref` to a `ct helper` object).
     CtHelperSet {
@@ -346,7 +375,7 @@ impl Expr {
     /// The expression's name in the kernel.
     pub fn name(&self) -> &'static str {
         match self {
-            Expr::Payload { .. } => "payload",
+            Expr::Payload { .. } | Expr::PayloadSet { .. } => "payload",
             Expr::Meta { .. } | Expr::MetaSet { .. } => "meta",
             Expr::Bitwise { .. } => "bitwise",
             Expr::Byteorder { .. } => "byteorder",
@@ -364,6 +393,7 @@ impl Expr {
             Expr::Log { .. } => "log",
             Expr::Limit { .. } => "limit",
             Expr::CtHelperSet { .. } => "objref",
+            Expr::Notrack => "notrack",
         }
     }
 

@@ -4,7 +4,9 @@
 //! loads, set and map lookups against the stored elements, comparisons, verdicts (jump,
 //! goto, return), NAT, masquerade and reject. It runs the table's base chains hook by hook
 //! in priority order, as the kernel would for a new connection, and forks at
-//! `numgen random` so that one trace yields every endpoint the packet can reach.
+//! `numgen random` so that one trace yields every endpoint the packet can reach. A
+//! destination rewritten in the packet (stateless DNAT) counts as the endpoint reached;
+//! after `notrack`, NAT chains no longer see the packet and `ct state` is `untracked`.
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -67,6 +69,7 @@ pub fn trace(tables: &MemoryTables, packet: &Packet) -> BTreeSet<Outcome> {
         mark: 0,
         dnat: None,
         masquerade: false,
+        untracked: false,
     };
     let vm = Vm { tables, family, packet };
     let first = if packet.from_node { OUTPUT } else { PREROUTING };
@@ -101,6 +104,8 @@ struct Path {
     mark: u32,
     dnat: Option<Target>,
     masquerade: bool,
+    /// `notrack` ran: conntrack, and so NAT, never see the packet.
+    untracked: bool,
 }
 
 /// How a chain (or hook) ended for one path.
@@ -166,21 +171,21 @@ impl Vm<'_> {
 
     /// Every base chain of `hook`, by priority; a drop or reject stops the packet.
     fn hook(&self, hook: u32, path: Path) -> Vec<(Path, Exit)> {
-        let mut chains: Vec<(i32, &String)> = self
+        let mut chains: Vec<(i32, &String, bool)> = self
             .tables
             .chains
             .iter()
-            .filter(|((f, _), c)| {
-                *f == self.family && c.hook.as_ref().is_some_and(|h| h.hook == hook)
+            .filter_map(|((f, name), c)| {
+                let h = c.hook.as_ref().filter(|h| *f == self.family && h.hook == hook)?;
+                Some((h.priority, name, h.kind == "nat"))
             })
-            .map(|((_, name), c)| (c.hook.as_ref().map_or(0, |h| h.priority), name))
             .collect();
         chains.sort();
         let mut paths = vec![(path, Exit::Returned)];
-        for (_, chain) in chains {
+        for (_, chain, nat) in chains {
             let mut next = Vec::new();
             for (path, exit) in paths {
-                if exit.stop().is_some() {
+                if exit.stop().is_some() || (nat && path.untracked) {
                     next.push((path, exit));
                 } else {
                     next.extend(self.chain(chain, 0, path, 0));
@@ -290,7 +295,33 @@ impl Vm<'_> {
             }
             Expr::Immediate { dreg, data } => write(path, *dreg, data),
             Expr::Verdict(v) => return Some(RuleEnd::Verdict(v.clone())),
-            Expr::Ct { key: CtKey::State, dreg } => write(path, *dreg, &0x8u32.to_ne_bytes()),
+            Expr::Ct { key: CtKey::State, dreg } => {
+                // `new`, or `untracked` (bit 6) once conntrack was told to look away.
+                let state: u32 = if path.untracked { 0x40 } else { 0x8 };
+                write(path, *dreg, &state.to_ne_bytes());
+            }
+            Expr::Notrack => path.untracked = true,
+            Expr::PayloadSet { base: PayloadBase::Network, offset, sreg, len, .. } => {
+                // Only a destination rewrite matters to where the packet goes.
+                let destination = match self.family {
+                    Family::V4 => 16,
+                    Family::V6 => 24,
+                };
+                if *offset == destination {
+                    let bytes = read(path, *sreg, *len as usize);
+                    path.dst = match self.family {
+                        Family::V4 => IpAddr::from(<[u8; 4]>::try_from(bytes).unwrap_or_default()),
+                        Family::V6 => IpAddr::from(<[u8; 16]>::try_from(bytes).unwrap_or_default()),
+                    };
+                    path.dnat = Some((path.dst, path.dport));
+                }
+            }
+            Expr::PayloadSet { base: PayloadBase::Transport, offset: 2, sreg, .. } => {
+                let b = read(path, *sreg, 2);
+                path.dport = u16::from_be_bytes([b[0], b[1]]);
+                path.dnat = Some((path.dst, path.dport));
+            }
+            Expr::PayloadSet { .. } => {}
             Expr::Ct { key: CtKey::Status, dreg } => {
                 let status: u32 = if path.dnat.is_some() { 0x20 } else { 0 };
                 write(path, *dreg, &status.to_ne_bytes());

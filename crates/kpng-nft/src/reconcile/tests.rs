@@ -99,6 +99,7 @@ fn group(slots: &[Option<u8>]) -> AffinityGroup {
             .map(|s| s.map(|n| (std::net::IpAddr::from([10, 0, 0, n]), 80)))
             .collect(),
         policy: crate::affinity::GroupPolicy::client_ip(),
+        stateless: None,
     }
 }
 

@@ -381,3 +381,56 @@ fn annotated_services_get_group_chains_that_follow_their_settings() {
     assert!(annotated_rules(lb(|l| l.mode = Some(NatMode::Dsr)), false).is_none());
     assert!(annotated_rules(LoadBalancing::default(), false).is_none());
 }
+
+#[test]
+fn stateless_services_rewrite_packets_before_conntrack() {
+    let mut svc = service("ns", "web", &["10.96.0.1"], &[HTTP]);
+    svc.load_balancing.mode = Some(NatMode::StatelessDnat);
+    // Any scheduler but symhash hashes, and ClientIP affinity changes nothing.
+    svc.load_balancing.scheduler = Some(Scheduler::RoundRobin);
+    svc.session_affinity = kpng_model::global::SessionAffinity::ClientIP { timeout_seconds: 60 };
+    svc.external_ips = vec!["192.0.2.1".parse().unwrap()];
+    let rendered = render_web(svc, &NodeFacts::default());
+    let group = &rendered.affinity[0];
+    let entry = crate::objects::affinity_chain(group.hash);
+    let slot = |i| crate::objects::affinity_slot(group.hash, i);
+    let rules = |chain: &str| -> Vec<String> {
+        let (_, rules) = group.chains().into_iter().find(|(spec, _)| spec.name == chain).unwrap();
+        rules.into_iter().map(|r| r.text).collect()
+    };
+    assert_eq!(
+        rules(&entry),
+        [
+            format!("jhash ip saddr . th sport mod 2 seed 0x0 == 0 goto {}", slot(0)),
+            format!("goto {}", slot(1)),
+        ],
+        "hashed by source address and port, no stickiness"
+    );
+    assert_eq!(rules(&slot(1)), ["ip daddr set 10.0.0.2 tcp dport set 8080"]);
+    let prerouting = format!("{entry}_prerouting");
+    assert_eq!(
+        rules(&prerouting),
+        [
+            format!("ip daddr 10.96.0.1 tcp dport 80 notrack goto {entry}"),
+            "ip saddr 10.0.0.1 tcp sport 8080 notrack ip saddr set 10.96.0.1 tcp sport set 80"
+                .to_string(),
+            "ip saddr 10.0.0.2 tcp sport 8080 notrack ip saddr set 10.96.0.1 tcp sport set 80"
+                .to_string(),
+        ]
+    );
+    let hooks: Vec<(String, Option<kpng_netlink::nftables::objects::Hook>)> = group
+        .chains()
+        .into_iter()
+        .filter(|(s, _)| s.hook.is_some())
+        .map(|(s, _)| (s.name, s.hook))
+        .collect();
+    assert_eq!(hooks.len(), 2, "{hooks:?}");
+    for (_, hook) in &hooks {
+        assert_eq!(hook.as_ref().unwrap().priority, crate::affinity::STATELESS_PRIORITY);
+    }
+    assert_eq!(rules(&format!("{entry}_output")), [rules(&prerouting)[0].clone()]);
+    // The external IP would get the ClusterIP's replies: rejected, not served.
+    let got = lines(&rendered.elements);
+    assert!(got.contains("ip reject_dests 192.0.2.1 . tcp . 80"), "{got:?}");
+    assert!(!got.iter().any(|l| l.contains("192.0.2.1") && !l.contains("reject")), "{got:?}");
+}

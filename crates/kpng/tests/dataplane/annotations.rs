@@ -1,9 +1,10 @@
 //! The kube-nftlb load-balancing annotations, enforced by `to-nft`: round robin, hash and
-//! symmetric hash, timed persistence, `dnat` and `snat` modes, logging of new connections,
-//! and the FTP conntrack helper.
+//! symmetric hash, timed persistence, `dnat`, `snat` and `stlsdnat` modes, logging of new
+//! connections, and the FTP conntrack helper.
 
 use std::time::Duration;
 
+use kpng_testkit::probe::Outcome;
 use kpng_testkit::topology::Cluster;
 
 use crate::harness::*;
@@ -107,6 +108,57 @@ pub fn symmetric_hash_keeps_each_flow_on_one_endpoint(dp: Dataplane) {
     let ruleset = cluster.node.output("nft", &["list", "table", "ip", "kpng"]);
     let ruleset = String::from_utf8_lossy(&ruleset.stdout);
     assert!(ruleset.contains("symhash mod 2"), "{ruleset}");
+}
+
+pub fn stateless_dnat_rewrites_both_ways_without_conntrack(dp: Dataplane) {
+    let mut cluster = Cluster::new();
+    cluster.add_pod("web-a", true, 10, &[8080]);
+    cluster.add_pod("web-c", true, 11, &[8080]);
+    // Both endpoints answer through the node, as stateless DNAT needs.
+    let web_c: Ep<'_> = ("10.244.0.11", "node-a", true, true, false);
+    let manifests = annotated_ports(
+        "stateless",
+        "10.96.0.126",
+        &[("mode", "stlsdnat")],
+        "  externalIPs: [192.0.2.126]\n",
+        &[WEB_A, web_c],
+        (&[PORT_HTTP, DNS_PORT].concat(), &[SLICE_HTTP, SLICE_DNS].concat()),
+    );
+    let log = program(&cluster, dp, &manifests, &[]);
+    let ruleset = cluster.node.output("nft", &["list", "table", "ip", "kpng"]);
+    let ruleset = String::from_utf8_lossy(&ruleset.stdout);
+    assert!(ruleset.contains("notrack"), "{ruleset}\n{log}");
+    // TCP: every packet of a connection is rewritten to the same endpoint and back (the
+    // client would reset a reply from any other address), which sees the client itself.
+    for _ in 0..6 {
+        assert_eq!(reach(&cluster.client, "10.96.0.126:80").1, ip(CLIENT), "{log}");
+    }
+    // UDP: flows of different source ports spread over both endpoints, and a flow asked
+    // again reaches the same one (the hash of address and port, not a remembered choice).
+    let ports: Vec<u16> = (40200..40216).collect();
+    let flows = || -> Vec<String> {
+        let flow = |port: u16| answer(&udp_flow(&cluster.client, "10.96.0.126:53", port)).0;
+        ports.iter().map(|port| flow(*port)).collect()
+    };
+    let first = flows();
+    assert!(
+        first.iter().any(|e| e == "web-a") && first.iter().any(|e| e == "web-c"),
+        "flows spread over both endpoints: {first:?}"
+    );
+    assert_eq!(flows(), first);
+    // Conntrack saw none of it, in either direction.
+    let tracked = cluster.node.output("conntrack", &["-L"]);
+    let tracked = String::from_utf8_lossy(&tracked.stdout);
+    for address in ["10.96.0.126", CLIENT] {
+        assert!(!tracked.contains(address), "{address} tracked:\n{tracked}");
+    }
+    // The endpoints' replies always leave as the ClusterIP: the external IP, whose replies
+    // would be rewritten too, is rejected instead of half served.
+    assert_eq!(Cluster::tcp(&cluster.client, "192.0.2.126:80"), Outcome::Refused);
+    // A restart reads the stateless chains back (rewrites, notrack, the route-type base
+    // chain) as what it would write.
+    let again = program(&cluster, dp, &manifests, &[]);
+    assert!(dp.started_without_changes(&again), "{again}");
 }
 
 pub fn persistence_sticks_until_its_timeout(dp: Dataplane) {

@@ -7,6 +7,10 @@ mod attrs {
     pub const PAYLOAD_BASE: u16 = 2;
     pub const PAYLOAD_OFFSET: u16 = 3;
     pub const PAYLOAD_LEN: u16 = 4;
+    pub const PAYLOAD_SREG: u16 = 5;
+    pub const PAYLOAD_CSUM_TYPE: u16 = 6;
+    pub const PAYLOAD_CSUM_OFFSET: u16 = 7;
+    pub const PAYLOAD_CSUM_FLAGS: u16 = 8;
     pub const META_DREG: u16 = 1;
     pub const META_KEY: u16 = 2;
     pub const META_SREG: u16 = 3;
@@ -84,6 +88,25 @@ impl Expr {
                     put_be32(b, PAYLOAD_BASE, *base as u32);
                     put_be32(b, PAYLOAD_OFFSET, *offset);
                     put_be32(b, PAYLOAD_LEN, *len);
+                }
+                Expr::PayloadSet {
+                    base,
+                    offset,
+                    len,
+                    sreg,
+                    csum_type,
+                    csum_offset,
+                    csum_flags,
+                } => {
+                    put_be32(b, PAYLOAD_SREG, *sreg);
+                    put_be32(b, PAYLOAD_BASE, *base as u32);
+                    put_be32(b, PAYLOAD_OFFSET, *offset);
+                    put_be32(b, PAYLOAD_LEN, *len);
+                    put_be32(b, PAYLOAD_CSUM_TYPE, *csum_type);
+                    put_be32(b, PAYLOAD_CSUM_OFFSET, *csum_offset);
+                    if *csum_flags != 0 {
+                        put_be32(b, PAYLOAD_CSUM_FLAGS, *csum_flags);
+                    }
                 }
                 Expr::Meta { key, dreg } => {
                     put_be32(b, META_DREG, *dreg);
@@ -199,6 +222,7 @@ impl Expr {
                     put_be32(b, OBJREF_IMM_TYPE, OBJECT_CT_HELPER);
                     put_str(b, OBJREF_IMM_NAME, name);
                 }
+                Expr::Notrack => {}
             });
         });
     }
@@ -221,17 +245,27 @@ fn decode_data(name: &str, a: &[(u16, &[u8])]) -> Option<Expr> {
     use attrs::*;
     let u = |kind| attr::find(a, kind).and_then(attr::be32);
     Some(match name {
-        "payload" => Expr::Payload {
-            base: match u(PAYLOAD_BASE)? {
+        "payload" => {
+            let base = match u(PAYLOAD_BASE)? {
                 0 => PayloadBase::Link,
                 1 => PayloadBase::Network,
                 2 => PayloadBase::Transport,
                 _ => return None,
-            },
-            offset: u(PAYLOAD_OFFSET)?,
-            len: u(PAYLOAD_LEN)?,
-            dreg: u(PAYLOAD_DREG)?,
-        },
+            };
+            let (offset, len) = (u(PAYLOAD_OFFSET)?, u(PAYLOAD_LEN)?);
+            match u(PAYLOAD_SREG) {
+                Some(sreg) => Expr::PayloadSet {
+                    base,
+                    offset,
+                    len,
+                    sreg,
+                    csum_type: u(PAYLOAD_CSUM_TYPE).unwrap_or(0),
+                    csum_offset: u(PAYLOAD_CSUM_OFFSET).unwrap_or(0),
+                    csum_flags: u(PAYLOAD_CSUM_FLAGS).unwrap_or(0),
+                },
+                None => Expr::Payload { base, offset, len, dreg: u(PAYLOAD_DREG)? },
+            }
+        }
         "meta" => {
             let key = match u(META_KEY)? {
                 3 => MetaKey::Mark,
@@ -336,6 +370,7 @@ fn decode_data(name: &str, a: &[(u16, &[u8])]) -> Option<Expr> {
         "objref" if u(OBJREF_IMM_TYPE) == Some(OBJECT_CT_HELPER) => {
             Expr::CtHelperSet { name: attr::string(attr::find(a, OBJREF_IMM_NAME)?) }
         }
+        "notrack" => Expr::Notrack,
         _ => return None,
     })
 }

@@ -20,13 +20,18 @@ impl fmt::Display for Expr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Expr::Payload { base, offset, len, dreg } => {
-                let base = match base {
-                    PayloadBase::Link => "link",
-                    PayloadBase::Network => "network",
-                    PayloadBase::Transport => "transport",
-                };
+                let base = base_name(*base);
                 write!(f, "payload load {len}b @ {base} header + {offset} => reg {dreg}")
             }
+            Expr::PayloadSet { base, offset, len, sreg, csum_type, csum_offset, csum_flags } => {
+                let base = base_name(*base);
+                write!(
+                    f,
+                    "payload write reg {sreg} => {len}b @ {base} header + {offset} csum_type \
+                     {csum_type} csum_off {csum_offset} csum_flags 0x{csum_flags:x}"
+                )
+            }
+            Expr::Notrack => f.write_str("notrack"),
             Expr::Meta { key, dreg } => write!(f, "meta load {} => reg {dreg}", meta_name(*key)),
             Expr::MetaSet { key, sreg } => {
                 write!(f, "meta set {} with reg {sreg}", meta_name(*key))
@@ -108,6 +113,14 @@ impl fmt::Display for Expr {
                 write!(f, "limit rate {rate}/{unit} burst {burst} type packets flags 0x0")
             }
         }
+    }
+}
+
+fn base_name(base: PayloadBase) -> &'static str {
+    match base {
+        PayloadBase::Link => "link",
+        PayloadBase::Network => "network",
+        PayloadBase::Transport => "transport",
     }
 }
 

@@ -9,6 +9,31 @@ fn all() -> Vec<(Expr, &'static str)> {
             Expr::Payload { base: PayloadBase::Network, offset: 16, len: 4, dreg: 1 },
             "payload load 4b @ network header + 16 => reg 1",
         ),
+        (
+            Expr::PayloadSet {
+                base: PayloadBase::Network,
+                offset: 16,
+                len: 4,
+                sreg: 1,
+                csum_type: CSUM_INET,
+                csum_offset: 10,
+                csum_flags: CSUM_L4_PSEUDOHDR,
+            },
+            "payload write reg 1 => 4b @ network header + 16 csum_type 1 csum_off 10 csum_flags 0x1",
+        ),
+        (
+            Expr::PayloadSet {
+                base: PayloadBase::Transport,
+                offset: 2,
+                len: 2,
+                sreg: 1,
+                csum_type: CSUM_SCTP,
+                csum_offset: 8,
+                csum_flags: 0,
+            },
+            "payload write reg 1 => 2b @ transport header + 2 csum_type 2 csum_off 8 csum_flags 0x0",
+        ),
+        (Expr::Notrack, "notrack"),
         (Expr::Meta { key: MetaKey::L4Proto, dreg: 9 }, "meta load l4proto => reg 9"),
         (Expr::MetaSet { key: MetaKey::Mark, sreg: 1 }, "meta set mark with reg 1"),
         (
