@@ -176,7 +176,7 @@ impl NetlinkKernel {
         let pf = proto_family(family);
         let fail = NftError::Read;
         let sets = self.socket.dump(&dump::sets_request(pf, TABLE)).map_err(fail)?;
-        for set in sets.iter().filter_map(|b| dump::set(b)) {
+        for set in sets.iter().filter_map(|b| dump::set(b)).filter(|s| s.table == TABLE) {
             let shape = SetShape {
                 flags: set.flags & SHAPE_FLAGS,
                 key_type: set.key_type,
@@ -199,7 +199,8 @@ impl NetlinkKernel {
             }
         }
         let chains = self.socket.dump(&dump::chains_request(pf, TABLE)).map_err(NftError::Read)?;
-        for chain in chains.iter().filter_map(|b| dump::chain(b)) {
+        // Chain dumps hold every table's chains.
+        for chain in chains.iter().filter_map(|b| dump::chain(b)).filter(|c| c.table == TABLE) {
             let hook = chain.hook.map(|(hook, priority)| HookShape {
                 kind: chain.chain_type.clone().unwrap_or_default(),
                 hook,
@@ -215,7 +216,7 @@ impl NetlinkKernel {
         }
         let rules =
             self.socket.dump(&dump::rules_request(pf, TABLE, None)).map_err(NftError::Read)?;
-        for rule in rules.iter().filter_map(|b| dump::rule(b)) {
+        for rule in rules.iter().filter_map(|b| dump::rule(b)).filter(|r| r.table == TABLE) {
             if let Some(chain) = present.chains.get_mut(&(family, rule.chain)) {
                 chain.rules.push(rule.exprs);
             }

@@ -34,7 +34,9 @@ pub fn elements_request(family: ProtoFamily, table: &str, set: &str) -> Vec<u8> 
     })
 }
 
-/// A dump of every chain of `table`.
+/// A dump of the chains of `table`. The kernel does not filter chain dumps by table: it
+/// answers with the chains of every table of the family, so keep those whose
+/// [`DumpedChain::table`] is `table` (set, rule and object dumps are filtered).
 pub fn chains_request(family: ProtoFamily, table: &str) -> Vec<u8> {
     request(msg::GETCHAIN, family, |b| attr::put_str(b, 1, table))
 }
@@ -56,6 +58,8 @@ fn payload(body: &[u8]) -> &[u8] {
 /// A set as the kernel describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DumpedSet {
+    /// Its table.
+    pub table: String,
     /// Its name.
     pub name: String,
     /// `NFT_SET_*` flags.
@@ -77,6 +81,7 @@ pub fn set(body: &[u8]) -> Option<DumpedSet> {
     let a = attr::parse(payload(body));
     let u = |kind| attr::find(&a, kind).and_then(attr::be32);
     Some(DumpedSet {
+        table: attr::string(attr::find(&a, 1)?),
         name: attr::string(attr::find(&a, 2)?),
         flags: u(3).unwrap_or(0),
         key_type: u(4).unwrap_or(0),
@@ -158,6 +163,8 @@ pub fn ct_helper(body: &[u8]) -> Option<super::objects::CtHelperSpec> {
 /// A chain as the kernel describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DumpedChain {
+    /// Its table.
+    pub table: String,
     /// Its name.
     pub name: String,
     /// Hook number and priority, for a base chain.
@@ -177,6 +184,7 @@ pub fn chain(body: &[u8]) -> Option<DumpedChain> {
         Some((num, priority))
     });
     Some(DumpedChain {
+        table: attr::string(attr::find(&a, 1)?),
         name: attr::string(attr::find(&a, 3)?),
         hook,
         chain_type: attr::find(&a, 7).map(attr::string),
@@ -187,6 +195,8 @@ pub fn chain(body: &[u8]) -> Option<DumpedChain> {
 /// A rule as the kernel dumps it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DumpedRule {
+    /// Its table.
+    pub table: String,
     /// Its chain.
     pub chain: String,
     /// Its handle.
@@ -201,6 +211,7 @@ pub struct DumpedRule {
 pub fn rule(body: &[u8]) -> Option<DumpedRule> {
     let a = attr::parse(payload(body));
     Some(DumpedRule {
+        table: attr::string(attr::find(&a, 1)?),
         chain: attr::string(attr::find(&a, 2)?),
         handle: attr::find(&a, 3).and_then(attr::be64).unwrap_or(0),
         exprs: decode_all(attr::find(&a, 4).unwrap_or_default()),
