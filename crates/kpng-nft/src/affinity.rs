@@ -60,6 +60,17 @@
 //! service's external IPs, load-balancer IPs and NodePorts are rejected rather than served
 //! statefully (their replies would be rewritten too). Log, helper and `rr` need conntrack
 //! or per-flow state and are reported unsupported with this mode.
+//!
+//! A `mode: dsr` group (direct server return) is stateless the same way, but its slot
+//! chain changes nothing in the packet: `dup to <endpoint> drop` sends an untracked copy to
+//! the endpoint's link-layer address (the neighbour entry the node resolves for it), with
+//! the ClusterIP and port still as destination, and drops the original. The endpoint must
+//! hold the ClusterIP (on its loopback), serve the service's port (not the target port),
+//! and be a neighbour of the node (on its L2 segment, or a pod on a veth of the node); it
+//! answers the client directly, so the prerouting chain has no reply rules. The copy passes
+//! the output hook again, which the output chain recognises (`ct state != untracked`). Its
+//! other destinations are rejected as for `stlsdnat` (a NodePort's packets are addressed to
+//! the node).
 
 use kpng_model::global::{Helper, LogPath, PersistenceKey, Scheduler};
 use kpng_model::{Family, Protocol};
@@ -67,6 +78,8 @@ use kpng_netlink::nftables::ChainSpec;
 use kpng_netlink::nftables::objects::{CtHelperSpec, Hook};
 
 use crate::objects::{Dest, affinity_chain, affinity_slot};
+use kpng_netlink::nftables::Verdict;
+
 use crate::rules::{Field, Rule, RuleBuilder, protocol_keyword, protocol_number};
 use crate::slots::Target;
 
@@ -93,8 +106,18 @@ pub struct GroupPolicy {
     pub log: Option<(LogPath, String)>,
     /// A conntrack helper for the connections (on the ports of a protocol it serves).
     pub helper: Option<Helper>,
-    /// Stateless DNAT (`stlsdnat`): packets are rewritten without conntrack.
-    pub stateless: bool,
+    /// Packets go to the endpoints without conntrack (`stlsdnat`, `dsr`).
+    pub stateless: Option<Stateless>,
+}
+
+/// How a stateless group's packets reach the endpoint, conntrack never seeing them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stateless {
+    /// `stlsdnat`: destination address and port rewritten, the replies rewritten back.
+    Rewrite,
+    /// `dsr`: an unchanged copy goes to the endpoint's link-layer address (`dup to`), and
+    /// the endpoint answers the client directly.
+    DirectReturn,
 }
 
 impl GroupPolicy {
@@ -108,7 +131,7 @@ impl GroupPolicy {
             mark: 0,
             log: None,
             helper: None,
-            stateless: false,
+            stateless: None,
         }
     }
 }
@@ -240,9 +263,13 @@ impl AffinityGroup {
     /// The rule of slot `i`'s chain; `None` for a hole.
     pub fn slot_rule(&self, i: usize) -> Option<Rule> {
         let (ip, port) = self.slots.get(i).copied().flatten()?;
-        if self.stateless.is_some() {
-            let rule = RuleBuilder::new(self.family).address_set(false, ip);
-            return Some(rule.port_set(self.protocol, false, port).end());
+        let r = || RuleBuilder::new(self.family);
+        match self.stateless.and(self.policy.stateless) {
+            Some(Stateless::Rewrite) => {
+                return Some(r().address_set(false, ip).port_set(self.protocol, false, port).end());
+            }
+            Some(Stateless::DirectReturn) => return Some(r().dup_to(ip).verdict(Verdict::Drop)),
+            None => {}
         }
         let set = affinity_slot(self.hash, i);
         let rule = RuleBuilder::new(self.family).protocol(self.protocol);
@@ -267,35 +294,47 @@ impl AffinityGroup {
     }
 
     /// A stateless group's base chains: requests to its ClusterIP port go untracked to the
-    /// entry chain, replies of each live slot are rewritten back to it (prerouting only:
-    /// the node's own sockets receive replies through prerouting too).
+    /// entry chain; with rewriting, each live slot's replies are rewritten back to it
+    /// (prerouting only: the node's own sockets receive replies through prerouting too).
     fn stateless_chains(&self) -> Vec<(ChainSpec, Vec<Rule>)> {
-        let Some(dest) = self.stateless else { return Vec::new() };
+        let (Some(dest), Some(how)) = (self.stateless, self.policy.stateless) else {
+            return Vec::new();
+        };
         let r = || RuleBuilder::new(self.family);
         let single = |ip| ipnet::IpNet::from(ip);
-        let request = r()
-            .address_in(false, single(dest.ip), false)
-            .port_is(dest.protocol, false, dest.port)
-            .notrack()
-            .goto(self.chain());
-        let mut prerouting = vec![request.clone()];
-        for (_, (ip, port)) in self.live() {
-            let reply = r()
-                .address_in(true, single(ip), false)
-                .port_is(dest.protocol, true, port)
+        let request = |start: RuleBuilder| {
+            start
+                .address_in(false, single(dest.ip), false)
+                .port_is(dest.protocol, false, dest.port)
                 .notrack()
-                .address_set(true, dest.ip)
-                .port_set(dest.protocol, true, dest.port)
-                .end();
-            prerouting.push(reply);
+                .goto(self.chain())
+        };
+        let mut prerouting = vec![request(r())];
+        if how == Stateless::Rewrite {
+            for (_, (ip, port)) in self.live() {
+                let reply = r()
+                    .address_in(true, single(ip), false)
+                    .port_is(dest.protocol, true, port)
+                    .notrack()
+                    .address_set(true, dest.ip)
+                    .port_set(dest.protocol, true, dest.port)
+                    .end();
+                prerouting.push(reply);
+            }
         }
+        // The copies `dup` sends pass the output hook again, untracked: they must not be
+        // taken for requests of the node's own.
+        let output = match how {
+            Stateless::Rewrite => request(r()),
+            Stateless::DirectReturn => request(r().tracked()),
+        };
         let base = |name: &str, chain_type, num| ChainSpec {
             name: format!("{}_{name}", self.chain()),
             hook: Some(Hook { chain_type, num, priority: STATELESS_PRIORITY }),
         };
         vec![
             (base("prerouting", "filter", PREROUTING), prerouting),
-            (base("output", "route", OUTPUT), vec![request]),
+            (base("output", "route", OUTPUT), vec![output]),
         ]
     }
 }

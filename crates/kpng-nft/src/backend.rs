@@ -407,10 +407,7 @@ fn large_counts<'e>(
 impl Backend for NftBackend {
     fn unsupported(&self, lb: &LoadBalancing) -> Vec<(AnnotationKey, &'static str)> {
         let mut out = Vec::new();
-        if lb.mode == Some(NatMode::Dsr) {
-            out.push((AnnotationKey::Mode, NatMode::Dsr.as_str()));
-        }
-        let stateless = lb.mode == Some(NatMode::StatelessDnat);
+        let stateless = matches!(lb.mode, Some(NatMode::StatelessDnat | NatMode::Dsr));
         if let Some(helper) = lb.helper.filter(|_| stateless || !self.kernel.ct_helpers()) {
             out.push((AnnotationKey::Helper, helper.as_str()));
         }

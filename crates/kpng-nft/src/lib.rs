@@ -64,10 +64,12 @@
 //! chain aff_<h>_0 { meta l4proto tcp dnat ip to 10.244.0.10:8080 }
 //! ```
 //!
-//! `mode: stlsdnat` (stateless DNAT) adds the only base chains that depend on services:
-//! two per group (prerouting and output, priority -300, before conntrack), which take the
-//! ClusterIP port's packets and its endpoints' replies out of conntrack and rewrite them in
-//! place ([`affinity`] shows them); such a service's other destinations are rejected.
+//! `mode: stlsdnat` (stateless DNAT) and `mode: dsr` (direct server return) add the only
+//! base chains that depend on services: two per group (prerouting and output, priority
+//! -300, before conntrack), which take the ClusterIP port's packets out of conntrack and
+//! rewrite them in place (and the endpoints' replies back), or send an unchanged copy to
+//! the endpoint's link-layer address ([`affinity`] shows them); such a service's other
+//! destinations are rejected.
 //!
 //! Only one set holds intervals: `firewall_allow` (load-balancer source ranges),
 //! consulted only for new connections to load-balancer IPs that have ranges.

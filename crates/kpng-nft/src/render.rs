@@ -10,7 +10,7 @@ use kpng_model::global::{NatMode, PersistenceKey, Scheduler};
 use kpng_model::local::{LocalService, LocalServiceState};
 use kpng_model::{Family, LocalNode, ServiceKey};
 
-use crate::affinity::{AffinityGroup, GroupPolicy};
+use crate::affinity::{AffinityGroup, GroupPolicy, Stateless};
 use crate::objects::{
     Dest, ElementId, GroupKey, Key, MapName, PickKind, SetKind, TREE_BITS, TREE_COUNTS, Value,
 };
@@ -57,13 +57,17 @@ impl NodeFacts {
 /// The policy and timeout of a service's groups, when the service needs chains of its own:
 /// ClientIP affinity, or load-balancing settings `to-nft` enforces (see [`GroupPolicy`]).
 /// The `persistence` annotation wins over ClientIP affinity; `scheduler: hash` hashes it
-/// (`srcip` when unset) instead of sticking to it. `mode: stlsdnat` makes the groups
-/// stateless: every packet is hashed (`symhash`, or `jhash` of the persistence key, source
-/// address and port when unset), without stickiness, logging or helper. The mode `dsr` is
-/// not enforced (the backend says so once per service), so alone it gives none.
+/// (`srcip` when unset) instead of sticking to it. `mode: stlsdnat` and `mode: dsr` make
+/// the groups stateless: every packet is hashed (`symhash`, or `jhash` of the persistence
+/// key, source address and port when unset), without stickiness, logging or helper.
 pub fn group_policy(svc: &LocalService, facts: &NodeFacts) -> Option<(GroupPolicy, u32)> {
     let lb = &svc.load_balancing;
-    if lb.mode == Some(NatMode::StatelessDnat) {
+    let stateless = match lb.mode {
+        Some(NatMode::StatelessDnat) => Some(Stateless::Rewrite),
+        Some(NatMode::Dsr) => Some(Stateless::DirectReturn),
+        _ => None,
+    };
+    if stateless.is_some() {
         let scheduler = match lb.scheduler {
             Some(Scheduler::SymmetricHash) => Scheduler::SymmetricHash,
             _ => Scheduler::Hash,
@@ -76,7 +80,7 @@ pub fn group_policy(svc: &LocalService, facts: &NodeFacts) -> Option<(GroupPolic
             mark: facts.masquerade_mark,
             log: None,
             helper: None,
-            stateless: true,
+            stateless,
         };
         return Some((policy, 0));
     }
@@ -100,7 +104,7 @@ pub fn group_policy(svc: &LocalService, facts: &NodeFacts) -> Option<(GroupPolic
         mark: facts.masquerade_mark,
         log: lb.log.map(|path| (path, format!("kpng {} ", svc.key))),
         helper: lb.helper.filter(|_| !facts.without_helpers),
-        stateless: false,
+        stateless: None,
     };
     let plain = policy.sticky.is_none()
         && policy.scheduler.is_none()
@@ -158,7 +162,7 @@ impl Out<'_> {
             if !self.groups.iter().any(|g| g.hash == hash) {
                 let protocol = group.protocol;
                 let slots = slots.to_vec();
-                let stateless = self.cluster_dest.filter(|_| policy.stateless);
+                let stateless = self.cluster_dest.filter(|_| policy.stateless.is_some());
                 self.groups.push(AffinityGroup {
                     hash,
                     family: self.family,
@@ -317,7 +321,7 @@ fn render_port(
     let held = |ip: &IpAddr| !port.yielded.contains(ip);
     // A stateless service's endpoints answer as its ClusterIP whatever the client asked
     // for: its other destinations cannot be served, and say so.
-    let stateless = out.affinity.as_ref().is_some_and(|(policy, _)| policy.stateless);
+    let stateless = out.affinity.as_ref().is_some_and(|(policy, _)| policy.stateless.is_some());
     let (kind, dests, slots) = if svc.internal_local {
         (PickKind::Local, MapName::LocalDests, &local_slots)
     } else {

@@ -513,6 +513,23 @@ impl RuleBuilder {
         self.say(format!("{} {field} set {ip}", ip_keyword(family)), exprs)
     }
 
+    /// `dup to <address>`: an untracked copy of the packet, unchanged, goes to the
+    /// neighbour at `address` (its link-layer address; the packet's own destination stays).
+    pub fn dup_to(self, ip: IpAddr) -> Self {
+        let exprs = [Expr::Immediate { dreg: 1, data: ip_bytes(&ip) }, Expr::Dup { sreg_addr: 1 }];
+        self.say(format!("dup to {ip}"), exprs)
+    }
+
+    /// `ct state != untracked`: not a packet kept out of conntrack, such as a copy `dup`
+    /// sends (which passes the output hook again).
+    pub fn tracked(self) -> Self {
+        let exprs = [
+            Expr::Ct { key: CtKey::State, dreg: 1 },
+            Expr::Cmp { sreg: 1, op: CmpOp::Neq, data: 0x40u32.to_ne_bytes().to_vec() },
+        ];
+        self.say("ct state != untracked", exprs)
+    }
+
     /// `notrack`: connection tracking never sees the packet.
     pub fn notrack(self) -> Self {
         self.say("notrack", [Expr::Notrack])
@@ -712,6 +729,27 @@ mod tests {
         assert_eq!(
             shown(&v6)[5],
             "payload write reg 1 => 2b @ transport header + 2 csum_type 2 csum_off 8 csum_flags 0x0"
+        );
+    }
+
+    #[test]
+    fn direct_return_is_what_nft_makes_of_its_text() {
+        // nft --debug=netlink of `ct state != untracked ... dup to 192.168.1.3 drop`.
+        let rule = RuleBuilder::new(Family::V4)
+            .tracked()
+            .dup_to("192.168.1.3".parse().unwrap())
+            .verdict(Verdict::Drop);
+        assert_eq!(rule.text, "ct state != untracked dup to 192.168.1.3 drop");
+        let shown: Vec<String> = rule.exprs.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            shown,
+            [
+                "ct load state => reg 1",
+                "cmp neq reg 1 0x00000040",
+                "immediate reg 1 0x0301a8c0",
+                "dup sreg_addr 1",
+                "immediate reg 0 drop",
+            ]
         );
     }
 

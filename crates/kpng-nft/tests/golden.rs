@@ -12,7 +12,7 @@ use kpng_backend::proxy::LocalDetection;
 use kpng_backend::{Backend, ChangeSet};
 use kpng_local::{NodeLocal, NodePortSelection, project_node_state_with};
 use kpng_model::global::{
-    IpMode, LoadBalancerIngress, ServiceCidr, ServiceType, SessionAffinity, TrafficPolicy,
+    IpMode, LoadBalancerIngress, NatMode, ServiceCidr, ServiceType, SessionAffinity, TrafficPolicy,
 };
 use kpng_model::{Family, GlobalModel, LocalState, Object, Protocol};
 use kpng_netlink::message::NETLINK_NETFILTER;
@@ -75,6 +75,35 @@ fn state(nodeports: NodePortSelection, service_cidrs: &[IpNet]) -> LocalState {
         &[SLICE_HTTP],
         vec![endpoint("10.244.0.8", "a")],
     )));
+    // Stateless DNAT (both families, both protocols) and direct server return: base
+    // chains of their own, rewrites, notrack, dup.
+    for (name, ips, mode) in [
+        ("stateless", ["10.96.0.5", "fd00:96::5"], NatMode::StatelessDnat),
+        ("direct", ["10.96.0.6", "fd00:96::6"], NatMode::Dsr),
+    ] {
+        let mut svc = service("ns", name, &ips, &[HTTP, DNS]);
+        svc.load_balancing.mode = Some(mode);
+        model.apply(Object::Service(svc));
+        let eps = vec![endpoint("10.244.0.9", "a"), endpoint("192.168.10.9", "b")];
+        let slice_name = format!("{name}-1");
+        model.apply(Object::EndpointSlice(slice(
+            "ns",
+            &slice_name,
+            name,
+            &[SLICE_HTTP, SLICE_DNS],
+            eps,
+        )));
+        model.apply(Object::EndpointSlice(kpng_model::global::EndpointSlice {
+            family: Family::V6,
+            ..slice(
+                "ns",
+                &format!("{name}-6"),
+                name,
+                &[SLICE_HTTP, SLICE_DNS],
+                vec![endpoint("fd00:244::9", "a")],
+            )
+        }));
+    }
     // Beyond the pick tree: a count set and a rule of its own.
     model.apply(Object::Service(service("ns", "big", &["10.96.0.4"], &[HTTP])));
     let eps =
@@ -130,6 +159,9 @@ fn read_back() -> Held {
         }
         for body in socket.dump(&dump::chains_request(family, "kpng")).unwrap() {
             let chain = dump::chain(&body).unwrap();
+            if chain.table != "kpng" {
+                continue;
+            }
             held.chains.insert((n, chain.name.clone()), chain);
         }
         for body in socket.dump(&dump::rules_request(family, "kpng", None)).unwrap() {
@@ -221,4 +253,34 @@ fn the_dry_run_is_what_the_kernel_receives() {
         NodePortSelection::Cidrs(nets(&["192.168.20.0/24"])),
         &[],
     );
+}
+
+#[test]
+fn other_tables_are_neither_read_nor_touched() {
+    if !require("other_tables_are_neither_read_nor_touched", &["nft", "ip"]) {
+        return;
+    }
+    // The kernel answers a dump of one table's chains with every table's chains.
+    let ns = Netns::new("foreign");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("other.nft");
+    let other = "table ip other {\n chain pre {\n type filter hook prerouting priority -400;\n \
+                 ip daddr 10.96.0.1 counter\n }\n}\n";
+    std::fs::write(&path, other).unwrap();
+    ns.exec("nft", &["-f", path.to_str().unwrap()]);
+    let state = state(NodePortSelection::Primary, &[]);
+    in_netns(&ns, move || {
+        let mut first =
+            NftBackend::new(NftOptions::default(), Box::new(NetlinkKernel::open().unwrap()));
+        first.apply(&ChangeSet::full(&state)).unwrap();
+        // A restart reads kpng's tables back: nothing of the other table is taken for
+        // kpng's, so there is nothing to change.
+        let mut restarted =
+            NftBackend::new(NftOptions::default(), Box::new(NetlinkKernel::open().unwrap()));
+        restarted.apply(&ChangeSet::full(&state)).unwrap();
+        let stats = restarted.stats();
+        assert_eq!(stats.transactions.load(std::sync::atomic::Ordering::Relaxed), 0);
+    });
+    let listed = ns.exec("nft", &["list", "table", "ip", "other"]);
+    assert!(String::from_utf8_lossy(&listed.stdout).contains("ip daddr 10.96.0.1 counter"));
 }

@@ -177,6 +177,8 @@ fn expected_cluster_ip(
 ) -> BTreeSet<Outcome> {
     let svc = &service.service;
     let p = &svc.ports[port];
+    // Direct server return sends the packet unchanged: to the endpoint, at the service port.
+    let direct = svc.load_balancing.mode == Some(kpng_model::global::NatMode::Dsr);
     let endpoints: BTreeSet<(IpAddr, u16)> = service
         .endpoints
         .values()
@@ -186,7 +188,7 @@ fn expected_cluster_ip(
                 .iter()
                 .filter(|ep| ep.name == p.name && ep.protocol == p.protocol)
                 .filter(|ep| if svc.internal_local { ep.local } else { ep.cluster })
-                .map(move |ep| (e.ip, ep.port))
+                .map(move |ep| (e.ip, if direct { p.port } else { ep.port }))
         })
         .collect();
     if endpoints.is_empty() {

@@ -86,6 +86,32 @@ fn host(lan: &Netns, ns: &Netns, port: &str, v4: &str, v6: &str) {
     ns.ip(&["addr", "add", &format!("{v6}/64"), "dev", "eth0", "nodad"]);
 }
 
+/// Serves TCP, UDP and SCTP on `ports` in `pod`'s namespace, answering with its name;
+/// returns once every socket is bound.
+fn serve(pod: &Pod, ports: &[u16]) {
+    let (server_name, tcp, udp) = (pod.name.clone(), ports.to_vec(), ports.to_vec());
+    let (ready_tx, ready) = std::sync::mpsc::channel();
+    spawn_in_netns(&pod.ns, move || {
+        let sctp: Result<Vec<_>, _> =
+            tcp.iter().map(|p| crate::sctp::serve(&server_name, *p)).collect();
+        match (echo::bind(&tcp, &udp), sctp) {
+            (Ok(servers), Ok(sctp)) => {
+                for responder in sctp {
+                    thread::spawn(responder);
+                }
+                let _ = ready_tx.send(Ok(()));
+                servers.run(&server_name);
+            }
+            (Err(e), _) | (_, Err(e)) => {
+                let _ = ready_tx.send(Err(e.to_string()));
+            }
+        }
+    });
+    if let Err(e) = ready.recv().expect("server thread") {
+        panic!("servers of {} cannot bind: {e}", pod.name);
+    }
+}
+
 fn router(ns: &Netns) {
     ns.sysctl("net.ipv4.ip_forward", "1");
     ns.sysctl("net.ipv6.conf.all.forwarding", "1");
@@ -153,27 +179,27 @@ impl Cluster {
             ipv4: ipv4.parse().unwrap(),
             ipv6: ipv6.parse().unwrap(),
         };
-        let (server_name, tcp, udp) = (pod.name.clone(), ports.to_vec(), ports.to_vec());
-        let (ready_tx, ready) = std::sync::mpsc::channel();
-        spawn_in_netns(&pod.ns, move || {
-            let sctp: Result<Vec<_>, _> =
-                tcp.iter().map(|p| crate::sctp::serve(&server_name, *p)).collect();
-            match (echo::bind(&tcp, &udp), sctp) {
-                (Ok(servers), Ok(sctp)) => {
-                    for responder in sctp {
-                        thread::spawn(responder);
-                    }
-                    let _ = ready_tx.send(Ok(()));
-                    servers.run(&server_name);
-                }
-                (Err(e), _) | (_, Err(e)) => {
-                    let _ = ready_tx.send(Err(e.to_string()));
-                }
-            }
-        });
-        if let Err(e) = ready.recv().expect("server thread") {
-            panic!("servers of pod {name} cannot bind: {e}");
-        }
+        serve(&pod, ports);
+        self.pods.push(pod);
+        self.pods.last().expect("just pushed")
+    }
+
+    /// Adds a host `name` on the LAN, 192.168.10.`n` and fd00:10::`n` (routed through the
+    /// node by default), serving TCP and UDP on `ports` like a pod: a neighbour of the node,
+    /// as endpoints of direct server return must be. Found with [`Cluster::pod`].
+    pub fn add_lan_host(&mut self, name: &str, n: u8, ports: &[u16]) -> &Pod {
+        let ns = Netns::new("host");
+        let (ipv4, ipv6) = (format!("192.168.10.{n}"), format!("fd00:10::{n:x}"));
+        host(&self.lan, &ns, &format!("p-h{n}"), &ipv4, &ipv6);
+        ns.ip(&["route", "add", "default", "via", "192.168.10.1"]);
+        ns.ip(&["-6", "route", "add", "default", "via", "fd00:10::1"]);
+        let pod = Pod {
+            name: name.to_string(),
+            ns,
+            ipv4: ipv4.parse().expect("an address"),
+            ipv6: ipv6.parse().expect("an address"),
+        };
+        serve(&pod, ports);
         self.pods.push(pod);
         self.pods.last().expect("just pushed")
     }

@@ -121,7 +121,8 @@ annotation_values! {
         /// Stateless DNAT (kube-nftlb's `stlsdnat`): both directions rewritten in the
         /// packet without conntrack, each packet hashed to its endpoint (`to-nft` only).
         StatelessDnat = "stlsdnat",
-        /// Direct server return: not enforced by kpng's backends yet.
+        /// Direct server return: an unchanged copy of each packet goes to the endpoint's
+        /// link-layer address, and the endpoint answers the client directly (`to-nft` only).
         Dsr = "dsr",
     }
 }

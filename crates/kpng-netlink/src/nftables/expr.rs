@@ -363,6 +363,12 @@ pub enum Expr {
     },
     /// Keep the packet out of connection tracking (`notrack`, before conntrack sees it).
     Notrack,
+    /// Send an untracked copy of the packet, unchanged, to the neighbour whose address is
+    /// in `sreg_addr` (`dup to <address>`).
+    Dup {
+        /// Source register of the neighbour's address.
+        sreg_addr: Register,
+    },
     /// Assign the table's conntrack helper object `name` to the connection (`ct helper set
     /// "<name>"`, an `objref` to a `ct helper` object).
     CtHelperSet {
@@ -394,6 +400,7 @@ impl Expr {
             Expr::Limit { .. } => "limit",
             Expr::CtHelperSet { .. } => "objref",
             Expr::Notrack => "notrack",
+            Expr::Dup { .. } => "dup",
         }
     }
 

@@ -301,6 +301,17 @@ impl Vm<'_> {
                 write(path, *dreg, &state.to_ne_bytes());
             }
             Expr::Notrack => path.untracked = true,
+            Expr::Dup { sreg_addr } => {
+                // The copy, untracked and unchanged, is what reaches the endpoint.
+                let bytes = read(path, *sreg_addr, if self.family == Family::V4 { 4 } else { 16 });
+                let ip = match self.family {
+                    Family::V4 => IpAddr::from(<[u8; 4]>::try_from(bytes).unwrap_or_default()),
+                    Family::V6 => IpAddr::from(<[u8; 16]>::try_from(bytes).unwrap_or_default()),
+                };
+                path.dnat = Some((ip, path.dport));
+                path.untracked = true;
+                return Some(RuleEnd::Exit(Exit::Accepted));
+            }
             Expr::PayloadSet { base: PayloadBase::Network, offset, sreg, len, .. } => {
                 // Only a destination rewrite matters to where the packet goes.
                 let destination = match self.family {

@@ -377,8 +377,7 @@ fn annotated_services_get_group_chains_that_follow_their_settings() {
     let (rules, g) = annotated_rules(lb(|l| l.helper = Some(Helper::Tftp)), false).unwrap();
     assert!(g.helper_object().is_none() && !rules[0].contains("helper"), "{rules:?}");
 
-    // Settings to-nft does not enforce give no chains; neither do none.
-    assert!(annotated_rules(lb(|l| l.mode = Some(NatMode::Dsr)), false).is_none());
+    // No settings, no chains.
     assert!(annotated_rules(LoadBalancing::default(), false).is_none());
 }
 
@@ -433,4 +432,28 @@ fn stateless_services_rewrite_packets_before_conntrack() {
     let got = lines(&rendered.elements);
     assert!(got.contains("ip reject_dests 192.0.2.1 . tcp . 80"), "{got:?}");
     assert!(!got.iter().any(|l| l.contains("192.0.2.1") && !l.contains("reject")), "{got:?}");
+}
+
+#[test]
+fn direct_return_services_send_unchanged_copies_to_their_endpoints() {
+    let mut svc = service("ns", "web", &["10.96.0.1"], &[HTTP]);
+    svc.load_balancing.mode = Some(NatMode::Dsr);
+    svc.load_balancing.scheduler = Some(Scheduler::SymmetricHash);
+    let rendered = render_web(svc, &NodeFacts::default());
+    let group = &rendered.affinity[0];
+    let entry = crate::objects::affinity_chain(group.hash);
+    let slot = |i| crate::objects::affinity_slot(group.hash, i);
+    let rules = |chain: &str| -> Vec<String> {
+        let (_, rules) = group.chains().into_iter().find(|(spec, _)| spec.name == chain).unwrap();
+        rules.into_iter().map(|r| r.text).collect()
+    };
+    assert_eq!(
+        rules(&entry),
+        [format!("symhash mod 2 == 0 goto {}", slot(0)), format!("goto {}", slot(1))]
+    );
+    assert_eq!(rules(&slot(0)), ["dup to 10.0.0.1 drop"]);
+    // The endpoint answers the client itself: nothing to rewrite on the way back.
+    let request = format!("ip daddr 10.96.0.1 tcp dport 80 notrack goto {entry}");
+    assert_eq!(rules(&format!("{entry}_prerouting")), [request.as_str()]);
+    assert_eq!(rules(&format!("{entry}_output")), [format!("ct state != untracked {request}")]);
 }

@@ -1,7 +1,8 @@
 //! The kube-nftlb load-balancing annotations, enforced by `to-nft`: round robin, hash and
-//! symmetric hash, timed persistence, `dnat`, `snat` and `stlsdnat` modes, logging of new
-//! connections, and the FTP conntrack helper.
+//! symmetric hash, timed persistence, `dnat`, `snat`, `stlsdnat` and `dsr` modes, logging
+//! of new connections, and the FTP conntrack helper.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use kpng_testkit::probe::Outcome;
@@ -157,6 +158,89 @@ pub fn stateless_dnat_rewrites_both_ways_without_conntrack(dp: Dataplane) {
     assert_eq!(Cluster::tcp(&cluster.client, "192.0.2.126:80"), Outcome::Refused);
     // A restart reads the stateless chains back (rewrites, notrack, the route-type base
     // chain) as what it would write.
+    let again = program(&cluster, dp, &manifests, &[]);
+    assert!(dp.started_without_changes(&again), "{again}");
+}
+
+/// The packets the node's prerouting hook sees from and to `address` (a table of the
+/// test's own, before kpng's chains).
+struct Counters<'c> {
+    node: &'c kpng_testkit::netns::Netns,
+}
+
+impl<'c> Counters<'c> {
+    fn install(node: &'c kpng_testkit::netns::Netns, address: &str) -> Counters<'c> {
+        let script = format!(
+            "table ip probe {{\nchain pre {{\ntype filter hook prerouting priority -400;\n\
+             ip daddr {address} counter\nip saddr {address} counter\n}}\n}}\n"
+        );
+        let mut nft = node.command("nft", &["-f", "-"]);
+        nft.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped());
+        let mut child = nft.spawn().expect("running nft");
+        let mut stdin = child.stdin.take().expect("nft's standard input");
+        std::io::Write::write_all(&mut stdin, script.as_bytes()).unwrap();
+        drop(stdin);
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        Counters { node }
+    }
+
+    /// Packets to the address, and from it.
+    fn read(&self) -> (u64, u64) {
+        let out = self.node.output("nft", &["list", "table", "ip", "probe"]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        let packets: Vec<u64> = text
+            .split("packets ")
+            .skip(1)
+            .map(|rest| rest.split(' ').next().unwrap().parse().unwrap())
+            .collect();
+        assert_eq!(packets.len(), 2, "{text} {out:?}");
+        (packets[0], packets[1])
+    }
+}
+
+pub fn direct_server_return_answers_the_client_straight(dp: Dataplane) {
+    let mut cluster = Cluster::new();
+    // Two endpoints on the node's LAN, each holding the ClusterIP on its loopback and
+    // serving the service's own port.
+    for (name, n) in [("web-l", 3), ("web-m", 4)] {
+        let host = cluster.add_lan_host(name, n, &[80]);
+        host.ns.ip(&["link", "set", "lo", "up"]);
+        host.ns.ip(&["addr", "add", "10.96.0.127/32", "dev", "lo"]);
+    }
+    let on_lan = |address| (address, "node-b", true, true, false);
+    let ports = "  - {name: http, protocol: TCP, port: 80, targetPort: 80}\n  - {name: u, protocol: UDP, port: 80, targetPort: 80}\n";
+    let slice_ports =
+        "- {name: http, protocol: TCP, port: 80}\n- {name: u, protocol: UDP, port: 80}\n";
+    let manifests = annotated_ports(
+        "direct",
+        "10.96.0.127",
+        &[("mode", "dsr")],
+        "",
+        &[on_lan("192.168.10.3"), on_lan("192.168.10.4")],
+        (ports, slice_ports),
+    );
+    let log = program(&cluster, dp, &manifests, &[]);
+    let counters = Counters::install(&cluster.node, "10.96.0.127");
+    // The endpoint sees the client itself, and answers it as the ClusterIP; every packet
+    // of a connection reaches the same endpoint (another one would reset it), and
+    // connections from different source ports spread over both (all twenty on one: 2^-19).
+    let mut seen = BTreeSet::new();
+    for _ in 0..20 {
+        let (name, peer) = reach(&cluster.client, "10.96.0.127:80");
+        assert_eq!(peer, ip(CLIENT), "{log}");
+        seen.insert(name);
+    }
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    // Every request passed the node, no answer did: they went from the endpoints straight
+    // to the client over the LAN. Conntrack saw none of it.
+    let (requests, replies) = counters.read();
+    assert!(requests >= 20 * 3, "{requests} requests counted");
+    assert_eq!(replies, 0, "answers came through the node");
+    let tracked = cluster.node.output("conntrack", &["-L"]);
+    let tracked = String::from_utf8_lossy(&tracked.stdout);
+    assert!(!tracked.contains("10.96.0.127"), "{tracked}");
+    // A restart reads the chains back as what it would write.
     let again = program(&cluster, dp, &manifests, &[]);
     assert!(dp.started_without_changes(&again), "{again}");
 }

@@ -69,6 +69,7 @@ mod attrs {
     pub const LIMIT_BURST: u16 = 3;
     pub const LIMIT_TYPE: u16 = 4;
     pub const LIMIT_FLAGS: u16 = 5;
+    pub const DUP_SREG_ADDR: u16 = 1;
     pub const OBJREF_IMM_TYPE: u16 = 1;
     pub const OBJREF_IMM_NAME: u16 = 2;
     /// `NFT_OBJECT_CT_HELPER`.
@@ -223,6 +224,7 @@ impl Expr {
                     put_str(b, OBJREF_IMM_NAME, name);
                 }
                 Expr::Notrack => {}
+                Expr::Dup { sreg_addr } => put_be32(b, DUP_SREG_ADDR, *sreg_addr),
             });
         });
     }
@@ -371,6 +373,7 @@ fn decode_data(name: &str, a: &[(u16, &[u8])]) -> Option<Expr> {
             Expr::CtHelperSet { name: attr::string(attr::find(a, OBJREF_IMM_NAME)?) }
         }
         "notrack" => Expr::Notrack,
+        "dup" => Expr::Dup { sreg_addr: u(DUP_SREG_ADDR)? },
         _ => return None,
     })
 }

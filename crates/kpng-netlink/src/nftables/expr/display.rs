@@ -32,6 +32,7 @@ impl fmt::Display for Expr {
                 )
             }
             Expr::Notrack => f.write_str("notrack"),
+            Expr::Dup { sreg_addr } => write!(f, "dup sreg_addr {sreg_addr}"),
             Expr::Meta { key, dreg } => write!(f, "meta load {} => reg {dreg}", meta_name(*key)),
             Expr::MetaSet { key, sreg } => {
                 write!(f, "meta set {} with reg {sreg}", meta_name(*key))

@@ -34,6 +34,7 @@ fn all() -> Vec<(Expr, &'static str)> {
             "payload write reg 1 => 2b @ transport header + 2 csum_type 2 csum_off 8 csum_flags 0x0",
         ),
         (Expr::Notrack, "notrack"),
+        (Expr::Dup { sreg_addr: 1 }, "dup sreg_addr 1"),
         (Expr::Meta { key: MetaKey::L4Proto, dreg: 9 }, "meta load l4proto => reg 9"),
         (Expr::MetaSet { key: MetaKey::Mark, sreg: 1 }, "meta set mark with reg 1"),
         (
