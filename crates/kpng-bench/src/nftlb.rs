@@ -415,7 +415,8 @@ fn through_to_nftlb(
     // kpng makes a farm per port and family (kube-nftlb IPv4 only): more than nftlb holds
     // at the larger sizes, and to-nftlb would rightly refuse to go on.
     let state = projector.state();
-    let farms: Vec<_> = state.services.values().flat_map(kpng_nftlb::farm::farms_of).collect();
+    let farms: Vec<_> =
+        state.services.values().flat_map(|s| kpng_nftlb::farm::farms_of(s, false)).collect();
     let backends: usize = farms.iter().map(|f| f.backends.len()).sum();
     if farms.len() + 100 > MAX_FARMS || backends + 1000 > MAX_BACKENDS {
         eprintln!(

@@ -15,8 +15,10 @@
 //! the change set, with the farm named.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
 
 use kpng_backend::{Backend, BackendError, ChangeSet};
+use kpng_model::local::LocalServiceState;
 use kpng_model::{LocalState, ServiceKey};
 
 use crate::check::{Installed, mismatch};
@@ -24,7 +26,8 @@ use crate::client::Client;
 use crate::error::NftlbError;
 use kpng_model::global::{AnnotationKey, LoadBalancing, NatMode};
 
-use crate::farm::{Farm, Listing, backends_body, create_body, farms_of, unsupported};
+use crate::farm::{Direct, Farm, Listing, backends_body, create_body, farms_of, unsupported};
+use crate::link::LinkLayer;
 
 /// nftlb's API, as the backend calls it.
 pub trait Api: Send {
@@ -70,6 +73,8 @@ pub struct NftlbBackend {
     warned: BTreeSet<ServiceKey>,
     /// Calls made, for tests and logs.
     calls: u64,
+    /// For `dsr` farms: the interface clients arrive on, and how backends are resolved.
+    direct: Option<(String, Box<dyn LinkLayer>)>,
 }
 
 impl NftlbBackend {
@@ -82,7 +87,44 @@ impl NftlbBackend {
             by_service: HashMap::new(),
             warned: BTreeSet::new(),
             calls: 0,
+            direct: None,
         }
+    }
+
+    /// Services with `mode: dsr` get `dsr` farms hooked on `iface`, the interface clients
+    /// arrive on, their backends resolved by `links` (without it they are `snat` farms,
+    /// and the mode is reported unsupported).
+    pub fn with_direct_return(mut self, iface: String, links: Box<dyn LinkLayer>) -> Self {
+        self.direct = Some((iface, links));
+        self
+    }
+
+    /// The farms of `service`, `dsr` farms with their link layer resolved.
+    fn farms_of(&mut self, service: &LocalServiceState) -> Result<Vec<Farm>, NftlbError> {
+        let mut farms = farms_of(service, self.direct.is_some());
+        let Some((iface, links)) = self.direct.as_mut() else { return Ok(farms) };
+        for farm in farms.iter_mut().filter(|f| f.vip.mode == "dsr" && !f.backends.is_empty()) {
+            let ips: Vec<IpAddr> =
+                farm.backends.values().filter_map(|b| b.ip_addr.parse().ok()).collect();
+            let resolved = links
+                .resolve(&ips)
+                .map_err(|why| NftlbError::LinkLayer { farm: farm.name.clone(), why })?;
+            let backends = farm
+                .backends
+                .values()
+                .filter_map(|b| {
+                    let ip: IpAddr = b.ip_addr.parse().ok()?;
+                    Some((b.name.clone(), resolved.macs.get(&ip)?.clone()))
+                })
+                .collect();
+            farm.direct = Some(Direct {
+                iface: iface.clone(),
+                oface: resolved.oface,
+                ether_addr: resolved.oface_mac,
+                backends,
+            });
+        }
+        Ok(farms)
     }
 
     /// Calls made so far.
@@ -145,7 +187,7 @@ impl NftlbBackend {
                     self.call("DELETE", &format!("/farms/{}/backends/{name}", new.name), "")?;
                 }
                 if !added.is_empty() {
-                    self.call("POST", "/farms", &backends_body(&new.name, &added))?;
+                    self.call("POST", "/farms", &backends_body(new, &added))?;
                 }
                 Ok((None, !gone.is_empty() || !added.is_empty()))
             }
@@ -186,17 +228,16 @@ impl NftlbBackend {
         Ok((self.calls - before) as usize)
     }
 
-    fn all_farms(&mut self, state: &LocalState) -> BTreeMap<String, Farm> {
+    fn all_farms(&mut self, state: &LocalState) -> Result<BTreeMap<String, Farm>, NftlbError> {
         self.by_service.clear();
         let mut wanted = BTreeMap::new();
-        let keys: Vec<ServiceKey> = state.services.keys().cloned().collect();
-        for key in keys {
-            self.warn_unsupported(state, &key);
-            let farms = farms_of(&state.services[&key]);
-            self.by_service.insert(key, farms.iter().map(|f| f.name.clone()).collect());
+        for (key, service) in &state.services {
+            self.warn_unsupported(state, key);
+            let farms = self.farms_of(service)?;
+            self.by_service.insert(key.clone(), farms.iter().map(|f| f.name.clone()).collect());
             wanted.extend(farms.into_iter().map(|f| (f.name.clone(), f)));
         }
-        wanted
+        Ok(wanted)
     }
 
     fn apply_inner(&mut self, changes: &ChangeSet<'_>) -> Result<usize, NftlbError> {
@@ -204,7 +245,7 @@ impl NftlbBackend {
         let known = self.farms.take().filter(|_| !changes.is_reset());
         let Some(mut farms) = known else {
             let have = list_farms(&mut *self.api)?;
-            let wanted = self.all_farms(state);
+            let wanted = self.all_farms(state)?;
             let calls = self.sync(&have, &wanted)?;
             self.farms = Some(wanted);
             return Ok(calls);
@@ -220,7 +261,7 @@ impl NftlbBackend {
                 }
             }
             if let Some(service) = state.services.get(key) {
-                let new = farms_of(service);
+                let new = self.farms_of(service)?;
                 self.by_service.insert(key.clone(), new.iter().map(|f| f.name.clone()).collect());
                 wanted.extend(new.into_iter().map(|f| (f.name.clone(), f)));
             }
@@ -238,9 +279,11 @@ impl Backend for NftlbBackend {
     }
 
     fn unsupported(&self, lb: &LoadBalancing) -> Vec<(AnnotationKey, &'static str)> {
-        // Stateless DNAT and direct server return need the node's interface and each
-        // endpoint's link-layer address in the farm, which the node state does not carry.
+        // Direct server return needs the interface clients arrive on. nftlb's stateless
+        // DNAT keeps the service port (no target port) and takes replies only on the
+        // backends' interface.
         match lb.mode {
+            Some(NatMode::Dsr) if self.direct.is_some() => Vec::new(),
             Some(mode @ (NatMode::StatelessDnat | NatMode::Dsr)) => {
                 vec![(AnnotationKey::Mode, mode.as_str())]
             }

@@ -1,5 +1,6 @@
 //! Whether the kernel holds what nftlb answered success for: nftlb puts a farm's DNAT in
-//! the chain `nat-<farm>` of its table (`ip nftlb`, `ip6 nftlb`), which `nft` lists.
+//! the chain `nat-<farm>` of its table (`ip nftlb`, `ip6 nftlb`), and a `dsr` farm's
+//! forwarding in the chain `<farm>` of `netdev nftlb`, which `nft` lists.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
@@ -21,7 +22,19 @@ pub trait Installed: Send {
 pub struct NftListing;
 
 fn table(farm: &Farm) -> &'static str {
-    if farm.vip.family == "ipv6" { "ip6" } else { "ip" }
+    match (farm.direct.is_some(), farm.vip.family.as_str()) {
+        (true, _) => "netdev",
+        (false, "ipv6") => "ip6",
+        (false, _) => "ip",
+    }
+}
+
+/// The chain that holds a farm's backends.
+fn chain(farm: &Farm) -> String {
+    match farm.direct {
+        Some(_) => farm.name.clone(),
+        None => format!("nat-{}", farm.name),
+    }
 }
 
 fn list(args: &[&str]) -> Result<Option<String>, NftlbError> {
@@ -55,7 +68,7 @@ impl Installed for NftListing {
         let mut found = BTreeMap::new();
         if farms.len() <= CHAINS_ONE_BY_ONE {
             for farm in farms {
-                let chain = format!("nat-{}", farm.name);
+                let chain = chain(farm);
                 if let Some(listing) = list(&["list", "chain", table(farm), "nftlb", &chain])? {
                     let body = chain_bodies(&listing).remove(&chain).unwrap_or_default();
                     found.insert(farm.name.clone(), body);
@@ -71,7 +84,7 @@ impl Installed for NftListing {
             }
         }
         for farm in farms {
-            if let Some(body) = all.remove(&format!("nat-{}", farm.name)) {
+            if let Some(body) = all.remove(&chain(farm)) {
                 found.insert(farm.name.clone(), body);
             }
         }
@@ -91,17 +104,26 @@ pub fn names_target(body: &str, ip: &str, port: &str) -> bool {
     })
 }
 
-/// What differs between `farm` and the kernel's `nat-<farm>` chain (`None`: absent).
+/// What differs between `farm` and the kernel's chain of it (`None`: absent): each
+/// backend's address and port, or for a `dsr` farm its link-layer address.
 pub fn mismatch(farm: &Farm, body: Option<&str>) -> Option<String> {
     let Some(body) = body else {
-        return Some(format!("no chain nat-{}", farm.name));
+        return Some(format!("no chain {}", chain(farm)));
     };
-    let missing: Vec<String> = farm
-        .backends
-        .values()
-        .filter(|b| !names_target(body, &b.ip_addr, &b.port))
-        .map(|b| format!("{}:{}", b.ip_addr, b.port))
-        .collect();
+    let missing: Vec<String> = match &farm.direct {
+        Some(direct) => direct
+            .backends
+            .values()
+            .filter(|mac| !body.split(|c: char| c.is_whitespace() || c == ',').any(|t| t == *mac))
+            .cloned()
+            .collect(),
+        None => farm
+            .backends
+            .values()
+            .filter(|b| !names_target(body, &b.ip_addr, &b.port))
+            .map(|b| format!("{}:{}", b.ip_addr, b.port))
+            .collect(),
+    };
     (!missing.is_empty()).then(|| format!("backends {} missing", missing.join(", ")))
 }
 

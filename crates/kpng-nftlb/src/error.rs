@@ -48,6 +48,14 @@ pub enum NftlbError {
         /// The failure.
         source: serde_json::Error,
     },
+    /// A `dsr` farm's backends could not be placed on the link layer.
+    #[error("farm {farm}: {why}")]
+    LinkLayer {
+        /// The farm.
+        farm: String,
+        /// Why.
+        why: String,
+    },
     /// nftlb answered success but the kernel does not hold what was asked.
     #[error(
         "nftlb answered success for farm {farm} but the kernel does not hold it: {what} (nftlb 1.0.7 accepts farms past 1,024 that it never installs)"

@@ -26,7 +26,8 @@ pub struct Vip {
     pub virtual_addr: String,
     /// The service port.
     pub virtual_ports: String,
-    /// `snat` (replies come back through the node), or the `mode` annotation's `dnat`.
+    /// `snat` (replies come back through the node), or the `mode` annotation's `dnat`, or
+    /// `dsr` when the backend knows the clients' interface.
     pub mode: String,
     /// `tcp`, `udp` or `sctp`.
     pub protocol: String,
@@ -67,7 +68,7 @@ struct Balancing {
 }
 
 impl Balancing {
-    fn of(service: &LocalService) -> Balancing {
+    fn of(service: &LocalService, direct: bool) -> Balancing {
         let lb = &service.load_balancing;
         let hashed = lb.scheduler == Some(Scheduler::Hash);
         let sticky = match (lb.persistence, service.affinity_timeout_seconds) {
@@ -75,18 +76,33 @@ impl Balancing {
             (None, Some(timeout)) => Some((PersistenceKey::SrcIp.as_str(), timeout)),
             (None, None) => None,
         };
+        // Without conntrack (`dsr`) every packet chooses: by a hash of the persistence key,
+        // source address and port when unset, or the symmetric hash.
+        let stateless = direct && lb.mode == Some(NatMode::Dsr);
         let (sched_param, persistence, persist_ttl) = match sticky {
+            _ if stateless && lb.scheduler == Some(Scheduler::SymmetricHash) => {
+                ("none", "none", 60)
+            }
+            _ if stateless => {
+                (sticky.map_or(PersistenceKey::SrcIpSrcPort.as_str(), |(key, _)| key), "none", 60)
+            }
             // `hash` hashes the key, statelessly (`srcip` when no key is set).
             _ if hashed => (sticky.map_or("srcip", |(key, _)| key), "none", 60),
             Some((key, ttl)) => ("none", key, ttl),
             None => ("none", "none", 60),
         };
+        let scheduler = match lb.scheduler {
+            Some(Scheduler::SymmetricHash) => Scheduler::SymmetricHash.as_str(),
+            _ if stateless => Scheduler::Hash.as_str(),
+            other => other.map_or("weight", Scheduler::as_str),
+        };
         Balancing {
             mode: match lb.mode {
                 Some(NatMode::Dnat) => "dnat",
+                Some(NatMode::Dsr) if direct => "dsr",
                 _ => "snat",
             },
-            scheduler: lb.scheduler.map_or("weight", Scheduler::as_str),
+            scheduler,
             sched_param,
             persistence,
             persist_ttl,
@@ -104,12 +120,25 @@ pub struct FarmBackend {
     pub name: String,
     /// The endpoint's address.
     pub ip_addr: String,
-    /// The endpoint's port.
+    /// The endpoint's port (empty in `dsr` mode: the packet keeps the service port).
     pub port: String,
 }
 
-/// A farm as kpng wants it.
+/// A `dsr` farm's link layer: where nftlb hooks it and where it forwards.
 #[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Direct {
+    /// The interface clients arrive on (`iface`).
+    pub iface: String,
+    /// The interface towards the backends (`oface`).
+    pub oface: String,
+    /// `oface`'s link-layer address (the farm's `ether-addr`).
+    pub ether_addr: String,
+    /// Each backend's link-layer address, by backend name.
+    pub backends: BTreeMap<String, String>,
+}
+
+/// A farm as kpng wants it.
+#[derive(Debug, Clone, Eq)]
 pub struct Farm {
     /// The farm's name.
     pub name: String,
@@ -117,6 +146,15 @@ pub struct Farm {
     pub vip: Vip,
     /// The backends, by name.
     pub backends: BTreeMap<String, FarmBackend>,
+    /// A `dsr` farm's link layer, once resolved. nftlb does not list it, so farms compare
+    /// without it: it is resolved when the farm or a backend is created.
+    pub direct: Option<Direct>,
+}
+
+impl PartialEq for Farm {
+    fn eq(&self, other: &Farm) -> bool {
+        (&self.name, &self.vip, &self.backends) == (&other.name, &other.vip, &other.backends)
+    }
 }
 
 /// What nftlb's `GET /farms` lists of a farm (it lists more; the rest is not kpng's).
@@ -136,7 +174,7 @@ pub struct ListedFarm {
 impl From<ListedFarm> for Farm {
     fn from(listed: ListedFarm) -> Farm {
         let backends = listed.backends.into_iter().map(|b| (b.name.clone(), b)).collect();
-        Farm { name: listed.name, vip: listed.vip, backends }
+        Farm { name: listed.name, vip: listed.vip, backends, direct: None }
     }
 }
 
@@ -169,10 +207,12 @@ pub fn farm_name(state: &LocalServiceState, port: &str, family: Family) -> Strin
     format!("{}--{}--{port}{suffix}", key.namespace, key.name)
 }
 
-/// The farms of one service.
-pub fn farms_of(state: &LocalServiceState) -> Vec<Farm> {
+/// The farms of one service; `direct`: `mode: dsr` makes `dsr` farms (their link layer
+/// is for the caller to resolve).
+pub fn farms_of(state: &LocalServiceState, direct: bool) -> Vec<Farm> {
     let service = &state.service;
-    let balancing = Balancing::of(service);
+    let balancing = Balancing::of(service, direct);
+    let keeps_port = balancing.mode == "dsr";
     let mut farms = Vec::new();
     for port in &service.ports {
         for family in Family::ALL {
@@ -194,7 +234,11 @@ pub fn farms_of(state: &LocalServiceState) -> Vec<Farm> {
                     let name = format!("{owner}--{port_name}");
                     (
                         name.clone(),
-                        FarmBackend { name, ip_addr: ip.to_string(), port: target.to_string() },
+                        FarmBackend {
+                            name,
+                            ip_addr: ip.to_string(),
+                            port: if keeps_port { String::new() } else { target.to_string() },
+                        },
                     )
                 })
                 .collect();
@@ -217,6 +261,7 @@ pub fn farms_of(state: &LocalServiceState) -> Vec<Farm> {
                     log: balancing.log.into(),
                 },
                 backends,
+                direct: None,
             });
         }
     }
@@ -249,30 +294,44 @@ pub fn create_body(farms: &[&Farm]) -> String {
         #[serde(flatten)]
         vip: &'a Vip,
         intra_connect: &'static str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        iface: Option<&'a str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        oface: Option<&'a str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        ether_addr: Option<&'a str>,
         state: &'static str,
         backends: Vec<Up<'a>>,
     }
     let whole: Vec<Whole<'_>> = farms
         .iter()
-        .map(|farm| Whole {
-            name: &farm.name,
-            vip: &farm.vip,
-            intra_connect: "on",
-            state: "up",
-            backends: farm.backends.values().map(Up::of).collect(),
+        .map(|farm| {
+            let direct = farm.direct.as_ref();
+            Whole {
+                name: &farm.name,
+                vip: &farm.vip,
+                intra_connect: "on",
+                iface: direct.map(|d| d.iface.as_str()),
+                oface: direct.map(|d| d.oface.as_str()),
+                ether_addr: direct.map(|d| d.ether_addr.as_str()),
+                state: "up",
+                backends: farm.backends.values().map(|b| Up::of(b, direct)).collect(),
+            }
         })
         .collect();
     farms_body(&whole)
 }
 
-/// The body of a `POST /farms` adding `backends` to the farm `name`.
-pub fn backends_body(name: &str, backends: &[&FarmBackend]) -> String {
+/// The body of a `POST /farms` adding `backends` to `farm`.
+pub fn backends_body(farm: &Farm, backends: &[&FarmBackend]) -> String {
     #[derive(Serialize)]
     struct Part<'a> {
         name: &'a str,
         backends: Vec<Up<'a>>,
     }
-    farms_body(&[Part { name, backends: backends.iter().map(|b| Up::of(b)).collect() }])
+    let direct = farm.direct.as_ref();
+    let backends = backends.iter().map(|b| Up::of(b, direct)).collect();
+    farms_body(&[Part { name: &farm.name, backends }])
 }
 
 #[derive(Serialize)]
@@ -280,13 +339,21 @@ pub fn backends_body(name: &str, backends: &[&FarmBackend]) -> String {
 struct Up<'a> {
     name: &'a str,
     ip_addr: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ether_addr: Option<&'a str>,
     port: &'a str,
     state: &'static str,
 }
 
 impl<'a> Up<'a> {
-    fn of(backend: &'a FarmBackend) -> Up<'a> {
-        Up { name: &backend.name, ip_addr: &backend.ip_addr, port: &backend.port, state: "up" }
+    fn of(backend: &'a FarmBackend, direct: Option<&'a Direct>) -> Up<'a> {
+        Up {
+            name: &backend.name,
+            ip_addr: &backend.ip_addr,
+            ether_addr: direct.and_then(|d| d.backends.get(&backend.name)).map(String::as_str),
+            port: &backend.port,
+            state: "up",
+        }
     }
 }
 

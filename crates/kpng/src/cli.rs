@@ -9,7 +9,7 @@
 //!            | to-api --listen ADDR [--max-clients N] [--client-timeout DURATION]
 //! <backend> := to-json | to-nft | to-iptables [--iptables-mode auto|nft|legacy]
 //!            | to-ebpf [--cgroup-path PATH] [--bpf-pin-path PATH]
-//!            | to-nftlb --nftlb-key-file PATH [--nftlb-url URL]
+//!            | to-nftlb --nftlb-key-file PATH [--nftlb-url URL] [--nftlb-interface IFACE]
 //! kpng cleanup [--backend nft|iptables|ebpf|nftlb|all] [--bpf-pin-path PATH]
 //!              [--nftlb-key-file PATH] [--nftlb-url URL]
 //! kpng aggregate [--listen ADDR] [--producer-lease DURATION] [--netns NAME]
@@ -526,6 +526,12 @@ pub struct NftlbArgs {
     /// The daemon.
     #[command(flatten)]
     pub daemon: NftlbDaemonArgs,
+    /// Direct server return (`mode: dsr`): the interface clients' traffic reaches this node
+    /// on. nftlb forwards it there, at the interface's ingress, to the endpoints' link-layer
+    /// addresses, which must be neighbours of this node. Without it, `mode: dsr` services
+    /// get `snat` farms and the mode is reported unsupported.
+    #[arg(long, value_name = "INTERFACE")]
+    pub nftlb_interface: Option<String>,
     /// Further backends.
     #[command(flatten)]
     pub chain: Chain,

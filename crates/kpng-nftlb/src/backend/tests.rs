@@ -18,6 +18,8 @@ struct Daemon {
     farms: BTreeMap<String, Farm>,
     created: Vec<String>,
     calls: Vec<String>,
+    /// The body of every POST.
+    posted: Vec<String>,
     installs: Option<usize>,
 }
 
@@ -56,6 +58,7 @@ impl Api for Fake {
                 Ok(serde_json::json!({ "farms": farms }).to_string())
             }
             ("POST", ["farms"]) => {
+                d.posted.push(body.to_string());
                 let v: Value = serde_json::from_str(body).unwrap();
                 for farm in v["farms"].as_array().unwrap() {
                     let name = text(farm, "name");
@@ -63,7 +66,12 @@ impl Api for Fake {
                         let vip = serde_json::from_value(farm.clone()).unwrap();
                         d.farms.insert(
                             name.clone(),
-                            Farm { name: name.clone(), vip, backends: BTreeMap::new() },
+                            Farm {
+                                name: name.clone(),
+                                vip,
+                                backends: BTreeMap::new(),
+                                direct: None,
+                            },
                         );
                         d.created.push(name.clone());
                     }
@@ -104,8 +112,15 @@ impl Installed for Fake {
         Ok(farms
             .iter()
             .filter(|f| installed.contains(&f.name))
-            .filter_map(|f| d.farms.get(&f.name))
-            .map(|f| {
+            .filter_map(|asked| Some((asked, d.farms.get(&asked.name)?)))
+            .map(|(asked, f)| {
+                // A dsr farm's chain forwards to link-layer addresses.
+                if let Some(direct) = &asked.direct {
+                    let macs: Vec<&String> =
+                        f.backends.keys().filter_map(|n| direct.backends.get(n)).collect();
+                    let macs: Vec<&str> = macs.iter().map(|m| m.as_str()).collect();
+                    return (f.name.clone(), format!("ether daddr set {{ {} }}", macs.join(", ")));
+                }
                 let targets: Vec<String> =
                     f.backends.values().map(|b| format!("{} . {}", b.ip_addr, b.port)).collect();
                 (f.name.clone(), format!("dnat ip to ct mark map {{ {} }}", targets.join(", ")))
@@ -239,7 +254,7 @@ fn farms_are_named_per_namespace_service_port_and_family() {
         vec![endpoint("10.1.0.1", "n0")],
     )));
     let state = project_node_state(&model, "n0");
-    let farms = farms_of(&state.services[&ServiceKey::new("shop", "web")]);
+    let farms = farms_of(&state.services[&ServiceKey::new("shop", "web")], false);
     let names: Vec<&str> = farms.iter().map(|f| f.name.as_str()).collect();
     assert_eq!(names, ["shop--web--default", "shop--web--default--ipv6"]);
     assert_eq!(farms[0].vip.protocol, "udp");
@@ -264,7 +279,7 @@ fn annotated(lb: LoadBalancing, affinity: Option<u32>) -> GlobalModel {
 
 fn vip_of(model: &GlobalModel) -> crate::farm::Vip {
     let state = project_node_state(model, "n0");
-    farms_of(&state.services[&ServiceKey::new("ns", "s0")]).remove(0).vip
+    farms_of(&state.services[&ServiceKey::new("ns", "s0")], false).remove(0).vip
 }
 
 #[test]
@@ -339,4 +354,76 @@ fn nftlbs_own_listing_reads_as_the_farm_kpng_wants() {
         ..LoadBalancing::default()
     };
     assert_eq!(farm.vip, vip_of(&annotated(lb, Some(30))));
+}
+
+/// Neighbours on `eth0` with addresses from their last octet; 10.1.0.9 is no neighbour.
+struct Links;
+
+impl crate::link::LinkLayer for Links {
+    fn resolve(&mut self, ips: &[IpAddr]) -> Result<crate::link::Resolved, String> {
+        if let Some(ip) = ips.iter().find(|ip| ip.to_string() == "10.1.0.9") {
+            return Err(format!("{ip} has no link-layer address"));
+        }
+        let mac = |ip: &IpAddr| match ip {
+            IpAddr::V4(v4) => format!("02:00:00:00:01:{:02x}", v4.octets()[3]),
+            IpAddr::V6(_) => "02:00:00:00:02:00".to_string(),
+        };
+        Ok(crate::link::Resolved {
+            oface: "eth0".into(),
+            oface_mac: "02:00:00:00:00:01".into(),
+            macs: ips.iter().map(|ip| (*ip, mac(ip))).collect(),
+        })
+    }
+}
+
+#[test]
+fn dsr_farms_carry_the_link_layer_nftlb_needs() {
+    let fake = Fake::default();
+    let mut b = backend(&fake).with_direct_return("eth1".into(), Box::new(Links));
+    let dsr = LoadBalancing { mode: Some(NatMode::Dsr), ..LoadBalancing::default() };
+    assert!(b.unsupported(&dsr).is_empty());
+    let mut model = annotated(dsr, None);
+    let before = project_node_state(&model, "n0");
+    b.apply(&ChangeSet::full(&before)).unwrap();
+    let posted: Value = serde_json::from_str(fake.daemon().posted.last().unwrap()).unwrap();
+    let farm = posted["farms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["name"] == "ns--s0--http")
+        .unwrap()
+        .clone();
+    let fields = ["mode", "iface", "oface", "ether-addr"].map(|k| text(&farm, k));
+    assert_eq!(fields, ["dsr", "eth1", "eth0", "02:00:00:00:00:01"]);
+    let backends: Vec<(String, String)> = farm["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| (text(b, "ether-addr"), text(b, "port")))
+        .collect();
+    // The packet keeps the service port: no target port.
+    assert_eq!(
+        backends,
+        [("02:00:00:00:01:00".to_string(), String::new()), ("02:00:00:00:01:01".into(), "".into())]
+    );
+    // The other service is an ordinary farm.
+    let other = posted["farms"].as_array().unwrap().iter().find(|f| f["name"] == "ns--s1--http");
+    assert!(other.unwrap().get("iface").is_none());
+    // nftlb does not list the link layer: the farms still read as kpng's.
+    assert!(b.verify().unwrap());
+
+    // A new endpoint is one backend more, with its address.
+    set_endpoints(&mut model, "s0", &["10.1.0.0".into(), "10.1.0.1".into(), "10.1.0.2".into()]);
+    let after = project_node_state(&model, "n0");
+    fake.daemon().calls.clear();
+    b.apply(&ChangeSet::changes(&diff(&before, &after), &after)).unwrap();
+    assert_eq!(fake.daemon().calls, ["POST /farms"]);
+    assert!(fake.daemon().posted.last().unwrap().contains("\"ether-addr\":\"02:00:00:00:01:02\""));
+
+    // An endpoint that is no neighbour fails the change, naming the farm and the address.
+    set_endpoints(&mut model, "s0", &["10.1.0.0".into(), "10.1.0.9".into()]);
+    let last = project_node_state(&model, "n0");
+    let error = b.apply(&ChangeSet::changes(&diff(&after, &last), &last)).unwrap_err();
+    let shown = kpng_backend::error_chain(&error);
+    assert!(shown.contains("ns--s0--http") && shown.contains("10.1.0.9"), "{shown}");
 }

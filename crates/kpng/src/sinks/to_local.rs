@@ -65,10 +65,18 @@ pub fn build_backends(
                 };
                 built.locks.push(InstanceLock::take("nftlb")?);
                 let client = nftlb_client(&args.daemon, key)?;
-                built.backends.push(Box::new(kpng_nftlb::NftlbBackend::new(
+                let mut backend = kpng_nftlb::NftlbBackend::new(
                     Box::new(client),
                     Box::new(kpng_nftlb::NftListing),
-                )));
+                );
+                if let Some(iface) = &args.nftlb_interface {
+                    if iface.is_empty() || iface.len() > 15 {
+                        anyhow::bail!("--nftlb-interface {iface:?}: not an interface name");
+                    }
+                    backend = backend
+                        .with_direct_return(iface.clone(), Box::new(kpng_nftlb::NeighbourTable));
+                }
+                built.backends.push(Box::new(backend));
             }
             BackendCommand::ToEbpf(args) => {
                 if !global.dry_run {

@@ -162,81 +162,54 @@ pub fn stateless_dnat_rewrites_both_ways_without_conntrack(dp: Dataplane) {
     assert!(dp.started_without_changes(&again), "{again}");
 }
 
-/// The packets the node's prerouting hook sees from and to `address` (a table of the
-/// test's own, before kpng's chains).
-struct Counters<'c> {
-    node: &'c kpng_testkit::netns::Netns,
-}
-
-impl<'c> Counters<'c> {
-    fn install(node: &'c kpng_testkit::netns::Netns, address: &str) -> Counters<'c> {
-        let script = format!(
-            "table ip probe {{\nchain pre {{\ntype filter hook prerouting priority -400;\n\
-             ip daddr {address} counter\nip saddr {address} counter\n}}\n}}\n"
-        );
-        let mut nft = node.command("nft", &["-f", "-"]);
-        nft.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped());
-        let mut child = nft.spawn().expect("running nft");
-        let mut stdin = child.stdin.take().expect("nft's standard input");
-        std::io::Write::write_all(&mut stdin, script.as_bytes()).unwrap();
-        drop(stdin);
-        let out = child.wait_with_output().unwrap();
-        assert!(out.status.success(), "{out:?}");
-        Counters { node }
-    }
-
-    /// Packets to the address, and from it.
-    fn read(&self) -> (u64, u64) {
-        let out = self.node.output("nft", &["list", "table", "ip", "probe"]);
-        let text = String::from_utf8_lossy(&out.stdout);
-        let packets: Vec<u64> = text
-            .split("packets ")
-            .skip(1)
-            .map(|rest| rest.split(' ').next().unwrap().parse().unwrap())
-            .collect();
-        assert_eq!(packets.len(), 2, "{text} {out:?}");
-        (packets[0], packets[1])
-    }
-}
-
-pub fn direct_server_return_answers_the_client_straight(dp: Dataplane) {
-    let mut cluster = Cluster::new();
-    // Two endpoints on the node's LAN, each holding the ClusterIP on its loopback and
-    // serving the service's own port.
+/// Endpoints `web-l` and `web-m` on the node's LAN (192.168.10.3 and .4), each holding
+/// `cluster_ip` on its loopback and serving port 80, as direct server return needs; and the
+/// manifests of service `direct` at `cluster_ip` with `mode: dsr` over them.
+pub fn direct_endpoints(cluster: &mut Cluster, cluster_ip: &str) -> String {
     for (name, n) in [("web-l", 3), ("web-m", 4)] {
         let host = cluster.add_lan_host(name, n, &[80]);
         host.ns.ip(&["link", "set", "lo", "up"]);
-        host.ns.ip(&["addr", "add", "10.96.0.127/32", "dev", "lo"]);
+        host.ns.ip(&["addr", "add", &format!("{cluster_ip}/32"), "dev", "lo"]);
     }
     let on_lan = |address| (address, "node-b", true, true, false);
-    let ports = "  - {name: http, protocol: TCP, port: 80, targetPort: 80}\n  - {name: u, protocol: UDP, port: 80, targetPort: 80}\n";
-    let slice_ports =
-        "- {name: http, protocol: TCP, port: 80}\n- {name: u, protocol: UDP, port: 80}\n";
-    let manifests = annotated_ports(
+    let ports = "  - {name: http, protocol: TCP, port: 80, targetPort: 80}\n";
+    let slice_ports = "- {name: http, protocol: TCP, port: 80}\n";
+    annotated_ports(
         "direct",
-        "10.96.0.127",
+        cluster_ip,
         &[("mode", "dsr")],
         "",
         &[on_lan("192.168.10.3"), on_lan("192.168.10.4")],
         (ports, slice_ports),
-    );
-    let log = program(&cluster, dp, &manifests, &[]);
-    let counters = Counters::install(&cluster.node, "10.96.0.127");
-    // The endpoint sees the client itself, and answers it as the ClusterIP; every packet
-    // of a connection reaches the same endpoint (another one would reset it), and
-    // connections from different source ports spread over both (all twenty on one: 2^-19).
+    )
+}
+
+/// Twenty connections to `target`, a [`direct_endpoints`] service: each reaches one
+/// endpoint, which sees the client itself and answers it as the ClusterIP (every packet of
+/// a connection reaches the same endpoint: another would reset it); they spread over both
+/// (all twenty on one: 2^-19); the node counts every request and no answer, which went
+/// from the endpoints straight to the client over the LAN.
+pub fn answered_directly(cluster: &Cluster, target: &str, context: &dyn Fn() -> String) {
+    let cluster_ip = target.split(':').next().unwrap();
+    let counters = Counters::install(&cluster.node, cluster_ip);
     let mut seen = BTreeSet::new();
     for _ in 0..20 {
-        let (name, peer) = reach(&cluster.client, "10.96.0.127:80");
-        assert_eq!(peer, ip(CLIENT), "{log}");
+        let (name, peer) = reach(&cluster.client, target);
+        assert_eq!(peer, ip(CLIENT), "{}", context());
         seen.insert(name);
     }
     assert_eq!(seen.len(), 2, "{seen:?}");
-    // Every request passed the node, no answer did: they went from the endpoints straight
-    // to the client over the LAN. Conntrack saw none of it.
     let (requests, replies) = counters.read();
     assert!(requests >= 20 * 3, "{requests} requests counted");
     assert_eq!(replies, 0, "answers came through the node");
+}
+
+pub fn direct_server_return_answers_the_client_straight(dp: Dataplane) {
+    let mut cluster = Cluster::new();
+    let manifests = direct_endpoints(&mut cluster, "10.96.0.127");
+    let log = program(&cluster, dp, &manifests, &[]);
+    answered_directly(&cluster, "10.96.0.127:80", &|| log.clone());
+    // Conntrack saw none of it.
     let tracked = cluster.node.output("conntrack", &["-L"]);
     let tracked = String::from_utf8_lossy(&tracked.stdout);
     assert!(!tracked.contains("10.96.0.127"), "{tracked}");

@@ -456,3 +456,42 @@ impl Drop for Watched {
         let _ = self.child.wait();
     }
 }
+
+/// The packets that arrive on the node's LAN interface from and to `address`: counted at
+/// its ingress, before anything of the IP stack (nftlb forwards there), by a table of the
+/// test's own.
+pub struct Counters<'c> {
+    node: &'c kpng_testkit::netns::Netns,
+}
+
+impl<'c> Counters<'c> {
+    pub fn install(node: &'c kpng_testkit::netns::Netns, address: &str) -> Counters<'c> {
+        let script = format!(
+            "table netdev probe {{\nchain lan {{\n\
+             type filter hook ingress device \"eth0\" priority -500;\n\
+             ip daddr {address} counter\nip saddr {address} counter\n}}\n}}\n"
+        );
+        let mut nft = node.command("nft", &["-f", "-"]);
+        nft.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped());
+        let mut child = nft.spawn().expect("running nft");
+        let mut stdin = child.stdin.take().expect("nft's standard input");
+        std::io::Write::write_all(&mut stdin, script.as_bytes()).unwrap();
+        drop(stdin);
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        Counters { node }
+    }
+
+    /// Packets to the address, and from it.
+    pub fn read(&self) -> (u64, u64) {
+        let out = self.node.output("nft", &["list", "table", "netdev", "probe"]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        let packets: Vec<u64> = text
+            .split("packets ")
+            .skip(1)
+            .map(|rest| rest.split(' ').next().unwrap().parse().unwrap())
+            .collect();
+        assert_eq!(packets.len(), 2, "{text} {out:?}");
+        (packets[0], packets[1])
+    }
+}

@@ -10,7 +10,7 @@ use kpng_testkit::privileged::require;
 use kpng_testkit::probe::Outcome;
 use kpng_testkit::topology::Cluster;
 
-use crate::annotations::{CLIENT, annotated_on};
+use crate::annotations::{CLIENT, annotated_on, answered_directly, direct_endpoints};
 use crate::harness::*;
 
 const URL: &str = "http://127.0.0.1:5555";
@@ -78,6 +78,8 @@ pub fn to_nftlb_serves_cluster_ips_follows_endpoints_and_cleans_up() {
         URL,
         "--nftlb-key-file",
         &key_path,
+        "--nftlb-interface",
+        "eth0",
     ];
     let kpng = cluster
         .node
@@ -143,7 +145,7 @@ pub fn to_nftlb_serves_cluster_ips_follows_endpoints_and_cleans_up() {
     kpng_testkit::ftp::serve(&cluster.pod("ftp-a").ns, "ftp-a", 8080);
     let ftp_a: Ep<'_> = ("10.244.0.30", "node-a", true, true, false);
     let files = annotated_on("files", "10.96.0.91", &[("helper", "ftp")], "", &[ftp_a]);
-    write(&[sticky, files].concat());
+    write(&[sticky.clone(), files.clone()].concat());
     wait_until("the files farm has the FTP helper", || {
         farms(&cluster, key).contains("\"helper\": \"ftp\"")
     });
@@ -151,13 +153,25 @@ pub fn to_nftlb_serves_cluster_ips_follows_endpoints_and_cleans_up() {
     let got = kpng_testkit::ftp::retrieve(&cluster.client, server).expect("an active-mode RETR");
     assert!(got.content.starts_with("ftp-a "), "{got:?}");
 
+    // dsr: a farm forwarding at the LAN interface's ingress to the endpoints' link-layer
+    // addresses, which answer the client directly.
+    let direct = direct_endpoints(&mut cluster, "10.96.0.92");
+    write(&[sticky, files, direct].concat());
+    wait_until("the direct farm is in dsr mode with both backends", || {
+        let listed = farms(&cluster, key);
+        listed.contains("\"mode\": \"dsr\"") && listed.contains("192.168.10.4")
+    });
+    answered_directly(&cluster, "10.96.0.92:80", &|| {
+        format!("{}\n{}", log(), farms(&cluster, key))
+    });
+
     // cleanup removes kpng's farms; the cluster IP is no longer served.
     drop(_kpng);
     let cleanup =
         ["cleanup", "--backend", "nftlb", "--nftlb-url", URL, "--nftlb-key-file", &key_path];
     let out = cluster.node.output(env!("CARGO_BIN_EXE_kpng"), &cleanup);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("removed 2 nftlb farms"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("removed 3 nftlb farms"));
     assert!(!farms(&cluster, key).contains("test--web--http"), "{}", farms(&cluster, key));
     let after = Cluster::tcp(&cluster.client, "10.96.0.90:80");
     assert!(!answers(&after), "nothing serves the cluster IP after cleanup: {after}");
