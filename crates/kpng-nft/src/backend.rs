@@ -5,7 +5,9 @@
 //! drift), the next change set reads kpng's tables back and reconciles them with the
 //! whole node state in one transaction: a restart over a table that is already right
 //! changes nothing, a damaged table is repaired in place, and nothing is ever deleted
-//! first. In sync, a change set renders only the services it touched and commits their
+//! first. The cluster IPs are read first: when the table holds far more services than the
+//! state (at least 256 more, and more than twice as many more), the other element sets
+//! are not read but flushed and refilled in the same transaction. In sync, a change set renders only the services it touched and commits their
 //! element changes (and, rarely, the layout changes they need) in one transaction.
 //!
 //! Kept in one file on purpose: the change path and the table-sync state machine that

@@ -2,7 +2,7 @@
 //! ([`KernelContents`]), and [`NetlinkKernel`], the real kernel: every transaction is one
 //! nf_tables netlink batch.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use kpng_model::Family;
@@ -31,6 +31,19 @@ pub trait Kernel: Send {
     /// from nothing, an aggregator is told the whole state again).
     fn read(&mut self) -> Result<Option<KernelContents>, NftError>;
 
+    /// The same, but the cluster IPs held are read first and, when `stale` says so of
+    /// their number, no other set's elements are read (they are listed in
+    /// [`KernelContents::unread`]): a restart over a table that holds far more services
+    /// than the node state flushes those sets rather than reading what it would delete.
+    /// By default everything is read.
+    fn read_unless_stale(
+        &mut self,
+        stale: &dyn Fn(usize) -> bool,
+    ) -> Result<Option<KernelContents>, NftError> {
+        let _ = stale;
+        self.read()
+    }
+
     /// Applies a transaction planned from nothing, after [`read`](Self::read) said `None`
     /// or when the kernel [takes whole tables](Self::publishes_whole): the plan is the
     /// whole of kpng's tables and replaces whatever they held. By default a commit.
@@ -57,8 +70,10 @@ pub trait Kernel: Send {
 pub struct KernelContents {
     /// Tables, sets, chains and rules.
     pub present: Present,
-    /// Every element of kpng's element sets (static sets and count sets).
+    /// Every element of kpng's element sets (static sets and count sets) that was read.
     pub elements: Vec<(ElementId, Value)>,
+    /// Element sets whose elements were not read (see [`Kernel::read_unless_stale`]).
+    pub unread: BTreeSet<(Family, MapName)>,
 }
 
 impl KernelContents {
@@ -163,16 +178,18 @@ impl NetlinkKernel {
         Ok(bodies.iter().filter_map(|b| dump::table_name(b)).collect())
     }
 
+    /// Reads `family`'s table: sets (with the elements of those `read_elements` accepts;
+    /// the others are listed unread), chains, rules and helpers.
     fn read_family(
         &mut self,
         family: Family,
         contents: &mut KernelContents,
+        read_elements: &dyn Fn(MapName) -> bool,
     ) -> Result<(), NftError> {
         if !self.tables(family)?.iter().any(|t| t == TABLE) {
             return Ok(());
         }
-        let present = &mut contents.present;
-        present.tables.insert(family);
+        contents.present.tables.insert(family);
         let pf = proto_family(family);
         let fail = NftError::Read;
         let sets = self.socket.dump(&dump::sets_request(pf, TABLE)).map_err(fail)?;
@@ -187,17 +204,15 @@ impl NetlinkKernel {
                 }),
                 timeout_ms: set.timeout_ms,
             };
-            present.sets.insert((family, set.name.clone()), shape);
+            contents.present.sets.insert((family, set.name.clone()), shape);
             let Some(map) = MapName::parse(&set.name) else { continue };
-            let request = dump::elements_request(pf, TABLE, &set.name);
-            for body in self.socket.dump(&request).map_err(NftError::Read)? {
-                for element in dump::elements(&body) {
-                    if let Some((key, value)) = decode::element(family, map, &element) {
-                        contents.elements.push((ElementId { family, map, key }, value));
-                    }
-                }
+            if read_elements(map) {
+                self.read_elements(family, map, &mut contents.elements)?;
+            } else {
+                contents.unread.insert((family, map));
             }
         }
+        let present = &mut contents.present;
         let chains = self.socket.dump(&dump::chains_request(pf, TABLE)).map_err(NftError::Read)?;
         // Chain dumps hold every table's chains.
         for chain in chains.iter().filter_map(|b| dump::chain(b)).filter(|c| c.table == TABLE) {
@@ -223,6 +238,24 @@ impl NetlinkKernel {
         }
         Ok(())
     }
+
+    /// Appends the elements of `family`'s set `map` to `out`.
+    fn read_elements(
+        &mut self,
+        family: Family,
+        map: MapName,
+        out: &mut Vec<(ElementId, Value)>,
+    ) -> Result<(), NftError> {
+        let request = dump::elements_request(proto_family(family), TABLE, &map.name());
+        for body in self.socket.dump(&request).map_err(NftError::Read)? {
+            for element in dump::elements(&body) {
+                if let Some((key, value)) = decode::element(family, map, &element) {
+                    out.push((ElementId { family, map, key }, value));
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Kernel for NetlinkKernel {
@@ -235,8 +268,29 @@ impl Kernel for NetlinkKernel {
     fn read(&mut self) -> Result<Option<KernelContents>, NftError> {
         let mut contents = KernelContents::default();
         for family in Family::ALL {
-            self.read_family(family, &mut contents)?;
+            self.read_family(family, &mut contents, &|_| true)?;
         }
+        Ok(Some(contents))
+    }
+
+    fn read_unless_stale(
+        &mut self,
+        stale: &dyn Fn(usize) -> bool,
+    ) -> Result<Option<KernelContents>, NftError> {
+        let mut cluster_ips = Vec::new();
+        for family in Family::ALL {
+            if self.tables(family)?.iter().any(|t| t == TABLE) {
+                self.read_elements(family, MapName::ClusterIps, &mut cluster_ips)?;
+            }
+        }
+        if !stale(cluster_ips.len()) {
+            return self.read();
+        }
+        let mut contents = KernelContents { elements: cluster_ips, ..KernelContents::default() };
+        for family in Family::ALL {
+            self.read_family(family, &mut contents, &|_| false)?;
+        }
+        contents.unread.retain(|(_, map)| *map != MapName::ClusterIps);
         Ok(Some(contents))
     }
 }

@@ -284,3 +284,49 @@ fn other_tables_are_neither_read_nor_touched() {
     let listed = ns.exec("nft", &["list", "table", "ip", "other"]);
     assert!(String::from_utf8_lossy(&listed.stdout).contains("ip daddr 10.96.0.1 counter"));
 }
+
+/// A node state of `services` ClusterIP services with two endpoints each.
+fn many(services: usize) -> LocalState {
+    let mut model = GlobalModel::new();
+    model.apply(Object::Node(node("a", None, &["192.168.10.1"])));
+    for i in 0..services {
+        let name = format!("s{i}");
+        let ip = format!("10.96.{}.{}", i / 250, i % 250 + 1);
+        model.apply(Object::Service(service("ns", &name, &[&ip], &[HTTP])));
+        let eps = vec![endpoint("10.244.0.1", "a"), endpoint("10.244.1.1", "b")];
+        model.apply(Object::EndpointSlice(slice(
+            "ns",
+            &format!("{name}-1"),
+            &name,
+            &[SLICE_HTTP],
+            eps,
+        )));
+    }
+    project_node_state_with(&model, "a", &NodeLocal::default())
+}
+
+#[test]
+fn a_restart_over_a_far_larger_table_flushes_without_reading_it() {
+    if !require("a_restart_over_a_far_larger_table_flushes_without_reading_it", &["nft", "ip"]) {
+        return;
+    }
+    let ns = Netns::new("stale");
+    in_netns(&ns, || {
+        let open =
+            || NftBackend::new(NftOptions::default(), Box::new(NetlinkKernel::open().unwrap()));
+        open().apply(&ChangeSet::full(&many(600))).unwrap();
+        // Back to a cluster of 20 of them: only the cluster IPs are read, the element sets
+        // flushed and refilled in one transaction.
+        let small = many(20);
+        let mut restarted = open();
+        restarted.apply(&ChangeSet::full(&small)).unwrap();
+        assert_eq!(restarted.stats().transactions.load(std::sync::atomic::Ordering::Relaxed), 1);
+        // The kernel holds exactly what was committed, and a fresh start over it changes
+        // nothing.
+        assert!(restarted.verify().unwrap());
+        let mut again = open();
+        again.apply(&ChangeSet::full(&small)).unwrap();
+        assert_eq!(again.stats().transactions.load(std::sync::atomic::Ordering::Relaxed), 0);
+        assert_eq!(again.state().len(), restarted.state().len());
+    });
+}

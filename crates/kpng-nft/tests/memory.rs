@@ -338,10 +338,11 @@ fn removing_the_node_and_every_service_at_once_empties_the_table() {
     let _ = MapName::ClusterIps;
 }
 
-/// The memory kernel, counting what each commit asks for.
+/// The memory kernel, counting what each commit asks for and the elements read.
 struct Counting {
     inner: MemoryKernel,
     last: std::sync::Arc<std::sync::Mutex<(usize, usize)>>,
+    read: std::sync::Arc<std::sync::Mutex<Vec<kpng_nft::objects::ElementId>>>,
 }
 
 impl kpng_nft::Kernel for Counting {
@@ -356,7 +357,25 @@ impl kpng_nft::Kernel for Counting {
     }
 
     fn read(&mut self) -> Result<Option<kpng_nft::KernelContents>, kpng_nft::NftError> {
-        self.inner.read()
+        let contents = self.inner.read()?;
+        self.note(&contents);
+        Ok(contents)
+    }
+
+    fn read_unless_stale(
+        &mut self,
+        stale: &dyn Fn(usize) -> bool,
+    ) -> Result<Option<kpng_nft::KernelContents>, kpng_nft::NftError> {
+        let contents = self.inner.read_unless_stale(stale)?;
+        self.note(&contents);
+        Ok(contents)
+    }
+}
+
+impl Counting {
+    fn note(&self, contents: &Option<kpng_nft::KernelContents>) {
+        let ids = contents.iter().flat_map(|c| c.elements.iter().map(|(id, _)| *id));
+        *self.read.lock().unwrap() = ids.collect();
     }
 }
 
@@ -396,13 +415,28 @@ fn a_restart_over_a_far_larger_table_flushes_what_is_stale() {
 
     // kpng comes back to a cluster of 20 of those services.
     let last = std::sync::Arc::new(std::sync::Mutex::new((0, 0)));
-    let counting = Counting { inner: kernel.clone(), last: last.clone() };
+    let read = std::sync::Arc::default();
+    let counting =
+        Counting { inner: kernel.clone(), last: last.clone(), read: std::sync::Arc::clone(&read) };
     let mut backend = NftBackend::new(NftOptions::default(), Box::new(counting));
     let small = services_state(20);
     backend.apply(&ChangeSet::full(&small)).unwrap();
     let (flushes, deletes) = *last.lock().unwrap();
     assert!(flushes > 0, "the mostly stale sets are flushed");
-    assert!(deletes < 100, "not deleted element by element: {deletes} deletes");
+    assert_eq!(deletes, 0, "not deleted element by element");
+    // Only the cluster IPs were read: what the other sets held was going anyway.
+    let ids = read.lock().unwrap().clone();
+    assert_eq!(ids.len(), 600);
+    assert!(ids.iter().all(|id| id.map == MapName::ClusterIps));
     check_against_fresh(&kernel, &small).unwrap();
     assert!(backend.verify().unwrap());
+
+    // A restart over a table that is not mostly stale reads it whole and changes nothing.
+    let counting =
+        Counting { inner: kernel.clone(), last: last.clone(), read: std::sync::Arc::clone(&read) };
+    *last.lock().unwrap() = (0, 0);
+    let mut backend = NftBackend::new(NftOptions::default(), Box::new(counting));
+    backend.apply(&ChangeSet::full(&small)).unwrap();
+    assert!(read.lock().unwrap().len() > 20 * 3, "every set read");
+    assert_eq!(*last.lock().unwrap(), (0, 0), "nothing committed");
 }

@@ -17,7 +17,16 @@ use crate::state::{Owner, TableState};
 impl NftBackend {
     /// Reads the tables back and reconciles them with the whole of `state`.
     pub(super) fn resync(&mut self, state: &LocalState) -> Result<bool, NftError> {
-        let contents = self.kernel.read()?;
+        // A table holding far more services than the state asks for (a restart after most
+        // of the cluster went) is not read element by element only to delete them: its
+        // element sets are flushed and refilled in the same transaction.
+        let wanted_cluster_ips: usize = state
+            .services
+            .values()
+            .map(|s| Family::ALL.iter().filter(|f| s.service.cluster_ip(**f).is_some()).count())
+            .sum();
+        let stale = |held: usize| is_mostly_stale(held, wanted_cluster_ips);
+        let contents = self.kernel.read_unless_stale(&stale)?;
         // A kernel that cannot say, or that takes whole tables (an aggregator), gets the
         // whole tables planned from nothing; what it said still seeds the slots, so that
         // endpoints keep their positions (and affinity clients their endpoints).
@@ -60,7 +69,15 @@ impl NftBackend {
             .collect();
         drop(adopted);
         let mut table = TableState::adopt(kept);
-        let (flushed, diff) = table.update(updates).flushing_stale_sets(&table);
+        let (mut flushed, diff) = table.update(updates).flushing_stale_sets(&table);
+        // Sets whose elements were not read hold only what goes: emptied first, then refilled
+        // with what the state wants (none of them was among those read).
+        for (family, map) in &contents.unread {
+            let name = (*family, map.name().into_owned());
+            if wanted.sets.contains_key(&name) && !reconciled.emptied.contains(&name) {
+                flushed.push((*family, *map));
+            }
+        }
         let mut plan = Plan::new();
         plan.commands.extend(reconciled.before.iter().cloned());
         for (family, map) in &flushed {
@@ -123,6 +140,14 @@ fn group_keys(service: &LocalServiceState) -> Vec<GroupKey> {
         }
     }
     keys
+}
+
+/// Whether a table holding `held` cluster IPs, when the state has `wanted`, is mostly stale:
+/// at least [`crate::state::FLUSH_AT`] more, and more than twice as many more, as a set is
+/// flushed rather than emptied element by element.
+fn is_mostly_stale(held: usize, wanted: usize) -> bool {
+    let stale = held.saturating_sub(wanted);
+    stale >= crate::state::FLUSH_AT && stale > 2 * wanted
 }
 
 fn log_reconciled(reconciled: &Reconciled) {
