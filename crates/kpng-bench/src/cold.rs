@@ -1,6 +1,7 @@
 //! The cold-start scenario with the whole pipeline: the real `kpng` binary (`kube` source
 //! against the fake API server, `to-local ... to-nft --once`) from process start to its
-//! first committed sync and exit, with its peak resident set, over empty kpng tables.
+//! first committed sync (the moment its log says the transaction committed) and to its
+//! exit, with its peak resident set, over empty kpng tables.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -15,7 +16,9 @@ pub struct ColdRow {
     pub services: usize,
     /// Endpoints per service.
     pub endpoints: usize,
-    /// Process start to exit after the first committed sync (ms).
+    /// Process start to the first committed sync (ms).
+    pub sync_ms: f64,
+    /// Process start to exit after it (ms).
     pub total_ms: f64,
     /// Peak resident set of the kpng process (KiB).
     pub peak_kib: u64,
@@ -46,11 +49,15 @@ pub fn run(services: usize, endpoints: usize) -> anyhow::Result<ColdRow> {
     let (mut child, mut peak_kib) = (child, 0);
     // Drained as it comes (a full pipe would stop kpng at its next log line); the last
     // lines explain a failure.
+    let (committed_tx, committed) = std::sync::mpsc::channel();
     let log = child.stderr.take().map(|stderr| {
         std::thread::spawn(move || {
             use std::io::BufRead;
             let mut last = std::collections::VecDeque::new();
             for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+                if line.contains("nftables transaction committed") {
+                    let _ = committed_tx.send(Instant::now());
+                }
                 if last.len() == 20 {
                     last.pop_front();
                 }
@@ -70,7 +77,9 @@ pub fn run(services: usize, endpoints: usize) -> anyhow::Result<ColdRow> {
     drop(server);
     let log = log.and_then(|thread| thread.join().ok()).unwrap_or_default();
     anyhow::ensure!(status.success(), "kpng did not sync: {status}\n{log}");
-    Ok(ColdRow { services, endpoints, total_ms, peak_kib })
+    let synced = committed.try_recv().context("kpng exited without logging a commit")?;
+    let sync_ms = synced.duration_since(start).as_secs_f64() * 1000.0;
+    Ok(ColdRow { services, endpoints, sync_ms, total_ms, peak_kib })
 }
 
 /// The high-water mark of a process's resident set (KiB).
@@ -87,12 +96,16 @@ pub fn print(rows: &[ColdRow]) {
     println!(
         "cold start: kpng kube --server <fake> to-local --node node-0 to-nft --once, empty tables"
     );
-    println!("{:>8} {:>4} | {:>14} {:>15}", "services", "eps", "to-sync(ms)", "peak rss(MiB)");
+    println!(
+        "{:>8} {:>4} | {:>12} {:>12} {:>15}",
+        "services", "eps", "to-sync(ms)", "to-exit(ms)", "peak rss(MiB)"
+    );
     for r in rows {
         println!(
-            "{:>8} {:>4} | {:>14.1} {:>15.1}",
+            "{:>8} {:>4} | {:>12.1} {:>12.1} {:>15.1}",
             r.services,
             r.endpoints,
+            r.sync_ms,
             r.total_ms,
             r.peak_kib as f64 / 1024.0
         );

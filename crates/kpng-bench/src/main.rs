@@ -456,7 +456,7 @@ fn chart(
         }
         for row in cold {
             let label = format!("{} svc: kpng binary, kube source", row.services);
-            bars.push(bar(label, row.total_ms, true));
+            bars.push(bar(label, row.sync_ms, true));
         }
         sections.push(Section { title: "Cold start (one run)".into(), bars });
     }
