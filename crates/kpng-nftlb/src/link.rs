@@ -5,7 +5,7 @@
 //! table, asking the kernel to resolve a backend it does not know yet.
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::time::Duration;
 
 use kpng_netlink::rtnetlink::{links, mac_text, neighbours};
@@ -40,9 +40,9 @@ const WAIT: Duration = Duration::from_millis(25);
 /// Makes the kernel resolve `ip`: a datagram to its discard port goes out through the
 /// neighbour layer, which asks for the link-layer address.
 fn solicit(ip: IpAddr) {
-    let any: SocketAddr = match ip {
-        IpAddr::V4(_) => "0.0.0.0:0".parse().expect("a literal address"),
-        IpAddr::V6(_) => "[::]:0".parse().expect("a literal address"),
+    let any = match ip {
+        IpAddr::V4(_) => SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)),
+        IpAddr::V6(_) => SocketAddr::from((Ipv6Addr::UNSPECIFIED, 0)),
     };
     if let Ok(socket) = UdpSocket::bind(any) {
         let _ = socket.send_to(&[], SocketAddr::new(ip, 9));

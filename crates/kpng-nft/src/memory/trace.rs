@@ -303,27 +303,18 @@ impl Vm<'_> {
             Expr::Notrack => path.untracked = true,
             Expr::Dup { sreg_addr } => {
                 // The copy, untracked and unchanged, is what reaches the endpoint.
-                let bytes = read(path, *sreg_addr, if self.family == Family::V4 { 4 } else { 16 });
-                let ip = match self.family {
-                    Family::V4 => IpAddr::from(<[u8; 4]>::try_from(bytes).unwrap_or_default()),
-                    Family::V6 => IpAddr::from(<[u8; 16]>::try_from(bytes).unwrap_or_default()),
-                };
-                path.dnat = Some((ip, path.dport));
+                path.dnat = Some((self.address(path, *sreg_addr), path.dport));
                 path.untracked = true;
                 return Some(RuleEnd::Exit(Exit::Accepted));
             }
-            Expr::PayloadSet { base: PayloadBase::Network, offset, sreg, len, .. } => {
+            Expr::PayloadSet { base: PayloadBase::Network, offset, sreg, .. } => {
                 // Only a destination rewrite matters to where the packet goes.
                 let destination = match self.family {
                     Family::V4 => 16,
                     Family::V6 => 24,
                 };
                 if *offset == destination {
-                    let bytes = read(path, *sreg, *len as usize);
-                    path.dst = match self.family {
-                        Family::V4 => IpAddr::from(<[u8; 4]>::try_from(bytes).unwrap_or_default()),
-                        Family::V6 => IpAddr::from(<[u8; 16]>::try_from(bytes).unwrap_or_default()),
-                    };
+                    path.dst = self.address(path, *sreg);
                     path.dnat = Some((path.dst, path.dport));
                 }
             }
@@ -353,14 +344,7 @@ impl Vm<'_> {
             | Expr::Limit { .. }
             | Expr::CtHelperSet { .. } => {}
             Expr::Nat { kind: NatKind::Dnat, addr, proto, .. } => {
-                let ip = match self.family {
-                    Family::V4 => {
-                        IpAddr::from(<[u8; 4]>::try_from(read(path, *addr, 4)).unwrap_or_default())
-                    }
-                    Family::V6 => IpAddr::from(
-                        <[u8; 16]>::try_from(read(path, *addr, 16)).unwrap_or_default(),
-                    ),
-                };
+                let ip = self.address(path, *addr);
                 let port = proto.map_or(path.dport, |p| {
                     let b = read(path, p, 2);
                     u16::from_be_bytes([b[0], b[1]])
@@ -402,6 +386,16 @@ impl Vm<'_> {
             (false, Some(value), Some(dreg)) => {
                 write(path, dreg, &value_bytes(&value).unwrap_or_default());
                 None
+            }
+        }
+    }
+
+    /// The address of the table's family held in register `reg`.
+    fn address(&self, path: &Path, reg: u32) -> IpAddr {
+        match self.family {
+            Family::V4 => IpAddr::from(<[u8; 4]>::try_from(read(path, reg, 4)).unwrap_or_default()),
+            Family::V6 => {
+                IpAddr::from(<[u8; 16]>::try_from(read(path, reg, 16)).unwrap_or_default())
             }
         }
     }

@@ -381,6 +381,12 @@ fn annotated_services_get_group_chains_that_follow_their_settings() {
     assert!(annotated_rules(LoadBalancing::default(), false).is_none());
 }
 
+/// The rules of `group`'s chain `chain`, as text.
+fn chain_rules(group: &AffinityGroup, chain: &str) -> Vec<String> {
+    let (_, rules) = group.chains().into_iter().find(|(spec, _)| spec.name == chain).unwrap();
+    rules.into_iter().map(|r| r.text).collect()
+}
+
 #[test]
 fn stateless_services_rewrite_packets_before_conntrack() {
     let mut svc = service("ns", "web", &["10.96.0.1"], &[HTTP]);
@@ -393,10 +399,7 @@ fn stateless_services_rewrite_packets_before_conntrack() {
     let group = &rendered.affinity[0];
     let entry = crate::objects::affinity_chain(group.hash);
     let slot = |i| crate::objects::affinity_slot(group.hash, i);
-    let rules = |chain: &str| -> Vec<String> {
-        let (_, rules) = group.chains().into_iter().find(|(spec, _)| spec.name == chain).unwrap();
-        rules.into_iter().map(|r| r.text).collect()
-    };
+    let rules = |chain: &str| chain_rules(group, chain);
     assert_eq!(
         rules(&entry),
         [
@@ -443,10 +446,7 @@ fn direct_return_services_send_unchanged_copies_to_their_endpoints() {
     let group = &rendered.affinity[0];
     let entry = crate::objects::affinity_chain(group.hash);
     let slot = |i| crate::objects::affinity_slot(group.hash, i);
-    let rules = |chain: &str| -> Vec<String> {
-        let (_, rules) = group.chains().into_iter().find(|(spec, _)| spec.name == chain).unwrap();
-        rules.into_iter().map(|r| r.text).collect()
-    };
+    let rules = |chain: &str| chain_rules(group, chain);
     assert_eq!(
         rules(&entry),
         [format!("symhash mod 2 == 0 goto {}", slot(0)), format!("goto {}", slot(1))]

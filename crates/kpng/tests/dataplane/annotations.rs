@@ -77,6 +77,11 @@ pub fn hash_persistence_keeps_a_client_on_one_endpoint(dp: Dataplane) {
     assert!(ruleset.contains("jhash ip saddr mod 2"), "{ruleset}");
 }
 
+/// The endpoint that answers a UDP flow from the client to `target` from each of `ports`.
+fn flow_endpoints(cluster: &Cluster, target: &str, ports: &[u16]) -> Vec<String> {
+    ports.iter().map(|port| answer(&udp_flow(&cluster.client, target, *port)).0).collect()
+}
+
 pub fn symmetric_hash_keeps_each_flow_on_one_endpoint(dp: Dataplane) {
     let cluster = two_pods();
     let manifests = annotated_ports(
@@ -90,11 +95,7 @@ pub fn symmetric_hash_keeps_each_flow_on_one_endpoint(dp: Dataplane) {
     let log = program(&cluster, dp, &manifests, &[]);
     // Sixteen flows from as many source ports of one client.
     let ports: Vec<u16> = (40100..40116).collect();
-    let endpoints = |cluster: &Cluster| -> Vec<String> {
-        let flow = |port: u16| answer(&udp_flow(&cluster.client, "10.96.0.124:53", port)).0;
-        ports.iter().map(|port| flow(*port)).collect()
-    };
-    let first = endpoints(&cluster);
+    let first = flow_endpoints(&cluster, "10.96.0.124:53", &ports);
     assert!(
         first.iter().any(|e| e == "web-a") && first.iter().any(|e| e == "web-b"),
         "flows of different ports spread over both endpoints: {first:?}"
@@ -105,7 +106,7 @@ pub fn symmetric_hash_keeps_each_flow_on_one_endpoint(dp: Dataplane) {
     let flushed =
         cluster.node.output("conntrack", &["-D", "-p", "udp", "--orig-dst", "10.96.0.124"]);
     assert!(flushed.status.success() || flushed.status.code() == Some(1), "{flushed:?}");
-    assert_eq!(endpoints(&cluster), first, "{log}");
+    assert_eq!(flow_endpoints(&cluster, "10.96.0.124:53", &ports), first, "{log}");
     let ruleset = cluster.node.output("nft", &["list", "table", "ip", "kpng"]);
     let ruleset = String::from_utf8_lossy(&ruleset.stdout);
     assert!(ruleset.contains("symhash mod 2"), "{ruleset}");
@@ -137,16 +138,12 @@ pub fn stateless_dnat_rewrites_both_ways_without_conntrack(dp: Dataplane) {
     // UDP: flows of different source ports spread over both endpoints, and a flow asked
     // again reaches the same one (the hash of address and port, not a remembered choice).
     let ports: Vec<u16> = (40200..40216).collect();
-    let flows = || -> Vec<String> {
-        let flow = |port: u16| answer(&udp_flow(&cluster.client, "10.96.0.126:53", port)).0;
-        ports.iter().map(|port| flow(*port)).collect()
-    };
-    let first = flows();
+    let first = flow_endpoints(&cluster, "10.96.0.126:53", &ports);
     assert!(
         first.iter().any(|e| e == "web-a") && first.iter().any(|e| e == "web-c"),
         "flows spread over both endpoints: {first:?}"
     );
-    assert_eq!(flows(), first);
+    assert_eq!(flow_endpoints(&cluster, "10.96.0.126:53", &ports), first);
     // Conntrack saw none of it, in either direction.
     let tracked = cluster.node.output("conntrack", &["-L"]);
     let tracked = String::from_utf8_lossy(&tracked.stdout);
