@@ -85,7 +85,9 @@ fn service(i: usize) -> Value {
     }
     if kind != "ClusterIP" {
         for (k, port) in ports.iter_mut().enumerate() {
-            port["nodePort"] = json!(30000 + (i * 2 + k) % 2768);
+            // Distinct up to 17,768 NodePort services: a cluster that large is given a
+            // wider range than the default 30000-32767 (`--service-node-port-range`).
+            port["nodePort"] = json!(30000 + ((i / 10) * 2 + k) % 35536);
         }
     }
     let mut cluster_ips = vec![service_ip(i)];
@@ -187,4 +189,27 @@ pub fn to_yaml_list(objects: &[Value]) -> Result<String, serde_saphyr::ser::Erro
 /// The cluster as a `kind: List` JSON document.
 pub fn to_json_list(objects: &[Value]) -> String {
     json!({ "apiVersion": "v1", "kind": "List", "items": objects }).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_ports_are_distinct_in_a_large_cluster() {
+        let spec = ClusterSpec { services: 30_000, endpoints: 1, nodes: 3, zones: 2 };
+        let mut seen = std::collections::BTreeSet::new();
+        let mut count = 0;
+        for object in generate(&spec).iter().filter(|o| o["kind"] == "Service") {
+            for port in object["spec"]["ports"].as_array().into_iter().flatten() {
+                if let Some(node_port) = port["nodePort"].as_u64() {
+                    count += 1;
+                    assert!((30000..=65535).contains(&node_port), "{node_port}");
+                    assert!(seen.insert(node_port), "NodePort {node_port} given twice");
+                }
+            }
+        }
+        // Every 10th service, one or two ports each.
+        assert!(count > 3_000, "{count}");
+    }
 }
