@@ -30,7 +30,7 @@ use crate::layout::{LargeCount, Layout, groups_wanted};
 use crate::objects::{ElementId, MapName, Value};
 use crate::plan::Plan;
 use crate::reconcile::{Reconciled, Wanted, reconcile};
-use crate::render::{NodeFacts, Slots, render_node, render_service};
+use crate::render::{NodeFacts, Slots, render_node, render_service, seed_slots};
 use crate::skeleton::SkeletonOptions;
 use crate::state::{Owner, TableState};
 use crate::stats::NftStats;
@@ -155,8 +155,7 @@ impl NftBackend {
     /// The whole table as it stands, as `nft -f` input that builds it from nothing.
     pub fn ruleset(&self) -> String {
         let created = reconcile(&self.layout.wanted(), &crate::reconcile::Present::default());
-        let mut elements: Vec<(ElementId, Value)> =
-            self.state.iter().map(|(id, v)| (*id, *v)).collect();
+        let mut elements: Vec<(ElementId, Value)> = self.state.iter().collect();
         elements.sort_unstable();
         let mut plan = Plan::new();
         plan.commands.extend(created.before);
@@ -197,13 +196,13 @@ impl NftBackend {
     }
 
     fn render(
-        &mut self,
+        &self,
+        owner: Owner,
         key: &ServiceKey,
         service: Option<&LocalServiceState>,
         facts: &NodeFacts,
         seed: &dyn Fn(&LocalServiceState) -> Slots,
     ) -> ServiceUpdate {
-        let owner = self.owners.owner(key);
         let Some(service) = service else {
             return ServiceUpdate {
                 owner,
@@ -219,11 +218,14 @@ impl NftBackend {
             None => seed(service),
         };
         let rendered = render_service(service, facts, &previous);
+        // Ordinary slots are in the backends elements committed for the service, where the
+        // next render finds them; only groups' slots, which keep holes, are remembered.
+        let grouped = crate::render::group_policy(&service.service, facts).is_some();
         ServiceUpdate {
             owner,
             key: key.clone(),
             elements: rendered.elements,
-            slots: rendered.slots,
+            slots: if grouped { rendered.slots } else { Slots::new() },
             groups: rendered.affinity,
             gone: false,
         }
@@ -240,10 +242,14 @@ impl NftBackend {
             keys.extend(self.owners.numbers.keys().cloned());
         }
         let facts = self.facts(state.node.as_ref());
-        let no_seed = |_: &LocalServiceState| Slots::new();
         let mut services = Vec::with_capacity(keys.len());
         for key in &keys {
-            services.push(self.render(key, state.services.get(key), &facts, &no_seed));
+            let owner = self.owners.owner(key);
+            let table = &self.state;
+            let committed =
+                |service: &LocalServiceState| seed_slots(service, |id| table.wanted(owner, id));
+            let update = self.render(owner, key, state.services.get(key), &facts, &committed);
+            services.push(update);
         }
         let mut updates = Vec::with_capacity(services.len() + 1);
         if node_changed {
@@ -448,16 +454,15 @@ impl Backend for NftBackend {
             return Ok(true);
         };
         let reconciled = reconcile(&self.layout.wanted(), &contents.present);
-        let mut held = contents.elements;
-        held.sort_unstable();
-        let mut committed: Vec<(ElementId, Value)> =
-            self.state.iter().map(|(id, v)| (*id, *v)).collect();
-        committed.sort_unstable();
-        if reconciled.is_empty() && held == committed {
+        // Compared in place: a copy of the committed elements would double the memory a
+        // verification takes.
+        let held = contents.elements;
+        let same = held.iter().filter(|(id, value)| self.state.get(id) == Some(*value)).count();
+        if reconciled.is_empty() && same == held.len() && same == self.state.len() {
             return Ok(true);
         }
-        let missing = committed.iter().filter(|e| held.binary_search(e).is_err()).count();
-        let extra = held.iter().filter(|e| committed.binary_search(e).is_err()).count();
+        let missing = self.state.len().saturating_sub(same);
+        let extra = held.len() - same;
         let shown: Vec<&str> = reconciled.reasons.iter().take(8).map(String::as_str).collect();
         tracing::warn!(
             differences = reconciled.reasons.len(),

@@ -440,3 +440,64 @@ fn a_restart_over_a_far_larger_table_flushes_what_is_stale() {
     assert!(read.lock().unwrap().len() > 20 * 3, "every set read");
     assert_eq!(*last.lock().unwrap(), (0, 0), "nothing committed");
 }
+
+/// The cluster backends of the kernel: slot → endpoint address.
+fn backends(kernel: &MemoryKernel) -> BTreeMap<u32, IpAddr> {
+    let elements = kernel.tables().elements();
+    elements
+        .into_iter()
+        .filter(|(id, _)| id.map == MapName::ClusterBackends)
+        .filter_map(|(id, value)| match (id.key.slot(), value) {
+            (Some(slot), kpng_nft::objects::Value::Endpoint(ip, _)) => Some((slot, ip)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn endpoints_keep_their_slots_across_changes() {
+    use kpng_testkit::builders::{endpoint, node, service, slice};
+    let mut model = GlobalModel::new();
+    model.apply(kpng_model::Object::Node(node(NODE, None, &["10.0.0.200"])));
+    model.apply(kpng_model::Object::Service(service(
+        "ns",
+        "web",
+        &["10.96.0.1"],
+        &[("http", Protocol::Tcp, 80)],
+    )));
+    let apply_endpoints = |model: &mut GlobalModel, ips: &[&str]| {
+        let eps = ips.iter().map(|ip| endpoint(ip, "other")).collect();
+        let ports = &[("http", Protocol::Tcp, 8080)];
+        model.apply(kpng_model::Object::EndpointSlice(slice("ns", "web-1", "web", ports, eps)))
+    };
+    apply_endpoints(&mut model, &["10.244.1.1", "10.244.1.2", "10.244.1.3", "10.244.1.4"]);
+    let kernel = MemoryKernel::new();
+    let mut backend = NftBackend::new(NftOptions::default(), Box::new(kernel.clone()));
+    let mut projector = NodeProjector::new(NODE);
+    projector.update(&model, &Changes::All);
+    backend.apply(&ChangeSet::full(projector.state())).unwrap();
+    let before = backends(&kernel);
+    assert_eq!(before.len(), 4);
+
+    // The endpoint in slot 1 goes: the last one moves into its slot, the others stay.
+    let mut left: Vec<String> = before.values().map(|ip| ip.to_string()).collect();
+    let gone = left.remove(1);
+    let left_refs: Vec<&str> = left.iter().map(String::as_str).collect();
+    let touched = apply_endpoints(&mut model, &left_refs).unwrap_or_default();
+    let ops = projector.update(&model, &Changes::Touched(touched.into_iter().collect()));
+    backend.apply(&ChangeSet::changes(&ops, projector.state())).unwrap();
+    let after = backends(&kernel);
+    let expected: BTreeMap<u32, IpAddr> =
+        BTreeMap::from([(0, before[&0]), (1, before[&3]), (2, before[&2])]);
+    assert_eq!(after, expected, "{gone} left slot 1");
+
+    // A new endpoint takes the next slot; nobody moves.
+    let mut more = left_refs.clone();
+    more.push("10.244.1.9");
+    let touched = apply_endpoints(&mut model, &more).unwrap_or_default();
+    let ops = projector.update(&model, &Changes::Touched(touched.into_iter().collect()));
+    backend.apply(&ChangeSet::changes(&ops, projector.state())).unwrap();
+    let mut expected = expected;
+    expected.insert(3, "10.244.1.9".parse().unwrap());
+    assert_eq!(backends(&kernel), expected);
+}

@@ -42,7 +42,8 @@ impl NftBackend {
             Layout { options: self.skeleton_options(state.node.as_ref()), ..Layout::default() };
         let mut services = Vec::with_capacity(state.services.len());
         for (key, service) in &state.services {
-            services.push(self.render(key, Some(service), &facts, &seed));
+            let owner = self.owners.owner(key);
+            services.push(self.render(owner, key, Some(service), &facts, &seed));
         }
         let mut updates = vec![(Owner::Node, node_elements(state.node.as_ref()))];
         for update in &mut services {
@@ -109,7 +110,7 @@ fn seed_from_kernel(
     adopted: &TableState,
     contents: &KernelContents,
 ) -> Slots {
-    let mut slots = seed_slots(service, |id| adopted.get(id).copied());
+    let mut slots = seed_slots(service, |id| adopted.get(id));
     if crate::render::group_policy(&service.service, &NodeFacts::default()).is_some() {
         for group in group_keys(service) {
             let found = contents.affinity_slots(group.family, group.hash(&service.service.key));

@@ -1,0 +1,383 @@
+//! Elements as [`super::TableState`] keeps them: half a million at 30,000 services, so
+//! each byte counts. An IPv4 element's id (every key of an IPv4 table but the rare sets of
+//! counts beyond the pick tree) packs into 15 bytes inline; any other id is boxed. Values
+//! keep the endpoint's address as the family needs it.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use ipnet::{IpNet, Ipv4Net};
+use kpng_model::{Family, Protocol};
+
+use crate::objects::{Dest, ElementId, Key, MapName, PickKind, TREE_BITS, Value};
+
+/// An element's id, packed: 16 bytes for IPv4 elements instead of the 52 of an
+/// [`ElementId`].
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(super) enum PackedId {
+    /// An IPv4 element: its set's code, the key's shape, then the key's fields.
+    V4([u8; 15]),
+    /// Any other element.
+    Other(Box<ElementId>),
+}
+
+/// An element's value, packed (20 bytes instead of 24).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum PackedValue {
+    None,
+    V4(Ipv4Addr, u16),
+    V6(Ipv6Addr, u16),
+    Affinity([u32; 2]),
+}
+
+impl From<Value> for PackedValue {
+    fn from(value: Value) -> Self {
+        match value {
+            Value::None => PackedValue::None,
+            Value::Endpoint(IpAddr::V4(ip), port) => PackedValue::V4(ip, port),
+            Value::Endpoint(IpAddr::V6(ip), port) => PackedValue::V6(ip, port),
+            Value::Affinity(hash) => PackedValue::Affinity([(hash >> 32) as u32, hash as u32]),
+        }
+    }
+}
+
+impl From<PackedValue> for Value {
+    fn from(value: PackedValue) -> Self {
+        match value {
+            PackedValue::None => Value::None,
+            PackedValue::V4(ip, port) => Value::Endpoint(IpAddr::V4(ip), port),
+            PackedValue::V6(ip, port) => Value::Endpoint(IpAddr::V6(ip), port),
+            PackedValue::Affinity([high, low]) => {
+                Value::Affinity((u64::from(high) << 32) | u64::from(low))
+            }
+        }
+    }
+}
+
+const SHAPE_ADDR: u8 = 0;
+const SHAPE_DEST: u8 = 1;
+const SHAPE_NODEPORT: u8 = 2;
+const SHAPE_DEST_SLOT: u8 = 3;
+const SHAPE_NODEPORT_SLOT: u8 = 4;
+const SHAPE_ADDR_PAIR: u8 = 5;
+const SHAPE_DEST_SOURCE: u8 = 6;
+
+impl PackedId {
+    /// Packs `id`.
+    pub(super) fn new(id: &ElementId) -> PackedId {
+        if id.family == Family::V4
+            && let Some(code) = map_code(id.map)
+        {
+            let mut out = Writer { bytes: [0; 15], at: 0 };
+            out.byte(code);
+            if out.key(&id.key) {
+                return PackedId::V4(out.bytes);
+            }
+        }
+        PackedId::Other(Box::new(*id))
+    }
+
+    /// The id it packs.
+    pub(super) fn id(&self) -> ElementId {
+        match self {
+            PackedId::Other(id) => **id,
+            PackedId::V4(bytes) => {
+                let mut input = Reader { bytes, at: 0 };
+                let map = map_of(input.byte());
+                let key = input.key();
+                ElementId { family: Family::V4, map, key }
+            }
+        }
+    }
+}
+
+/// The set's code in a packed id: the fixed sets, then the pick tree's bit sets.
+fn map_code(map: MapName) -> Option<u8> {
+    match map {
+        MapName::Bit(kind, bit) => {
+            let kind = PickKind::ALL.iter().position(|k| *k == kind)? as u8;
+            Some(MapName::FIXED.len() as u8 + kind * TREE_BITS + bit)
+        }
+        MapName::Count(..) => None,
+        fixed => MapName::FIXED.iter().position(|m| *m == fixed).map(|at| at as u8),
+    }
+}
+
+fn map_of(code: u8) -> MapName {
+    let fixed = MapName::FIXED.len() as u8;
+    match MapName::FIXED.get(usize::from(code)) {
+        Some(map) => *map,
+        None => {
+            let bits = code - fixed;
+            MapName::Bit(PickKind::ALL[usize::from(bits / TREE_BITS)], bits % TREE_BITS)
+        }
+    }
+}
+
+struct Writer {
+    bytes: [u8; 15],
+    at: usize,
+}
+
+impl Writer {
+    fn byte(&mut self, b: u8) {
+        self.bytes[self.at] = b;
+        self.at += 1;
+    }
+
+    fn put(&mut self, bytes: &[u8]) {
+        self.bytes[self.at..self.at + bytes.len()].copy_from_slice(bytes);
+        self.at += bytes.len();
+    }
+
+    /// Writes an IPv4 address; false for an IPv6 one.
+    fn ip(&mut self, ip: &IpAddr) -> bool {
+        match ip {
+            IpAddr::V4(ip) => {
+                self.put(&ip.octets());
+                true
+            }
+            IpAddr::V6(_) => false,
+        }
+    }
+
+    fn port(&mut self, protocol: Protocol, port: u16) {
+        self.byte(protocol_code(protocol));
+        self.put(&port.to_be_bytes());
+    }
+
+    fn dest(&mut self, dest: &Dest) -> bool {
+        let fits = self.ip(&dest.ip);
+        self.port(dest.protocol, dest.port);
+        fits
+    }
+
+    /// Writes a key of IPv4 addresses; false when one is IPv6.
+    fn key(&mut self, key: &Key) -> bool {
+        match key {
+            Key::Addr(ip) => {
+                self.byte(SHAPE_ADDR);
+                self.ip(ip)
+            }
+            Key::Dest(dest) => {
+                self.byte(SHAPE_DEST);
+                self.dest(dest)
+            }
+            Key::NodePort(protocol, port) => {
+                self.byte(SHAPE_NODEPORT);
+                self.port(*protocol, *port);
+                true
+            }
+            Key::DestSlot(dest, slot) => {
+                self.byte(SHAPE_DEST_SLOT);
+                let fits = self.dest(dest);
+                self.put(&slot.to_be_bytes());
+                fits
+            }
+            Key::NodePortSlot(protocol, port, slot) => {
+                self.byte(SHAPE_NODEPORT_SLOT);
+                self.port(*protocol, *port);
+                self.put(&slot.to_be_bytes());
+                true
+            }
+            Key::AddrPair(a, b) => {
+                self.byte(SHAPE_ADDR_PAIR);
+                self.ip(a) && self.ip(b)
+            }
+            Key::DestSource(dest, net) => {
+                self.byte(SHAPE_DEST_SOURCE);
+                let fits = self.dest(dest) && self.ip(&net.addr());
+                self.byte(net.prefix_len());
+                fits
+            }
+        }
+    }
+}
+
+struct Reader<'b> {
+    bytes: &'b [u8; 15],
+    at: usize,
+}
+
+impl Reader<'_> {
+    fn byte(&mut self) -> u8 {
+        self.at += 1;
+        self.bytes[self.at - 1]
+    }
+
+    fn array<const N: usize>(&mut self) -> [u8; N] {
+        let mut out = [0; N];
+        out.copy_from_slice(&self.bytes[self.at..self.at + N]);
+        self.at += N;
+        out
+    }
+
+    fn ip4(&mut self) -> Ipv4Addr {
+        Ipv4Addr::from(self.array::<4>())
+    }
+
+    fn ip(&mut self) -> IpAddr {
+        IpAddr::V4(self.ip4())
+    }
+
+    fn port(&mut self) -> (Protocol, u16) {
+        let protocol = protocol_of(self.byte());
+        (protocol, u16::from_be_bytes(self.array()))
+    }
+
+    fn dest(&mut self) -> Dest {
+        let ip = self.ip();
+        let (protocol, port) = self.port();
+        Dest { ip, protocol, port }
+    }
+
+    fn slot(&mut self) -> u32 {
+        u32::from_be_bytes(self.array())
+    }
+
+    fn key(&mut self) -> Key {
+        match self.byte() {
+            SHAPE_ADDR => Key::Addr(self.ip()),
+            SHAPE_DEST => Key::Dest(self.dest()),
+            SHAPE_NODEPORT => {
+                let (protocol, port) = self.port();
+                Key::NodePort(protocol, port)
+            }
+            SHAPE_DEST_SLOT => {
+                let dest = self.dest();
+                Key::DestSlot(dest, self.slot())
+            }
+            SHAPE_NODEPORT_SLOT => {
+                let (protocol, port) = self.port();
+                Key::NodePortSlot(protocol, port, self.slot())
+            }
+            SHAPE_ADDR_PAIR => {
+                let a = self.ip();
+                Key::AddrPair(a, self.ip())
+            }
+            _ => {
+                let dest = self.dest();
+                let addr = self.ip4();
+                let prefix = self.byte();
+                // Written from a valid network, so its prefix is valid.
+                let net = Ipv4Net::new(addr, prefix).unwrap_or_default();
+                Key::DestSource(dest, IpNet::V4(net))
+            }
+        }
+    }
+}
+
+fn protocol_code(protocol: Protocol) -> u8 {
+    match protocol {
+        Protocol::Tcp => 0,
+        Protocol::Udp => 1,
+        Protocol::Sctp => 2,
+    }
+}
+
+fn protocol_of(code: u8) -> Protocol {
+    match code {
+        0 => Protocol::Tcp,
+        1 => Protocol::Udp,
+        _ => Protocol::Sctp,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn ip() -> impl Strategy<Value = IpAddr> {
+        prop_oneof![
+            any::<[u8; 4]>().prop_map(IpAddr::from),
+            any::<[u8; 16]>().prop_map(IpAddr::from),
+        ]
+    }
+
+    fn protocol() -> impl Strategy<Value = Protocol> {
+        prop_oneof![Just(Protocol::Tcp), Just(Protocol::Udp), Just(Protocol::Sctp)]
+    }
+
+    fn dest() -> impl Strategy<Value = Dest> {
+        (ip(), protocol(), any::<u16>()).prop_map(|(ip, protocol, port)| Dest {
+            ip,
+            protocol,
+            port,
+        })
+    }
+
+    fn key() -> impl Strategy<Value = Key> {
+        prop_oneof![
+            ip().prop_map(Key::Addr),
+            dest().prop_map(Key::Dest),
+            (protocol(), any::<u16>()).prop_map(|(p, port)| Key::NodePort(p, port)),
+            (dest(), any::<u32>()).prop_map(|(d, s)| Key::DestSlot(d, s)),
+            (protocol(), any::<u16>(), any::<u32>())
+                .prop_map(|(p, port, s)| Key::NodePortSlot(p, port, s)),
+            (ip(), ip()).prop_map(|(a, b)| Key::AddrPair(a, b)),
+            (dest(), ip(), 0u8..=32).prop_map(|(d, ip, len)| {
+                let net = match ip {
+                    IpAddr::V4(v4) => IpNet::V4(Ipv4Net::new(v4, len).unwrap()),
+                    IpAddr::V6(v6) => IpNet::new(IpAddr::V6(v6), len).unwrap(),
+                };
+                Key::DestSource(d, net)
+            }),
+        ]
+    }
+
+    fn map() -> impl Strategy<Value = MapName> {
+        let kind = prop::sample::select(PickKind::ALL.to_vec());
+        prop_oneof![
+            prop::sample::select(MapName::FIXED.to_vec()),
+            (kind.clone(), 0..TREE_BITS).prop_map(|(k, b)| MapName::Bit(k, b)),
+            (kind, any::<u32>()).prop_map(|(k, n)| MapName::Count(k, n)),
+        ]
+    }
+
+    fn all_v4(key: &Key) -> bool {
+        match key {
+            Key::Addr(ip) => ip.is_ipv4(),
+            Key::Dest(dest) | Key::DestSlot(dest, _) => dest.ip.is_ipv4(),
+            Key::NodePort(..) | Key::NodePortSlot(..) => true,
+            Key::AddrPair(a, b) => a.is_ipv4() && b.is_ipv4(),
+            Key::DestSource(dest, net) => dest.ip.is_ipv4() && net.addr().is_ipv4(),
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn every_id_comes_back_as_packed(
+            family in prop_oneof![Just(Family::V4), Just(Family::V6)],
+            map in map(),
+            key in key(),
+        ) {
+            let id = ElementId { family, map, key };
+            let packed = PackedId::new(&id);
+            prop_assert_eq!(packed.id(), id);
+            // Packed inline exactly when the table is IPv4's, the set has a code and every
+            // address of the key is IPv4.
+            let inline =
+                family == Family::V4 && !matches!(map, MapName::Count(..)) && all_v4(&key);
+            prop_assert_eq!(matches!(packed, PackedId::V4(_)), inline);
+        }
+
+        #[test]
+        fn every_value_comes_back_as_packed(
+            value in prop_oneof![
+                Just(Value::None),
+                (ip(), any::<u16>()).prop_map(|(ip, port)| Value::Endpoint(ip, port)),
+                any::<u64>().prop_map(Value::Affinity),
+            ]
+        ) {
+            prop_assert_eq!(Value::from(PackedValue::from(value)), value);
+        }
+    }
+
+    #[test]
+    fn packed_ids_and_values_are_small() {
+        assert_eq!(size_of::<PackedId>(), 16);
+        assert_eq!(size_of::<PackedValue>(), 20);
+        assert_eq!(size_of::<super::super::Holder>(), 24);
+    }
+}
