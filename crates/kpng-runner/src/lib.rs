@@ -19,6 +19,7 @@
 //!   backend, and a readable proof of what the diff emits.
 
 pub mod conntrack;
+mod heap;
 pub mod json;
 pub mod lock;
 pub mod readiness;

@@ -250,6 +250,9 @@ impl Slots {
             Ok(()) => {
                 self.stats.change_sets.fetch_add(1, Ordering::Relaxed);
                 slot.standing = slot.standing.step(Event::Applied, &self.options);
+                if changes.is_reset() {
+                    crate::heap::release_free_memory();
+                }
             }
             Err(source) => {
                 self.stats.failures.fetch_add(1, Ordering::Relaxed);
