@@ -32,12 +32,11 @@ pub fn encode(plan: &Plan<'_>, batch: &mut Batch) {
                 table.add_rule(batch, chain, &rule.exprs, &rule.text)
             }
             Command::Elements { add, map, elements } => {
-                let describe = |i: usize| {
-                    let (id, value) = &elements[i];
+                let describe = |(id, value): &(crate::objects::ElementId, Value)| {
                     if *add { element_text(&id.key, value) } else { key_text(&id.key) }
                 };
-                table.elements(batch, &map.name(), *add, elements.len(), describe, |i, sink| {
-                    let (id, value) = &elements[i];
+                table.elements(batch, &map.name(), *add, elements.iter(), describe, |e, sink| {
+                    let (id, value) = e;
                     let key = key_bytes(&id.key, false);
                     let end =
                         matches!(id.key, Key::DestSource(..)).then(|| key_bytes(&id.key, true));

@@ -245,7 +245,8 @@ impl MemoryTables {
                 let name = (family, map.name().into_owned());
                 let chains: BTreeSet<Name> = self.chains.keys().cloned().collect();
                 let set = self.sets.get_mut(&name).ok_or_else(|| refused(what.clone(), ENOENT))?;
-                for (id, value) in *elements {
+                for (id, value) in elements.iter() {
+                    let value = &value;
                     let present = set.elements.get(&id.key);
                     match (add, present) {
                         (true, Some(v)) if v != value => return Err(refused(what, EEXIST)),

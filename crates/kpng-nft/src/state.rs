@@ -150,6 +150,12 @@ impl TableState {
         self.sets.values().flat_map(|set| set.iter().map(|(id, h)| (id.id(), h.value.into())))
     }
 
+    /// Every non-empty set, with its effective elements.
+    pub fn sets(&self) -> impl Iterator<Item = SetElements<'_>> {
+        let sets = self.sets.iter().filter(|(_, set)| !set.is_empty());
+        sets.map(|(name, set)| SetElements { name: *name, set })
+    }
+
     /// The number of effective elements.
     pub fn len(&self) -> usize {
         self.len
@@ -294,13 +300,50 @@ impl TableState {
     /// is an addition, so no record of what each update touched is needed (at a cold start,
     /// that record would be as large as the table).
     fn load(&mut self, updates: Vec<(Owner, Vec<(ElementId, Value)>)>) -> TableDiff {
+        self.fill(updates);
+        let mut adds = Vec::with_capacity(self.len);
+        adds.extend(self.iter());
+        TableDiff { adds, ..TableDiff::default() }
+    }
+
+    /// Fills an empty state with what `updates` want (each owner once), without listing
+    /// the difference: every element is an addition ([`crate::plan::Plan::whole_state`]
+    /// commits them from here).
+    pub fn fill(&mut self, updates: Vec<(Owner, Vec<(ElementId, Value)>)>) {
+        debug_assert!(self.is_empty() && distinct_owners(&updates));
         self.reserve(updates.iter().flat_map(|(_, new)| new));
         for (owner, new) in updates {
             self.insert(owner, &new);
         }
-        let mut adds = Vec::with_capacity(self.len);
-        adds.extend(self.iter());
-        TableDiff { adds, ..TableDiff::default() }
+    }
+}
+
+/// The effective elements of one set of a [`TableState`].
+#[derive(Debug, Clone, Copy)]
+pub struct SetElements<'a> {
+    name: (Family, MapName),
+    set: &'a HashMap<PackedId, Holder>,
+}
+
+impl<'a> SetElements<'a> {
+    /// The set's family and name.
+    pub fn name(&self) -> (Family, MapName) {
+        self.name
+    }
+
+    /// How many elements it holds.
+    pub fn len(&self) -> usize {
+        self.set.len()
+    }
+
+    /// Whether it holds none.
+    pub fn is_empty(&self) -> bool {
+        self.set.is_empty()
+    }
+
+    /// Each element with its effective value.
+    pub fn iter(self) -> impl Iterator<Item = (ElementId, Value)> + 'a {
+        self.set.iter().map(|(id, holder)| (id.id(), holder.value.into()))
     }
 }
 
@@ -463,7 +506,7 @@ mod tests {
             // The general path: a state holding one element nothing else touches.
             let mut general = TableState::new();
             general.update(vec![(Owner::Service(9), vec![element_at(0)])]);
-            let general_diff = general.update(update);
+            let general_diff = general.update(update.clone());
             let sorted = |d: &TableDiff| {
                 let mut adds = d.adds.clone();
                 adds.sort();
@@ -472,7 +515,19 @@ mod tests {
             prop_assert_eq!(sorted(&diff), sorted(&general_diff));
             let mut rest = effective(&general);
             rest.remove(&element_at(0).0);
-            prop_assert_eq!(effective(&loaded), rest);
+            prop_assert_eq!(effective(&loaded), rest.clone());
+            // Filled without a difference, the state's sets hold exactly those elements.
+            let mut filled = TableState::new();
+            filled.fill(update);
+            let mut by_set = BTreeMap::new();
+            for set in filled.sets() {
+                prop_assert!(!set.is_empty());
+                for (id, value) in set.iter() {
+                    prop_assert_eq!((id.family, id.map), set.name());
+                    prop_assert!(by_set.insert(id, value).is_none());
+                }
+            }
+            prop_assert_eq!(by_set, rest);
         }
     }
 

@@ -389,34 +389,37 @@ impl Table<'_> {
         });
     }
 
-    /// Adds (`add`) or deletes the `count` elements of one set that `write` writes (the
-    /// element at an index), split into messages that stay within netlink's attribute
-    /// size. `describe` names the element at an index in nft syntax, for error reports
-    /// (each message is described by its first element).
-    pub fn elements(
+    /// Adds (`add`) or deletes the elements of one set, each written by `write`, split into
+    /// messages that stay within netlink's attribute size. The elements are taken from
+    /// their iterator as they are written, so none has to be listed first. `describe`
+    /// names an element in nft syntax, for error reports (each message is described by its
+    /// first element).
+    pub fn elements<E>(
         &self,
         batch: &mut Batch,
         set_name: &str,
         add: bool,
-        count: usize,
-        describe: impl Fn(usize) -> String,
-        mut write: impl FnMut(usize, &mut ElementSink<'_>),
+        elements: impl Iterator<Item = E>,
+        describe: impl Fn(&E) -> String,
+        mut write: impl FnMut(&E, &mut ElementSink<'_>),
     ) {
         let (kind, flags, verb) = match add {
             true => (msg::NEWSETELEM, NLM_F_CREATE, "add"),
             false => (msg::DELSETELEM, 0, "delete"),
         };
-        let mut i = 0;
-        while i < count {
-            let what = format!("{verb} element {} {set_name} {{ {} }}", self.prefix(), describe(i));
+        let mut elements = elements.peekable();
+        while let Some(first) = elements.peek() {
+            let what =
+                format!("{verb} element {} {set_name} {{ {} }}", self.prefix(), describe(first));
             batch.message(kind, flags, self.family, what, |b| {
                 put_str(b, elem::LIST_TABLE, self.name);
                 put_str(b, elem::LIST_SET, set_name);
                 attr::nested(b, elem::LIST_ELEMENTS, |b| {
                     let start = b.len();
-                    while i < count && b.len() - start < MAX_ELEMENTS_BYTES {
-                        write(i, &mut ElementSink { buf: b, with_data: add });
-                        i += 1;
+                    while b.len() - start < MAX_ELEMENTS_BYTES
+                        && let Some(element) = elements.next()
+                    {
+                        write(&element, &mut ElementSink { buf: b, with_data: add });
                     }
                 });
             });
@@ -475,11 +478,11 @@ mod tests {
             &mut batch,
             "cluster_backends",
             true,
-            3000,
+            0..3000u32,
             |i| i.to_string(),
             |i, sink| {
                 let mut key = [0u8; 16];
-                key[12..].copy_from_slice(&(i as u32).to_ne_bytes());
+                key[12..].copy_from_slice(&i.to_ne_bytes());
                 let data = ElementData::Value(&value);
                 sink.put(&Element { key: &key, key_end: None, data, flags: 0 });
             },

@@ -12,7 +12,7 @@ use crate::objects::{ElementId, GroupKey, SetKind, Value};
 use crate::plan::{Command, Plan};
 use crate::reconcile::{Reconciled, reconcile};
 use crate::render::{NodeFacts, Slots, seed_slots};
-use crate::state::{Owner, TableState};
+use crate::state::{Owner, TableDiff, TableState};
 
 impl NftBackend {
     /// Reads the tables back and reconciles them with the whole of `state`.
@@ -70,7 +70,16 @@ impl NftBackend {
             .collect();
         drop(adopted);
         let mut table = TableState::adopt(kept);
-        let (mut flushed, diff) = table.update(updates).flushing_stale_sets(&table);
+        // Over tables without an element (a cold start), everything is an addition: the
+        // plan takes the elements from the state itself rather than from a list as large.
+        let fresh = table.is_empty();
+        let (mut flushed, diff) = match fresh {
+            true => {
+                table.fill(updates);
+                (Vec::new(), TableDiff::default())
+            }
+            false => table.update(updates).flushing_stale_sets(&table),
+        };
         // Sets whose elements were not read hold only what goes: emptied first, then refilled
         // with what the state wants (none of them was among those read).
         for (family, map) in &contents.unread {
@@ -85,13 +94,18 @@ impl NftBackend {
             plan.push(*family, Command::FlushSet(map.name().into_owned()));
         }
         plan.elements(false, &diff.deletes);
-        plan.elements(true, &diff.adds);
+        match fresh {
+            true => plan.whole_state(&table),
+            false => plan.elements(true, &diff.adds),
+        }
         plan.commands.extend(reconciled.after.iter().cloned());
-        if !plan.is_empty() {
+        let changed = !plan.is_empty();
+        if changed {
             self.commit(&plan, whole)?;
         } else {
             tracing::info!(elements = table.len(), "nftables: the kernel already holds this state");
         }
+        drop(plan);
         log_reconciled(&reconciled);
         self.state = table;
         self.layout = layout;
@@ -99,7 +113,7 @@ impl NftBackend {
             self.remember(update);
         }
         self.sync = TableSync::InSync;
-        Ok(!plan.is_empty())
+        Ok(changed)
     }
 }
 
