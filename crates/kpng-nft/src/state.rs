@@ -5,7 +5,6 @@
 //! are one algorithm.
 
 use std::collections::BTreeMap;
-
 use std::collections::hash_map::Entry;
 
 use rustc_hash::FxHashMap as HashMap;
