@@ -96,7 +96,8 @@
 //! - [`slots`]: stable slot assignment for the backends maps.
 //! - [`affinity`]: groups of ClientIP affinity and annotated services (the only per-service
 //!   chains) and their policy.
-//! - [`state`]: the committed elements, their owners, and the difference of an update.
+//! - [`state`]: the committed elements (packed: an IPv4 element's id in 16 bytes), their
+//!   owners, and the difference of an update.
 //! - [`layout`]: the objects besides elements (skeleton, large counts, affinity groups).
 //! - [`reconcile`]: commands that bring the objects a table has to the objects it should
 //!   have, touching only what differs.

@@ -17,6 +17,8 @@
 //! - [`lock`]: one kpng per node and dataplane (an abstract Unix socket).
 //! - [`json`]: [`JsonBackend`], which writes each op as one JSON line: the debugging
 //!   backend, and a readable proof of what the diff emits.
+//! - `heap`: after each full sync, the allocator's free memory is given back to the system
+//!   (a full sync builds and frees the whole table at once); the crate's only unsafe code.
 
 pub mod conntrack;
 mod heap;
