@@ -145,8 +145,8 @@ fn split_endpoint_path(path: &str) -> Result<(ServiceKey, IpAddr), WireError> {
 pub fn encode_service(service: &LocalService) -> localv1::Service {
     let lb_ips = ip_set(&service.load_balancer_ips);
     localv1::Service {
-        namespace: service.key.namespace.clone(),
-        name: service.key.name.clone(),
+        namespace: service.key.namespace.to_string(),
+        name: service.key.name.to_string(),
         r#type: service.service_type.as_str().to_string(),
         ips: Some(localv1::ServiceIPs {
             cluster_ips: Some(ip_set(&service.cluster_ips)),

@@ -68,8 +68,8 @@ pub fn group_id(
 ) -> GroupId {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     let fields = [
-        service.namespace.as_str(),
-        service.name.as_str(),
+        &*service.namespace,
+        &*service.name,
         port,
         protocol.as_str(),
         match family {

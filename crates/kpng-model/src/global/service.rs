@@ -3,6 +3,7 @@
 use std::fmt;
 use std::net::IpAddr;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -10,18 +11,19 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use crate::global::LoadBalancing;
 use crate::net::{Family, Protocol};
 
-/// Identifies a Service: `namespace/name`.
+/// Identifies a Service: `namespace/name`. The model, the node state and the backends
+/// each index services by it, so its parts are shared: a copy of a key allocates nothing.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ServiceKey {
     /// The namespace.
-    pub namespace: String,
+    pub namespace: Arc<str>,
     /// The name.
-    pub name: String,
+    pub name: Arc<str>,
 }
 
 impl ServiceKey {
     /// A key from its parts.
-    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+    pub fn new(namespace: impl Into<Arc<str>>, name: impl Into<Arc<str>>) -> Self {
         ServiceKey { namespace: namespace.into(), name: name.into() }
     }
 }
