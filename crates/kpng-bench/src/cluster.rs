@@ -54,7 +54,7 @@ pub fn extra_service(model: &GlobalModel, n: usize, endpoints: usize) -> (Object
         port.node_port = None;
     }
     slice.key = SliceKey::new("bench", format!("extra-{n}-v4"));
-    slice.service_name = format!("extra-{n}");
+    slice.service_name = format!("extra-{n}").into();
     slice.endpoints = (0..endpoints).map(|j| extra_endpoint(n * 8 + j, "node-1")).collect();
     (Object::Service(service), Object::EndpointSlice(slice))
 }

@@ -71,7 +71,7 @@ pub fn slice(
 ) -> EndpointSlice {
     EndpointSlice {
         key: SliceKey::new(ns, slice),
-        service_name: service.to_string(),
+        service_name: service.into(),
         family: endpoints.first().map(|e| Family::of(&e.address)).unwrap_or(Family::V4),
         ports: ports
             .iter()

@@ -258,7 +258,7 @@ pub fn arb_slice() -> impl Strategy<Value = EndpointSlice> {
             proptest::collection::vec(arb_endpoint(family), 0..5).prop_map(move |endpoints| {
                 EndpointSlice {
                     key: key.clone(),
-                    service_name: other.unwrap_or(&svc).to_string(),
+                    service_name: other.unwrap_or(&svc).into(),
                     family,
                     ports: ports
                         .iter()

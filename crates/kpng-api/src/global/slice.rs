@@ -46,9 +46,9 @@ pub fn slice_items(slice: &EndpointSlice) -> Vec<GlobalItem> {
             let copy = *copy;
             let info = globalv1::EndpointInfo {
                 hash: 0,
-                namespace: slice.key.namespace.clone(),
-                source_name: slice.key.name.clone(),
-                service_name: slice.service_name.clone(),
+                namespace: slice.key.namespace.to_string(),
+                source_name: slice.key.name.to_string(),
+                service_name: slice.service_name.to_string(),
                 endpoint: Some(localv1::Endpoint {
                     hostname: String::new(),
                     ips: Some(ip_set(std::slice::from_ref(&e.address))),
@@ -146,7 +146,7 @@ pub fn decode_slice<'a>(
             }
             slice = Some(EndpointSlice {
                 key: key.clone(),
-                service_name: info.service_name.clone(),
+                service_name: info.service_name.as_str().into(),
                 family,
                 ports,
                 endpoints: Vec::new(),

@@ -2,24 +2,26 @@
 
 use std::fmt;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
 use crate::global::ServiceKey;
 use crate::net::{Family, Protocol};
 
-/// Identifies an EndpointSlice: `namespace/name`.
+/// Identifies an EndpointSlice: `namespace/name`. Its parts are shared like a
+/// [`ServiceKey`]'s: a copy allocates nothing.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct SliceKey {
     /// The namespace.
-    pub namespace: String,
+    pub namespace: Arc<str>,
     /// The slice's own name (not the service's).
-    pub name: String,
+    pub name: Arc<str>,
 }
 
 impl SliceKey {
     /// A key from its parts.
-    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+    pub fn new(namespace: impl Into<Arc<str>>, name: impl Into<Arc<str>>) -> Self {
         SliceKey { namespace: namespace.into(), name: name.into() }
     }
 }
@@ -82,7 +84,7 @@ pub struct EndpointSlice {
     /// `namespace/name` of the slice.
     pub key: SliceKey,
     /// The service named by the `kubernetes.io/service-name` label, in the slice's namespace.
-    pub service_name: String,
+    pub service_name: Arc<str>,
     /// The address family (FQDN slices are dropped at ingest).
     pub family: Family,
     /// The ports every endpoint of the slice serves.

@@ -62,7 +62,7 @@ pub fn convert_slice(
     endpoints.shrink_to_fit();
     Ok(Converted::Proxied(EndpointSlice {
         key,
-        service_name: service_name.to_string(),
+        service_name: std::sync::Arc::from(service_name),
         family,
         ports,
         endpoints,
