@@ -372,13 +372,10 @@ impl TableDiff {
         if losses.is_empty() {
             return (Vec::new(), self);
         }
-        let mut kept: HashMap<(Family, MapName), usize> = HashMap::default();
-        for (id, _) in table.iter().filter(|(id, _)| losses.contains_key(&(id.family, id.map))) {
-            *kept.entry((id.family, id.map)).or_default() += 1;
-        }
+        let kept = |set: &(Family, MapName)| table.sets.get(set).map_or(0, HashMap::len);
         let mut flushed: Vec<(Family, MapName)> = losses
             .into_iter()
-            .filter(|(set, lost)| *lost > 2 * kept.get(set).copied().unwrap_or(0))
+            .filter(|(set, lost)| *lost > 2 * kept(set))
             .map(|(set, _)| set)
             .collect();
         if flushed.is_empty() {
@@ -390,7 +387,11 @@ impl TableDiff {
             deletes: self.deletes.into_iter().filter(|(id, _)| !is_flushed(id)).collect(),
             adds: self.adds.into_iter().filter(|(id, _)| !is_flushed(id)).collect(),
         };
-        diff.adds.extend(table.iter().filter(|(id, _)| is_flushed(id)));
+        for name in &flushed {
+            if let Some(set) = table.sets.get(name) {
+                diff.adds.extend(SetElements { name: *name, set }.iter());
+            }
+        }
         diff.group_by_set();
         (flushed, diff)
     }
