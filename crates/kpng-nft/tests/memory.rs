@@ -289,23 +289,25 @@ proptest! {
     }
 }
 
-#[test]
-fn removing_the_node_and_every_service_at_once_empties_the_table() {
-    use kpng_testkit::builders::{endpoint, node, service, slice};
+/// A model holding the node and, for each `(name, cluster IP)`, a service with port
+/// `http` (TCP 80).
+fn node_and_services(services: &[(&str, &str)]) -> GlobalModel {
+    use kpng_testkit::builders::{node, service};
     let mut model = GlobalModel::new();
     model.apply(kpng_model::Object::Node(node(NODE, None, &["10.0.0.200"])));
+    for (name, ip) in services {
+        let ports = &[("http", Protocol::Tcp, 80)];
+        model.apply(kpng_model::Object::Service(service("ns", name, &[ip], ports)));
+    }
+    model
+}
+
+#[test]
+fn removing_the_node_and_every_service_at_once_empties_the_table() {
+    use kpng_testkit::builders::{endpoint, slice};
+    let mut model =
+        node_and_services(&[("a", "10.96.0.1"), ("b", "10.96.0.2"), ("c", "10.96.0.3")]);
     for name in ["a", "b", "c"] {
-        let ip = match name {
-            "a" => "10.96.0.1",
-            "b" => "10.96.0.2",
-            _ => "10.96.0.3",
-        };
-        model.apply(kpng_model::Object::Service(service(
-            "ns",
-            name,
-            &[ip],
-            &[("http", Protocol::Tcp, 80)],
-        )));
         let eps = vec![endpoint("10.244.0.1", NODE), endpoint("10.244.1.1", "other")];
         model.apply(kpng_model::Object::EndpointSlice(slice(
             "ns",
@@ -381,23 +383,18 @@ impl Counting {
 
 /// A node state with `services` services of two endpoints each.
 fn services_state(services: usize) -> LocalState {
-    use kpng_testkit::builders::{endpoint, node, service, slice};
-    let mut model = GlobalModel::new();
-    model.apply(kpng_model::Object::Node(node(NODE, None, &["10.0.0.200"])));
-    for i in 0..services {
-        let name = format!("s{i}");
-        let ip = format!("10.96.{}.{}", i / 250, i % 250 + 1);
-        model.apply(kpng_model::Object::Service(service(
-            "ns",
-            &name,
-            &[&ip],
-            &[("http", Protocol::Tcp, 80)],
-        )));
+    use kpng_testkit::builders::{endpoint, slice};
+    let names: Vec<(String, String)> = (0..services)
+        .map(|i| (format!("s{i}"), format!("10.96.{}.{}", i / 250, i % 250 + 1)))
+        .collect();
+    let pairs: Vec<(&str, &str)> = names.iter().map(|(n, ip)| (n.as_str(), ip.as_str())).collect();
+    let mut model = node_and_services(&pairs);
+    for (name, _) in &names {
         let eps = vec![endpoint("10.244.0.1", NODE), endpoint("10.244.1.1", "other")];
         model.apply(kpng_model::Object::EndpointSlice(slice(
             "ns",
             &format!("{name}-1"),
-            &name,
+            name,
             &[("http", Protocol::Tcp, 8080)],
             eps,
         )));
@@ -456,15 +453,8 @@ fn backends(kernel: &MemoryKernel) -> BTreeMap<u32, IpAddr> {
 
 #[test]
 fn endpoints_keep_their_slots_across_changes() {
-    use kpng_testkit::builders::{endpoint, node, service, slice};
-    let mut model = GlobalModel::new();
-    model.apply(kpng_model::Object::Node(node(NODE, None, &["10.0.0.200"])));
-    model.apply(kpng_model::Object::Service(service(
-        "ns",
-        "web",
-        &["10.96.0.1"],
-        &[("http", Protocol::Tcp, 80)],
-    )));
+    use kpng_testkit::builders::{endpoint, slice};
+    let mut model = node_and_services(&[("web", "10.96.0.1")]);
     let apply_endpoints = |model: &mut GlobalModel, ips: &[&str]| {
         let eps = ips.iter().map(|ip| endpoint(ip, "other")).collect();
         let ports = &[("http", Protocol::Tcp, 8080)];
