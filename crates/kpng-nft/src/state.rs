@@ -191,6 +191,21 @@ impl TableState {
         })
     }
 
+    /// The elements whose effective value is `owner`'s: it wants them and no lower owner
+    /// does. Over every owner, each effective element comes once.
+    pub fn held(&self, owner: Owner) -> impl Iterator<Item = (ElementId, Value)> + '_ {
+        let ids = self.owned.get(&owner).map(|ids| &ids[..]).unwrap_or_default();
+        ids.iter().filter_map(move |packed| {
+            let id = packed.id();
+            let holder = self.holder(&id, packed)?;
+            let wins = match holder.owner {
+                CONTESTED => self.contested.get(packed).and_then(|o| o.first()).map(|o| o.0),
+                held => Some(owner_of(held)),
+            };
+            (wins == Some(owner)).then(|| (id, holder.value.into()))
+        })
+    }
+
     /// Records that `owner` no longer wants `id`.
     fn remove(&mut self, owner: Owner, id: &ElementId, packed: &PackedId) {
         let Some(set) = self.sets.get_mut(&(id.family, id.map)) else { return };
@@ -495,6 +510,14 @@ mod tests {
                     owned.sort();
                     prop_assert_eq!(&owned, wanted);
                 }
+                // Each effective element is held by exactly one owner, the one that sets it.
+                let mut held = BTreeMap::new();
+                for owner in wishes.keys() {
+                    for (id, value) in state.held(*owner) {
+                        prop_assert!(held.insert(id, value).is_none(), "{:?} held twice", id);
+                    }
+                }
+                prop_assert_eq!(&held, &expected);
             }
         }
 

@@ -241,6 +241,7 @@ fn the_dry_run_is_what_the_kernel_receives() {
             masquerade_bit: 3,
             local_detection: LocalDetection::InterfaceNamePrefix("veth".into()),
             cluster_cidrs: Vec::new(),
+            ..NftOptions::default()
         },
         NodePortSelection::Cidrs(nets(&["0.0.0.0/0", "fd00:10::/64"])),
         &nets(&["10.96.0.0/12", "fd00:96::/112"]),
@@ -329,4 +330,28 @@ fn a_restart_over_a_far_larger_table_flushes_without_reading_it() {
         assert_eq!(again.stats().transactions.load(std::sync::atomic::Ordering::Relaxed), 0);
         assert_eq!(again.state().len(), restarted.state().len());
     });
+}
+
+#[test]
+fn a_cold_start_in_transactions_of_whole_services_ends_as_one_transaction() {
+    let name = "a_cold_start_in_transactions_of_whole_services_ends_as_one_transaction";
+    if !require(name, &["nft", "ip"]) {
+        return;
+    }
+    let cold_start = |ns: &Netns, limit: usize| {
+        in_netns(ns, move || {
+            let options = NftOptions { cold_start_transaction: limit, ..NftOptions::default() };
+            let mut backend = NftBackend::new(options, Box::new(NetlinkKernel::open().unwrap()));
+            backend.apply(&ChangeSet::full(&many(150))).unwrap();
+            assert!(backend.verify().unwrap(), "the kernel holds what was committed");
+            backend.stats().transactions.load(std::sync::atomic::Ordering::Relaxed)
+        })
+    };
+    let (one, several) = (Netns::new("cold-one"), Netns::new("cold-several"));
+    assert_eq!(cold_start(&one, usize::MAX), 1);
+    let transactions = cold_start(&several, 200);
+    assert!(transactions >= 4, "{transactions} transactions");
+    let (a, b) = (in_netns(&one, read_back), in_netns(&several, read_back));
+    assert!(a.elements.values().map(BTreeSet::len).sum::<usize>() > 150 * 4);
+    assert_eq!(a, b);
 }

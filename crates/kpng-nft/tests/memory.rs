@@ -491,3 +491,85 @@ fn endpoints_keep_their_slots_across_changes() {
     expected.insert(3, "10.244.1.9".parse().unwrap());
     assert_eq!(backends(&kernel), expected);
 }
+
+/// The memory kernel, recording the service address of each element every commit adds,
+/// and refusing the commit numbered `refuse` (from 1) once.
+struct Recording {
+    inner: MemoryKernel,
+    commits: std::sync::Arc<std::sync::Mutex<Vec<Vec<IpAddr>>>>,
+    refuse: Option<usize>,
+}
+
+impl kpng_nft::Kernel for Recording {
+    fn commit(&mut self, plan: &kpng_nft::plan::Plan<'_>) -> Result<(), kpng_nft::NftError> {
+        use kpng_nft::plan::{Command, Elements};
+        let mut commits = self.commits.lock().unwrap();
+        if self.refuse == Some(commits.len() + 1) {
+            self.refuse = None;
+            self.inner.tables().fail_commits = 1;
+            return self.inner.commit(plan);
+        }
+        let mut addresses = Vec::new();
+        for (_, command) in &plan.commands {
+            if let Command::Elements { add: true, elements: Elements::List(list), .. } = command {
+                addresses.extend(list.iter().filter_map(|(id, _)| match id.key {
+                    Key::Addr(ip) if id.map == MapName::ClusterIps => Some(ip),
+                    Key::Dest(dest) | Key::DestSlot(dest, _) => Some(dest.ip),
+                    _ => None,
+                }));
+            }
+        }
+        self.inner.commit(plan)?;
+        commits.push(addresses);
+        Ok(())
+    }
+
+    fn read(&mut self) -> Result<Option<kpng_nft::KernelContents>, kpng_nft::NftError> {
+        self.inner.read()
+    }
+
+    fn read_unless_stale(
+        &mut self,
+        stale: &dyn Fn(usize) -> bool,
+    ) -> Result<Option<kpng_nft::KernelContents>, kpng_nft::NftError> {
+        self.inner.read_unless_stale(stale)
+    }
+}
+
+#[test]
+fn a_large_cold_start_commits_whole_services_in_several_transactions() {
+    let state = services_state(40);
+    let options = NftOptions { cold_start_transaction: 60, ..NftOptions::default() };
+    let commits = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let kernel = MemoryKernel::new();
+    let recording = Recording { inner: kernel.clone(), commits: commits.clone(), refuse: None };
+    let mut backend = NftBackend::new(options.clone(), Box::new(recording));
+    backend.apply(&ChangeSet::full(&state)).unwrap();
+    let commits = commits.lock().unwrap().clone();
+    assert!(commits.len() >= 4, "{} transactions", commits.len());
+    // Every service (by cluster IP) has all its elements in one transaction.
+    let mut first_seen: BTreeMap<IpAddr, usize> = BTreeMap::new();
+    for (n, addresses) in commits.iter().enumerate() {
+        for ip in addresses {
+            assert_eq!(*first_seen.entry(*ip).or_insert(n), n, "{ip} in two transactions");
+        }
+    }
+    assert_eq!(first_seen.len(), 40);
+    // The kernel ends as one transaction makes it; the backend is in sync with it.
+    check_against_fresh(&kernel, &state).unwrap();
+    assert!(backend.verify().unwrap());
+
+    // A refused transaction part way leaves the services before it in place; the next
+    // change set completes the table.
+    let commits = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let kernel = MemoryKernel::new();
+    let recording = Recording { inner: kernel.clone(), commits: commits.clone(), refuse: Some(3) };
+    let mut backend = NftBackend::new(options, Box::new(recording));
+    assert!(backend.apply(&ChangeSet::full(&state)).is_err());
+    assert_eq!(commits.lock().unwrap().len(), 2);
+    let partial = kernel.tables().elements().len();
+    assert!(partial > 0 && partial < fresh(&state).tables().elements().len());
+    backend.apply(&ChangeSet::full(&state)).unwrap();
+    check_against_fresh(&kernel, &state).unwrap();
+    assert!(backend.verify().unwrap());
+}

@@ -1,5 +1,6 @@
 //! The resync: the tables read back and reconciled with the whole node state in one
-//! transaction (at start-up, after a failed transaction, after drift).
+//! transaction (at start-up, after a failed transaction, after drift); over empty tables
+//! with many elements, in several transactions of whole services.
 
 use kpng_model::local::LocalServiceState;
 use kpng_model::{Family, LocalState};
@@ -53,6 +54,7 @@ impl NftBackend {
             updates.push((update.owner, std::mem::take(&mut update.elements)));
         }
         updates.push((Owner::Kernel, Vec::new()));
+        let sizes: Vec<(Owner, usize)> = updates.iter().map(|(o, e)| (*o, e.len())).collect();
         layout.large = large_counts(updates.iter().flat_map(|(_, e)| e));
         if whole {
             contents = KernelContents::default();
@@ -88,15 +90,23 @@ impl NftBackend {
                 flushed.push((*family, *map));
             }
         }
+        // A cold start of a large table: whole services in transactions of a bounded size.
+        let mut chunks = match fresh && !whole && flushed.is_empty() {
+            true => owner_chunks(&sizes, self.options.cold_start_transaction),
+            false => Vec::new(),
+        }
+        .into_iter();
+        let first = chunks.next().filter(|_| chunks.len() > 0).map(|c| held(&table, &c));
         let mut plan = Plan::new();
         plan.commands.extend(reconciled.before.iter().cloned());
         for (family, map) in &flushed {
             plan.push(*family, Command::FlushSet(map.name().into_owned()));
         }
         plan.elements(false, &diff.deletes);
-        match fresh {
-            true => plan.whole_state(&table),
-            false => plan.elements(true, &diff.adds),
+        match (fresh, &first) {
+            (_, Some(first)) => plan.elements(true, first),
+            (true, None) => plan.whole_state(&table),
+            (false, None) => plan.elements(true, &diff.adds),
         }
         plan.commands.extend(reconciled.after.iter().cloned());
         let changed = !plan.is_empty();
@@ -106,15 +116,60 @@ impl NftBackend {
             tracing::info!(elements = table.len(), "nftables: the kernel already holds this state");
         }
         drop(plan);
+        drop(first);
         log_reconciled(&reconciled);
         self.state = table;
         self.layout = layout;
         for update in services {
             self.remember(update);
         }
+        let transactions = 1 + chunks.len();
+        for chunk in chunks {
+            let elements = held(&self.state, &chunk);
+            let mut plan = Plan::new();
+            plan.elements(true, &elements);
+            // A failure leaves the services committed so far in place; the next change set
+            // reads them back and completes the table.
+            self.commit(&plan, false)?;
+        }
+        if changed {
+            tracing::info!(
+                elements = self.state.len(),
+                transactions,
+                "nftables: the node state is committed"
+            );
+        }
         self.sync = TableSync::InSync;
         Ok(changed)
     }
+}
+
+/// Owners in order, cut into runs of about `limit` elements (an owner is never cut). The
+/// node's and the kernel's elements go with the first run.
+fn owner_chunks(sizes: &[(Owner, usize)], limit: usize) -> Vec<Vec<Owner>> {
+    let mut chunks: Vec<Vec<Owner>> = vec![Vec::new()];
+    let mut count = 0;
+    for (owner, size) in sizes {
+        if matches!(owner, Owner::Service(_)) && count > 0 && count + size > limit {
+            chunks.push(Vec::new());
+            count = 0;
+        }
+        count += size;
+        let last = chunks.len() - 1;
+        let chunk = match owner {
+            Owner::Service(_) => &mut chunks[last],
+            Owner::Node | Owner::Kernel => &mut chunks[0],
+        };
+        chunk.push(*owner);
+    }
+    chunks
+}
+
+/// The elements `owners` hold in `state`, grouped by set.
+fn held(state: &TableState, owners: &[Owner]) -> Vec<(ElementId, Value)> {
+    let mut elements: Vec<_> = owners.iter().flat_map(|owner| state.held(*owner)).collect();
+    elements.sort_unstable_by_key(|(id, _)| (id.family, id.map));
+    elements
 }
 
 /// A service's slots as the kernel holds them: backends elements for ordinary groups,

@@ -123,6 +123,7 @@ fn nft_backend(args: &NftArgs, global: &GlobalArgs) -> anyhow::Result<NftBackend
         masquerade_bit: global.proxy.masquerade_bit,
         local_detection: global.proxy.local_detection()?,
         cluster_cidrs: global.proxy.cluster_cidr.iter().map(|n| n.trunc()).collect(),
+        ..NftOptions::default()
     };
     let Some(address) = &args.aggregator else {
         return Ok(NftBackend::open(options, target(global))?);
