@@ -216,32 +216,7 @@ impl NftBackend {
         facts: &NodeFacts,
         seed: &dyn Fn(&LocalServiceState) -> Slots,
     ) -> ServiceUpdate {
-        let Some(service) = service else {
-            return ServiceUpdate {
-                owner,
-                key: key.clone(),
-                elements: Vec::new(),
-                slots: Slots::new(),
-                groups: Vec::new(),
-                gone: true,
-            };
-        };
-        let previous = match self.slots.get(&owner) {
-            Some(slots) => slots.clone(),
-            None => seed(service),
-        };
-        let rendered = render_service(service, facts, &previous);
-        // Ordinary slots are in the backends elements committed for the service, where the
-        // next render finds them; only groups' slots, which keep holes, are remembered.
-        let grouped = crate::render::group_policy(&service.service, facts).is_some();
-        ServiceUpdate {
-            owner,
-            key: key.clone(),
-            elements: rendered.elements,
-            slots: if grouped { rendered.slots } else { Slots::new() },
-            groups: rendered.affinity,
-            gone: false,
-        }
+        render_update(&self.slots, owner, key, service, facts, seed)
     }
 
     /// Applies the changes of one change set, touching only what they concern.
@@ -396,6 +371,44 @@ impl NftBackend {
         self.stats.record_commit(adds, deletes, took);
         tracing::info!(added = adds, deleted = deletes, rules = plan.changes_rules(), kernel = ?took, "nftables transaction committed");
         Ok(())
+    }
+}
+
+/// One service's rendering; `slots` are the remembered ones (services with groups of their
+/// own), `seed` finds the others.
+fn render_update(
+    slots: &HashMap<Owner, Slots>,
+    owner: Owner,
+    key: &ServiceKey,
+    service: Option<&LocalServiceState>,
+    facts: &NodeFacts,
+    seed: &dyn Fn(&LocalServiceState) -> Slots,
+) -> ServiceUpdate {
+    let Some(service) = service else {
+        return ServiceUpdate {
+            owner,
+            key: key.clone(),
+            elements: Vec::new(),
+            slots: Slots::new(),
+            groups: Vec::new(),
+            gone: true,
+        };
+    };
+    let previous = match slots.get(&owner) {
+        Some(slots) => slots.clone(),
+        None => seed(service),
+    };
+    let rendered = render_service(service, facts, &previous);
+    // Ordinary slots are in the backends elements committed for the service, where the
+    // next render finds them; only groups' slots, which keep holes, are remembered.
+    let grouped = crate::render::group_policy(&service.service, facts).is_some();
+    ServiceUpdate {
+        owner,
+        key: key.clone(),
+        elements: rendered.elements,
+        slots: if grouped { rendered.slots } else { Slots::new() },
+        groups: rendered.affinity,
+        gone: false,
     }
 }
 

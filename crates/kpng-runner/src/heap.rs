@@ -5,7 +5,26 @@
 //! C library's allocator keeps most of what was freed mapped for later use: the process
 //! would go on holding its start-up peak. Asking it to return the free pages once, after
 //! each full sync (rare: start-up, a failure, drift), lowers what a running kpng holds.
+//!
+//! The C library's allocator also gives each new thread an arena of its own, up to eight
+//! per core: blocks freed in one arena are not reused by the others, so the threads of a
+//! full sync (rendering on every core, committing beside the main thread) would each keep
+//! their own free memory. kpng allocates little outside full syncs, so one arena for the
+//! whole process costs nothing measurable and lowers both its peak and what it keeps.
 #![allow(unsafe_code)]
+
+/// Makes every thread started from now on allocate from the main arena. Call it first
+/// thing, before any thread starts. Whether the allocator took the setting.
+pub fn use_one_arena() -> bool {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: `mallopt` takes no pointer; `M_ARENA_MAX` only bounds the arenas created
+    // later, and blocks already allocated stay valid.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1) == 1
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    false
+}
 
 /// Returns the allocator's free pages to the system (how long it took is logged at debug
 /// level).
@@ -27,6 +46,11 @@ mod tests {
         let status = std::fs::read_to_string("/proc/self/status").unwrap();
         let line = status.lines().find_map(|l| l.strip_prefix("VmRSS:")).unwrap();
         line.trim().trim_end_matches("kB").trim().parse().unwrap()
+    }
+
+    #[test]
+    fn the_allocator_takes_one_arena() {
+        assert!(super::use_one_arena());
     }
 
     #[test]

@@ -27,6 +27,7 @@ pub mod lock;
 pub mod readiness;
 pub mod runner;
 
+pub use heap::use_one_arena;
 pub use json::JsonBackend;
 pub use kpng_backend::{Backend, BackendError, ChangeSet, Target, error_chain, proxy};
 pub use runner::{Health, NodeStats, Pace, RunnerError, RunnerOptions, run_node, run_remote};

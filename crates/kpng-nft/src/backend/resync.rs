@@ -2,14 +2,18 @@
 //! transaction (at start-up, after a failed transaction, after drift); over empty tables
 //! with many elements, in several transactions of whole services.
 
-use kpng_model::local::LocalServiceState;
-use kpng_model::{Family, LocalState};
+use std::collections::HashMap;
 
-use super::{NftBackend, ServiceOwners, TableSync, large_counts, node_elements};
+use kpng_model::local::LocalServiceState;
+use kpng_model::{Family, LocalState, ServiceKey};
+
+use super::{
+    NftBackend, ServiceOwners, ServiceUpdate, TableSync, large_counts, node_elements, render_update,
+};
 use crate::error::NftError;
 use crate::kernel::KernelContents;
 use crate::layout::Layout;
-use crate::objects::{ElementId, GroupKey, SetKind, Value};
+use crate::objects::{ElementId, GroupKey, MapName, SetKind, Value};
 use crate::plan::{Command, Plan};
 use crate::reconcile::{Reconciled, reconcile};
 use crate::render::{NodeFacts, Slots, seed_slots};
@@ -41,11 +45,10 @@ impl NftBackend {
         let seed = |service: &LocalServiceState| seed_from_kernel(service, &adopted, &contents);
         let mut layout =
             Layout { options: self.skeleton_options(state.node.as_ref()), ..Layout::default() };
-        let mut services = Vec::with_capacity(state.services.len());
-        for (key, service) in &state.services {
-            let owner = self.owners.owner(key);
-            services.push(self.render(owner, key, Some(service), &facts, &seed));
-        }
+        let keyed: Vec<(Owner, &ServiceKey, &LocalServiceState)> = (state.services.iter())
+            .map(|(key, service)| (self.owners.owner(key), key, service))
+            .collect();
+        let mut services = render_all(&keyed, &facts, &seed);
         let mut updates = vec![(Owner::Node, node_elements(state.node.as_ref()))];
         for update in &mut services {
             for group in &update.groups {
@@ -54,7 +57,6 @@ impl NftBackend {
             updates.push((update.owner, std::mem::take(&mut update.elements)));
         }
         updates.push((Owner::Kernel, Vec::new()));
-        let sizes: Vec<(Owner, usize)> = updates.iter().map(|(o, e)| (*o, e.len())).collect();
         layout.large = large_counts(updates.iter().flat_map(|(_, e)| e));
         if whole {
             contents = KernelContents::default();
@@ -62,16 +64,53 @@ impl NftBackend {
         let reconciled = reconcile(&layout.wanted(), &contents.present);
         // Elements of sets that go, or come back empty, are not the kernel's any more.
         let wanted = layout.wanted();
-        let kept: Vec<(ElementId, Value)> = contents
-            .elements
-            .into_iter()
-            .filter(|(id, _)| {
-                let name = (id.family, id.map.name().into_owned());
-                wanted.sets.contains_key(&name) && !reconciled.emptied.contains(&name)
-            })
-            .collect();
+        let keep = |family: Family, map: &MapName| {
+            let name = (family, map.name().into_owned());
+            wanted.sets.contains_key(&name) && !reconciled.emptied.contains(&name)
+        };
+        let kept: Vec<(ElementId, Value)> =
+            contents.elements.into_iter().filter(|(id, _)| keep(id.family, &id.map)).collect();
+        // Sets whose elements were not read hold only what goes: emptied first, then refilled
+        // with what the state wants (none of them was among those read).
+        let unread: Vec<(Family, MapName)> =
+            contents.unread.into_iter().filter(|(family, map)| keep(*family, map)).collect();
         drop(adopted);
-        let mut table = TableState::adopt(kept);
+        let table = TableState::adopt(kept);
+        let elements: usize = updates.iter().map(|(_, e)| e.len()).sum();
+        let cold = table.is_empty() && !whole && unread.is_empty();
+        let (table, transactions) = match cold && elements > self.options.cold_start_transaction {
+            true => self.commit_in_runs(table, updates, &reconciled)?,
+            false => self.commit_whole(table, updates, unread, &reconciled, whole)?,
+        };
+        let changed = transactions > 0;
+        if !changed {
+            tracing::info!(elements = table.len(), "nftables: the kernel already holds this state");
+        }
+        log_reconciled(&reconciled);
+        self.state = table;
+        self.layout = layout;
+        for update in services {
+            self.remember(update);
+        }
+        if changed {
+            let elements = self.state.len();
+            tracing::info!(elements, transactions, "nftables: the node state is committed");
+        }
+        self.sync = TableSync::InSync;
+        Ok(changed)
+    }
+
+    /// Commits `updates` over `table` (what the kernel holds of them) in one transaction
+    /// that also reconciles the rest of the tables; returns the state and the number of
+    /// transactions (none when nothing differs).
+    fn commit_whole(
+        &mut self,
+        mut table: TableState,
+        updates: Updates,
+        unread: Vec<(Family, MapName)>,
+        reconciled: &Reconciled,
+        whole: bool,
+    ) -> Result<(TableState, usize), NftError> {
         // Over tables without an element (a cold start), everything is an addition: the
         // plan takes the elements from the state itself rather than from a list as large.
         let fresh = table.is_empty();
@@ -82,87 +121,130 @@ impl NftBackend {
             }
             false => table.update(updates).flushing_stale_sets(&table),
         };
-        // Sets whose elements were not read hold only what goes: emptied first, then refilled
-        // with what the state wants (none of them was among those read).
-        for (family, map) in &contents.unread {
-            let name = (*family, map.name().into_owned());
-            if wanted.sets.contains_key(&name) && !reconciled.emptied.contains(&name) {
-                flushed.push((*family, *map));
-            }
-        }
-        // A cold start of a large table: whole services in transactions of a bounded size.
-        let mut chunks = match fresh && !whole && flushed.is_empty() {
-            true => owner_chunks(&sizes, self.options.cold_start_transaction),
-            false => Vec::new(),
-        }
-        .into_iter();
-        let first = chunks.next().filter(|_| chunks.len() > 0).map(|c| held(&table, &c));
+        flushed.extend(unread);
         let mut plan = Plan::new();
         plan.commands.extend(reconciled.before.iter().cloned());
         for (family, map) in &flushed {
             plan.push(*family, Command::FlushSet(map.name().into_owned()));
         }
         plan.elements(false, &diff.deletes);
-        match (fresh, &first) {
-            (_, Some(first)) => plan.elements(true, first),
-            (true, None) => plan.whole_state(&table),
-            (false, None) => plan.elements(true, &diff.adds),
+        match fresh {
+            true => plan.whole_state(&table),
+            false => plan.elements(true, &diff.adds),
         }
         plan.commands.extend(reconciled.after.iter().cloned());
-        let changed = !plan.is_empty();
-        if changed {
-            self.commit(&plan, whole)?;
-        } else {
-            tracing::info!(elements = table.len(), "nftables: the kernel already holds this state");
+        if plan.is_empty() {
+            return Ok((table, 0));
         }
+        self.commit(&plan, whole)?;
         drop(plan);
-        drop(first);
-        log_reconciled(&reconciled);
-        self.state = table;
-        self.layout = layout;
-        for update in services {
-            self.remember(update);
-        }
-        let transactions = 1 + chunks.len();
-        for chunk in chunks {
-            let elements = held(&self.state, &chunk);
-            let mut plan = Plan::new();
-            plan.elements(true, &elements);
-            // A failure leaves the services committed so far in place; the next change set
-            // reads them back and completes the table.
-            self.commit(&plan, false)?;
-        }
-        if changed {
-            tracing::info!(
-                elements = self.state.len(),
-                transactions,
-                "nftables: the node state is committed"
-            );
-        }
-        self.sync = TableSync::InSync;
-        Ok(changed)
+        Ok((table, 1))
+    }
+
+    /// A cold start of many elements: whole services in transactions of about
+    /// [`super::NftOptions::cold_start_transaction`] elements, the first with the rest of
+    /// the tables. A thread commits each transaction while the next is prepared. A refused
+    /// transaction leaves the services before it in place (the next resync reads them back
+    /// and completes the table).
+    fn commit_in_runs(
+        &mut self,
+        mut table: TableState,
+        updates: Updates,
+        reconciled: &Reconciled,
+    ) -> Result<(TableState, usize), NftError> {
+        table.reserve_for(updates.iter().flat_map(|(_, e)| e));
+        let runs = runs_of_owners(updates, self.options.cold_start_transaction);
+        let (sender, receiver) = std::sync::mpsc::sync_channel::<Vec<(ElementId, Value)>>(1);
+        let span = tracing::Span::current();
+        let committed = std::thread::scope(|scope| {
+            let committer = scope.spawn(move || -> Result<usize, NftError> {
+                let _span = span.enter();
+                let mut transactions = 0;
+                for elements in receiver {
+                    let mut plan = Plan::new();
+                    if transactions == 0 {
+                        plan.commands.extend(reconciled.before.iter().cloned());
+                    }
+                    plan.elements(true, &elements);
+                    if transactions == 0 {
+                        plan.commands.extend(reconciled.after.iter().cloned());
+                    }
+                    self.commit(&plan, false)?;
+                    transactions += 1;
+                }
+                Ok(transactions)
+            });
+            for run in runs {
+                let owners: Vec<Owner> = run.iter().map(|(owner, _)| *owner).collect();
+                table.add_owners(run);
+                // A closed channel: the committer stopped on an error, which it returns.
+                if sender.send(held(&table, &owners)).is_err() {
+                    break;
+                }
+            }
+            drop(sender);
+            committer.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        })?;
+        Ok((table, committed))
     }
 }
 
-/// Owners in order, cut into runs of about `limit` elements (an owner is never cut). The
-/// node's and the kernel's elements go with the first run.
-fn owner_chunks(sizes: &[(Owner, usize)], limit: usize) -> Vec<Vec<Owner>> {
-    let mut chunks: Vec<Vec<Owner>> = vec![Vec::new()];
+/// Below this many services, rendering them all stays on one thread.
+const PARALLEL_RENDER: usize = 2_000;
+
+/// Renders every service from nothing (no slots remembered yet), on a thread per core: at
+/// start-up, tens of thousands of services are rendered on the way to the first commit.
+fn render_all(
+    services: &[(Owner, &ServiceKey, &LocalServiceState)],
+    facts: &NodeFacts,
+    seed: &(dyn Fn(&LocalServiceState) -> Slots + Sync),
+) -> Vec<ServiceUpdate> {
+    let remembered = HashMap::new();
+    let render = |part: &[(Owner, &ServiceKey, &LocalServiceState)]| {
+        let each = |(owner, key, service): &(Owner, &ServiceKey, &LocalServiceState)| {
+            render_update(&remembered, *owner, key, Some(*service), facts, seed)
+        };
+        part.iter().map(each).collect::<Vec<_>>()
+    };
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(8);
+    if threads < 2 || services.len() < PARALLEL_RENDER {
+        return render(services);
+    }
+    std::thread::scope(|scope| {
+        let parts: Vec<_> = (services.chunks(services.len().div_ceil(threads)))
+            .map(|part| scope.spawn(move || render(part)))
+            .collect();
+        let parts = parts.into_iter().map(|part| part.join());
+        parts
+            .flat_map(|part| part.unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+            .collect()
+    })
+}
+
+/// Each owner's wanted elements.
+type Updates = Vec<(Owner, Vec<(ElementId, Value)>)>;
+
+/// `updates` in order, cut into runs of about `limit` elements (an owner is never cut); the
+/// node's and the kernel's go with the first run.
+fn runs_of_owners(updates: Updates, limit: usize) -> Vec<Updates> {
+    let mut runs: Vec<Updates> = vec![Vec::new()];
     let mut count = 0;
-    for (owner, size) in sizes {
-        if matches!(owner, Owner::Service(_)) && count > 0 && count + size > limit {
-            chunks.push(Vec::new());
+    for (owner, elements) in updates {
+        if !matches!(owner, Owner::Service(_)) {
+            count += elements.len();
+            runs[0].push((owner, elements));
+            continue;
+        }
+        if count > 0 && count + elements.len() > limit {
+            runs.push(Vec::new());
             count = 0;
         }
-        count += size;
-        let last = chunks.len() - 1;
-        let chunk = match owner {
-            Owner::Service(_) => &mut chunks[last],
-            Owner::Node | Owner::Kernel => &mut chunks[0],
-        };
-        chunk.push(*owner);
+        count += elements.len();
+        if let Some(run) = runs.last_mut() {
+            run.push((owner, elements));
+        }
     }
-    chunks
+    runs
 }
 
 /// The elements `owners` hold in `state`, grouped by set.
