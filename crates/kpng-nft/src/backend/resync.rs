@@ -199,6 +199,21 @@ fn render_all(
     facts: &NodeFacts,
     seed: &(dyn Fn(&LocalServiceState) -> Slots + Sync),
 ) -> Vec<ServiceUpdate> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(8);
+    match services.len() < PARALLEL_RENDER {
+        true => render_on(services, facts, seed, 1),
+        false => render_on(services, facts, seed, threads),
+    }
+}
+
+/// [`render_all`] on `threads` threads, each rendering a contiguous part; the updates
+/// come in the order of `services`.
+fn render_on(
+    services: &[(Owner, &ServiceKey, &LocalServiceState)],
+    facts: &NodeFacts,
+    seed: &(dyn Fn(&LocalServiceState) -> Slots + Sync),
+    threads: usize,
+) -> Vec<ServiceUpdate> {
     let remembered = HashMap::new();
     let render = |part: &[(Owner, &ServiceKey, &LocalServiceState)]| {
         let each = |(owner, key, service): &(Owner, &ServiceKey, &LocalServiceState)| {
@@ -206,8 +221,7 @@ fn render_all(
         };
         part.iter().map(each).collect::<Vec<_>>()
     };
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(8);
-    if threads < 2 || services.len() < PARALLEL_RENDER {
+    if threads < 2 || services.is_empty() {
         return render(services);
     }
     std::thread::scope(|scope| {
@@ -312,4 +326,47 @@ fn log_reconciled(reconciled: &Reconciled) {
         first = %shown.join("; "),
         "nftables: reconciled kpng's tables with the node state"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use kpng_local::{NodeLocal, project_node_state_with};
+    use kpng_model::{GlobalModel, Object, Protocol};
+    use kpng_testkit::builders::{endpoint, node, service, slice};
+
+    use super::*;
+
+    #[test]
+    fn rendering_on_several_threads_gives_what_one_thread_gives() {
+        let mut model = GlobalModel::new();
+        model.apply(Object::Node(node("a", None, &["192.168.10.1"])));
+        for i in 0..50u8 {
+            let name = format!("s{i}");
+            let ports = &[("http", Protocol::Tcp, 80)];
+            model.apply(Object::Service(service("ns", &name, &[&format!("10.96.0.{i}")], ports)));
+            let eps = (0..=i % 5).map(|e| endpoint(&format!("10.244.{e}.{i}"), "b")).collect();
+            let ports = &[("http", Protocol::Tcp, 8080)];
+            model.apply(Object::EndpointSlice(slice(
+                "ns",
+                &format!("{name}-1"),
+                &name,
+                ports,
+                eps,
+            )));
+        }
+        let state = project_node_state_with(&model, "a", &NodeLocal::default());
+        let keyed: Vec<(Owner, &ServiceKey, &LocalServiceState)> =
+            (state.services.iter().zip(1..)).map(|((k, s), n)| (Owner::Service(n), k, s)).collect();
+        let facts = NodeFacts::default();
+        let seed = |service: &LocalServiceState| seed_slots(service, |_| None);
+        let shown = |updates: Vec<ServiceUpdate>| -> Vec<_> {
+            updates.into_iter().map(|u| (u.owner, u.key, u.elements)).collect()
+        };
+        let one = shown(render_on(&keyed, &facts, &seed, 1));
+        assert_eq!(one.len(), 50);
+        assert!(one.iter().all(|(_, _, elements)| !elements.is_empty()));
+        for threads in [2, 3, 7] {
+            assert_eq!(shown(render_on(&keyed, &facts, &seed, threads)), one, "{threads} threads");
+        }
+    }
 }
