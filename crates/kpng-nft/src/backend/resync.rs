@@ -3,6 +3,7 @@
 //! with many elements, in several transactions of whole services.
 
 use std::collections::HashMap;
+use std::mem::take;
 
 use kpng_model::local::LocalServiceState;
 use kpng_model::{Family, LocalState, ServiceKey};
@@ -15,7 +16,7 @@ use crate::kernel::KernelContents;
 use crate::layout::Layout;
 use crate::objects::{ElementId, GroupKey, MapName, SetKind, Value};
 use crate::plan::{Command, Plan};
-use crate::reconcile::{Reconciled, reconcile};
+use crate::reconcile::{Present, Reconciled, reconcile};
 use crate::render::{NodeFacts, Slots, seed_slots};
 use crate::state::{Owner, TableDiff, TableState};
 
@@ -36,28 +37,55 @@ impl NftBackend {
         // whole tables planned from nothing; what it said still seeds the slots, so that
         // endpoints keep their positions (and affinity clients their endpoints).
         let whole = contents.is_none() || self.kernel.publishes_whole();
-        let mut contents = contents.unwrap_or_default();
-        let adopted = TableState::adopt(contents.elements.clone());
+        let contents = contents.unwrap_or_default();
         self.owners = ServiceOwners::default();
         self.slots.clear();
         self.group_hashes.clear();
         let facts = self.facts(state.node.as_ref());
-        let seed = |service: &LocalServiceState| seed_from_kernel(service, &adopted, &contents);
-        let mut layout =
+        let layout =
             Layout { options: self.skeleton_options(state.node.as_ref()), ..Layout::default() };
         let keyed: Vec<(Owner, &ServiceKey, &LocalServiceState)> = (state.services.iter())
             .map(|(key, service)| (self.owners.owner(key), key, service))
             .collect();
-        let mut services = render_all(&keyed, &facts, &seed);
-        let mut updates = vec![(Owner::Node, node_elements(state.node.as_ref()))];
-        for update in &mut services {
-            for group in &update.groups {
-                layout.groups.insert(group.hash, group.clone());
-            }
-            updates.push((update.owner, std::mem::take(&mut update.elements)));
+        let node = node_elements(state.node.as_ref());
+        // Tables without an element (a cold start): there is nothing to compare.
+        let cold = !whole && contents.elements.is_empty() && contents.unread.is_empty();
+        let synced = match cold {
+            true => self.cold_start(&keyed, node, &facts, layout, &contents.present)?,
+            false => self.reconcile_whole(&keyed, node, &facts, layout, contents, whole)?,
+        };
+        let Synced { table, layout, services, transactions } = synced;
+        let changed = transactions > 0;
+        if !changed {
+            tracing::info!(elements = table.len(), "nftables: the kernel already holds this state");
         }
-        updates.push((Owner::Kernel, Vec::new()));
-        layout.large = large_counts(updates.iter().flat_map(|(_, e)| e));
+        self.state = table;
+        self.layout = layout;
+        for update in services {
+            self.remember(update);
+        }
+        if changed {
+            let elements = self.state.len();
+            tracing::info!(elements, transactions, "nftables: the node state is committed");
+        }
+        self.sync = TableSync::InSync;
+        Ok(changed)
+    }
+
+    /// Reconciles the tables with the services in one transaction that touches only what
+    /// differs from `contents` (a kernel that publishes `whole` tables gets them whole).
+    fn reconcile_whole(
+        &mut self,
+        keyed: &[(Owner, &ServiceKey, &LocalServiceState)],
+        node: Vec<(ElementId, Value)>,
+        facts: &NodeFacts,
+        mut layout: Layout,
+        mut contents: KernelContents,
+        whole: bool,
+    ) -> Result<Synced, NftError> {
+        let adopted = TableState::adopt(contents.elements.clone());
+        let seed = |service: &LocalServiceState| seed_from_kernel(service, &adopted, &contents);
+        let (services, updates) = render_updates(keyed, node, facts, &seed, &mut layout);
         if whole {
             contents = KernelContents::default();
         }
@@ -75,44 +103,9 @@ impl NftBackend {
         let unread: Vec<(Family, MapName)> =
             contents.unread.into_iter().filter(|(family, map)| keep(*family, map)).collect();
         drop(adopted);
-        let table = TableState::adopt(kept);
-        let elements: usize = updates.iter().map(|(_, e)| e.len()).sum();
-        let cold = table.is_empty() && !whole && unread.is_empty();
-        let (table, transactions) = match cold && elements > self.options.cold_start_transaction {
-            true => self.commit_in_runs(table, updates, &reconciled)?,
-            false => self.commit_whole(table, updates, unread, &reconciled, whole)?,
-        };
-        let changed = transactions > 0;
-        if !changed {
-            tracing::info!(elements = table.len(), "nftables: the kernel already holds this state");
-        }
-        log_reconciled(&reconciled);
-        self.state = table;
-        self.layout = layout;
-        for update in services {
-            self.remember(update);
-        }
-        if changed {
-            let elements = self.state.len();
-            tracing::info!(elements, transactions, "nftables: the node state is committed");
-        }
-        self.sync = TableSync::InSync;
-        Ok(changed)
-    }
-
-    /// Commits `updates` over `table` (what the kernel holds of them) in one transaction
-    /// that also reconciles the rest of the tables; returns the state and the number of
-    /// transactions (none when nothing differs).
-    fn commit_whole(
-        &mut self,
-        mut table: TableState,
-        updates: Updates,
-        unread: Vec<(Family, MapName)>,
-        reconciled: &Reconciled,
-        whole: bool,
-    ) -> Result<(TableState, usize), NftError> {
-        // Over tables without an element (a cold start), everything is an addition: the
-        // plan takes the elements from the state itself rather than from a list as large.
+        let mut table = TableState::adopt(kept);
+        // Over tables without an element, everything is an addition: the plan takes the
+        // elements from the state itself rather than from a list as large.
         let fresh = table.is_empty();
         let (mut flushed, diff) = match fresh {
             true => {
@@ -133,60 +126,120 @@ impl NftBackend {
             false => plan.elements(true, &diff.adds),
         }
         plan.commands.extend(reconciled.after.iter().cloned());
-        if plan.is_empty() {
-            return Ok((table, 0));
+        let transactions = usize::from(!plan.is_empty());
+        if transactions > 0 {
+            self.commit(&plan, whole)?;
         }
-        self.commit(&plan, whole)?;
         drop(plan);
-        Ok((table, 1))
+        log_reconciled(&reconciled);
+        Ok(Synced { table, layout, services, transactions })
     }
 
-    /// A cold start of many elements: whole services in transactions of about
-    /// [`super::NftOptions::cold_start_transaction`] elements, the first with the rest of
-    /// the tables. A thread commits each transaction while the next is prepared. A refused
-    /// transaction leaves the services before it in place (the next resync reads them back
-    /// and completes the table).
-    fn commit_in_runs(
+    /// A cold start: a thread commits the tables' skeleton while the services are rendered,
+    /// then their elements, whole services in transactions of about
+    /// [`super::NftOptions::cold_start_transaction`] elements (the first with what the
+    /// services add to the skeleton), each prepared while the one before commits. A refused
+    /// transaction leaves what was committed before it in place: the next resync reads it
+    /// back and completes the tables.
+    fn cold_start(
         &mut self,
-        mut table: TableState,
-        updates: Updates,
-        reconciled: &Reconciled,
-    ) -> Result<(TableState, usize), NftError> {
-        table.reserve_for(updates.iter().flat_map(|(_, e)| e));
-        let runs = runs_of_owners(updates, self.options.cold_start_transaction);
-        let (sender, receiver) = std::sync::mpsc::sync_channel::<Vec<(ElementId, Value)>>(1);
+        keyed: &[(Owner, &ServiceKey, &LocalServiceState)],
+        node: Vec<(ElementId, Value)>,
+        facts: &NodeFacts,
+        mut layout: Layout,
+        present: &Present,
+    ) -> Result<Synced, NftError> {
+        let skeleton = reconcile(&layout.wanted(), present);
+        let with_skeleton = layout.wanted().as_present();
+        let limit = self.options.cold_start_transaction;
+        let (sender, receiver) = std::sync::mpsc::sync_channel::<Part>(1);
         let span = tracing::Span::current();
-        let committed = std::thread::scope(|scope| {
+        let mut table = TableState::new();
+        let (committed, services) = std::thread::scope(|scope| {
             let committer = scope.spawn(move || -> Result<usize, NftError> {
                 let _span = span.enter();
                 let mut transactions = 0;
-                for elements in receiver {
+                for part in receiver {
                     let mut plan = Plan::new();
-                    if transactions == 0 {
-                        plan.commands.extend(reconciled.before.iter().cloned());
+                    plan.commands.extend(part.before);
+                    plan.elements(true, &part.elements);
+                    plan.commands.extend(part.after);
+                    if !plan.is_empty() {
+                        self.commit(&plan, false)?;
+                        transactions += 1;
                     }
-                    plan.elements(true, &elements);
-                    if transactions == 0 {
-                        plan.commands.extend(reconciled.after.iter().cloned());
-                    }
-                    self.commit(&plan, false)?;
-                    transactions += 1;
                 }
                 Ok(transactions)
             });
-            for run in runs {
-                let owners: Vec<Owner> = run.iter().map(|(owner, _)| *owner).collect();
-                table.add_owners(run);
-                // A closed channel: the committer stopped on an error, which it returns.
-                if sender.send(held(&table, &owners)).is_err() {
+            let skeleton_part = Part {
+                before: skeleton.before.clone(),
+                elements: Vec::new(),
+                after: skeleton.after.clone(),
+            };
+            // A closed channel: the committer stopped on an error, which it returns.
+            let mut open = sender.send(skeleton_part).is_ok();
+            let seed = |service: &LocalServiceState| seed_slots(service, |_| None);
+            let (services, updates) = render_updates(keyed, node, facts, &seed, &mut layout);
+            let added = reconcile(&layout.wanted(), &with_skeleton);
+            log_reconciled(&skeleton);
+            log_reconciled(&added);
+            let (mut before, mut after) = (added.before, added.after);
+            table.reserve_for(updates.iter().flat_map(|(_, e)| e));
+            for run in runs_of_owners(updates, limit) {
+                if !open {
                     break;
                 }
+                let owners: Vec<Owner> = run.iter().map(|(owner, _)| *owner).collect();
+                table.add_owners(run);
+                let elements = held(&table, &owners);
+                let part = Part { before: take(&mut before), elements, after: take(&mut after) };
+                open = sender.send(part).is_ok();
             }
             drop(sender);
-            committer.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-        })?;
-        Ok((table, committed))
+            let committed = committer.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+            (committed, services)
+        });
+        Ok(Synced { table, layout, services, transactions: committed? })
     }
+}
+
+/// What a resync leaves: the state, the layout and the services as committed, and the
+/// number of transactions it took.
+struct Synced {
+    table: TableState,
+    layout: Layout,
+    services: Vec<ServiceUpdate>,
+    transactions: usize,
+}
+
+/// One transaction of a cold start.
+struct Part {
+    before: Vec<(Family, Command<'static>)>,
+    elements: Vec<(ElementId, Value)>,
+    after: Vec<(Family, Command<'static>)>,
+}
+
+/// Renders the services (see [`render_all`]) and lists each owner's elements, the node's
+/// first; adds the groups and large counts they use to `layout`.
+fn render_updates(
+    keyed: &[(Owner, &ServiceKey, &LocalServiceState)],
+    node: Vec<(ElementId, Value)>,
+    facts: &NodeFacts,
+    seed: &(dyn Fn(&LocalServiceState) -> Slots + Sync),
+    layout: &mut Layout,
+) -> (Vec<ServiceUpdate>, Updates) {
+    let mut services = render_all(keyed, facts, seed);
+    let mut updates = Vec::with_capacity(services.len() + 2);
+    updates.push((Owner::Node, node));
+    for update in &mut services {
+        for group in &update.groups {
+            layout.groups.insert(group.hash, group.clone());
+        }
+        updates.push((update.owner, std::mem::take(&mut update.elements)));
+    }
+    updates.push((Owner::Kernel, Vec::new()));
+    layout.large = large_counts(updates.iter().flat_map(|(_, e)| e));
+    (services, updates)
 }
 
 /// Below this many services, rendering them all stays on one thread.
