@@ -159,7 +159,7 @@ pub fn encode_service(service: &LocalService) -> localv1::Service {
             .ports
             .iter()
             .map(|p| localv1::PortMapping {
-                name: p.name.clone(),
+                name: p.name.to_string(),
                 protocol: wire_protocol(p.protocol) as i32,
                 port: p.port.into(),
                 node_port: p.node_port.map_or(0, i32::from),
@@ -180,7 +180,7 @@ pub fn encode_service(service: &LocalService) -> localv1::Service {
             .ports
             .iter()
             .map(|p| localv1::PortEndpoints {
-                name: p.name.clone(),
+                name: p.name.to_string(),
                 protocol: wire_protocol(p.protocol) as i32,
                 v4: p.has_endpoints.v4,
                 v6: p.has_endpoints.v6,
@@ -208,7 +208,7 @@ pub fn decode_service(wire: &localv1::Service, path: &str) -> Result<LocalServic
         };
         yielded.sort();
         ports.push(LocalServicePort {
-            name: p.name.clone(),
+            name: p.name.as_str().into(),
             protocol: proto,
             port: port_at(p.port, path, || format!("ports[{i}].port"))?,
             node_port: match p.node_port {
@@ -253,7 +253,7 @@ pub fn encode_endpoint(endpoint: &LocalEndpoint) -> localv1::Endpoint {
         port_overrides: endpoint
             .ports
             .iter()
-            .map(|p| localv1::PortName { name: p.name.clone(), port: p.port.into() })
+            .map(|p| localv1::PortName { name: p.name.to_string(), port: p.port.into() })
             .collect(),
         scopes: Some(localv1::EndpointScopes {
             internal: endpoint.ports.iter().any(|p| p.cluster),
@@ -262,12 +262,12 @@ pub fn encode_endpoint(endpoint: &LocalEndpoint) -> localv1::Endpoint {
         ready: endpoint.ready,
         serving: endpoint.serving,
         terminating: endpoint.terminating,
-        pod_name: endpoint.pod_name.clone().unwrap_or_default(),
+        pod_name: endpoint.pod_name.as_deref().unwrap_or_default().to_owned(),
         ports: endpoint
             .ports
             .iter()
             .map(|p| localv1::EndpointPort {
-                name: p.name.clone(),
+                name: p.name.to_string(),
                 protocol: wire_protocol(p.protocol) as i32,
                 port: p.port.into(),
                 cluster: p.cluster,
@@ -290,7 +290,7 @@ pub fn decode_endpoint(wire: &localv1::Endpoint, path: &str) -> Result<LocalEndp
     let mut ports = Vec::with_capacity(wire.ports.len());
     for (i, p) in wire.ports.iter().enumerate() {
         ports.push(EndpointPort {
-            name: p.name.clone(),
+            name: p.name.as_str().into(),
             protocol: protocol_at(p.protocol, path, || format!("ports[{i}].protocol"))?,
             port: port_at(p.port, path, || format!("ports[{i}].port"))?,
             cluster: p.cluster,
@@ -311,7 +311,7 @@ pub fn decode_endpoint(wire: &localv1::Endpoint, path: &str) -> Result<LocalEndp
         ready: wire.ready,
         serving: wire.serving,
         terminating: wire.terminating,
-        pod_name: (!wire.pod_name.is_empty()).then(|| wire.pod_name.clone()),
+        pod_name: (!wire.pod_name.is_empty()).then(|| wire.pod_name.as_str().into()),
         ports,
     })
 }

@@ -20,7 +20,7 @@ pub fn port_sets(
 ) -> (BTreeSet<Target>, BTreeSet<Target>) {
     let (mut cluster, mut local) = (BTreeSet::new(), BTreeSet::new());
     for endpoint in state.endpoints.values().filter(|e| Family::of(&e.ip) == family) {
-        for p in endpoint.ports.iter().filter(|p| p.name == name && p.protocol == protocol) {
+        for p in endpoint.ports.iter().filter(|p| *p.name == *name && p.protocol == protocol) {
             if p.cluster {
                 cluster.insert((endpoint.ip, p.port));
             }

@@ -52,7 +52,7 @@ pub fn ruleset(state: &LocalState) -> String {
                 .filter_map(|e| {
                     e.ports
                         .iter()
-                        .find(|p| p.name == port.name && p.protocol == port.protocol && p.cluster)
+                        .find(|p| *p.name == *port.name && p.protocol == port.protocol && p.cluster)
                         .map(|p| (e.ip, p.port))
                 })
                 .collect();

@@ -202,8 +202,8 @@ fn farms(service: &Service, slices: &[&EndpointSlice]) -> Vec<Farm> {
                     backends.push(FarmBackend {
                         name: ep
                             .pod_name
-                            .clone()
-                            .unwrap_or_else(|| format!("{}-{i}", slice.key.name)),
+                            .as_deref()
+                            .map_or_else(|| format!("{}-{i}", slice.key.name), str::to_owned),
                         ip_addr: ep.address.to_string(),
                         port: target.port.to_string(),
                         state: "up",
@@ -373,7 +373,7 @@ pub fn run(services: usize, endpoints: usize, repeat: usize) -> anyhow::Result<N
         let (service, slice) = &targets[r];
         let mut slice = slice.clone();
         slice.endpoints = vec![added(r)];
-        slice.endpoints[0].pod_name = Some(format!("bench-added-{r}"));
+        slice.endpoints[0].pod_name = Some(format!("bench-added-{r}").into());
         let farm = farms(service, &[&slice]).swap_remove(0);
         nftlb.post(vec![Farm { vip: None, ..farm }])
     })?);

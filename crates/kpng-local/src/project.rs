@@ -2,6 +2,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 use kpng_model::global::{
@@ -124,6 +125,8 @@ pub fn project_service(
             let refs: Vec<&Endpoint> = candidates.iter().map(|(e, _)| *e).collect();
             let selection = select_endpoints(&refs, node, used);
             *local_port.has_endpoints.get_mut(family) = selection.has_endpoints;
+            // One copy of the port's name for all its endpoints.
+            let name: Arc<str> = Arc::from(port.name.as_str());
             for (i, (endpoint, number)) in candidates.iter().enumerate() {
                 let (cluster, local) = (selection.cluster[i], selection.local[i]);
                 // A UDP endpoint this node does not pick but that still serves stays in
@@ -138,7 +141,7 @@ pub fn project_service(
                     .or_insert_with(|| EndpointDraft::new(endpoint));
                 draft.prefer(endpoint);
                 draft.ports.push(EndpointPort {
-                    name: port.name.clone(),
+                    name: name.clone(),
                     protocol: port.protocol,
                     port: *number,
                     cluster,

@@ -9,6 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
@@ -120,8 +121,8 @@ impl LocalService {
 /// One service port an endpoint serves, and the sets of this node it belongs to.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct EndpointPort {
-    /// The service port's name.
-    pub name: String,
+    /// The service port's name (shared by every endpoint of the port).
+    pub name: Arc<str>,
     /// The service port's protocol.
     pub protocol: Protocol,
     /// The port number on the endpoint.
@@ -153,8 +154,8 @@ pub struct LocalEndpoint {
     pub serving: bool,
     /// Terminating.
     pub terminating: bool,
-    /// The pod behind the endpoint.
-    pub pod_name: Option<String>,
+    /// The pod behind the endpoint (shared with the global model's endpoint).
+    pub pod_name: Option<Arc<str>>,
     /// The service ports it serves on this node, sorted; never empty.
     pub ports: Vec<EndpointPort>,
 }

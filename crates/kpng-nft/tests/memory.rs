@@ -186,7 +186,7 @@ fn expected_cluster_ip(
         .flat_map(|e| {
             e.ports
                 .iter()
-                .filter(|ep| ep.name == p.name && ep.protocol == p.protocol)
+                .filter(|ep| *ep.name == *p.name && ep.protocol == p.protocol)
                 .filter(|ep| if svc.internal_local { ep.local } else { ep.cluster })
                 .map(move |ep| (e.ip, if direct { p.port } else { ep.port }))
         })

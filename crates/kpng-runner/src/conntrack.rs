@@ -57,7 +57,7 @@ pub fn udp_checks(state: &LocalServiceState) -> Vec<UdpCheck> {
                 .flat_map(|e| {
                     e.ports
                         .iter()
-                        .filter(|p| p.name == port.name && p.protocol == port.protocol)
+                        .filter(|p| *p.name == *port.name && p.protocol == port.protocol)
                         .map(move |p| SocketAddr::new(e.ip, p.port))
                 })
                 .collect();

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use kpng_model::global::{Endpoint, EndpointSlice, SlicePort};
 use kpng_model::{Family, SliceKey};
@@ -62,7 +63,7 @@ pub fn slice_items(slice: &EndpointSlice) -> Vec<GlobalItem> {
                     ready: e.ready,
                     serving: e.serving,
                     terminating: e.terminating,
-                    pod_name: e.pod_name.clone().unwrap_or_default(),
+                    pod_name: e.pod_name.as_deref().unwrap_or_default().to_owned(),
                     ports: Vec::new(),
                 }),
                 conditions: Some(globalv1::EndpointConditions {
@@ -70,7 +71,7 @@ pub fn slice_items(slice: &EndpointSlice) -> Vec<GlobalItem> {
                     serving: e.serving,
                     terminating: e.terminating,
                 }),
-                pod_name: e.pod_name.clone().unwrap_or_default(),
+                pod_name: e.pod_name.as_deref().unwrap_or_default().to_owned(),
                 topology: Some(globalv1::TopologyInfo {
                     node: e.node_name.clone().unwrap_or_default(),
                     zone: e.zone.clone().unwrap_or_default(),
@@ -169,7 +170,7 @@ pub fn decode_slice<'a>(
                 zone: text(&topology.zone),
                 zone_hints: hints.zones,
                 node_hints: hints.nodes,
-                pod_name: text(&info.pod_name),
+                pod_name: text(&info.pod_name).map(Arc::from),
             },
         );
     }

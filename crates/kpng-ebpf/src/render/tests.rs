@@ -37,7 +37,7 @@ pub(crate) fn endpoint(
         ports: ports
             .iter()
             .map(|(name, protocol, port, cluster, local)| EndpointPort {
-                name: name.to_string(),
+                name: (*name).into(),
                 protocol: *protocol,
                 port: *port,
                 cluster: *cluster,

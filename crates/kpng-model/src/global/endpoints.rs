@@ -63,7 +63,7 @@ pub struct Endpoint {
     /// `hints.forNodes[].name`: the nodes that should use this endpoint. Empty: no hint.
     pub node_hints: Vec<String>,
     /// The pod behind the endpoint (`targetRef` of kind Pod).
-    pub pod_name: Option<String>,
+    pub pod_name: Option<Arc<str>>,
 }
 
 impl Endpoint {

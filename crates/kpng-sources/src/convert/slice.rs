@@ -1,5 +1,7 @@
 //! discovery.k8s.io/v1 EndpointSlice → [`EndpointSlice`].
 
+use std::sync::Arc;
+
 use kpng_model::global::{Endpoint, EndpointSlice, SliceKey, SlicePort};
 use kpng_model::net::parse_ip;
 use kpng_model::{Family, ObjectRef};
@@ -118,7 +120,7 @@ fn convert_endpoint(
             .target_ref
             .as_ref()
             .filter(|r| r.kind.as_deref() == Some("Pod"))
-            .and_then(|r| r.name.clone()),
+            .and_then(|r| r.name.as_deref().map(Arc::from)),
     }))
 }
 
