@@ -230,7 +230,7 @@ fn arb_endpoint(family: Family) -> impl Strategy<Value = Endpoint> {
                 ready: ready && !terminating,
                 serving: serving || ready,
                 terminating,
-                node_name: node.map(str::to_string),
+                node_name: node.map(Into::into),
                 zone: None,
                 zone_hints,
                 node_hints,

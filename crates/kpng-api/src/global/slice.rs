@@ -73,8 +73,8 @@ pub fn slice_items(slice: &EndpointSlice) -> Vec<GlobalItem> {
                 }),
                 pod_name: e.pod_name.as_deref().unwrap_or_default().to_owned(),
                 topology: Some(globalv1::TopologyInfo {
-                    node: e.node_name.clone().unwrap_or_default(),
-                    zone: e.zone.clone().unwrap_or_default(),
+                    node: e.node_name.as_deref().unwrap_or_default().to_owned(),
+                    zone: e.zone.as_deref().unwrap_or_default().to_owned(),
                 }),
                 hints: Some(globalv1::TopologyHints {
                     zones: e.zone_hints.clone(),
@@ -166,8 +166,8 @@ pub fn decode_slice<'a>(
                 ready: conditions.ready,
                 serving: conditions.serving,
                 terminating: conditions.terminating,
-                node_name: text(&topology.node),
-                zone: text(&topology.zone),
+                node_name: text(&topology.node).map(Arc::from),
+                zone: text(&topology.zone).map(Arc::from),
                 zone_hints: hints.zones,
                 node_hints: hints.nodes,
                 pod_name: text(&info.pod_name).map(Arc::from),

@@ -6,7 +6,7 @@ fn ep(ip: &str, node: &str) -> Endpoint {
         ready: true,
         serving: true,
         terminating: false,
-        node_name: Some(node.to_string()),
+        node_name: Some(node.into()),
         zone: None,
         zone_hints: vec![],
         node_hints: vec![],

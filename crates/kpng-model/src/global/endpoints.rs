@@ -54,10 +54,10 @@ pub struct Endpoint {
     pub serving: bool,
     /// `conditions.terminating`, false when absent.
     pub terminating: bool,
-    /// The node hosting the endpoint.
-    pub node_name: Option<String>,
-    /// The zone of that node.
-    pub zone: Option<String>,
+    /// The node hosting the endpoint (in a [`crate::GlobalModel`], one copy per name).
+    pub node_name: Option<Arc<str>>,
+    /// The zone of that node (in a [`crate::GlobalModel`], one copy per name).
+    pub zone: Option<Arc<str>>,
     /// `hints.forZones[].name`: the zones that should use this endpoint. Empty: no hint.
     pub zone_hints: Vec<String>,
     /// `hints.forNodes[].name`: the nodes that should use this endpoint. Empty: no hint.

@@ -1,7 +1,8 @@
 //! [`GlobalModel`]: every proxied object of the cluster, compared by value.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -126,6 +127,42 @@ pub struct GlobalModel {
     service_cidrs: BTreeMap<String, ServiceCidr>,
     /// Who claims each destination.
     claims: Claims,
+    /// One copy of each node and zone name the endpoints give.
+    names: Names,
+}
+
+/// One copy of each name: the endpoints of a cluster name a few hundred nodes and zones,
+/// a hundred thousand times. Not part of the model's value: any two are equal.
+#[derive(Debug, Clone, Default)]
+struct Names {
+    known: HashSet<Arc<str>>,
+    /// How many were known after the last sweep of the names no endpoint uses.
+    swept: usize,
+}
+
+impl PartialEq for Names {
+    fn eq(&self, _: &Names) -> bool {
+        true
+    }
+}
+
+impl Eq for Names {}
+
+impl Names {
+    /// The shared copy of `name`.
+    fn share(&mut self, name: &mut Option<Arc<str>>) {
+        let Some(given) = name.as_ref() else { return };
+        if let Some(known) = self.known.get(given) {
+            *name = Some(known.clone());
+            return;
+        }
+        if self.known.len() >= 2 * self.swept.max(64) {
+            // Names only this table holds: no endpoint gives them any more.
+            self.known.retain(|known| Arc::strong_count(known) > 1);
+            self.swept = self.known.len();
+        }
+        self.known.insert(given.clone());
+    }
 }
 
 impl GlobalModel {
@@ -163,6 +200,11 @@ impl GlobalModel {
             Object::EndpointSlice(slice) => {
                 if self.slices.get(&slice.key).map(|s| &**s) == Some(&slice) {
                     return None;
+                }
+                let mut slice = slice;
+                for endpoint in &mut slice.endpoints {
+                    self.names.share(&mut endpoint.node_name);
+                    self.names.share(&mut endpoint.zone);
                 }
                 let mut touched = self.remove_slice(&slice.key);
                 let service = slice.service_key();
@@ -367,5 +409,72 @@ impl Changes {
     /// No change at all.
     pub fn is_empty(&self) -> bool {
         matches!(self, Changes::Touched(t) if t.is_empty())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::global::{Endpoint, EndpointSlice, SliceKey};
+    use crate::net::Family;
+
+    fn slice(name: &str, node: &str) -> EndpointSlice {
+        let endpoint = |i: u8| Endpoint {
+            address: [10, 244, 0, i].into(),
+            ready: true,
+            serving: true,
+            terminating: false,
+            node_name: Some(Arc::from(node)),
+            zone: Some(Arc::from("zone-a")),
+            zone_hints: Vec::new(),
+            node_hints: Vec::new(),
+            pod_name: None,
+        };
+        EndpointSlice {
+            key: SliceKey::new("ns", name),
+            service_name: "web".into(),
+            family: Family::V4,
+            ports: Vec::new(),
+            endpoints: vec![endpoint(1), endpoint(2)],
+            trigger_time: None,
+            proxy_name: None,
+        }
+    }
+
+    fn names(model: &GlobalModel) -> Vec<Arc<str>> {
+        let key = ServiceKey::new("ns", "web");
+        let endpoints = model.slices_of(&key).flat_map(|s| &s.endpoints);
+        endpoints.flat_map(|e| [e.node_name.clone(), e.zone.clone()]).flatten().collect()
+    }
+
+    #[test]
+    fn endpoints_share_one_copy_of_each_node_and_zone_name() {
+        let mut model = GlobalModel::new();
+        model.apply(Object::EndpointSlice(slice("web-1", "node-a")));
+        model.apply(Object::EndpointSlice(slice("web-2", "node-a")));
+        let held = names(&model);
+        assert_eq!(held.len(), 8);
+        let nodes: Vec<_> = held.iter().filter(|n| &***n == "node-a").collect();
+        let zones: Vec<_> = held.iter().filter(|n| &***n == "zone-a").collect();
+        assert_eq!((nodes.len(), zones.len()), (4, 4));
+        assert!(nodes.iter().all(|n| Arc::ptr_eq(n, nodes[0])));
+        assert!(zones.iter().all(|z| Arc::ptr_eq(z, zones[0])));
+        // A model holding the same objects is equal, whatever names it has seen.
+        let mut other = GlobalModel::new();
+        other.apply(Object::EndpointSlice(slice("web-0", "node-b")));
+        other.delete(&ObjectRef::EndpointSlice(SliceKey::new("ns", "web-0")));
+        other.apply(Object::EndpointSlice(slice("web-1", "node-a")));
+        other.apply(Object::EndpointSlice(slice("web-2", "node-a")));
+        assert_eq!(model, other);
+    }
+
+    #[test]
+    fn names_no_endpoint_gives_are_forgotten() {
+        let mut model = GlobalModel::new();
+        for i in 0..1000 {
+            model.apply(Object::EndpointSlice(slice("web-1", &format!("node-{i}"))));
+        }
+        // One node name is in use (and the zone); the sweeps keep the table small.
+        assert!(model.names.known.len() < 200, "{} names kept", model.names.known.len());
     }
 }

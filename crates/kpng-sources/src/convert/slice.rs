@@ -112,8 +112,8 @@ fn convert_endpoint(
         ready: conditions.and_then(|c| c.ready).unwrap_or(true),
         serving: conditions.and_then(|c| c.serving).unwrap_or(true),
         terminating: conditions.and_then(|c| c.terminating).unwrap_or(false),
-        node_name: e.node_name.clone().filter(|n| !n.is_empty()),
-        zone: e.zone.clone().filter(|z| !z.is_empty()),
+        node_name: e.node_name.as_deref().filter(|n| !n.is_empty()).map(Arc::from),
+        zone: e.zone.as_deref().filter(|z| !z.is_empty()).map(Arc::from),
         zone_hints: names(hints.and_then(|h| h.for_zones.as_deref())),
         node_hints: names(hints.and_then(|h| h.for_nodes.as_deref())),
         pod_name: e
