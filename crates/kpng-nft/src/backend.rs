@@ -1,6 +1,6 @@
-//! [`NftBackend`]: turns change sets into one kernel transaction each (a cold start over
-//! empty tables with many elements: several, of whole services each; see
-//! [`NftOptions::cold_start_transaction`]).
+//! [`NftBackend`]: turns change sets into one kernel transaction each (a cold start, over
+//! tables without an element: the skeleton, then whole services in transactions of a
+//! bounded size; see [`NftOptions::cold_start_transaction`]).
 //!
 //! The backend is in one of two states ([`TableSync`]). While it does not know what the
 //! kernel holds (at start-up, after a failed transaction, after a verification found
@@ -50,12 +50,14 @@ pub struct NftOptions {
     pub local_detection: LocalDetection,
     /// `--cluster-cidr`.
     pub cluster_cidrs: Vec<IpNet>,
-    /// Over empty tables (a cold start), the elements of whole services are committed in
+    /// Over tables without an element (a cold start), the skeleton is committed first
+    /// (while the services are rendered), then the elements of whole services in
     /// transactions of about this many elements rather than in one: the kernel inserts
-    /// half a million elements a quarter faster in ten transactions than in one, and
-    /// kpng never holds the whole table as one netlink batch. Each service is programmed
-    /// atomically; services not yet committed are simply not there yet, as before kpng
-    /// started. A change, a restart over existing tables and a repair stay one transaction.
+    /// half a million elements a quarter faster in ten transactions than in one, each is
+    /// prepared while the one before commits, and kpng never holds the whole table as one
+    /// netlink batch. Each service is programmed atomically; services not yet committed
+    /// are simply not there yet, as before kpng started. A change, and a restart or a
+    /// repair over tables that hold elements, stay one transaction.
     pub cold_start_transaction: usize,
 }
 

@@ -1,6 +1,6 @@
 //! The resync: the tables read back and reconciled with the whole node state in one
-//! transaction (at start-up, after a failed transaction, after drift); over empty tables
-//! with many elements, in several transactions of whole services.
+//! transaction (at start-up, after a failed transaction, after drift); over tables without
+//! an element, the skeleton first, then whole services in transactions of a bounded size.
 
 use std::collections::HashMap;
 use std::mem::take;
