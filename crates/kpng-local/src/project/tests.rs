@@ -219,3 +219,24 @@ fn zone_of_the_node_drives_topology() {
     let eps: Vec<_> = state.services[&key()].endpoints.keys().map(|ip| ip.to_string()).collect();
     assert_eq!(eps, vec!["10.0.0.2"]);
 }
+
+#[test]
+fn projecting_on_several_threads_gives_what_one_thread_gives() {
+    let mut objects = vec![Object::Node(node("a", Some("z1"), &["192.168.10.1"]))];
+    for i in 0..40u8 {
+        let name = format!("s{i}");
+        objects.push(Object::Service(service("ns", &name, &[&format!("10.96.0.{i}")], &[HTTP])));
+        let eps = (0..=i % 4)
+            .map(|e| endpoint(&format!("10.244.{e}.{i}"), if e == 0 { "a" } else { "b" }))
+            .collect();
+        objects.push(Object::EndpointSlice(slice("ns", &format!("{name}-1"), &name, &[HTTP], eps)));
+    }
+    let model = model(objects);
+    let keys: Vec<&ServiceKey> = model.services().map(|s| &s.key).collect();
+    let one = project_services_on(&model, &keys, &view(), 1);
+    assert_eq!(one.len(), 40);
+    assert!(one.iter().all(|(_, state)| !state.endpoints.is_empty()));
+    for threads in [2, 3, 7] {
+        assert_eq!(project_services_on(&model, &keys, &view(), threads), one, "{threads} threads");
+    }
+}

@@ -149,7 +149,7 @@ impl PartialEq for Names {
 impl Eq for Names {}
 
 impl Names {
-    /// The shared copy of `name`.
+    /// Replaces `name` by the shared copy of it (the first one seen is the one shared).
     fn share(&mut self, name: &mut Option<Arc<str>>) {
         let Some(given) = name.as_ref() else { return };
         if let Some(known) = self.known.get(given) {
