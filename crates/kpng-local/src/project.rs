@@ -95,43 +95,21 @@ pub fn project_node_state_with(model: &GlobalModel, name: &str, local: &NodeLoca
     let node = project_node_with(model, name, local);
     let view = NodeView { name, zone: node.as_ref().and_then(|n| n.zone.as_deref()) };
     let keys: Vec<&ServiceKey> = model.services().map(|s| &s.key).collect();
-    let threads = match keys.len() < PARALLEL_PROJECTION {
-        true => 1,
-        false => std::thread::available_parallelism().map_or(1, |n| n.get()).min(8),
-    };
+    let threads = kpng_model::parts::threads_for(keys.len());
     let services = project_services_on(model, &keys, &view, threads).into_iter().collect();
     LocalState { node, services }
 }
 
-/// Below this many services, a whole projection stays on one thread.
-const PARALLEL_PROJECTION: usize = 2_000;
-
-/// The services `keys` (in key order) projected on `threads` threads, each taking a
-/// contiguous part: at start-up, tens of thousands of services are projected on the way to
-/// the first commit. The states come in the order of `keys`.
+/// The services `keys` projected on `threads` threads (see [`kpng_model::parts`]), in the
+/// order of `keys`.
 fn project_services_on(
     model: &GlobalModel,
     keys: &[&ServiceKey],
     view: &NodeView<'_>,
     threads: usize,
 ) -> Vec<(ServiceKey, LocalServiceState)> {
-    let project = |part: &[&ServiceKey]| {
-        let each = |key: &&ServiceKey| {
-            project_service(model, key, view).map(|state| ((*key).clone(), state))
-        };
-        part.iter().filter_map(each).collect::<Vec<_>>()
-    };
-    if threads < 2 || keys.is_empty() {
-        return project(keys);
-    }
-    std::thread::scope(|scope| {
-        let parts: Vec<_> = (keys.chunks(keys.len().div_ceil(threads)))
-            .map(|part| scope.spawn(move || project(part)))
-            .collect();
-        let parts = parts.into_iter().map(|part| part.join());
-        parts
-            .flat_map(|part| part.unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
-            .collect()
+    kpng_model::parts::filter_map_in_parts(keys, threads, |key| {
+        project_service(model, key, view).map(|state| ((*key).clone(), state))
     })
 }
 

@@ -15,12 +15,14 @@
 //! - [`local`]: the ENLS of one node: [`local::LocalState`] with its services, endpoints and node.
 //! - [`ops`]: [`ops::Op`], the vocabulary every sink consumes (reset, set, delete, sync), and
 //!   [`local::LocalState::apply`] which replays ops onto a state.
+//! - [`parts`]: whole-cluster work (a projection, a rendering) split over the machine's cores.
 
 pub mod global;
 pub mod hash;
 pub mod local;
 pub mod net;
 pub mod ops;
+pub mod parts;
 
 pub use global::{
     Changes, EndpointSlice, GlobalModel, Kind, Node, Object, ObjectRef, Service, ServiceCidr,

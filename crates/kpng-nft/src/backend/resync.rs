@@ -242,25 +242,17 @@ fn render_updates(
     (services, updates)
 }
 
-/// Below this many services, rendering them all stays on one thread.
-const PARALLEL_RENDER: usize = 2_000;
-
-/// Renders every service from nothing (no slots remembered yet), on a thread per core: at
-/// start-up, tens of thousands of services are rendered on the way to the first commit.
+/// Renders every service from nothing (no slots remembered yet), on a thread per core (see
+/// [`kpng_model::parts`]).
 fn render_all(
     services: &[(Owner, &ServiceKey, &LocalServiceState)],
     facts: &NodeFacts,
     seed: &(dyn Fn(&LocalServiceState) -> Slots + Sync),
 ) -> Vec<ServiceUpdate> {
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(8);
-    match services.len() < PARALLEL_RENDER {
-        true => render_on(services, facts, seed, 1),
-        false => render_on(services, facts, seed, threads),
-    }
+    render_on(services, facts, seed, kpng_model::parts::threads_for(services.len()))
 }
 
-/// [`render_all`] on `threads` threads, each rendering a contiguous part; the updates
-/// come in the order of `services`.
+/// [`render_all`] on `threads` threads; the updates come in the order of `services`.
 fn render_on(
     services: &[(Owner, &ServiceKey, &LocalServiceState)],
     facts: &NodeFacts,
@@ -268,23 +260,8 @@ fn render_on(
     threads: usize,
 ) -> Vec<ServiceUpdate> {
     let remembered = HashMap::new();
-    let render = |part: &[(Owner, &ServiceKey, &LocalServiceState)]| {
-        let each = |(owner, key, service): &(Owner, &ServiceKey, &LocalServiceState)| {
-            render_update(&remembered, *owner, key, Some(*service), facts, seed)
-        };
-        part.iter().map(each).collect::<Vec<_>>()
-    };
-    if threads < 2 || services.is_empty() {
-        return render(services);
-    }
-    std::thread::scope(|scope| {
-        let parts: Vec<_> = (services.chunks(services.len().div_ceil(threads)))
-            .map(|part| scope.spawn(move || render(part)))
-            .collect();
-        let parts = parts.into_iter().map(|part| part.join());
-        parts
-            .flat_map(|part| part.unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
-            .collect()
+    kpng_model::parts::filter_map_in_parts(services, threads, |(owner, key, service)| {
+        Some(render_update(&remembered, *owner, key, Some(*service), facts, seed))
     })
 }
 
