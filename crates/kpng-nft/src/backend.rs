@@ -210,17 +210,6 @@ impl NftBackend {
         }
     }
 
-    fn render(
-        &self,
-        owner: Owner,
-        key: &ServiceKey,
-        service: Option<&LocalServiceState>,
-        facts: &NodeFacts,
-        seed: &dyn Fn(&LocalServiceState) -> Slots,
-    ) -> ServiceUpdate {
-        render_update(&self.slots, owner, key, service, facts, seed)
-    }
-
     /// Applies the changes of one change set, touching only what they concern.
     fn apply_changes(&mut self, changes: &ChangeSet<'_>) -> Result<bool, NftError> {
         let state = changes.state;
@@ -238,7 +227,8 @@ impl NftBackend {
             let table = &self.state;
             let committed =
                 |service: &LocalServiceState| seed_slots(service, |id| table.wanted(owner, id));
-            let update = self.render(owner, key, state.services.get(key), &facts, &committed);
+            let service = state.services.get(key);
+            let update = render_update(&self.slots, owner, key, service, &facts, &committed);
             services.push(update);
         }
         let mut updates = Vec::with_capacity(services.len() + 1);
