@@ -41,18 +41,22 @@ impl NftBackend {
         self.owners = ServiceOwners::default();
         self.slots.clear();
         self.group_hashes.clear();
-        let facts = self.facts(state.node.as_ref());
-        let layout =
-            Layout { options: self.skeleton_options(state.node.as_ref()), ..Layout::default() };
-        let keyed: Vec<(Owner, &ServiceKey, &LocalServiceState)> = (state.services.iter())
-            .map(|(key, service)| (self.owners.owner(key), key, service))
-            .collect();
-        let node = node_elements(state.node.as_ref());
+        let to_render = ToRender {
+            services: (state.services.iter())
+                .map(|(key, service)| (self.owners.owner(key), key, service))
+                .collect(),
+            node: node_elements(state.node.as_ref()),
+            facts: self.facts(state.node.as_ref()),
+            layout: Layout {
+                options: self.skeleton_options(state.node.as_ref()),
+                ..Layout::default()
+            },
+        };
         // Tables without an element (a cold start): there is nothing to compare.
         let cold = !whole && contents.elements.is_empty() && contents.unread.is_empty();
         let synced = match cold {
-            true => self.cold_start(&keyed, node, &facts, layout, &contents.present)?,
-            false => self.reconcile_whole(&keyed, node, &facts, layout, contents, whole)?,
+            true => self.cold_start(to_render, &contents.present)?,
+            false => self.reconcile_whole(to_render, contents, whole)?,
         };
         let Synced { table, layout, services, transactions } = synced;
         let changed = transactions > 0;
@@ -76,16 +80,13 @@ impl NftBackend {
     /// differs from `contents` (a kernel that publishes `whole` tables gets them whole).
     fn reconcile_whole(
         &mut self,
-        keyed: &[(Owner, &ServiceKey, &LocalServiceState)],
-        node: Vec<(ElementId, Value)>,
-        facts: &NodeFacts,
-        mut layout: Layout,
+        to_render: ToRender<'_>,
         mut contents: KernelContents,
         whole: bool,
     ) -> Result<Synced, NftError> {
         let adopted = TableState::adopt(contents.elements.clone());
         let seed = |service: &LocalServiceState| seed_from_kernel(service, &adopted, &contents);
-        let (services, updates) = render_updates(keyed, node, facts, &seed, &mut layout);
+        let (services, updates, layout) = to_render.render(&seed);
         if whole {
             contents = KernelContents::default();
         }
@@ -143,19 +144,16 @@ impl NftBackend {
     /// back and completes the tables.
     fn cold_start(
         &mut self,
-        keyed: &[(Owner, &ServiceKey, &LocalServiceState)],
-        node: Vec<(ElementId, Value)>,
-        facts: &NodeFacts,
-        mut layout: Layout,
+        to_render: ToRender<'_>,
         present: &Present,
     ) -> Result<Synced, NftError> {
-        let skeleton = reconcile(&layout.wanted(), present);
-        let with_skeleton = layout.wanted().as_present();
+        let skeleton = reconcile(&to_render.layout.wanted(), present);
+        let with_skeleton = to_render.layout.wanted().as_present();
         let limit = self.options.cold_start_transaction;
         let (sender, receiver) = std::sync::mpsc::sync_channel::<Part>(1);
         let span = tracing::Span::current();
         let mut table = TableState::new();
-        let (committed, services) = std::thread::scope(|scope| {
+        let (committed, services, layout) = std::thread::scope(|scope| {
             let committer = scope.spawn(move || -> Result<usize, NftError> {
                 let _span = span.enter();
                 let mut transactions = 0;
@@ -179,7 +177,7 @@ impl NftBackend {
             // A closed channel: the committer stopped on an error, which it returns.
             let mut open = sender.send(skeleton_part).is_ok();
             let seed = |service: &LocalServiceState| seed_slots(service, |_| None);
-            let (services, updates) = render_updates(keyed, node, facts, &seed, &mut layout);
+            let (services, updates, layout) = to_render.render(&seed);
             let added = reconcile(&layout.wanted(), &with_skeleton);
             log_reconciled(&skeleton);
             log_reconciled(&added);
@@ -197,7 +195,7 @@ impl NftBackend {
             }
             drop(sender);
             let committed = committer.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
-            (committed, services)
+            (committed, services, layout)
         });
         Ok(Synced { table, layout, services, transactions: committed? })
     }
@@ -219,27 +217,36 @@ struct Part {
     after: Vec<(Family, Command<'static>)>,
 }
 
-/// Renders the services (see [`render_all`]) and lists each owner's elements, the node's
-/// first; adds the groups and large counts they use to `layout`.
-fn render_updates(
-    keyed: &[(Owner, &ServiceKey, &LocalServiceState)],
+/// What a resync renders: every service with its owner, the node's elements, the facts
+/// rendering reads, and the layout before the services add to it.
+struct ToRender<'s> {
+    services: Vec<(Owner, &'s ServiceKey, &'s LocalServiceState)>,
     node: Vec<(ElementId, Value)>,
-    facts: &NodeFacts,
-    seed: &(dyn Fn(&LocalServiceState) -> Slots + Sync),
-    layout: &mut Layout,
-) -> (Vec<ServiceUpdate>, Updates) {
-    let mut services = render_all(keyed, facts, seed);
-    let mut updates = Vec::with_capacity(services.len() + 2);
-    updates.push((Owner::Node, node));
-    for update in &mut services {
-        for group in &update.groups {
-            layout.groups.insert(group.hash, group.clone());
+    facts: NodeFacts,
+    layout: Layout,
+}
+
+impl ToRender<'_> {
+    /// Renders the services (see [`render_all`]) and lists each owner's elements, the
+    /// node's first; the layout comes back with the groups and large counts they use.
+    fn render(
+        self,
+        seed: &(dyn Fn(&LocalServiceState) -> Slots + Sync),
+    ) -> (Vec<ServiceUpdate>, Updates, Layout) {
+        let ToRender { services, node, facts, mut layout } = self;
+        let mut rendered = render_all(&services, &facts, seed);
+        let mut updates = Vec::with_capacity(rendered.len() + 2);
+        updates.push((Owner::Node, node));
+        for update in &mut rendered {
+            for group in &update.groups {
+                layout.groups.insert(group.hash, group.clone());
+            }
+            updates.push((update.owner, take(&mut update.elements)));
         }
-        updates.push((update.owner, std::mem::take(&mut update.elements)));
+        updates.push((Owner::Kernel, Vec::new()));
+        layout.large = large_counts(updates.iter().flat_map(|(_, e)| e));
+        (rendered, updates, layout)
     }
-    updates.push((Owner::Kernel, Vec::new()));
-    layout.large = large_counts(updates.iter().flat_map(|(_, e)| e));
-    (services, updates)
 }
 
 /// Renders every service from nothing (no slots remembered yet), on a thread per core (see
