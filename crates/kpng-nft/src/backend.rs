@@ -51,11 +51,11 @@ pub struct NftOptions {
     /// `--cluster-cidr`.
     pub cluster_cidrs: Vec<IpNet>,
     /// Over tables without an element (a cold start), the skeleton is committed first
-    /// (while the services are rendered), then the elements of whole services in
+    /// (while the first services are rendered), then the elements of whole services in
     /// transactions of about this many elements rather than in one: the kernel inserts
     /// half a million elements a quarter faster in ten transactions than in one, each is
-    /// prepared while the one before commits, and kpng never holds the whole table as one
-    /// netlink batch. Each service is programmed atomically; services not yet committed
+    /// rendered and prepared while the one before commits, and kpng never lists the whole
+    /// table's elements at once. Each service is programmed atomically; services not yet committed
     /// are simply not there yet, as before kpng started. A change, and a restart or a
     /// repair over tables that hold elements, stay one transaction.
     pub cold_start_transaction: usize,

@@ -573,3 +573,53 @@ fn a_large_cold_start_commits_whole_services_in_several_transactions() {
     check_against_fresh(&kernel, &state).unwrap();
     assert!(backend.verify().unwrap());
 }
+
+#[test]
+fn a_cold_start_run_brings_what_its_services_add_to_the_layout() {
+    use kpng_model::global::SessionAffinity;
+    use kpng_testkit::builders::{endpoint, service, slice};
+    // The last services in key order need a count set beyond the pick tree and an affinity
+    // group: their run, not the first, must create them before adding their elements.
+    let mut model = node_and_services(&[]);
+    for i in 0..40 {
+        let name = format!("s{i:02}");
+        let ip = format!("10.96.0.{}", i + 1);
+        let mut svc = service("ns", &name, &[&ip], &[("http", Protocol::Tcp, 80)]);
+        let large = i >= 38;
+        if i == 39 {
+            svc.session_affinity = SessionAffinity::ClientIP { timeout_seconds: 60 };
+        }
+        model.apply(kpng_model::Object::Service(svc));
+        let count = if large { 257 } else { 2 };
+        let eps = (0..count)
+            .map(|e| endpoint(&format!("10.{}.{}.{}", 200 + i, e / 250, e % 250 + 1), "other"))
+            .collect();
+        let ports = &[("http", Protocol::Tcp, 8080)];
+        model.apply(kpng_model::Object::EndpointSlice(slice(
+            "ns",
+            &format!("{name}-1"),
+            &name,
+            ports,
+            eps,
+        )));
+    }
+    let mut projector = NodeProjector::new(NODE);
+    projector.update(&model, &Changes::All);
+    let state = projector.state().clone();
+
+    let options = NftOptions { cold_start_transaction: 60, ..NftOptions::default() };
+    let commits = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let kernel = MemoryKernel::new();
+    let recording = Recording { inner: kernel.clone(), commits: commits.clone(), refuse: None };
+    let mut backend = NftBackend::new(options, Box::new(recording));
+    backend.apply(&ChangeSet::full(&state)).unwrap();
+    // The large services are last, in transactions of their own.
+    let commits = commits.lock().unwrap().clone();
+    let large: IpAddr = "10.96.0.39".parse().unwrap();
+    let at = commits.iter().position(|addresses| addresses.contains(&large));
+    assert!(at.is_some_and(|at| at >= 3), "{at:?} of {}", commits.len());
+    // The tables are those one transaction makes (tracing packets through hundreds of
+    // endpoints is left to the smaller states).
+    assert_eq!(canonical(&kernel.tables()), canonical(&fresh(&state).tables()));
+    assert!(backend.verify().unwrap());
+}

@@ -138,22 +138,25 @@ impl NftBackend {
 
     /// A cold start: a thread commits the tables' skeleton while the services are rendered,
     /// then their elements, whole services in transactions of about
-    /// [`super::NftOptions::cold_start_transaction`] elements (the first with what the
-    /// services add to the skeleton), each prepared while the one before commits. A refused
-    /// transaction leaves what was committed before it in place: the next resync reads it
-    /// back and completes the tables.
+    /// [`super::NftOptions::cold_start_transaction`] elements, each with what its services add
+    /// to the skeleton (affinity groups, large counts). Services are rendered a part at a
+    /// time and each transaction is prepared while the one before commits, so the whole
+    /// table's elements are never listed at once. A refused transaction leaves what was
+    /// committed before it in place: the next resync reads it back and completes the tables.
     fn cold_start(
         &mut self,
         to_render: ToRender<'_>,
         present: &Present,
     ) -> Result<Synced, NftError> {
-        let skeleton = reconcile(&to_render.layout.wanted(), present);
-        let with_skeleton = to_render.layout.wanted().as_present();
+        let ToRender { services, node, facts, mut layout } = to_render;
+        let skeleton = reconcile(&layout.wanted(), present);
         let limit = self.options.cold_start_transaction;
-        let (sender, receiver) = std::sync::mpsc::sync_channel::<Part>(1);
+        // No transaction waits in the channel: one commits while the next is prepared.
+        let (sender, receiver) = std::sync::mpsc::sync_channel::<Part>(0);
         let span = tracing::Span::current();
         let mut table = TableState::new();
-        let (committed, services, layout) = std::thread::scope(|scope| {
+        let mut rendered = Vec::with_capacity(services.len());
+        let committed = std::thread::scope(|scope| {
             let committer = scope.spawn(move || -> Result<usize, NftError> {
                 let _span = span.enter();
                 let mut transactions = 0;
@@ -169,35 +172,82 @@ impl NftBackend {
                 }
                 Ok(transactions)
             });
-            let skeleton_part = Part {
-                before: skeleton.before.clone(),
-                elements: Vec::new(),
-                after: skeleton.after.clone(),
+            log_reconciled(&skeleton);
+            let skeleton_part =
+                Part { before: skeleton.before, elements: Vec::new(), after: skeleton.after };
+            let mut runs = Runs {
+                sender,
+                open: true,
+                present: layout.wanted().as_present(),
+                sent: (layout.large.len(), layout.groups.len()),
+                table: &mut table,
             };
             // A closed channel: the committer stopped on an error, which it returns.
-            let mut open = sender.send(skeleton_part).is_ok();
+            runs.open = runs.sender.send(skeleton_part).is_ok();
             let seed = |service: &LocalServiceState| seed_slots(service, |_| None);
-            let (services, updates, layout) = to_render.render(&seed);
-            let added = reconcile(&layout.wanted(), &with_skeleton);
-            log_reconciled(&skeleton);
-            log_reconciled(&added);
-            let (mut before, mut after) = (added.before, added.after);
-            table.reserve_for(updates.iter().flat_map(|(_, e)| e));
-            for run in runs_of_owners(updates, limit) {
-                if !open {
+            let mut run: Updates = vec![(Owner::Node, node)];
+            let mut count = run[0].1.len();
+            for part in services.chunks(RENDER_PART) {
+                let mut updates = render_all(part, &facts, &seed);
+                for update in &mut updates {
+                    let elements = take(&mut update.elements);
+                    if count > 0 && count + elements.len() > limit {
+                        runs.send(take(&mut run), &layout);
+                        count = 0;
+                    }
+                    absorb(&mut layout, update, &elements);
+                    count += elements.len();
+                    run.push((update.owner, elements));
+                }
+                rendered.extend(updates);
+                if !runs.open {
                     break;
                 }
-                let owners: Vec<Owner> = run.iter().map(|(owner, _)| *owner).collect();
-                table.add_owners(run);
-                let elements = held(&table, &owners);
-                let part = Part { before: take(&mut before), elements, after: take(&mut after) };
-                open = sender.send(part).is_ok();
             }
-            drop(sender);
-            let committed = committer.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
-            (committed, services, layout)
+            runs.send(run, &layout);
+            drop(runs);
+            committer.join().unwrap_or_else(|p| std::panic::resume_unwind(p))
         });
-        Ok(Synced { table, layout, services, transactions: committed? })
+        Ok(Synced { table, layout, services: rendered, transactions: committed? })
+    }
+}
+
+/// How many services a cold start renders at a time (on a thread per core).
+const RENDER_PART: usize = 4096;
+
+/// A cold start's transactions after the skeleton, as they are handed to the committer.
+struct Runs<'t> {
+    sender: std::sync::mpsc::SyncSender<Part>,
+    /// Whether the committer still takes transactions.
+    open: bool,
+    /// The layout as the transactions sent so far leave it, and its size (it only grows).
+    present: Present,
+    sent: (usize, usize),
+    table: &'t mut TableState,
+}
+
+impl Runs<'_> {
+    /// Records the services of `run` in the table and hands their elements to the
+    /// committer, after what `layout` adds to the layout committed so far.
+    fn send(&mut self, run: Updates, layout: &Layout) {
+        if !self.open || run.is_empty() {
+            return;
+        }
+        let (mut before, mut after) = (Vec::new(), Vec::new());
+        let size = (layout.large.len(), layout.groups.len());
+        if size != self.sent {
+            let wanted = layout.wanted();
+            let added = reconcile(&wanted, &self.present);
+            log_reconciled(&added);
+            (before, after) = (added.before, added.after);
+            self.present = wanted.as_present();
+            self.sent = size;
+        }
+        let owners: Vec<Owner> = run.iter().map(|(owner, _)| *owner).collect();
+        self.table.add_owners(run);
+        let elements = held(self.table, &owners);
+        let part = Part { before, elements, after };
+        self.open = self.sender.send(part).is_ok();
     }
 }
 
@@ -238,15 +288,22 @@ impl ToRender<'_> {
         let mut updates = Vec::with_capacity(rendered.len() + 2);
         updates.push((Owner::Node, node));
         for update in &mut rendered {
-            for group in &update.groups {
-                layout.groups.insert(group.hash, group.clone());
-            }
-            updates.push((update.owner, take(&mut update.elements)));
+            let elements = take(&mut update.elements);
+            absorb(&mut layout, update, &elements);
+            updates.push((update.owner, elements));
         }
         updates.push((Owner::Kernel, Vec::new()));
-        layout.large = large_counts(updates.iter().flat_map(|(_, e)| e));
         (rendered, updates, layout)
     }
+}
+
+/// Adds to `layout` the affinity groups of a rendered service and the large counts its
+/// `elements` use.
+fn absorb(layout: &mut Layout, update: &ServiceUpdate, elements: &[(ElementId, Value)]) {
+    for group in &update.groups {
+        layout.groups.insert(group.hash, group.clone());
+    }
+    layout.large.extend(large_counts(elements.iter()));
 }
 
 /// Renders every service from nothing (no slots remembered yet), on a thread per core (see
@@ -274,29 +331,6 @@ fn render_on(
 
 /// Each owner's wanted elements.
 type Updates = Vec<(Owner, Vec<(ElementId, Value)>)>;
-
-/// `updates` in order, cut into runs of about `limit` elements (an owner is never cut); the
-/// node's and the kernel's go with the first run.
-fn runs_of_owners(updates: Updates, limit: usize) -> Vec<Updates> {
-    let mut runs: Vec<Updates> = vec![Vec::new()];
-    let mut count = 0;
-    for (owner, elements) in updates {
-        if !matches!(owner, Owner::Service(_)) {
-            count += elements.len();
-            runs[0].push((owner, elements));
-            continue;
-        }
-        if count > 0 && count + elements.len() > limit {
-            runs.push(Vec::new());
-            count = 0;
-        }
-        count += elements.len();
-        if let Some(run) = runs.last_mut() {
-            run.push((owner, elements));
-        }
-    }
-    runs
-}
 
 /// The elements `owners` hold in `state`, grouped by set.
 fn held(state: &TableState, owners: &[Owner]) -> Vec<(ElementId, Value)> {
