@@ -191,21 +191,6 @@ impl TableState {
         })
     }
 
-    /// The elements whose effective value is `owner`'s: it wants them and no lower owner
-    /// does. Over every owner, each effective element comes once.
-    pub fn held(&self, owner: Owner) -> impl Iterator<Item = (ElementId, Value)> + '_ {
-        let ids = self.owned.get(&owner).map(|ids| &ids[..]).unwrap_or_default();
-        ids.iter().filter_map(move |packed| {
-            let id = packed.id();
-            let holder = self.holder(&id, packed)?;
-            let wins = match holder.owner {
-                CONTESTED => self.contested.get(packed).and_then(|o| o.first()).map(|o| o.0),
-                held => Some(owner_of(held)),
-            };
-            (wins == Some(owner)).then(|| (id, holder.value.into()))
-        })
-    }
-
     /// Records that `owner` no longer wants `id`.
     fn remove(&mut self, owner: Owner, id: &ElementId, packed: &PackedId) {
         let Some(set) = self.sets.get_mut(&(id.family, id.map)) else { return };
@@ -255,7 +240,7 @@ impl TableState {
             for (id, _) in &new {
                 touched.entry(*id).or_insert_with(|| self.get(id));
             }
-            self.insert(owner, &new);
+            self.insert(owner, &new, None);
         }
         let mut diff = TableDiff::default();
         for (id, before) in touched {
@@ -276,7 +261,13 @@ impl TableState {
 
     /// Records that `owner` (holding nothing now) wants `new` (rendered elements come sorted,
     /// so each set is looked up once per run of its elements).
-    fn insert(&mut self, owner: Owner, new: &[(ElementId, Value)]) {
+    /// Records that `owner` wants `new`; what no owner held before goes to `gained`.
+    fn insert(
+        &mut self,
+        owner: Owner,
+        new: &[(ElementId, Value)],
+        mut gained: Option<&mut Vec<(ElementId, Value)>>,
+    ) {
         let mut ids = Vec::with_capacity(new.len());
         let code = owner_code(owner);
         for run in new.chunk_by(|a, b| (a.0.family, a.0.map) == (b.0.family, b.0.map)) {
@@ -287,6 +278,9 @@ impl TableState {
                     Entry::Vacant(entry) => {
                         entry.insert(Holder { owner: code, value: (*value).into() });
                         self.len += 1;
+                        if let Some(gained) = gained.as_deref_mut() {
+                            gained.push((*id, *value));
+                        }
                     }
                     Entry::Occupied(mut entry) => {
                         let present = entry.get_mut();
@@ -335,13 +329,33 @@ impl TableState {
     }
 
     /// Records what owners that hold nothing yet want (each owner once), without listing
-    /// the difference: [`TableState::held`] says what each of them now holds.
-    pub fn add_owners(&mut self, updates: Vec<(Owner, Vec<(ElementId, Value)>)>) {
+    /// the difference.
+    fn add_owners(&mut self, updates: Vec<(Owner, Vec<(ElementId, Value)>)>) {
         debug_assert!(distinct_owners(&updates));
         debug_assert!(updates.iter().all(|(owner, _)| !self.owned.contains_key(owner)));
         for (owner, new) in updates {
-            self.insert(owner, &new);
+            self.insert(owner, &new, None);
         }
+    }
+
+    /// Records what `updates` want, from owners in ascending order and each after every
+    /// owner the state holds, and returns the elements the table gains, grouped by set.
+    /// Later owners never take an element from an earlier one (the lowest owner wins), so
+    /// what the table gains is exactly what no owner held before, with the value of the
+    /// first owner that wants it; nothing changes value and nothing goes.
+    pub fn add_later_owners(
+        &mut self,
+        updates: Vec<(Owner, Vec<(ElementId, Value)>)>,
+    ) -> Vec<(ElementId, Value)> {
+        let last = self.owned.keys().max().copied();
+        debug_assert!(updates.windows(2).all(|w| w[0].0 < w[1].0));
+        debug_assert!(updates.first().is_none_or(|(first, _)| Some(*first) > last));
+        let mut gained = Vec::with_capacity(updates.iter().map(|(_, new)| new.len()).sum());
+        for (owner, new) in updates {
+            self.insert(owner, &new, Some(&mut gained));
+        }
+        gained.sort_unstable_by_key(|(id, _)| (id.family, id.map));
+        gained
     }
 }
 
@@ -434,7 +448,7 @@ impl TableDiff {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
+    use std::collections::{BTreeMap, BTreeSet};
     use std::net::IpAddr;
 
     use proptest::prelude::*;
@@ -523,14 +537,41 @@ mod tests {
                     owned.sort();
                     prop_assert_eq!(&owned, wanted);
                 }
-                // Each effective element is held by exactly one owner, the one that sets it.
-                let mut held = BTreeMap::new();
-                for owner in wishes.keys() {
-                    for (id, value) in state.held(*owner) {
-                        prop_assert!(held.insert(id, value).is_none(), "{:?} held twice", id);
-                    }
+            }
+        }
+
+        #[test]
+        fn later_owners_gain_exactly_what_was_not_held(
+            updates in prop::collection::vec(update(), 1..5)
+        ) {
+            // Owners in ascending order over the updates, as a cold start adds them.
+            let mut runs = Vec::new();
+            let mut seen = BTreeSet::new();
+            for mut update in updates {
+                update.sort_by_key(|(owner, _)| *owner);
+                update.dedup_by_key(|(owner, _)| *owner);
+                update.retain(|(owner, _)| seen.last().is_none_or(|last| owner > last));
+                seen.extend(update.iter().map(|(owner, _)| *owner));
+                runs.push(update);
+            }
+            let mut state = TableState::new();
+            let mut kernel = BTreeMap::new();
+            for run in runs {
+                let mut reference = state.clone();
+                let diff = reference.update(run.clone());
+                prop_assert!(diff.deletes.is_empty());
+                let gained = state.add_later_owners(run);
+                prop_assert!(gained.is_sorted_by_key(|(id, _)| (id.family, id.map)));
+                for (id, value) in &gained {
+                    prop_assert!(kernel.insert(*id, *value).is_none(), "{:?} gained twice", id);
                 }
-                prop_assert_eq!(&held, &expected);
+                let mut adds = diff.adds.clone();
+                adds.sort();
+                let mut sorted = gained.clone();
+                sorted.sort();
+                prop_assert_eq!(sorted, adds);
+                prop_assert_eq!(&kernel, &effective(&state));
+                prop_assert_eq!(effective(&state), effective(&reference));
             }
         }
 

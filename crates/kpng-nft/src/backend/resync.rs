@@ -243,9 +243,7 @@ impl Runs<'_> {
             self.present = wanted.as_present();
             self.sent = size;
         }
-        let owners: Vec<Owner> = run.iter().map(|(owner, _)| *owner).collect();
-        self.table.add_owners(run);
-        let elements = held(self.table, &owners);
+        let elements = self.table.add_later_owners(run);
         let part = Part { before, elements, after };
         self.open = self.sender.send(part).is_ok();
     }
@@ -331,13 +329,6 @@ fn render_on(
 
 /// Each owner's wanted elements.
 type Updates = Vec<(Owner, Vec<(ElementId, Value)>)>;
-
-/// The elements `owners` hold in `state`, grouped by set.
-fn held(state: &TableState, owners: &[Owner]) -> Vec<(ElementId, Value)> {
-    let mut elements: Vec<_> = owners.iter().flat_map(|owner| state.held(*owner)).collect();
-    elements.sort_unstable_by_key(|(id, _)| (id.family, id.map));
-    elements
-}
 
 /// A service's slots as the kernel holds them: backends elements for ordinary groups,
 /// the slot chains (with their holes) for services with groups of their own.
