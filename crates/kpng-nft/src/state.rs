@@ -260,8 +260,8 @@ impl TableState {
     }
 
     /// Records that `owner` (holding nothing now) wants `new` (rendered elements come sorted,
-    /// so each set is looked up once per run of its elements).
-    /// Records that `owner` wants `new`; what no owner held before goes to `gained`.
+    /// so each set is looked up once per run of its elements); what no owner held before
+    /// goes to `gained`.
     fn insert(
         &mut self,
         owner: Owner,
@@ -326,6 +326,45 @@ impl TableState {
     /// Makes room for `elements` more, so that a state filled in parts grows each set once.
     pub fn reserve_for<'e>(&mut self, elements: impl Iterator<Item = &'e (ElementId, Value)>) {
         self.reserve(elements);
+    }
+
+    /// The change that turns tables holding `before`'s effective elements, in the sets
+    /// `counts` accepts (the others go, or come back empty), into tables holding this
+    /// state's; grouped by set. At a restart this compares what the services want with
+    /// what the kernel holds without moving every element from one owner to another (and
+    /// recording each move) as [`TableState::update`] would.
+    pub fn changes_from(
+        &self,
+        before: &TableState,
+        counts: impl Fn(Family, &MapName) -> bool,
+    ) -> TableDiff {
+        let mut diff = TableDiff::default();
+        let before: BTreeMap<_, _> =
+            before.sets.iter().filter(|((family, map), _)| counts(*family, map)).collect();
+        for (name, set) in &before {
+            let now = self.sets.get(*name);
+            for (packed, then) in set.iter() {
+                let id = || packed.id();
+                match now.and_then(|now| now.get(packed)) {
+                    Some(holder) if holder.value == then.value => {}
+                    Some(holder) => {
+                        diff.deletes.push((id(), then.value.into()));
+                        diff.adds.push((id(), holder.value.into()));
+                    }
+                    None => diff.deletes.push((id(), then.value.into())),
+                }
+            }
+        }
+        for (name, set) in &self.sets {
+            let then = before.get(name);
+            for (packed, holder) in set {
+                if then.is_none_or(|then| !then.contains_key(packed)) {
+                    diff.adds.push((packed.id(), holder.value.into()));
+                }
+            }
+        }
+        diff.group_by_set();
+        diff
     }
 
     /// Records what owners that hold nothing yet want (each owner once), without listing
@@ -538,6 +577,49 @@ mod tests {
                     prop_assert_eq!(&owned, wanted);
                 }
             }
+        }
+
+        #[test]
+        fn a_restart_compares_the_wanted_state_with_the_kernel_as_an_update_would(
+            kernel in prop::collection::vec(element(), 0..24),
+            wanted in update(),
+            refused in 0usize..5,
+        ) {
+            prop_assume!(distinct_owners(&wanted));
+            // The general path: the kernel's elements adopted, then claimed by the owners.
+            let mut claimed = TableState::adopt(kernel.clone());
+            let mut updates = wanted.clone();
+            updates.push((Owner::Kernel, Vec::new()));
+            let mut expected = claimed.update(updates);
+            let mut table = TableState::new();
+            table.fill(wanted);
+            prop_assert_eq!(effective(&table), effective(&claimed));
+            let adopted = TableState::adopt(kernel);
+            let sorted = |d: &mut TableDiff| {
+                d.adds.sort();
+                d.deletes.sort();
+            };
+            let mut diff = table.changes_from(&adopted, |_, _| true);
+            prop_assert!(diff.adds.is_sorted_by_key(|(id, _)| (id.family, id.map)));
+            prop_assert!(diff.deletes.is_sorted_by_key(|(id, _)| (id.family, id.map)));
+            sorted(&mut diff);
+            sorted(&mut expected);
+            prop_assert_eq!(&diff, &expected);
+            // A set refused (it goes, or comes back empty) loses nothing and gets all it wants.
+            let sets: Vec<_> = table.sets.keys().chain(adopted.sets.keys()).copied().collect();
+            let Some(gone) = sets.get(refused).copied() else { return Ok(()) };
+            let mut diff = table.changes_from(&adopted, |family, map| (family, *map) != gone);
+            sorted(&mut diff);
+            let other = |(id, _): &&(ElementId, Value)| (id.family, id.map) != gone;
+            let mine = |(id, _): &&(ElementId, Value)| (id.family, id.map) == gone;
+            let mut wanted_there: Vec<_> = table.iter().filter(|e| mine(&e)).collect();
+            wanted_there.sort();
+            prop_assert!(diff.deletes.iter().all(|e| other(&e)));
+            prop_assert_eq!(diff.adds.iter().filter(mine).copied().collect::<Vec<_>>(), wanted_there);
+            prop_assert_eq!(
+                diff.adds.iter().filter(other).collect::<Vec<_>>(),
+                expected.adds.iter().filter(other).collect::<Vec<_>>()
+            );
         }
 
         #[test]

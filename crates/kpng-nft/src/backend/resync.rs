@@ -84,9 +84,11 @@ impl NftBackend {
         mut contents: KernelContents,
         whole: bool,
     ) -> Result<Synced, NftError> {
-        let adopted = TableState::adopt(contents.elements.clone());
+        let adopted = TableState::adopt(take(&mut contents.elements));
         let seed = |service: &LocalServiceState| seed_from_kernel(service, &adopted, &contents);
         let (services, updates, layout) = to_render.render(&seed);
+        let mut table = TableState::new();
+        table.fill(updates);
         if whole {
             contents = KernelContents::default();
         }
@@ -95,26 +97,20 @@ impl NftBackend {
         let wanted = layout.wanted();
         let keep = |family: Family, map: &MapName| {
             let name = (family, map.name().into_owned());
-            wanted.sets.contains_key(&name) && !reconciled.emptied.contains(&name)
+            !whole && wanted.sets.contains_key(&name) && !reconciled.emptied.contains(&name)
         };
-        let kept: Vec<(ElementId, Value)> =
-            contents.elements.into_iter().filter(|(id, _)| keep(id.family, &id.map)).collect();
         // Sets whose elements were not read hold only what goes: emptied first, then refilled
         // with what the state wants (none of them was among those read).
         let unread: Vec<(Family, MapName)> =
             contents.unread.into_iter().filter(|(family, map)| keep(*family, map)).collect();
-        drop(adopted);
-        let mut table = TableState::adopt(kept);
         // Over tables without an element, everything is an addition: the plan takes the
         // elements from the state itself rather than from a list as large.
-        let fresh = table.is_empty();
+        let fresh = adopted.sets().all(|set| !keep(set.name().0, &set.name().1));
         let (mut flushed, diff) = match fresh {
-            true => {
-                table.fill(updates);
-                (Vec::new(), TableDiff::default())
-            }
-            false => table.update(updates).flushing_stale_sets(&table),
+            true => (Vec::new(), TableDiff::default()),
+            false => table.changes_from(&adopted, keep).flushing_stale_sets(&table),
         };
+        drop(adopted);
         flushed.extend(unread);
         let mut plan = Plan::new();
         plan.commands.extend(reconciled.before.iter().cloned());
