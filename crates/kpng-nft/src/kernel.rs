@@ -193,6 +193,7 @@ impl NetlinkKernel {
         let pf = proto_family(family);
         let fail = NftError::Read;
         let sets = self.socket.dump(&dump::sets_request(pf, TABLE)).map_err(fail)?;
+        let mut to_read = Vec::new();
         for set in sets.iter().filter_map(|b| dump::set(b)).filter(|s| s.table == TABLE) {
             let shape = SetShape {
                 flags: set.flags & SHAPE_FLAGS,
@@ -206,12 +207,12 @@ impl NetlinkKernel {
             };
             contents.present.sets.insert((family, set.name.clone()), shape);
             let Some(map) = MapName::parse(&set.name) else { continue };
-            if read_elements(map) {
-                self.read_elements(family, map, &mut contents.elements)?;
-            } else {
-                contents.unread.insert((family, map));
+            match read_elements(map) {
+                true => to_read.push(map),
+                false => _ = contents.unread.insert((family, map)),
             }
         }
+        self.read_sets(family, &to_read, &mut contents.elements)?;
         let present = &mut contents.present;
         let chains = self.socket.dump(&dump::chains_request(pf, TABLE)).map_err(NftError::Read)?;
         // Chain dumps hold every table's chains.
@@ -246,16 +247,73 @@ impl NetlinkKernel {
         map: MapName,
         out: &mut Vec<(ElementId, Value)>,
     ) -> Result<(), NftError> {
-        let request = dump::elements_request(proto_family(family), TABLE, &map.name());
-        for body in self.socket.dump(&request).map_err(NftError::Read)? {
-            for element in dump::elements(&body) {
-                if let Some((key, value)) = decode::element(family, map, &element) {
-                    out.push((ElementId { family, map, key }, value));
-                }
-            }
+        read_set(&mut self.socket, family, map, out)
+    }
+
+    /// Appends the elements of `family`'s sets `maps` to `out`, in that order. Several sets
+    /// are dumped at once, each thread on a socket of its own: the kernel walks a hash set
+    /// from its start again for every 32 KiB of a dump, so reading a large set costs it
+    /// time that grows with the square of the set's size, and the sets of a table of 30,000
+    /// services took it a second one after another.
+    fn read_sets(
+        &mut self,
+        family: Family,
+        maps: &[MapName],
+        out: &mut Vec<(ElementId, Value)>,
+    ) -> Result<(), NftError> {
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(maps.len());
+        if threads < 2 {
+            return maps.iter().try_for_each(|map| self.read_elements(family, *map, out));
         }
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let read = |socket: &mut NetlinkSocket| -> Result<Vec<(usize, Vec<_>)>, NftError> {
+            let mut sets = Vec::new();
+            loop {
+                let at = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(map) = maps.get(at) else { return Ok(sets) };
+                let mut elements = Vec::new();
+                read_set(socket, family, *map, &mut elements)?;
+                sets.push((at, elements));
+            }
+        };
+        let mut sets = std::thread::scope(|scope| {
+            let helpers: Vec<_> = (1..threads)
+                .map(|_| {
+                    scope.spawn(|| {
+                        let mut socket =
+                            NetlinkSocket::open(NETLINK_NETFILTER).map_err(NftError::Socket)?;
+                        read(&mut socket)
+                    })
+                })
+                .collect();
+            let mut sets = read(&mut self.socket)?;
+            for helper in helpers {
+                sets.extend(helper.join().unwrap_or_else(|p| std::panic::resume_unwind(p))?);
+            }
+            Ok::<_, NftError>(sets)
+        })?;
+        sets.sort_unstable_by_key(|(at, _)| *at);
+        out.extend(sets.into_iter().flat_map(|(_, elements)| elements));
         Ok(())
     }
+}
+
+/// Appends the elements of `family`'s set `map`, dumped on `socket`, to `out`.
+fn read_set(
+    socket: &mut NetlinkSocket,
+    family: Family,
+    map: MapName,
+    out: &mut Vec<(ElementId, Value)>,
+) -> Result<(), NftError> {
+    let request = dump::elements_request(proto_family(family), TABLE, &map.name());
+    for body in socket.dump(&request).map_err(NftError::Read)? {
+        for element in dump::elements(&body) {
+            if let Some((key, value)) = decode::element(family, map, &element) {
+                out.push((ElementId { family, map, key }, value));
+            }
+        }
+    }
+    Ok(())
 }
 
 impl Kernel for NetlinkKernel {
@@ -283,12 +341,11 @@ impl Kernel for NetlinkKernel {
                 self.read_elements(family, MapName::ClusterIps, &mut cluster_ips)?;
             }
         }
-        if !stale(cluster_ips.len()) {
-            return self.read();
-        }
+        // The cluster IPs just read are not read again.
+        let stale = stale(cluster_ips.len());
         let mut contents = KernelContents { elements: cluster_ips, ..KernelContents::default() };
         for family in Family::ALL {
-            self.read_family(family, &mut contents, &|_| false)?;
+            self.read_family(family, &mut contents, &|map| !stale && map != MapName::ClusterIps)?;
         }
         contents.unread.retain(|(_, map)| *map != MapName::ClusterIps);
         Ok(Some(contents))
