@@ -92,9 +92,17 @@ impl Local {
         (0..n).map(|_| self.reach(target).0).collect()
     }
 
-    /// A TCP connection that stays open for [`Local::again`].
+    /// A TCP connection that stays open for [`Local::again`]. A timeout is retried twice,
+    /// as in [`Local::reach`]: on a loaded machine a first SYN may wait out a busy moment.
     pub fn hold(&mut self, target: &str) -> (Outcome, String) {
-        split(&self.ask(&format!("hold {target}")))
+        let mut answer = split(&self.ask(&format!("hold {target}")));
+        for _ in 0..2 {
+            if answer.0 != Outcome::Timeout {
+                break;
+            }
+            answer = split(&self.ask(&format!("hold {target}")));
+        }
+        answer
     }
 
     /// One more exchange on the held connection.
