@@ -150,7 +150,7 @@ pub fn project_service(
                 }
                 let draft = endpoints
                     .entry(endpoint.address)
-                    .or_insert_with(|| EndpointDraft::new(endpoint));
+                    .or_insert_with(|| EndpointDraft::new(endpoint, service.ports.len()));
                 draft.prefer(endpoint);
                 draft.ports.push(EndpointPort {
                     name: name.clone(),
@@ -284,8 +284,12 @@ struct EndpointDraft<'m> {
 }
 
 impl<'m> EndpointDraft<'m> {
-    fn new(endpoint: &'m Endpoint) -> Self {
-        EndpointDraft { preferred: endpoint, ports: Vec::new() }
+    /// A draft for an endpoint of a service with `ports` ports. An address is of one
+    /// family, so it usually serves each port once: the list is allocated once, at its
+    /// final size (it was grown from four, then shrunk, an allocation per endpoint more,
+    /// contended between the threads projecting a large cluster).
+    fn new(endpoint: &'m Endpoint, ports: usize) -> Self {
+        EndpointDraft { preferred: endpoint, ports: Vec::with_capacity(ports) }
     }
 
     /// Endpoint-level conditions come from a non-terminating copy when there is one.
