@@ -11,8 +11,8 @@
 //! scaled to zero, and entries created before the rules existed (their reply source is the
 //! service address itself). TCP and SCTP entries are never touched.
 
-use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 
 use kpng_model::local::LocalServiceState;
 use kpng_model::{Family, Protocol};
@@ -39,7 +39,49 @@ pub struct UdpCheck {
     /// The destination clients use.
     pub target: UdpTarget,
     /// The endpoints serving it (`ip:port` on the endpoint).
-    pub serving: BTreeSet<SocketAddr>,
+    pub serving: Serving,
+}
+
+/// Endpoint addresses (`ip:port`), sorted and shared: the checks of one service port on
+/// several destinations (cluster IP, external IPs, NodePort) hold one copy, kept by the
+/// cleaner for every UDP destination of the node.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Serving(Arc<[SocketAddr]>);
+
+impl Serving {
+    /// Whether `address` is among them.
+    pub fn contains(&self, address: &SocketAddr) -> bool {
+        self.0.binary_search(address).is_ok()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// How many there are.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// The addresses, in order.
+    pub fn iter(&self) -> impl Iterator<Item = &SocketAddr> {
+        self.0.iter()
+    }
+
+    /// Whether every one of them is also in `other`.
+    pub fn is_subset(&self, other: &Serving) -> bool {
+        self.0.iter().all(|address| other.contains(address))
+    }
+}
+
+impl FromIterator<SocketAddr> for Serving {
+    fn from_iter<I: IntoIterator<Item = SocketAddr>>(addresses: I) -> Self {
+        let mut addresses: Vec<SocketAddr> = addresses.into_iter().collect();
+        addresses.sort_unstable();
+        addresses.dedup();
+        Serving(addresses.into())
+    }
 }
 
 /// Every UDP destination of a service, with the endpoints (of the destination's family)
@@ -50,7 +92,7 @@ pub fn udp_checks(state: &LocalServiceState) -> Vec<UdpCheck> {
     for port in svc.ports.iter().filter(|p| p.protocol == Protocol::Udp) {
         for family in Family::ALL {
             let Some(cluster_ip) = svc.cluster_ip(family) else { continue };
-            let serving: BTreeSet<SocketAddr> = state
+            let serving: Serving = state
                 .endpoints
                 .values()
                 .filter(|e| Family::of(&e.ip) == family && (e.ready || e.serving))

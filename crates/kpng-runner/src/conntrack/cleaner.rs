@@ -6,8 +6,7 @@
 //! fails stays pending and is retried with backoff, and at every verification, until it
 //! succeeds.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::net::SocketAddr;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
@@ -17,7 +16,7 @@ use kpng_model::{Family, NodePortAddresses, ServiceKey};
 use kpng_netlink::NetlinkError;
 
 use super::table::{ConntrackTable, Ctnetlink};
-use super::{Entry, UdpCheck, UdpTarget, stale, udp_checks};
+use super::{Entry, Serving, UdpCheck, UdpTarget, stale, udp_checks};
 use kpng_backend::{Backend, BackendError, ChangeSet};
 
 /// The first retry of a failed cleanup; each failure doubles it up to [`RETRY_MAX`].
@@ -37,7 +36,7 @@ pub struct ConntrackStats {
 /// gone stale; otherwise it only updates a check still pending from a failed cleanup.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Update {
-    pub(super) serving: BTreeSet<SocketAddr>,
+    pub(super) serving: Serving,
     pub(super) required: bool,
 }
 
@@ -100,7 +99,7 @@ impl ConntrackCleaner {
             let checks = state.services.get(&key).map(udp_checks).unwrap_or_default();
             let before = self.targets.remove(&key).unwrap_or_default();
             for gone in before.iter().filter(|b| !checks.iter().any(|c| c.target == b.target)) {
-                let update = Update { serving: BTreeSet::new(), required: true };
+                let update = Update { serving: Serving::default(), required: true };
                 self.outbox.insert(gone.target, update);
             }
             for check in &checks {
@@ -163,7 +162,7 @@ impl Drop for ConntrackCleaner {
 struct Cleanup {
     table: Box<dyn ConntrackTable>,
     /// Checks not done yet, by destination.
-    pending: BTreeMap<UdpTarget, BTreeSet<SocketAddr>>,
+    pending: BTreeMap<UdpTarget, Serving>,
     nodeports: NodePortAddresses,
     stats: Arc<ConntrackStats>,
 }

@@ -38,7 +38,7 @@ fn stale_entries_answer_from_elsewhere() {
 #[test]
 fn node_ports_only_on_node_port_addresses() {
     let check =
-        UdpCheck { target: UdpTarget::NodePort(Family::V4, 30053), serving: BTreeSet::new() };
+        UdpCheck { target: UdpTarget::NodePort(Family::V4, 30053), serving: Serving::default() };
     let entries = [
         entry("192.168.10.100:4000", "192.168.10.1:30053", "10.244.1.7:53"),
         entry("192.168.10.100:4001", "172.17.0.1:30053", "172.17.0.1:30053"),
@@ -142,4 +142,24 @@ fn only_a_change_that_can_leave_stale_entries_requires_a_check() {
     let out: Vec<(bool, usize)> =
         cleaner.outbox.values().map(|u| (u.required, u.serving.len())).collect();
     assert_eq!(out, [(true, 0)]);
+}
+
+#[test]
+fn serving_endpoints_answer_as_a_set_whatever_their_order() {
+    let addresses =
+        |list: &[&str]| -> Vec<SocketAddr> { list.iter().map(|a| a.parse().unwrap()).collect() };
+    let all: Serving = addresses(&["10.0.0.3:53", "[fd00::1]:53", "10.0.0.1:53", "10.0.0.3:53"])
+        .into_iter()
+        .collect();
+    assert_eq!(all.len(), 3, "one copy of each");
+    for address in addresses(&["10.0.0.1:53", "10.0.0.3:53", "[fd00::1]:53"]) {
+        assert!(all.contains(&address), "{address}");
+    }
+    for address in addresses(&["10.0.0.2:53", "10.0.0.1:54", "[fd00::2]:53"]) {
+        assert!(!all.contains(&address), "{address}");
+    }
+    let some: Serving = addresses(&["[fd00::1]:53", "10.0.0.1:53"]).into_iter().collect();
+    assert!(some.is_subset(&all) && !all.is_subset(&some));
+    assert!(Serving::default().is_subset(&some) && Serving::default().is_empty());
+    assert_eq!(some, addresses(&["10.0.0.1:53", "[fd00::1]:53"]).into_iter().collect());
 }
