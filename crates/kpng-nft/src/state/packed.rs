@@ -1,9 +1,11 @@
 //! Elements as [`super::TableState`] keeps them: half a million at 30,000 services, so
-//! each byte counts. An IPv4 element's id (every key of an IPv4 table but the rare sets of
-//! counts beyond the pick tree) packs into 15 bytes inline; any other id is boxed. Values
-//! keep the endpoint's address as the family needs it.
+//! each byte counts. An IPv4 element's id (every key of an IPv4 table but the rare sets
+//! of counts beyond the pick tree) packs into 15 bytes inline; any other id is
+//! allocated once, shared by its set and its owner. Values keep the endpoint's address
+//! as the family needs it.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
 
 use ipnet::{IpNet, Ipv4Net};
 use kpng_model::{Family, Protocol};
@@ -16,8 +18,8 @@ use crate::objects::{Dest, ElementId, Key, MapName, PickKind, TREE_BITS, Value};
 pub(super) enum PackedId {
     /// An IPv4 element: its set's code, the key's shape, then the key's fields.
     V4([u8; 15]),
-    /// Any other element.
-    Other(Box<ElementId>),
+    /// Any other element, shared: the set's entry and the owner's list hold one copy.
+    Other(Arc<ElementId>),
 }
 
 /// An element's value, packed (20 bytes instead of 24).
@@ -73,7 +75,7 @@ impl PackedId {
                 return PackedId::V4(out.bytes);
             }
         }
-        PackedId::Other(Box::new(*id))
+        PackedId::Other(Arc::new(*id))
     }
 
     /// The id it packs.
