@@ -88,7 +88,9 @@ impl Claims {
             }
         }
         for claim in claims.iter().filter(|c| before.binary_search(c).is_err()) {
-            let claimants = self.by_claim.entry(*claim).or_default();
+            // Nearly every claim has one claimant: room for one, not the four a first push
+            // would make (tens of thousands of claims in a large cluster).
+            let claimants = self.by_claim.entry(*claim).or_insert_with(|| Vec::with_capacity(1));
             touched.extend(claimants.iter().cloned());
             if let Err(at) = claimants.binary_search(key) {
                 claimants.insert(at, key.clone());
