@@ -208,7 +208,9 @@ impl GlobalModel {
                 }
                 let mut touched = self.remove_slice(&slice.key);
                 let service = slice.service_key();
-                let keys = self.slices_by_service.entry(service.clone()).or_default();
+                // Most services have one slice: room for one key, not four.
+                let keys = (self.slices_by_service.entry(service.clone()))
+                    .or_insert_with(|| Vec::with_capacity(1));
                 if let Err(at) = keys.binary_search(&slice.key) {
                     keys.insert(at, slice.key.clone());
                 }
