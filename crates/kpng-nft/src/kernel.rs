@@ -240,16 +240,6 @@ impl NetlinkKernel {
         Ok(())
     }
 
-    /// Appends the elements of `family`'s set `map` to `out`.
-    fn read_elements(
-        &mut self,
-        family: Family,
-        map: MapName,
-        out: &mut Vec<(ElementId, Value)>,
-    ) -> Result<(), NftError> {
-        read_set(&mut self.socket, family, map, out)
-    }
-
     /// Appends the elements of `family`'s sets `maps` to `out`, in that order. Several sets
     /// are dumped at once, each thread on a socket of its own: the kernel walks a hash set
     /// from its start again for every 32 KiB of a dump, so reading a large set costs it
@@ -263,7 +253,7 @@ impl NetlinkKernel {
     ) -> Result<(), NftError> {
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(maps.len());
         if threads < 2 {
-            return maps.iter().try_for_each(|map| self.read_elements(family, *map, out));
+            return maps.iter().try_for_each(|map| read_set(&mut self.socket, family, *map, out));
         }
         let next = std::sync::atomic::AtomicUsize::new(0);
         let read = |socket: &mut NetlinkSocket| -> Result<Vec<(usize, Vec<_>)>, NftError> {
@@ -338,7 +328,7 @@ impl Kernel for NetlinkKernel {
         let mut cluster_ips = Vec::new();
         for family in Family::ALL {
             if self.tables(family)?.iter().any(|t| t == TABLE) {
-                self.read_elements(family, MapName::ClusterIps, &mut cluster_ips)?;
+                read_set(&mut self.socket, family, MapName::ClusterIps, &mut cluster_ips)?;
             }
         }
         // The cluster IPs just read are not read again.

@@ -318,14 +318,11 @@ impl TableState {
     /// the difference: every element is an addition ([`crate::plan::Plan::whole_state`]
     /// commits them from here).
     pub fn fill(&mut self, updates: Vec<(Owner, Vec<(ElementId, Value)>)>) {
-        debug_assert!(self.is_empty());
-        self.reserve_for(updates.iter().flat_map(|(_, new)| new));
-        self.add_owners(updates);
-    }
-
-    /// Makes room for `elements` more, so that a state filled in parts grows each set once.
-    pub fn reserve_for<'e>(&mut self, elements: impl Iterator<Item = &'e (ElementId, Value)>) {
-        self.reserve(elements);
+        debug_assert!(self.is_empty() && distinct_owners(&updates));
+        self.reserve(updates.iter().flat_map(|(_, new)| new));
+        for (owner, new) in updates {
+            self.insert(owner, &new, None);
+        }
     }
 
     /// The change that turns tables holding `before`'s effective elements, in the sets
@@ -365,16 +362,6 @@ impl TableState {
         }
         diff.group_by_set();
         diff
-    }
-
-    /// Records what owners that hold nothing yet want (each owner once), without listing
-    /// the difference.
-    fn add_owners(&mut self, updates: Vec<(Owner, Vec<(ElementId, Value)>)>) {
-        debug_assert!(distinct_owners(&updates));
-        debug_assert!(updates.iter().all(|(owner, _)| !self.owned.contains_key(owner)));
-        for (owner, new) in updates {
-            self.insert(owner, &new, None);
-        }
     }
 
     /// Records what `updates` want, from owners in ascending order and each after every
