@@ -5,7 +5,6 @@
 //! are one algorithm.
 
 use std::collections::BTreeMap;
-use std::collections::hash_map::Entry;
 
 use rustc_hash::FxHashMap as HashMap;
 
@@ -14,8 +13,10 @@ use kpng_model::Family;
 use crate::objects::{ElementId, MapName, Value};
 
 mod packed;
+mod table;
 
 use packed::{PackedId, PackedValue};
+use table::Table;
 
 /// Who asked for an element. When owners disagree on a value, the lowest wins.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -68,7 +69,7 @@ const KERNEL: u32 = u32::MAX - 1;
 const CONTESTED: u32 = u32::MAX;
 
 /// One element: its only owner (or [`CONTESTED`]) and its effective value.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Holder {
     owner: u32,
     value: PackedValue,
@@ -81,11 +82,12 @@ struct Holder {
 /// Nearly every element has one owner, kept in the element's entry beside its value; the
 /// few that several owners want list them in `contested`. Ids are packed (an IPv4 element's
 /// in 16 bytes inline) and each set has a hash table of its own: an IPv4 element's entry
-/// takes 40 bytes and its place in its owner's list 16, where an [`ElementId`] with its
-/// owners took 84 and 52 (at 30,000 services the table holds half a million elements).
+/// takes 20 bytes in a set and 40 in a map, and its place in its owner's list 16, where an
+/// [`ElementId`] with its owners took 84 and 52 (at 30,000 services the table holds half a
+/// million elements, three in five of them in sets).
 #[derive(Debug, Clone, Default)]
 pub struct TableState {
-    sets: BTreeMap<(Family, MapName), HashMap<PackedId, Holder>>,
+    sets: BTreeMap<(Family, MapName), Table>,
     /// Elements wanted by two or more owners: each owner's value, lowest owner first.
     contested: HashMap<PackedId, Vec<(Owner, Value)>>,
     /// Each owner's elements; their values are in `sets`.
@@ -110,7 +112,7 @@ impl TableState {
         for (id, value) in &elements {
             let packed = PackedId::new(id);
             let holder = Holder { owner: KERNEL, value: (*value).into() };
-            state.set_mut(id).insert(packed.clone(), holder);
+            state.sets.entry((id.family, id.map)).or_default().put(packed.clone(), holder);
             ids.push(packed);
         }
         state.len = elements.len();
@@ -120,11 +122,7 @@ impl TableState {
         state
     }
 
-    fn set_mut(&mut self, id: &ElementId) -> &mut HashMap<PackedId, Holder> {
-        self.sets.entry((id.family, id.map)).or_default()
-    }
-
-    fn holder(&self, id: &ElementId, packed: &PackedId) -> Option<&Holder> {
+    fn holder(&self, id: &ElementId, packed: &PackedId) -> Option<Holder> {
         self.sets.get(&(id.family, id.map)).and_then(|set| set.get(packed))
     }
 
@@ -194,7 +192,7 @@ impl TableState {
     /// Records that `owner` no longer wants `id`.
     fn remove(&mut self, owner: Owner, id: &ElementId, packed: &PackedId) {
         let Some(set) = self.sets.get_mut(&(id.family, id.map)) else { return };
-        let Some(present) = set.get_mut(packed) else { return };
+        let Some(present) = set.get(packed) else { return };
         match present.owner {
             CONTESTED => {
                 let Some(owners) = self.contested.get_mut(packed) else { return };
@@ -206,10 +204,13 @@ impl TableState {
                         self.len -= 1;
                     }
                     [(only, value)] => {
-                        *present = Holder { owner: owner_code(*only), value: (*value).into() };
+                        let holder = Holder { owner: owner_code(*only), value: (*value).into() };
+                        set.put(packed.clone(), holder);
                         self.contested.remove(packed);
                     }
-                    [(_, value), ..] => present.value = (*value).into(),
+                    [(_, value), ..] => {
+                        set.put(packed.clone(), Holder { owner: CONTESTED, value: (*value).into() })
+                    }
                 }
             }
             code if code == owner_code(owner) => {
@@ -274,16 +275,14 @@ impl TableState {
             let set = self.sets.entry((run[0].0.family, run[0].0.map)).or_default();
             for (id, value) in run {
                 let packed = PackedId::new(id);
-                match set.entry(packed.clone()) {
-                    Entry::Vacant(entry) => {
-                        entry.insert(Holder { owner: code, value: (*value).into() });
+                match set.add(packed.clone(), Holder { owner: code, value: (*value).into() }) {
+                    Ok(()) => {
                         self.len += 1;
                         if let Some(gained) = gained.as_deref_mut() {
                             gained.push((*id, *value));
                         }
                     }
-                    Entry::Occupied(mut entry) => {
-                        let present = entry.get_mut();
+                    Err(present) => {
                         let owners = match present.owner {
                             CONTESTED => self.contested.entry(packed.clone()).or_default(),
                             only => {
@@ -293,7 +292,10 @@ impl TableState {
                         };
                         let at = owners.partition_point(|(o, _)| *o < owner);
                         owners.insert(at, (owner, *value));
-                        *present = Holder { owner: CONTESTED, value: owners[0].1.into() };
+                        set.put(
+                            packed.clone(),
+                            Holder { owner: CONTESTED, value: owners[0].1.into() },
+                        );
                     }
                 }
                 ids.push(packed);
@@ -354,7 +356,7 @@ impl TableState {
         }
         for (name, set) in &self.sets {
             let then = before.get(name);
-            for (packed, holder) in set {
+            for (packed, holder) in set.iter() {
                 if then.is_none_or(|then| !then.contains_key(packed)) {
                     diff.adds.push((packed.id(), holder.value.into()));
                 }
@@ -389,7 +391,7 @@ impl TableState {
 #[derive(Debug, Clone, Copy)]
 pub struct SetElements<'a> {
     name: (Family, MapName),
-    set: &'a HashMap<PackedId, Holder>,
+    set: &'a Table,
 }
 
 impl<'a> SetElements<'a> {
@@ -440,7 +442,7 @@ impl TableDiff {
         if losses.is_empty() {
             return (Vec::new(), self);
         }
-        let kept = |set: &(Family, MapName)| table.sets.get(set).map_or(0, HashMap::len);
+        let kept = |set: &(Family, MapName)| table.sets.get(set).map_or(0, Table::len);
         let mut flushed: Vec<(Family, MapName)> = losses
             .into_iter()
             .filter(|(set, lost)| *lost > 2 * kept(set))
