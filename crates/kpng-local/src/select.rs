@@ -61,8 +61,8 @@ enum Topology<'a> {
 impl Topology<'_> {
     fn admits(&self, endpoint: &Endpoint) -> bool {
         match self {
-            Topology::Node(name) => endpoint.node_hints.iter().any(|n| n == name),
-            Topology::Zone(zone) => endpoint.zone_hints.iter().any(|z| z == zone),
+            Topology::Node(name) => endpoint.node_hints().iter().any(|n| n == name),
+            Topology::Zone(zone) => endpoint.zone_hints().iter().any(|z| z == zone),
         }
     }
 }
@@ -73,13 +73,13 @@ fn topology<'a>(endpoints: &[&Endpoint], node: &NodeView<'a>) -> Option<Topology
     if ready.is_empty() {
         return None;
     }
-    let all_node_hinted = ready.iter().all(|e| !e.node_hints.is_empty());
-    if all_node_hinted && ready.iter().any(|e| e.node_hints.iter().any(|n| n == node.name)) {
+    let all_node_hinted = ready.iter().all(|e| !e.node_hints().is_empty());
+    if all_node_hinted && ready.iter().any(|e| e.node_hints().iter().any(|n| n == node.name)) {
         return Some(Topology::Node(node.name));
     }
     let zone = node.zone.filter(|z| !z.is_empty())?;
-    let all_zone_hinted = ready.iter().all(|e| !e.zone_hints.is_empty());
-    if all_zone_hinted && ready.iter().any(|e| e.zone_hints.iter().any(|z| z == zone)) {
+    let all_zone_hinted = ready.iter().all(|e| !e.zone_hints().is_empty());
+    if all_zone_hinted && ready.iter().any(|e| e.zone_hints().iter().any(|z| z == zone)) {
         return Some(Topology::Zone(zone));
     }
     None

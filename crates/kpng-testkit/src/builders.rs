@@ -54,8 +54,7 @@ pub fn endpoint(ip: &str, node: &str) -> Endpoint {
         terminating: false,
         node_name: Some(node.into()),
         zone: None,
-        zone_hints: vec![],
-        node_hints: vec![],
+        hints: Default::default(),
         pod_name: None,
     }
 }

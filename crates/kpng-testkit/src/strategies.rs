@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use kpng_model::global::{
-    Endpoint, EndpointSlice, Helper, IpMode, LoadBalancerIngress, LoadBalancing, LogPath, NatMode,
-    Node, NodeAddress, NodeAddressKind, Persistence, PersistenceKey, Scheduler, Service,
+    Endpoint, EndpointSlice, Helper, Hints, IpMode, LoadBalancerIngress, LoadBalancing, LogPath,
+    NatMode, Node, NodeAddress, NodeAddressKind, Persistence, PersistenceKey, Scheduler, Service,
     ServiceCidr, ServiceKey, ServicePort, ServiceType, SessionAffinity, SliceKey, SlicePort,
     TargetPort, TrafficPolicy, ZONE_LABEL,
 };
@@ -232,8 +232,7 @@ fn arb_endpoint(family: Family) -> impl Strategy<Value = Endpoint> {
                 terminating,
                 node_name: node.map(Into::into),
                 zone: None,
-                zone_hints,
-                node_hints,
+                hints: Hints::new(zone_hints, node_hints),
                 pod_name: None,
             }
         })

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use kpng_model::global::{Endpoint, EndpointSlice, SlicePort};
+use kpng_model::global::{Endpoint, EndpointSlice, Hints, SlicePort};
 use kpng_model::{Family, SliceKey};
 
 use super::{GlobalItem, with_hash};
@@ -77,8 +77,8 @@ pub fn slice_items(slice: &EndpointSlice) -> Vec<GlobalItem> {
                     zone: e.zone.as_deref().unwrap_or_default().to_owned(),
                 }),
                 hints: Some(globalv1::TopologyHints {
-                    zones: e.zone_hints.clone(),
-                    nodes: e.node_hints.clone(),
+                    zones: e.zone_hints().to_vec(),
+                    nodes: e.node_hints().to_vec(),
                 }),
                 address_type: address_type.to_string(),
                 slice_ports: slice_ports.clone(),
@@ -168,8 +168,7 @@ pub fn decode_slice<'a>(
                 terminating: conditions.terminating,
                 node_name: text(&topology.node).map(Arc::from),
                 zone: text(&topology.zone).map(Arc::from),
-                zone_hints: hints.zones,
-                node_hints: hints.nodes,
+                hints: Hints::new(hints.zones, hints.nodes),
                 pod_name: text(&info.pod_name).map(Arc::from),
             },
         );

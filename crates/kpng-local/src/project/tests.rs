@@ -1,4 +1,4 @@
-use kpng_model::global::{IpMode, LoadBalancerIngress, ServiceType, TrafficPolicy};
+use kpng_model::global::{Hints, IpMode, LoadBalancerIngress, ServiceType, TrafficPolicy};
 use kpng_model::local::EndpointPort;
 use kpng_model::{Family, GlobalModel, Object, PerFamily, Protocol, ServiceKey};
 use kpng_testkit::builders::{endpoint, node, service, slice};
@@ -201,9 +201,9 @@ fn node_projection_carries_zone_primary_ips_and_drain_state() {
 fn zone_of_the_node_drives_topology() {
     let svc = service("ns", "web", &["10.96.0.1"], &[HTTP]);
     let mut e1 = endpoint("10.0.0.1", "b");
-    e1.zone_hints = vec!["z1".into()];
+    e1.hints = Hints::new(vec!["z1".into()], vec![]);
     let mut e2 = endpoint("10.0.0.2", "c");
-    e2.zone_hints = vec!["z2".into()];
+    e2.hints = Hints::new(vec!["z2".into()], vec![]);
     let m = model(vec![
         Object::Service(svc),
         Object::EndpointSlice(slice(

@@ -1,4 +1,5 @@
 use super::*;
+use kpng_model::global::Hints;
 
 fn ep(ip: &str, node: &str) -> Endpoint {
     Endpoint {
@@ -8,8 +9,7 @@ fn ep(ip: &str, node: &str) -> Endpoint {
         terminating: false,
         node_name: Some(node.into()),
         zone: None,
-        zone_hints: vec![],
-        node_hints: vec![],
+        hints: Default::default(),
         pod_name: None,
     }
 }
@@ -22,12 +22,14 @@ fn terminating(mut e: Endpoint, serving: bool) -> Endpoint {
 }
 
 fn zone_hinted(mut e: Endpoint, zones: &[&str]) -> Endpoint {
-    e.zone_hints = zones.iter().map(|z| z.to_string()).collect();
+    let zones = zones.iter().map(|z| z.to_string()).collect();
+    e.hints = Hints::new(zones, e.node_hints().to_vec());
     e
 }
 
 fn node_hinted(mut e: Endpoint, nodes: &[&str]) -> Endpoint {
-    e.node_hints = nodes.iter().map(|z| z.to_string()).collect();
+    let nodes = nodes.iter().map(|n| n.to_string()).collect();
+    e.hints = Hints::new(e.zone_hints().to_vec(), nodes);
     e
 }
 

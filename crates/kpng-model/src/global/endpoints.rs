@@ -58,10 +58,10 @@ pub struct Endpoint {
     pub node_name: Option<Arc<str>>,
     /// The zone of that node (in a [`crate::GlobalModel`], one copy per name).
     pub zone: Option<Arc<str>>,
-    /// `hints.forZones[].name`: the zones that should use this endpoint. Empty: no hint.
-    pub zone_hints: Vec<String>,
-    /// `hints.forNodes[].name`: the nodes that should use this endpoint. Empty: no hint.
-    pub node_hints: Vec<String>,
+    /// `hints`: the zones and nodes that should use this endpoint (serialized as the
+    /// `zone_hints` and `node_hints` lists).
+    #[serde(flatten)]
+    pub hints: Hints,
     /// The pod behind the endpoint (`targetRef` of kind Pod).
     pub pod_name: Option<Arc<str>>,
 }
@@ -72,9 +72,69 @@ impl Endpoint {
         self.ready
     }
 
+    /// `hints.forZones[].name`: the zones that should use this endpoint. Empty: no hint.
+    pub fn zone_hints(&self) -> &[String] {
+        self.hints.zones()
+    }
+
+    /// `hints.forNodes[].name`: the nodes that should use this endpoint. Empty: no hint.
+    pub fn node_hints(&self) -> &[String] {
+        self.hints.nodes()
+    }
+
     /// Serving and terminating: a fallback when nothing is ready.
     pub fn is_serving_terminating(&self) -> bool {
         self.serving && self.terminating
+    }
+}
+
+/// An endpoint's topology hints. Nearly every endpoint has none, and a cluster has
+/// hundreds of thousands of endpoints: the lists are held out of line, behind one pointer
+/// that is null when both are empty (so equal hints are equal values).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Hints(Option<Box<HintLists>>);
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+struct HintLists {
+    #[serde(default)]
+    zone_hints: Vec<String>,
+    #[serde(default)]
+    node_hints: Vec<String>,
+}
+
+impl Hints {
+    /// Hints for the zones `zones` and the nodes `nodes` (both empty: no hint).
+    pub fn new(zones: Vec<String>, nodes: Vec<String>) -> Hints {
+        let some = !zones.is_empty() || !nodes.is_empty();
+        Hints(some.then(|| Box::new(HintLists { zone_hints: zones, node_hints: nodes })))
+    }
+
+    /// The zones that should use the endpoint.
+    pub fn zones(&self) -> &[String] {
+        self.0.as_ref().map(|h| &h.zone_hints[..]).unwrap_or_default()
+    }
+
+    /// The nodes that should use the endpoint.
+    pub fn nodes(&self) -> &[String] {
+        self.0.as_ref().map(|h| &h.node_hints[..]).unwrap_or_default()
+    }
+}
+
+impl Serialize for Hints {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct Lists<'a> {
+            zone_hints: &'a [String],
+            node_hints: &'a [String],
+        }
+        Lists { zone_hints: self.zones(), node_hints: self.nodes() }.serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for Hints {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Hints, D::Error> {
+        let lists = HintLists::deserialize(deserializer)?;
+        Ok(Hints::new(lists.zone_hints, lists.node_hints))
     }
 }
 
@@ -104,5 +164,40 @@ impl EndpointSlice {
     /// The service this slice belongs to.
     pub fn service_key(&self) -> ServiceKey {
         ServiceKey::new(self.key.namespace.clone(), self.service_name.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn endpoint(hints: Hints) -> Endpoint {
+        Endpoint {
+            address: [10, 0, 0, 1].into(),
+            ready: true,
+            serving: true,
+            terminating: false,
+            node_name: None,
+            zone: None,
+            hints,
+            pod_name: None,
+        }
+    }
+
+    #[test]
+    fn hints_keep_their_lists_in_json_and_empty_hints_are_no_hints() {
+        let hinted = endpoint(Hints::new(vec!["z1".into()], vec!["n1".into(), "n2".into()]));
+        let json = serde_json::to_value(&hinted).unwrap();
+        assert_eq!(json["zone_hints"], serde_json::json!(["z1"]));
+        assert_eq!(json["node_hints"], serde_json::json!(["n1", "n2"]));
+        assert_eq!(serde_json::from_value::<Endpoint>(json).unwrap(), hinted);
+        assert_eq!((hinted.zone_hints(), hinted.node_hints().len()), (&["z1".to_string()][..], 2));
+
+        let plain = endpoint(Hints::new(vec![], vec![]));
+        assert_eq!(plain, endpoint(Hints::default()));
+        let mut json = serde_json::to_value(&plain).unwrap();
+        assert_eq!(json["zone_hints"], serde_json::json!([]));
+        json.as_object_mut().unwrap().remove("node_hints");
+        assert_eq!(serde_json::from_value::<Endpoint>(json).unwrap(), plain);
     }
 }

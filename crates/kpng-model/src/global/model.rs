@@ -428,8 +428,7 @@ mod tests {
             terminating: false,
             node_name: Some(Arc::from(node)),
             zone: Some(Arc::from("zone-a")),
-            zone_hints: Vec::new(),
-            node_hints: Vec::new(),
+            hints: Default::default(),
             pod_name: None,
         };
         EndpointSlice {

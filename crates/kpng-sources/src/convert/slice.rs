@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use kpng_model::global::{Endpoint, EndpointSlice, SliceKey, SlicePort};
+use kpng_model::global::{Endpoint, EndpointSlice, Hints, SliceKey, SlicePort};
 use kpng_model::net::parse_ip;
 use kpng_model::{Family, ObjectRef};
 
@@ -114,8 +114,10 @@ fn convert_endpoint(
         terminating: conditions.and_then(|c| c.terminating).unwrap_or(false),
         node_name: e.node_name.as_deref().filter(|n| !n.is_empty()).map(Arc::from),
         zone: e.zone.as_deref().filter(|z| !z.is_empty()).map(Arc::from),
-        zone_hints: names(hints.and_then(|h| h.for_zones.as_deref())),
-        node_hints: names(hints.and_then(|h| h.for_nodes.as_deref())),
+        hints: Hints::new(
+            names(hints.and_then(|h| h.for_zones.as_deref())),
+            names(hints.and_then(|h| h.for_nodes.as_deref())),
+        ),
         pod_name: e
             .target_ref
             .as_ref()

@@ -142,7 +142,7 @@ fn slices_default_conditions_and_use_the_first_address() {
     assert_eq!(first.address.to_string(), "10.0.0.1");
     assert!(first.ready && first.serving && !first.terminating);
     assert_eq!(
-        (first.zone_hints.clone(), first.node_hints.clone()),
+        (first.zone_hints().to_vec(), first.node_hints().to_vec()),
         (vec!["z1".into()], vec!["node-a".into()])
     );
     assert_eq!(first.pod_name.as_deref(), Some("web-1"));
