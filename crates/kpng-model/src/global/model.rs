@@ -127,12 +127,13 @@ pub struct GlobalModel {
     service_cidrs: BTreeMap<String, ServiceCidr>,
     /// Who claims each destination.
     claims: Claims,
-    /// One copy of each node and zone name the endpoints give.
+    /// One copy of each node and zone name the endpoints give, and of each namespace.
     names: Names,
 }
 
 /// One copy of each name: the endpoints of a cluster name a few hundred nodes and zones,
-/// a hundred thousand times. Not part of the model's value: any two are equal.
+/// a hundred thousand times, and its services and slices a few hundred namespaces. Not part
+/// of the model's value: any two are equal.
 #[derive(Debug, Clone, Default)]
 struct Names {
     known: HashSet<Arc<str>>,
@@ -151,9 +152,15 @@ impl Eq for Names {}
 impl Names {
     /// Replaces `name` by the shared copy of it (the first one seen is the one shared).
     fn share(&mut self, name: &mut Option<Arc<str>>) {
-        let Some(given) = name.as_ref() else { return };
-        if let Some(known) = self.known.get(given) {
-            *name = Some(known.clone());
+        if let Some(name) = name {
+            self.share_one(name);
+        }
+    }
+
+    /// Replaces `name` by the shared copy of it.
+    fn share_one(&mut self, name: &mut Arc<str>) {
+        if let Some(known) = self.known.get(name) {
+            *name = known.clone();
             return;
         }
         if self.known.len() >= 2 * self.swept.max(64) {
@@ -161,7 +168,7 @@ impl Names {
             self.known.retain(|known| Arc::strong_count(known) > 1);
             self.swept = self.known.len();
         }
-        self.known.insert(given.clone());
+        self.known.insert(name.clone());
     }
 }
 
@@ -175,11 +182,12 @@ impl GlobalModel {
     /// touched, or `None` when the model already held an equal object.
     pub fn apply(&mut self, object: Object) -> Option<Vec<Touched>> {
         match object {
-            Object::Service(service) => {
+            Object::Service(mut service) => {
                 let old = self.services.get(&service.key);
                 if old.map(|s| &**s) == Some(&service) {
                     return None;
                 }
+                self.names.share_one(&mut service.key.namespace);
                 let before = old.map(|s| s.claims()).unwrap_or_default();
                 let after = service.claims();
                 let mut rivals = self.claims.update(&service.key, &before, &after);
@@ -202,6 +210,10 @@ impl GlobalModel {
                     return None;
                 }
                 let mut slice = slice;
+                self.names.share_one(&mut slice.key.namespace);
+                if let Some((known, _)) = self.services.get_key_value(&slice.service_key()) {
+                    slice.service_name = known.name.clone();
+                }
                 for endpoint in &mut slice.endpoints {
                     self.names.share(&mut endpoint.node_name);
                     self.names.share(&mut endpoint.zone);
@@ -467,6 +479,36 @@ mod tests {
         other.apply(Object::EndpointSlice(slice("web-1", "node-a")));
         other.apply(Object::EndpointSlice(slice("web-2", "node-a")));
         assert_eq!(model, other);
+    }
+
+    #[test]
+    fn services_and_slices_share_their_namespace_and_the_service_name() {
+        let service = |name: &str| Service {
+            key: ServiceKey::new(String::from("ns"), String::from(name)),
+            service_type: crate::global::ServiceType::ClusterIP,
+            cluster_ips: vec![[10, 96, 0, 1].into()],
+            ports: Vec::new(),
+            external_ips: Vec::new(),
+            load_balancer_ingress: Vec::new(),
+            load_balancer_source_ranges: Vec::new(),
+            session_affinity: Default::default(),
+            internal_traffic_policy: Default::default(),
+            external_traffic_policy: Default::default(),
+            health_check_node_port: None,
+            proxy_name: None,
+            created_at: None,
+            load_balancing: Default::default(),
+        };
+        let mut model = GlobalModel::new();
+        model.apply(Object::Service(service("web")));
+        model.apply(Object::Service(service("db")));
+        model.apply(Object::EndpointSlice(slice("web-1", "node-a")));
+        let key = ServiceKey::new("ns", "web");
+        let (web, db) = (model.service(&key).unwrap(), model.service(&ServiceKey::new("ns", "db")));
+        let held = model.slices_of(&key).next().unwrap();
+        assert!(Arc::ptr_eq(&web.key.namespace, &db.unwrap().key.namespace));
+        assert!(Arc::ptr_eq(&web.key.namespace, &held.key.namespace));
+        assert!(Arc::ptr_eq(&web.key.name, &held.service_name));
     }
 
     #[test]
