@@ -5,6 +5,7 @@
 //! them, the same one on every node and after every restart: the oldest service (by
 //! creation time, then `namespace/name`) holds it; the others are told it is not theirs.
 
+use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
@@ -64,8 +65,49 @@ impl Service {
 /// Who claims each contested destination, and every claim's claimants.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Claims {
-    /// Every claim and its claimants (one, nearly always).
-    by_claim: BTreeMap<Claim, Vec<ServiceKey>>,
+    /// Every claim and its claimants.
+    by_claim: BTreeMap<Claim, Claimants>,
+}
+
+/// The services claiming one destination, sorted. Nearly every claim has one claimant, and
+/// a large cluster tens of thousands of claims: one is kept inline, with no allocation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Claimants {
+    One(ServiceKey),
+    Many(Vec<ServiceKey>),
+}
+
+impl Claimants {
+    fn as_slice(&self) -> &[ServiceKey] {
+        match self {
+            Claimants::One(key) => std::slice::from_ref(key),
+            Claimants::Many(keys) => keys,
+        }
+    }
+
+    fn add(&mut self, key: &ServiceKey) {
+        let Err(at) = self.as_slice().binary_search(key) else { return };
+        let mut keys = match std::mem::replace(self, Claimants::Many(Vec::new())) {
+            Claimants::One(only) => vec![only],
+            Claimants::Many(keys) => keys,
+        };
+        keys.insert(at, key.clone());
+        *self = Claimants::Many(keys);
+    }
+
+    /// Removes `key`; false when no claimant is left.
+    fn remove(&mut self, key: &ServiceKey) -> bool {
+        match self {
+            Claimants::One(only) => only != key,
+            Claimants::Many(keys) => {
+                keys.retain(|k| k != key);
+                if let [only] = keys.as_slice() {
+                    *self = Claimants::One(only.clone());
+                }
+                !self.as_slice().is_empty()
+            }
+        }
+    }
 }
 
 impl Claims {
@@ -80,20 +122,22 @@ impl Claims {
         let mut touched = BTreeSet::new();
         for claim in before.iter().filter(|c| claims.binary_search(c).is_err()) {
             if let Some(claimants) = self.by_claim.get_mut(claim) {
-                claimants.retain(|k| k != key);
-                touched.extend(claimants.iter().cloned());
-                if claimants.is_empty() {
+                let left = claimants.remove(key);
+                touched.extend(claimants.as_slice().iter().filter(|k| *k != key).cloned());
+                if !left {
                     self.by_claim.remove(claim);
                 }
             }
         }
         for claim in claims.iter().filter(|c| before.binary_search(c).is_err()) {
-            // Nearly every claim has one claimant: room for one, not the four a first push
-            // would make (tens of thousands of claims in a large cluster).
-            let claimants = self.by_claim.entry(*claim).or_insert_with(|| Vec::with_capacity(1));
-            touched.extend(claimants.iter().cloned());
-            if let Err(at) = claimants.binary_search(key) {
-                claimants.insert(at, key.clone());
+            match self.by_claim.entry(*claim) {
+                Entry::Vacant(entry) => {
+                    entry.insert(Claimants::One(key.clone()));
+                }
+                Entry::Occupied(mut entry) => {
+                    touched.extend(entry.get().as_slice().iter().cloned());
+                    entry.get_mut().add(key);
+                }
             }
         }
         touched.remove(key);
@@ -102,6 +146,27 @@ impl Claims {
 
     /// The services claiming `claim`.
     pub fn claimants(&self, claim: &Claim) -> &[ServiceKey] {
-        self.by_claim.get(claim).map(Vec::as_slice).unwrap_or_default()
+        self.by_claim.get(claim).map(Claimants::as_slice).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn claimants_come_and_go_in_order_and_an_unclaimed_destination_is_forgotten() {
+        let claim = Claim::NodePort(Protocol::Tcp, 30080);
+        let [a, b, c] = ["a", "b", "c"].map(|name| ServiceKey::new("ns", name));
+        let mut claims = Claims::default();
+        assert!(claims.update(&b, &[], &[claim]).is_empty());
+        assert_eq!(claims.update(&c, &[], &[claim]), BTreeSet::from([b.clone()]));
+        assert_eq!(claims.update(&a, &[], &[claim]), BTreeSet::from([b.clone(), c.clone()]));
+        assert_eq!(claims.claimants(&claim), [a.clone(), b.clone(), c.clone()]);
+        assert_eq!(claims.update(&b, &[claim], &[]), BTreeSet::from([a.clone(), c.clone()]));
+        assert_eq!(claims.update(&a, &[claim], &[]), BTreeSet::from([c.clone()]));
+        assert_eq!(claims.claimants(&claim), std::slice::from_ref(&c));
+        assert!(claims.update(&c, &[claim], &[]).is_empty());
+        assert!(claims.claimants(&claim).is_empty() && claims.by_claim.is_empty());
     }
 }
