@@ -208,8 +208,10 @@ impl NftBackend {
     }
 }
 
-/// How many services a cold start renders at a time (on a thread per core).
-const RENDER_PART: usize = 4096;
+/// How many services a cold start renders at a time (on a thread per core): few enough
+/// that a part's rendered elements (about 18,000 at four endpoints a service) weigh little
+/// beside a transaction's, many enough that the threads are worth starting.
+const RENDER_PART: usize = 1024;
 
 /// A cold start's transactions after the skeleton, as they are handed to the committer.
 struct Runs<'t> {
