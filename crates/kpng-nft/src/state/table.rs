@@ -64,17 +64,25 @@ impl Table {
 
     pub(super) fn remove(&mut self, id: &PackedId) {
         match self {
-            Table::Set(set) => set.remove(id),
-            Table::Map(map) => map.remove(id).map(|h| h.owner),
-        };
+            Table::Set(set) => {
+                set.remove(id);
+            }
+            Table::Map(map) => {
+                map.remove(id);
+            }
+        }
     }
 
     /// Sets the holder of `id`, present or not.
     pub(super) fn put(&mut self, id: PackedId, holder: Holder) {
         match self.for_value(holder.value) {
-            Table::Set(set) => set.insert(id, holder.owner),
-            Table::Map(map) => map.insert(id, holder).map(|h| h.owner),
-        };
+            Table::Set(set) => {
+                set.insert(id, holder.owner);
+            }
+            Table::Map(map) => {
+                map.insert(id, holder);
+            }
+        }
     }
 
     /// Adds `id` with `holder` if the table does not hold it (true); otherwise leaves the
