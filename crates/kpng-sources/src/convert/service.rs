@@ -83,7 +83,7 @@ fn reduce(
             if service_type == ServiceType::LoadBalancer
                 && external_traffic_policy == TrafficPolicy::Local =>
         {
-            port_number(p, "spec.healthCheckNodePort")?
+            port_number(p, || "spec.healthCheckNodePort".into())?
         }
         _ => None,
     };
@@ -125,16 +125,19 @@ fn cluster_ips(spec: &ServiceSpec) -> Result<(Vec<IpAddr>, Vec<FieldError>), Fie
         if text.is_empty() || text == "None" {
             continue;
         }
-        let at =
-            if field == "spec.clusterIPs" { format!("{field}[{i}]") } else { field.to_string() };
-        let ip = parse_ip(text).map_err(|e| FieldError::new(&at, e))?;
+        // Named only when something is wrong: formatting it for every address costs more
+        // than parsing the address.
+        let at = || {
+            if field == "spec.clusterIPs" { format!("{field}[{i}]") } else { field.to_string() }
+        };
+        let ip = parse_ip(text).map_err(|e| FieldError::new(at(), e))?;
         if let Some(what) = not_a_service_address(&ip) {
             let family = Family::of(&ip);
             let reason = format!(
                 "{ip} is {what}, not a service address: ignored (the service is not proxied \
                  in {family})"
             );
-            doubtful.push(FieldError::new(at, reason));
+            doubtful.push(FieldError::new(at(), reason));
         } else if !out.iter().any(|o| Family::of(o) == Family::of(&ip)) {
             out.push(ip);
         }
@@ -158,17 +161,21 @@ fn not_a_service_address(ip: &IpAddr) -> Option<&'static str> {
     }
 }
 
-fn port_number(value: i64, field: &str) -> Result<Option<u16>, FieldError> {
+/// A port number; 0 means none. `field` names the field when the number is out of range.
+fn port_number(value: i64, field: impl FnOnce() -> String) -> Result<Option<u16>, FieldError> {
     match value {
         0 => Ok(None),
         1..=65535 => Ok(Some(value as u16)),
-        _ => Err(FieldError::new(field, format!("port {value} out of range 1-65535"))),
+        _ => Err(FieldError::new(field(), format!("port {value} out of range 1-65535"))),
     }
 }
 
-/// Parses a protocol field; absent means TCP.
-pub(crate) fn protocol(value: Option<&str>, field: &str) -> Result<Protocol, FieldError> {
-    value.unwrap_or("TCP").parse().map_err(|e| FieldError::new(field, e))
+/// Parses a protocol field; absent means TCP. `field` names the field when it is invalid.
+pub(crate) fn protocol(
+    value: Option<&str>,
+    field: impl FnOnce() -> String,
+) -> Result<Protocol, FieldError> {
+    value.unwrap_or("TCP").parse().map_err(|e| FieldError::new(field(), e))
 }
 
 fn ports(spec: &ServiceSpec) -> Result<Vec<ServicePort>, FieldError> {
@@ -176,21 +183,25 @@ fn ports(spec: &ServiceSpec) -> Result<Vec<ServicePort>, FieldError> {
     for (i, p) in spec.ports.iter().flatten().enumerate() {
         let at = |f: &str| format!("spec.ports[{i}].{f}");
         let number = p.port.ok_or_else(|| FieldError::new(at("port"), "missing"))?;
-        let port = port_number(number, &at("port"))?
+        let port = port_number(number, || at("port"))?
             .ok_or_else(|| FieldError::new(at("port"), "must not be 0"))?;
         let target_port = match &p.target_port {
             None => TargetPort::Number(port),
             Some(IntOrString::Int(n)) => {
-                TargetPort::Number(port_number(*n, &at("targetPort"))?.unwrap_or(port))
+                TargetPort::Number(port_number(*n, || at("targetPort"))?.unwrap_or(port))
             }
             Some(IntOrString::String(s)) if s.is_empty() => TargetPort::Number(port),
             Some(IntOrString::String(s)) => TargetPort::Name(s.clone()),
         };
         out.push(ServicePort {
             name: p.name.clone().unwrap_or_default(),
-            protocol: protocol(p.protocol.as_deref(), &at("protocol"))?,
+            protocol: protocol(p.protocol.as_deref(), || at("protocol"))?,
             port,
-            node_port: p.node_port.map(|n| port_number(n, &at("nodePort"))).transpose()?.flatten(),
+            node_port: p
+                .node_port
+                .map(|n| port_number(n, || at("nodePort")))
+                .transpose()?
+                .flatten(),
             target_port,
         });
     }

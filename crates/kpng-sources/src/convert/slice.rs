@@ -84,7 +84,7 @@ fn slice_ports(ports: &[EndpointPort]) -> Result<Vec<SlicePort>, FieldError> {
         })?;
         out.push(SlicePort {
             name: p.name.clone().unwrap_or_default(),
-            protocol: protocol(p.protocol.as_deref(), &format!("ports[{i}].protocol"))?,
+            protocol: protocol(p.protocol.as_deref(), || format!("ports[{i}].protocol"))?,
             port,
         });
     }
@@ -97,11 +97,12 @@ fn convert_endpoint(
     family: Family,
 ) -> Result<Option<Endpoint>, FieldError> {
     let Some(text) = e.addresses.as_ref().and_then(|a| a.first()) else { return Ok(None) };
-    let field = format!("endpoints[{i}].addresses[0]");
-    let address = parse_ip(text).map_err(|err| FieldError::new(field.clone(), err))?;
+    // Named only when something is wrong (a hundred thousand endpoints at a cold start).
+    let field = || format!("endpoints[{i}].addresses[0]");
+    let address = parse_ip(text).map_err(|err| FieldError::new(field(), err))?;
     if Family::of(&address) != family {
         return Err(FieldError::new(
-            field,
+            field(),
             format!("{address} is not an {family} address as addressType says"),
         ));
     }
