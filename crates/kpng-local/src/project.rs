@@ -177,9 +177,12 @@ fn sets_used(service: &Service, externally_accessible: bool) -> SetsUsed {
     }
 }
 
-/// The endpoints of `family` that serve `port`, one per IP and port number: a
-/// non-terminating copy wins over a terminating one, otherwise the first copy (in slice
-/// order) is kept.
+/// Up to how many candidates [`port_candidates`] scans for copies of an endpoint.
+const SCANNED_CANDIDATES: usize = 32;
+
+/// The endpoints of `family` that serve `port`, one per IP and port number: a copy (in
+/// slice order) replaces the one before it unless it is terminating, so a non-terminating
+/// copy wins over a terminating one and a terminating copy never replaces another.
 fn port_candidates<'m>(
     model: &'m GlobalModel,
     key: &ServiceKey,
@@ -187,18 +190,32 @@ fn port_candidates<'m>(
     port: &ServicePort,
 ) -> Vec<(&'m Endpoint, u16)> {
     let mut candidates: Vec<(&Endpoint, u16)> = Vec::new();
-    let mut index: HashMap<(IpAddr, u16), usize> = HashMap::new();
+    // Copies are found by a scan while there are few candidates (nearly every service),
+    // by an index beyond.
+    let mut index: Option<HashMap<(IpAddr, u16), usize>> = None;
     for slice in model.slices_of(key).filter(|s| s.family == family) {
         let numbers =
             slice.ports.iter().filter(|p| p.name == port.name && p.protocol == port.protocol);
         for number in numbers.map(|p| p.port) {
             for endpoint in slice.endpoints.iter().filter(|e| Family::of(&e.address) == family) {
-                match index.get(&(endpoint.address, number)) {
+                let copy = match &index {
+                    Some(index) => index.get(&(endpoint.address, number)).copied(),
+                    None => candidates
+                        .iter()
+                        .position(|(e, n)| e.address == endpoint.address && *n == number),
+                };
+                match copy {
                     None => {
-                        index.insert((endpoint.address, number), candidates.len());
+                        if let Some(index) = &mut index {
+                            index.insert((endpoint.address, number), candidates.len());
+                        }
                         candidates.push((endpoint, number));
+                        if index.is_none() && candidates.len() > SCANNED_CANDIDATES {
+                            let at = candidates.iter().enumerate();
+                            index = Some(at.map(|(i, (e, n))| ((e.address, *n), i)).collect());
+                        }
                     }
-                    Some(&i) if !endpoint.terminating => candidates[i] = (endpoint, number),
+                    Some(i) if !endpoint.terminating => candidates[i] = (endpoint, number),
                     Some(_) => {}
                 }
             }

@@ -79,6 +79,36 @@ fn duplicate_endpoints_count_once_and_non_terminating_wins() {
 }
 
 #[test]
+fn copies_count_once_and_non_terminating_wins_among_few_or_many_endpoints() {
+    // Few endpoints are scanned for copies; beyond, an index takes over.
+    for count in [4, SCANNED_CANDIDATES as u8 + 8] {
+        let svc = service("ns", "web", &["10.96.0.1"], &[HTTP]);
+        let copy = |i: u8, node: &str, dying: bool| {
+            let mut e = endpoint(&format!("10.0.0.{i}"), node);
+            (e.ready, e.terminating) = (!dying, dying);
+            e
+        };
+        // Every endpoint twice, first on node b then on this node: the even ones dying then
+        // ready, the odd ones ready twice. A later copy replaces one before it unless it
+        // is terminating.
+        let first = (1..=count).map(|i| copy(i, "b", i % 2 == 0)).collect();
+        let later = (1..=count).map(|i| copy(i, "a", false)).collect();
+        let http = &[("http", Protocol::Tcp, 8080)];
+        let s1 = slice("ns", "web-1", "web", http, first);
+        let s2 = slice("ns", "web-2", "web", http, later);
+        let objects =
+            vec![Object::Service(svc), Object::EndpointSlice(s1), Object::EndpointSlice(s2)];
+        let state = project_service(&model(objects), &key(), &view()).unwrap();
+        assert_eq!(state.endpoints.len(), usize::from(count));
+        for ep in state.endpoints.values() {
+            assert!(ep.ready && !ep.terminating && ep.local, "{} kept the first copy", ep.ip);
+            let once = vec![port("http", Protocol::Tcp, 8080, true, false)];
+            assert_eq!(ep.ports, once, "{} of {count}", ep.ip);
+        }
+    }
+}
+
+#[test]
 fn each_family_stands_alone() {
     let svc = service("ns", "web", &["10.96.0.1", "fd00::1"], &[HTTP]);
     let s4 = slice(
