@@ -120,14 +120,12 @@ impl Hints {
     }
 }
 
+/// No hint, as serialized: two empty lists.
+const NO_HINTS: HintLists = HintLists { zone_hints: Vec::new(), node_hints: Vec::new() };
+
 impl Serialize for Hints {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        #[derive(Serialize)]
-        struct Lists<'a> {
-            zone_hints: &'a [String],
-            node_hints: &'a [String],
-        }
-        Lists { zone_hints: self.zones(), node_hints: self.nodes() }.serialize(serializer)
+        self.0.as_deref().unwrap_or(&NO_HINTS).serialize(serializer)
     }
 }
 
