@@ -312,7 +312,7 @@ pub fn decode_endpoint(wire: &localv1::Endpoint, path: &str) -> Result<LocalEndp
         serving: wire.serving,
         terminating: wire.terminating,
         pod_name: (!wire.pod_name.is_empty()).then(|| wire.pod_name.as_str().into()),
-        ports,
+        ports: ports.into(),
     })
 }
 

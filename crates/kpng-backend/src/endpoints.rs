@@ -47,7 +47,7 @@ mod tests {
             serving: true,
             terminating: false,
             pod_name: None,
-            ports: vec![EndpointPort { name: "p".into(), protocol, port: 8080, cluster, local }],
+            ports: [EndpointPort { name: "p".into(), protocol, port: 8080, cluster, local }].into(),
         }
     }
 

@@ -156,8 +156,9 @@ pub struct LocalEndpoint {
     pub terminating: bool,
     /// The pod behind the endpoint (shared with the global model's endpoint).
     pub pod_name: Option<Arc<str>>,
-    /// The service ports it serves on this node, sorted; never empty.
-    pub ports: Vec<EndpointPort>,
+    /// The service ports it serves on this node, sorted; never empty. Endpoints of a
+    /// service that serve the same ports in the same sets share one list.
+    pub ports: Arc<[EndpointPort]>,
 }
 
 /// A service and the endpoints this node may use for it.
@@ -296,7 +297,7 @@ mod tests {
             serving: ready,
             terminating: false,
             pod_name: None,
-            ports: Vec::new(),
+            ports: Arc::new([]),
         }
     }
 

@@ -43,7 +43,8 @@ fn old_fields_are_filled_for_old_clients() {
             port: 8080,
             cluster: true,
             local: true,
-        }],
+        }]
+        .into(),
     };
     let item = encode_op(&Op::Set(Item::Endpoint { service: key, endpoint }));
     let Some(op_item::Op::Set(value)) = item.op else { panic!("not a set: {item:?}") };

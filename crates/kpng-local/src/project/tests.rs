@@ -46,7 +46,7 @@ fn endpoint_ports_match_service_ports_by_name_and_protocol() {
     .unwrap();
     let ep = &state.endpoints[&"10.0.0.1".parse().unwrap()];
     // dns/TCP does not serve dns/UDP; the endpoint port number comes from the slice.
-    assert_eq!(ep.ports, vec![port("http", Protocol::Tcp, 8080, true, false)]);
+    assert_eq!(*ep.ports, [port("http", Protocol::Tcp, 8080, true, false)]);
     assert!(!ep.local);
     assert_eq!(state.service.ports[0].has_endpoints, PerFamily { v4: true, v6: false });
     assert_eq!(state.service.ports[1].has_endpoints, PerFamily { v4: false, v6: false });
@@ -75,7 +75,7 @@ fn duplicate_endpoints_count_once_and_non_terminating_wins() {
     assert_eq!(state.endpoints.len(), 1);
     let ep = state.endpoints.values().next().unwrap();
     assert!(ep.ready && !ep.terminating && ep.local);
-    assert_eq!(ep.ports, vec![port("http", Protocol::Tcp, 8080, true, false)]);
+    assert_eq!(*ep.ports, [port("http", Protocol::Tcp, 8080, true, false)]);
 }
 
 #[test]
@@ -102,8 +102,8 @@ fn copies_count_once_and_non_terminating_wins_among_few_or_many_endpoints() {
         assert_eq!(state.endpoints.len(), usize::from(count));
         for ep in state.endpoints.values() {
             assert!(ep.ready && !ep.terminating && ep.local, "{} kept the first copy", ep.ip);
-            let once = vec![port("http", Protocol::Tcp, 8080, true, false)];
-            assert_eq!(ep.ports, once, "{} of {count}", ep.ip);
+            let once = [port("http", Protocol::Tcp, 8080, true, false)];
+            assert_eq!(*ep.ports, once, "{} of {count}", ep.ip);
         }
     }
 }
@@ -202,8 +202,8 @@ fn external_policy_local_uses_both_sets() {
     );
     let local = &state.endpoints[&"10.0.0.1".parse().unwrap()];
     let remote = &state.endpoints[&"10.0.0.2".parse().unwrap()];
-    assert_eq!(local.ports, vec![port("http", Protocol::Tcp, 8080, true, true)]);
-    assert_eq!(remote.ports, vec![port("http", Protocol::Tcp, 8080, true, false)]);
+    assert_eq!(*local.ports, [port("http", Protocol::Tcp, 8080, true, true)]);
+    assert_eq!(*remote.ports, [port("http", Protocol::Tcp, 8080, true, false)]);
 }
 
 #[test]
@@ -269,4 +269,41 @@ fn projecting_on_several_threads_gives_what_one_thread_gives() {
     for threads in [2, 3, 7] {
         assert_eq!(project_services_on(&model, &keys, &view(), threads), one, "{threads} threads");
     }
+}
+
+#[test]
+fn endpoints_serving_the_same_ports_share_one_list() {
+    let mut svc = service("ns", "web", &["10.96.0.1"], &[HTTP, DNS]);
+    // NodePorts with externalTrafficPolicy Local: a local endpoint is in both sets.
+    svc.service_type = ServiceType::NodePort;
+    svc.external_traffic_policy = TrafficPolicy::Local;
+    svc.ports[0].node_port = Some(30080);
+    svc.ports[1].node_port = Some(30053);
+    let ports = &[("http", Protocol::Tcp, 8080), ("dns", Protocol::Udp, 5353)];
+    let endpoints = ["10.0.0.1", "10.0.0.2", "10.0.0.3"].map(|ip| endpoint(ip, "b"));
+    let mut local = endpoint("10.0.0.4", "a");
+    local.pod_name = Some("web-local".into());
+    let s1 = slice("ns", "web-1", "web", ports, [endpoints.to_vec(), vec![local]].concat());
+    // Another port number: a list of its own.
+    let s2 = slice("ns", "web-2", "web", &[("http", Protocol::Tcp, 9090)], {
+        vec![endpoint("10.0.0.5", "b")]
+    });
+    let objects = vec![Object::Service(svc), Object::EndpointSlice(s1), Object::EndpointSlice(s2)];
+    let state = project_service(&model(objects), &key(), &view()).unwrap();
+    let ports_of = |ip: &str| state.endpoints[&ip.parse().unwrap()].ports.clone();
+    let remote = ports_of("10.0.0.1");
+    assert_eq!(
+        *remote,
+        [
+            port("dns", Protocol::Udp, 5353, true, false),
+            port("http", Protocol::Tcp, 8080, true, false)
+        ]
+    );
+    for ip in ["10.0.0.2", "10.0.0.3"] {
+        assert!(Arc::ptr_eq(&remote, &ports_of(ip)), "{ip} shares the list of 10.0.0.1");
+    }
+    let local = ports_of("10.0.0.4");
+    assert!(local.iter().all(|p| p.local), "the local endpoint is in the Local set");
+    assert!(!Arc::ptr_eq(&remote, &local));
+    assert_eq!(*ports_of("10.0.0.5"), [port("http", Protocol::Tcp, 9090, true, false)]);
 }

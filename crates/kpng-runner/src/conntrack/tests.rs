@@ -62,7 +62,8 @@ fn endpoint(ip: &str, ready: bool, serving: bool, cluster: bool) -> LocalEndpoin
             port: 53,
             cluster,
             local: false,
-        }],
+        }]
+        .into(),
     }
 }
 
