@@ -79,6 +79,7 @@ mod nft;
 mod nftlb;
 mod plot;
 mod probe;
+mod projection;
 mod restart;
 mod storm;
 mod syscalls;
@@ -185,6 +186,13 @@ struct Cli {
     /// Restart: services in the cluster kpng finds.
     #[arg(long, default_value_t = 100)]
     restart_kept: usize,
+    /// Projection of the whole node state from the model: cluster sizes (services),
+    /// comma-separated (0 skips it); endpoints as --endpoints.
+    #[arg(long, value_delimiter = ',', default_value = "1000")]
+    projection_services: Vec<usize>,
+    /// Projection: repetitions per size.
+    #[arg(long, default_value_t = 10)]
+    projection_repeat: usize,
     /// Storm: real endpoint changes per second sent to the kpng binary, comma-separated (0
     /// skips the scenario; needs the kpng binary built).
     #[arg(long, value_delimiter = ',', default_value = "10,100,1000")]
@@ -258,6 +266,14 @@ fn main() -> anyhow::Result<()> {
     if !restart_rows.is_empty() {
         println!();
         restart::print(&restart_rows);
+    }
+    let mut projection_rows = Vec::new();
+    for &services in cli.projection_services.iter().filter(|s| **s > 0) {
+        projection_rows.push(projection::run(services, cli.endpoints, cli.projection_repeat)?);
+    }
+    if !projection_rows.is_empty() {
+        println!();
+        projection::print(&projection_rows);
     }
     let mut kube_rows = Vec::new();
     for &services in cli.kube_services.iter().filter(|s| **s > 0) {
