@@ -122,7 +122,10 @@ pub fn project_service(
 ) -> Option<LocalServiceState> {
     let service = model.service(key)?;
     let mut local = local_service(model, service);
-    let mut endpoints: BTreeMap<IpAddr, EndpointDraft<'_>> = BTreeMap::new();
+    // Each endpoint's preferred copy, and every (endpoint, port) it serves: one list for
+    // the service, not one per endpoint.
+    let mut endpoints: BTreeMap<IpAddr, &Endpoint> = BTreeMap::new();
+    let mut served: Vec<(IpAddr, EndpointPort)> = Vec::new();
 
     for family in Family::ALL {
         if service.cluster_ip(family).is_none() {
@@ -148,23 +151,46 @@ pub fn project_service(
                 if !(cluster || local || serving) {
                     continue;
                 }
-                let draft = endpoints
-                    .entry(endpoint.address)
-                    .or_insert_with(|| EndpointDraft::new(endpoint, service.ports.len()));
-                draft.prefer(endpoint);
-                draft.ports.push(EndpointPort {
+                let preferred = endpoints.entry(endpoint.address).or_insert(endpoint);
+                // Endpoint-level conditions come from a non-terminating copy when there is one.
+                if preferred.terminating && !endpoint.terminating {
+                    *preferred = endpoint;
+                }
+                let port = EndpointPort {
                     name: name.clone(),
                     protocol: port.protocol,
                     port: *number,
                     cluster,
                     local,
-                });
+                };
+                served.push((endpoint.address, port));
             }
         }
     }
 
+    served.sort_unstable();
+    served.dedup();
     let mut lists = PortLists::default();
-    let endpoints = endpoints.into_values().map(|draft| draft.finish(node, &mut lists)).collect();
+    let mut rest = &served[..];
+    let endpoints = endpoints
+        .into_values()
+        .map(|e| {
+            // `served` is sorted by address, as `endpoints` is, and each endpoint serves at
+            // least one port.
+            let count = rest.iter().take_while(|(ip, _)| *ip == e.address).count();
+            let (ports, tail) = rest.split_at(count);
+            rest = tail;
+            LocalEndpoint {
+                ip: e.address,
+                local: node.is_local(e),
+                ready: e.ready,
+                serving: e.serving,
+                terminating: e.terminating,
+                pod_name: e.pod_name.clone(),
+                ports: lists.share(ports.iter().map(|(_, port)| port)),
+            }
+        })
+        .collect();
     Some(LocalServiceState { service: local, endpoints })
 }
 
@@ -295,44 +321,6 @@ fn local_service(model: &GlobalModel, service: &Service) -> LocalService {
     }
 }
 
-/// An endpoint being assembled from its copies across ports and slices.
-struct EndpointDraft<'m> {
-    preferred: &'m Endpoint,
-    ports: Vec<EndpointPort>,
-}
-
-impl<'m> EndpointDraft<'m> {
-    /// A draft for an endpoint of a service with `ports` ports. An address is of one
-    /// family, so it usually serves each port once: the list is allocated once, at its
-    /// final size (it was grown from four, then shrunk, an allocation per endpoint more,
-    /// contended between the threads projecting a large cluster).
-    fn new(endpoint: &'m Endpoint, ports: usize) -> Self {
-        EndpointDraft { preferred: endpoint, ports: Vec::with_capacity(ports) }
-    }
-
-    /// Endpoint-level conditions come from a non-terminating copy when there is one.
-    fn prefer(&mut self, endpoint: &'m Endpoint) {
-        if self.preferred.terminating && !endpoint.terminating {
-            self.preferred = endpoint;
-        }
-    }
-
-    fn finish(mut self, node: &NodeView<'_>, lists: &mut PortLists) -> LocalEndpoint {
-        self.ports.sort();
-        self.ports.dedup();
-        let e = self.preferred;
-        LocalEndpoint {
-            ip: e.address,
-            local: node.is_local(e),
-            ready: e.ready,
-            serving: e.serving,
-            terminating: e.terminating,
-            pod_name: e.pod_name.clone(),
-            ports: lists.share(self.ports),
-        }
-    }
-}
-
 /// Up to how many distinct port lists [`PortLists`] keeps for a service.
 const SHARED_LISTS: usize = 8;
 
@@ -344,11 +332,15 @@ struct PortLists(Vec<Arc<[EndpointPort]>>);
 
 impl PortLists {
     /// `ports` as a list equal to it that an earlier endpoint has, or as a new one.
-    fn share(&mut self, ports: Vec<EndpointPort>) -> Arc<[EndpointPort]> {
-        if let Some(list) = self.0.iter().find(|list| ***list == *ports) {
+    fn share<'p>(
+        &mut self,
+        ports: impl Iterator<Item = &'p EndpointPort> + Clone,
+    ) -> Arc<[EndpointPort]> {
+        let equal = |list: &&Arc<[EndpointPort]>| list.iter().eq(ports.clone());
+        if let Some(list) = self.0.iter().find(equal) {
             return list.clone();
         }
-        let list: Arc<[EndpointPort]> = ports.into();
+        let list: Arc<[EndpointPort]> = ports.cloned().collect();
         if self.0.len() < SHARED_LISTS {
             self.0.push(list.clone());
         }
