@@ -135,9 +135,9 @@ mod tests {
         ];
         for (map, key, value) in cases {
             let dumped = DumpedElement {
-                key: key_bytes(&key, false),
-                key_end: matches!(key, Key::DestSource(..)).then(|| key_bytes(&key, true)),
-                value: value_bytes(&value),
+                key: key_bytes(&key, false).to_vec(),
+                key_end: matches!(key, Key::DestSource(..)).then(|| key_bytes(&key, true).to_vec()),
+                value: value_bytes(&value).map(|v| v.to_vec()),
                 verdict: None,
                 flags: 0,
             };

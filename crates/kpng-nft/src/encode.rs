@@ -11,7 +11,7 @@ use kpng_netlink::nftables::objects::{Element, ElementData, Table};
 
 use crate::objects::{Dest, Key, TABLE, Value, affinity_chain, proto_family};
 use crate::plan::{Command, Plan};
-use crate::rules::{ip_bytes, protocol_number};
+use crate::rules::protocol_number;
 use crate::text::{element_text, key_text};
 
 /// Appends the plan's commands to `batch`.
@@ -62,55 +62,85 @@ fn batch_id(batch: &Batch) -> u32 {
     batch.message_count() as u32 + 1
 }
 
-/// A port in network order, padded to a register slot.
-fn port_bytes(port: u16) -> [u8; 4] {
-    let [a, b] = port.to_be_bytes();
-    [a, b, 0, 0]
+/// A key or value as the kernel lays it out, built in place: encoding half a million
+/// elements at a cold start allocated a few times per element, on the thread that then
+/// waits for the kernel. The longest key (an IPv6 destination and source range) takes 40
+/// bytes.
+#[derive(Clone, Copy)]
+pub struct Bytes {
+    buf: [u8; 40],
+    len: usize,
 }
 
-fn proto_bytes(protocol: Protocol) -> [u8; 4] {
-    [protocol_number(protocol), 0, 0, 0]
+impl Bytes {
+    fn new() -> Self {
+        Bytes { buf: [0; 40], len: 0 }
+    }
+
+    fn put(mut self, bytes: &[u8]) -> Self {
+        self.buf[self.len..self.len + bytes.len()].copy_from_slice(bytes);
+        self.len += bytes.len();
+        self
+    }
+
+    fn ip(self, ip: &IpAddr) -> Self {
+        match ip {
+            IpAddr::V4(v4) => self.put(&v4.octets()),
+            IpAddr::V6(v6) => self.put(&v6.octets()),
+        }
+    }
+
+    /// A port in network order, padded to a register slot.
+    fn port(self, port: u16) -> Self {
+        let [a, b] = port.to_be_bytes();
+        self.put(&[a, b, 0, 0])
+    }
+
+    fn protocol(self, protocol: Protocol) -> Self {
+        self.put(&[protocol_number(protocol), 0, 0, 0])
+    }
+
+    /// A `numgen` result, in host order.
+    fn slot(self, slot: u32) -> Self {
+        self.put(&slot.to_ne_bytes())
+    }
+
+    fn dest(self, dest: &Dest) -> Self {
+        self.ip(&dest.ip).protocol(dest.protocol).port(dest.port)
+    }
 }
 
-fn dest_bytes(dest: &Dest) -> Vec<u8> {
-    let mut bytes = ip_bytes(&dest.ip);
-    bytes.extend_from_slice(&proto_bytes(dest.protocol));
-    bytes.extend_from_slice(&port_bytes(dest.port));
-    bytes
+impl std::ops::Deref for Bytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
 }
 
 /// The bytes of a key; for interval keys, `end` selects the last address of the range.
-pub fn key_bytes(key: &Key, end: bool) -> Vec<u8> {
+pub fn key_bytes(key: &Key, end: bool) -> Bytes {
+    let bytes = Bytes::new();
     match key {
-        Key::Addr(ip) => ip_bytes(ip),
-        Key::Dest(dest) => dest_bytes(dest),
-        Key::NodePort(protocol, port) => [proto_bytes(*protocol), port_bytes(*port)].concat(),
-        Key::DestSlot(dest, slot) => {
-            let mut bytes = dest_bytes(dest);
-            bytes.extend_from_slice(&slot.to_ne_bytes());
-            bytes
-        }
+        Key::Addr(ip) => bytes.ip(ip),
+        Key::Dest(dest) => bytes.dest(dest),
+        Key::NodePort(protocol, port) => bytes.protocol(*protocol).port(*port),
+        Key::DestSlot(dest, slot) => bytes.dest(dest).slot(*slot),
         Key::NodePortSlot(protocol, port, slot) => {
-            [proto_bytes(*protocol), port_bytes(*port), slot.to_ne_bytes()].concat()
+            bytes.protocol(*protocol).port(*port).slot(*slot)
         }
-        Key::AddrPair(a, b) => [ip_bytes(a), ip_bytes(b)].concat(),
+        Key::AddrPair(a, b) => bytes.ip(a).ip(b),
         Key::DestSource(dest, net) => {
-            let mut bytes = dest_bytes(dest);
             let ip: IpAddr = if end { net.broadcast() } else { net.network() };
-            bytes.extend_from_slice(&ip_bytes(&ip));
-            bytes
+            bytes.dest(dest).ip(&ip)
         }
     }
 }
 
 /// The bytes of a map value (`None` for set elements and verdicts).
-pub fn value_bytes(value: &Value) -> Option<Vec<u8>> {
+pub fn value_bytes(value: &Value) -> Option<Bytes> {
     match value {
-        Value::Endpoint(ip, port) => {
-            let mut bytes = ip_bytes(ip);
-            bytes.extend_from_slice(&port_bytes(*port));
-            Some(bytes)
-        }
+        Value::Endpoint(ip, port) => Some(Bytes::new().ip(ip).port(*port)),
         Value::None | Value::Affinity(_) => None,
     }
 }
@@ -127,11 +157,27 @@ mod tests {
     fn concatenated_keys_use_one_register_slot_per_field() {
         // nft --debug=netlink: element 0100600a 00000006 00005000 00000000
         let key = Key::DestSlot(dest("10.96.0.1", Protocol::Tcp, 80), 0);
-        assert_eq!(key_bytes(&key, false), [10, 96, 0, 1, 6, 0, 0, 0, 0, 80, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(*key_bytes(&key, false), [10, 96, 0, 1, 6, 0, 0, 0, 0, 80, 0, 0, 0, 0, 0, 0]);
         let key = Key::NodePortSlot(Protocol::Udp, 30053, 2);
         let mut expected = vec![17, 0, 0, 0, 0x75, 0x65, 0, 0];
         expected.extend_from_slice(&2u32.to_ne_bytes());
-        assert_eq!(key_bytes(&key, false), expected);
+        assert_eq!(*key_bytes(&key, false), expected[..]);
+    }
+
+    #[test]
+    fn the_longest_keys_fit() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let v6 = dest("2001:db8::1", Protocol::Sctp, 443);
+        let key = Key::DestSource(v6, "2001:db8:1::/48".parse().unwrap());
+        let end = key_bytes(&key, true);
+        assert_eq!(end.len(), 40);
+        assert_eq!(end[24..26], [0x20, 0x01]);
+        assert_eq!(end[30..], [0xff; 10]);
+        let pair = key_bytes(&Key::AddrPair(ip("2001:db8::1"), ip("2001:db8::2")), false);
+        assert_eq!((pair.len(), pair[15], pair[31]), (32, 1, 2));
+        let value = value_bytes(&Value::Endpoint(ip("2001:db8::9"), 8080)).unwrap();
+        assert_eq!(value[15..], [9, 0x1f, 0x90, 0, 0]);
+        assert!(value_bytes(&Value::None).is_none());
     }
 
     #[test]

@@ -384,7 +384,7 @@ impl Vm<'_> {
                 Some(RuleEnd::Verdict(Verdict::Goto(affinity_chain(hash))))
             }
             (false, Some(value), Some(dreg)) => {
-                write(path, dreg, &value_bytes(&value).unwrap_or_default());
+                write(path, dreg, value_bytes(&value).as_deref().unwrap_or_default());
                 None
             }
         }
@@ -423,9 +423,9 @@ fn matches(key: &Key, bytes: &[u8]) -> bool {
     match key {
         Key::DestSource(..) => {
             let (start, end) = (key_bytes(key, false), key_bytes(key, true));
-            start.as_slice() <= bytes && bytes <= end.as_slice()
+            *start <= *bytes && *bytes <= *end
         }
-        _ => key_bytes(key, false) == bytes,
+        _ => *key_bytes(key, false) == *bytes,
     }
 }
 
