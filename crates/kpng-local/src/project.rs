@@ -325,8 +325,9 @@ fn local_service(model: &GlobalModel, service: &Service) -> LocalService {
 const SHARED_LISTS: usize = 8;
 
 /// The port lists a service's endpoints have: nearly every endpoint of a service serves
-/// the same ports in the same sets (a local endpoint's differ), so they share one list
-/// instead of each holding its own (at 30,000 services, 120,000 lists of one port).
+/// the same ports in the same sets (a local endpoint's differ when the service uses its
+/// Local set), so they share one list instead of each holding its own (at 30,000
+/// services, 120,000 lists of one port).
 #[derive(Default)]
 struct PortLists(Vec<Arc<[EndpointPort]>>);
 

@@ -250,15 +250,36 @@ async fn bind_unix(path: &Path) -> Result<tokio::net::UnixListener, String> {
     bind_private(path)
 }
 
-/// Binds a socket that is mode 0600 from the moment it exists: the process umask is 0177
-/// for the duration of the bind (a chmod afterwards would leave a moment when others may
-/// connect). The umask is process-wide, but the window is this one call.
+/// Binds a socket that is mode 0600 from the moment others can reach it: it is bound in a
+/// new directory of mode 0700 beside `path`, made 0600 there, then linked into place (a
+/// chmod after binding at `path` would leave a moment when others may connect; a link,
+/// unlike a rename, never replaces a socket another server bound meanwhile). Nothing
+/// process-wide changes: setting the umask around the bind instead raced with any other
+/// bind at the same time, each restoring what the other set.
 fn bind_private(path: &Path) -> Result<tokio::net::UnixListener, String> {
-    use nix::sys::stat::{Mode, umask};
-    let previous = umask(Mode::from_bits_truncate(0o177));
-    let bound = tokio::net::UnixListener::bind(path);
-    umask(previous);
-    bound.map_err(|e| format!("binding {}: {e}", path.display()))
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    // Short names: a socket's path is limited to 107 bytes, and the one inside the
+    // directory is at most a few bytes longer than `path`.
+    let hidden = format!(".k{:x}.{:x}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
+    let dir = path.with_file_name(hidden);
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&dir)
+        .map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let inside = dir.join("s");
+    let bound = tokio::net::UnixListener::bind(&inside)
+        .map_err(|e| format!("binding {}: {e}", path.display()))
+        .and_then(|listener| {
+            std::fs::set_permissions(&inside, std::fs::Permissions::from_mode(0o600))
+                .and_then(|()| std::fs::hard_link(&inside, path))
+                .map(|()| listener)
+                .map_err(|e| format!("binding {}: {e}", path.display()))
+        });
+    let _ = std::fs::remove_file(&inside);
+    let _ = std::fs::remove_dir(&dir);
+    bound
 }
 
 #[cfg(test)]
@@ -275,9 +296,40 @@ mod tests {
         // Even when the process would create files open to everyone.
         let previous = umask(Mode::empty());
         let listener = bind_private(&path);
-        umask(previous);
+        let during = umask(previous);
+        assert_eq!(during, Mode::empty(), "the bind leaves the process's umask alone");
         let _listener = listener.unwrap();
         let mode = std::fs::metadata(&path).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600, "mode {mode:o} at bind time");
+        // Nothing is left beside it, and the process's umask is its own.
+        let names: Vec<_> =
+            std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names, ["kpng.sock"]);
+        let now = umask(previous);
+        assert_eq!(umask(now), previous);
+    }
+
+    #[tokio::test]
+    async fn a_bound_socket_answers_at_its_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kpng.sock");
+        let listener = bind_private(&path).unwrap();
+        let (client, accepted) =
+            tokio::join!(tokio::net::UnixStream::connect(&path), listener.accept());
+        client.unwrap();
+        accepted.unwrap();
+        // A path in a directory that does not exist is an error naming it, and a path
+        // taken meanwhile is never replaced.
+        let error = bind_private(&dir.path().join("missing/kpng.sock")).unwrap_err();
+        assert!(error.contains("missing"), "{error}");
+        let error = bind_private(&path).unwrap_err();
+        assert!(error.contains("kpng.sock") && error.contains("exists"), "{error}");
+        let names: Vec<_> =
+            std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names, ["kpng.sock"]);
+        let (client, accepted) =
+            tokio::join!(tokio::net::UnixStream::connect(&path), listener.accept());
+        client.unwrap();
+        accepted.unwrap();
     }
 }
