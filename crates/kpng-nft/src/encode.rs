@@ -62,10 +62,9 @@ fn batch_id(batch: &Batch) -> u32 {
     batch.message_count() as u32 + 1
 }
 
-/// A key or value as the kernel lays it out, built in place: encoding half a million
-/// elements at a cold start allocated a few times per element, on the thread that then
-/// waits for the kernel. The longest key (an IPv6 destination and source range) takes 40
-/// bytes.
+/// A key or value as the kernel lays it out, built in place without allocating: a cold
+/// start encodes half a million of them on the thread that then waits for the kernel. The
+/// longest key (an IPv6 destination and source range) takes 40 bytes.
 #[derive(Clone, Copy)]
 pub struct Bytes {
     buf: [u8; 40],

@@ -253,9 +253,9 @@ async fn bind_unix(path: &Path) -> Result<tokio::net::UnixListener, String> {
 /// Binds a socket that is mode 0600 from the moment others can reach it: it is bound in a
 /// new directory of mode 0700 beside `path`, made 0600 there, then linked into place (a
 /// chmod after binding at `path` would leave a moment when others may connect; a link,
-/// unlike a rename, never replaces a socket another server bound meanwhile). Nothing
-/// process-wide changes: setting the umask around the bind instead raced with any other
-/// bind at the same time, each restoring what the other set.
+/// unlike a rename, never replaces a socket another server bound meanwhile). The umask is
+/// left alone: it is process-wide, and two binds at once that set and restored it would
+/// each restore what the other set.
 fn bind_private(path: &Path) -> Result<tokio::net::UnixListener, String> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     use std::sync::atomic::{AtomicU32, Ordering};
