@@ -269,14 +269,13 @@ fn bind_private(path: &Path) -> Result<tokio::net::UnixListener, String> {
         .create(&dir)
         .map_err(|e| format!("creating {}: {e}", dir.display()))?;
     let inside = dir.join("s");
-    let bound = tokio::net::UnixListener::bind(&inside)
-        .map_err(|e| format!("binding {}: {e}", path.display()))
-        .and_then(|listener| {
-            std::fs::set_permissions(&inside, std::fs::Permissions::from_mode(0o600))
-                .and_then(|()| std::fs::hard_link(&inside, path))
-                .map(|()| listener)
-                .map_err(|e| format!("binding {}: {e}", path.display()))
-        });
+    let bind = || {
+        let listener = tokio::net::UnixListener::bind(&inside)?;
+        std::fs::set_permissions(&inside, std::fs::Permissions::from_mode(0o600))?;
+        std::fs::hard_link(&inside, path)?;
+        Ok::<_, std::io::Error>(listener)
+    };
+    let bound = bind().map_err(|e| format!("binding {}: {e}", path.display()));
     let _ = std::fs::remove_file(&inside);
     let _ = std::fs::remove_dir(&dir);
     bound
