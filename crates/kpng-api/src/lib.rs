@@ -11,7 +11,9 @@
 //! - [`global`]: global model objects ↔ `globalv1` infos, and the global stream's items.
 //! - [`load_balancing`]: the kube-nftlb load-balancing settings ↔ their wire extension.
 //! - [`wire`]: decoding helpers and [`WireError`], which names the object and field.
-//! - [`addr`]: server addresses (Unix socket or TCP) and TLS material.
+//! - [`addr`]: server addresses (Unix socket or TCP), what protects them, TLS material.
+//! - [`peer`]: a Unix socket peer's credentials, who is admitted or trusted, and where a
+//!   socket may live.
 //! - [`client`]: connecting, pulling either stream, and following a node's stream with
 //!   reconnection and backoff.
 
@@ -39,6 +41,7 @@ pub mod client;
 pub mod global;
 pub mod load_balancing;
 pub mod local;
+pub mod peer;
 pub mod wire;
 
 pub use addr::{Address, Security, SecurityError, TlsFiles};
