@@ -4,31 +4,40 @@
 //! revisions committed or refused.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use kpng_api::peer::PeerIdentity;
 use kpng_runner::Pace;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use crate::applier::Applier;
-use crate::engine::{Aggregator, Refusal, Rejection, Report};
+use crate::engine::{Aggregator, Binding, Refusal, Rejection, Report};
 use crate::metrics::Totals;
 use crate::model::Publication;
 
 /// How the daemon behaves.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DaemonOptions {
     /// How long a producer's tables outlive its connection (`--producer-lease`).
     pub lease: Duration,
     /// Least time between batches after a burst (`--min-sync-period`); zero: no limit.
     pub min_sync_period: Duration,
+    /// Where producer names' owners are saved whenever a name is first used
+    /// (`--producer-bindings`); `None`: kept in memory only.
+    pub bindings: Option<PathBuf>,
 }
 
 impl Default for DaemonOptions {
-    /// A 60 s lease, no rate limit.
+    /// A 60 s lease, no rate limit, bindings in memory.
     fn default() -> Self {
-        DaemonOptions { lease: Duration::from_secs(60), min_sync_period: Duration::ZERO }
+        DaemonOptions {
+            lease: Duration::from_secs(60),
+            min_sync_period: Duration::ZERO,
+            bindings: None,
+        }
     }
 }
 
@@ -77,6 +86,7 @@ impl Drop for Connection {
 enum Request {
     Connect {
         producer: String,
+        identity: PeerIdentity,
         outcomes: mpsc::UnboundedSender<Outcome>,
         reply: oneshot::Sender<Result<u64, Refusal>>,
     },
@@ -108,15 +118,18 @@ impl std::fmt::Debug for Request {
 }
 
 impl Handle {
-    /// Connects `producer`: its outcomes arrive on the channel returned. Refused when the
-    /// name is invalid or already connected, or the daemon stopped.
+    /// Connects `producer`, published by `identity`: its outcomes arrive on the channel
+    /// returned. Refused when the name is invalid, already connected or another identity's,
+    /// or the daemon stopped.
     pub async fn connect(
         &self,
         producer: &str,
+        identity: PeerIdentity,
     ) -> Result<(Connection, mpsc::UnboundedReceiver<Outcome>), Refusal> {
         let (outcomes, receiver) = mpsc::unbounded_channel();
         let (reply, answer) = oneshot::channel();
-        let request = Request::Connect { producer: producer.to_string(), outcomes, reply };
+        let request =
+            Request::Connect { producer: producer.to_string(), identity, outcomes, reply };
         let stopped = || Refusal::NotConnected(producer.to_string());
         self.requests.send(request).await.map_err(|_| stopped())?;
         let id = answer.await.map_err(|_| stopped())??;
@@ -161,10 +174,23 @@ pub fn spawn(
         connections: BTreeMap::new(),
         next_id: 0,
         pace: Pace::new(options.min_sync_period),
+        bindings: options.bindings,
         observed,
         totals: Totals::default(),
     };
     (handle, tokio::spawn(daemon.run(receiver)))
+}
+
+/// Saves the names' owners after a name was first used. A failure is logged: the name
+/// stays bound while this process runs, but a restart would not know it.
+fn save_bindings(path: Option<&std::path::Path>, aggregator: &Aggregator) {
+    let Some(path) = path else { return };
+    match crate::bindings::save(path, aggregator.bindings()) {
+        Ok(()) => tracing::info!(path = %path.display(), "producer bindings saved"),
+        Err(error) => {
+            tracing::error!(%error, "producer bindings not saved: a restart would free the new name")
+        }
+    }
 }
 
 struct Daemon {
@@ -173,6 +199,7 @@ struct Daemon {
     connections: BTreeMap<String, (u64, mpsc::UnboundedSender<Outcome>)>,
     next_id: u64,
     pace: Pace,
+    bindings: Option<PathBuf>,
     observed: Arc<Mutex<(Report, Totals)>>,
     totals: Totals,
 }
@@ -212,14 +239,24 @@ impl Daemon {
     fn handle(&mut self, request: Request) {
         let Some((aggregator, _)) = self.aggregator.as_mut() else { return };
         match request {
-            Request::Connect { producer, outcomes, reply } => {
-                let result = aggregator.connect(&producer).map(|()| {
+            Request::Connect { producer, identity, outcomes, reply } => {
+                let result = aggregator.connect(&producer, &identity.key()).map(|binding| {
                     self.next_id += 1;
                     self.connections.insert(producer.clone(), (self.next_id, outcomes));
-                    self.next_id
+                    (self.next_id, binding)
                 });
-                tracing::info!(%producer, refused = result.is_err(), "producer connected");
-                let _ = reply.send(result);
+                match &result {
+                    Ok((_, binding)) => {
+                        tracing::info!(%producer, %identity, "producer connected");
+                        if *binding == Binding::New {
+                            save_bindings(self.bindings.as_deref(), aggregator);
+                        }
+                    }
+                    Err(refusal) => {
+                        tracing::warn!(%producer, %identity, %refusal, "producer refused")
+                    }
+                }
+                let _ = reply.send(result.map(|(id, _)| id));
                 self.observe();
             }
             Request::Publish { producer, id, publication } => {

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::applier::NftError;
+use crate::bindings::Bindings;
 use crate::changes::Changes;
 use crate::diff::{OWNER_COMMENT, Script, comment_owner};
 use crate::model::{ModelError, Publication, State, TableKey, check_name};
@@ -25,6 +26,28 @@ pub enum Refusal {
     /// The publication came before the producer connected.
     #[error("producer {0} is not connected")]
     NotConnected(String),
+    /// The name belongs to another identity.
+    #[error(
+        "producer {producer} belongs to {owner}, which first published it; {identity} may not \
+         publish under that name"
+    )]
+    Bound {
+        /// The producer name.
+        producer: String,
+        /// The identity it is bound to.
+        owner: String,
+        /// The identity that asked for it.
+        identity: String,
+    },
+}
+
+/// How a producer's name and the connecting identity stand.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Binding {
+    /// The name was already this identity's.
+    Known,
+    /// The name was free and is this identity's from now on (to be saved).
+    New,
 }
 
 /// A publication (or a batch's part of it) refused: returned to its producer, whose
@@ -116,12 +139,25 @@ pub struct Aggregator {
     producers: BTreeMap<String, Producer>,
     foreign: BTreeSet<TableKey>,
     lease: Duration,
+    bindings: Bindings,
 }
 
 impl Aggregator {
-    /// An aggregator whose producers keep their tables for `lease` after leaving.
+    /// An aggregator whose producers keep their tables for `lease` after leaving, with no
+    /// name bound yet.
     pub fn new(lease: Duration) -> Self {
-        Aggregator { producers: BTreeMap::new(), foreign: BTreeSet::new(), lease }
+        Aggregator::with_bindings(lease, Bindings::new())
+    }
+
+    /// An aggregator whose producer names are bound as `bindings` says (read back from the
+    /// file an earlier run saved).
+    pub fn with_bindings(lease: Duration, bindings: Bindings) -> Self {
+        Aggregator { producers: BTreeMap::new(), foreign: BTreeSet::new(), lease, bindings }
+    }
+
+    /// Every producer name with the identity that owns it.
+    pub fn bindings(&self) -> &Bindings {
+        &self.bindings
     }
 
     /// Adopts what the kernel holds (`listed`, as `nft -s list ruleset` prints it): each
@@ -143,22 +179,36 @@ impl Aggregator {
         Ok(owned.into_keys().collect())
     }
 
-    /// A producer connects: it may publish from now on, and its lease (if any) stops.
-    pub fn connect(&mut self, name: &str) -> Result<(), Refusal> {
+    /// A producer connects as `identity` ([`kpng_api::peer::PeerIdentity::key`]): it may
+    /// publish from now on, and its lease (if any) stops. A name belongs to the first
+    /// identity that connects under it, and is refused to every other, whether or not the
+    /// owner is connected or still has tables.
+    pub fn connect(&mut self, name: &str, identity: &str) -> Result<Binding, Refusal> {
         check_name("producer", name).map_err(Refusal::Name)?;
+        let binding = match self.bindings.get(name) {
+            Some(owner) if owner == identity => Binding::Known,
+            Some(owner) => {
+                return Err(Refusal::Bound {
+                    producer: name.to_string(),
+                    owner: owner.clone(),
+                    identity: identity.to_string(),
+                });
+            }
+            None => Binding::New,
+        };
         match self.producers.get_mut(name) {
             Some(producer) if producer.presence == Presence::Connected => {
-                Err(Refusal::Connected(name.to_string()))
+                return Err(Refusal::Connected(name.to_string()));
             }
-            Some(producer) => {
-                producer.presence = Presence::Connected;
-                Ok(())
-            }
+            Some(producer) => producer.presence = Presence::Connected,
             None => {
                 self.producers.insert(name.to_string(), Producer::new(Presence::Connected));
-                Ok(())
             }
         }
+        if binding == Binding::New {
+            self.bindings.insert(name.to_string(), identity.to_string());
+        }
+        Ok(binding)
     }
 
     /// A producer's connection ends: its tables stay for the lease, from `now`.

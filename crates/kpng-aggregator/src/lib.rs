@@ -37,6 +37,11 @@
 //!   table or a table the aggregator did not create is refused with an error naming the
 //!   producer, the table and its owner. Each table the aggregator creates carries the
 //!   comment `kpng-aggregator producer=NAME`.
+//! - **Identity**: a producer name belongs to the first identity that published under it
+//!   (a Unix user, or the names of a TLS client's certificate), for good: [`bindings`]
+//!   keeps the names in a file, so neither a lease that ran out nor a restart frees a name
+//!   for another identity. Who may connect at all is the server's business (a Unix socket
+//!   admits root and the users and groups allowed, TCP needs mutual TLS).
 //! - **Leases**: a producer that disconnects keeps its tables for the lease; then they are
 //!   deleted in one transaction. A producer that reconnects and publishes its whole state
 //!   changes only what differs (nothing, if nothing does).
@@ -55,6 +60,7 @@
 //! - [`applier`]: [`Applier`], with [`NftApplier`] (one `nft -f -` per batch, optionally
 //!   in a network namespace) and [`MemoryApplier`] (for tests).
 //! - [`engine`]: [`Aggregator`]: producers, ownership, leases, adoption, and the batch.
+//! - [`bindings`]: which identity owns each producer name, saved in a file.
 //! - [`updates`]: the updates from one desired state to the next (what a producer
 //!   publishes after its whole state).
 //! - [`daemon`]: the task that owns the [`Aggregator`], paces batches with the runner's
@@ -65,6 +71,7 @@
 //! - [`metrics`]: `/metrics` text, per producer.
 
 pub mod applier;
+pub mod bindings;
 pub mod changes;
 pub mod client;
 pub mod daemon;
@@ -78,7 +85,7 @@ pub mod updates;
 pub mod wire;
 
 pub use applier::{Applier, MemoryApplier, NftApplier, NftError};
-pub use engine::{Aggregator, Batch, Refusal, Rejection};
+pub use engine::{Aggregator, Batch, Binding, Refusal, Rejection};
 pub use model::{
     Chain, Family, ModelError, Publication, Set, SetKind, State, Table, TableKey, Update,
 };

@@ -4,6 +4,7 @@
 use std::pin::Pin;
 
 use kpng_api::aggregatorv1 as pb;
+use kpng_api::peer::PeerIdentity;
 use pb::aggregator_server::{Aggregator as AggregatorService, AggregatorServer};
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
@@ -45,6 +46,10 @@ impl AggregatorService for PublishService {
         &self,
         request: Request<Streaming<pb::Publication>>,
     ) -> Result<Response<Acks>, Status> {
+        // Who is publishing, as the server's transport proved it; plaintext when the
+        // service runs under a server that does not say (in-process tests).
+        let identity =
+            request.extensions().get::<PeerIdentity>().cloned().unwrap_or(PeerIdentity::Plaintext);
         let mut inbound = request.into_inner();
         let first = inbound
             .message()
@@ -55,9 +60,10 @@ impl AggregatorService for PublishService {
             return Err(Status::invalid_argument("the first publication must name the producer"));
         }
         let (connection, outcomes) =
-            self.handle.connect(&producer).await.map_err(|refusal| match refusal {
+            self.handle.connect(&producer, identity).await.map_err(|refusal| match refusal {
                 Refusal::Connected(_) => Status::already_exists(refusal.to_string()),
                 Refusal::Name(_) => Status::invalid_argument(refusal.to_string()),
+                Refusal::Bound { .. } => Status::permission_denied(refusal.to_string()),
                 Refusal::NotConnected(_) => Status::unavailable("the aggregator is stopping"),
             })?;
         let (refusals, refused) = tokio::sync::mpsc::unbounded_channel();

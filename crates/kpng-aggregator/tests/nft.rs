@@ -63,7 +63,7 @@ fn two_producers_land_in_one_transaction_per_batch() {
     let mut aggregator = Aggregator::new(LEASE);
     let now = Instant::now();
     for name in ["a", "b"] {
-        aggregator.connect(name).unwrap();
+        aggregator.connect(name, "uid:0").unwrap();
         aggregator.publish(name, whole(1, &producer_table(name))).unwrap();
     }
     let batch = aggregator.commit(&mut applier, now);
@@ -96,7 +96,7 @@ fn a_bad_producer_is_isolated() {
     let mut aggregator = Aggregator::new(LEASE);
     let now = Instant::now();
     for name in ["good", "bad"] {
-        aggregator.connect(name).unwrap();
+        aggregator.connect(name, "uid:0").unwrap();
         aggregator.publish(name, whole(1, &producer_table(name))).unwrap();
     }
     aggregator.commit(&mut applier, now);
@@ -126,7 +126,7 @@ fn a_restart_adopts_and_flushes_nothing() {
     let mut applier = Counting { nft: NftApplier::in_netns(netns.name()), transactions: 0 };
     let now = Instant::now();
     let mut first = Aggregator::new(LEASE);
-    first.connect("fw").unwrap();
+    first.connect("fw", "uid:0").unwrap();
     first.publish("fw", whole(1, &producer_table("fw"))).unwrap();
     assert_eq!(first.commit(&mut applier, now).transactions, 1);
     // Traffic through the output chain counts.
@@ -141,7 +141,7 @@ fn a_restart_adopts_and_flushes_nothing() {
     let listed = applier.ruleset().unwrap();
     assert_eq!(second.adopt(&listed, now).unwrap(), ["fw"]);
     assert!(!second.has_pending(), "adoption commits nothing");
-    second.connect("fw").unwrap();
+    second.connect("fw", "uid:0").unwrap();
     second.publish("fw", whole(1, &producer_table("fw"))).unwrap();
     let batch = second.commit(&mut applier, now);
     assert_eq!(batch.acks, [("fw".to_string(), 1)]);

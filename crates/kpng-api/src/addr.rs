@@ -1,10 +1,12 @@
-//! Where a `to-api` server listens and its clients connect: `unix:///path` or
-//! `tcp://host:port`, with optional mutual TLS.
+//! Where a `to-api` server (or the aggregator) listens and its clients connect:
+//! `unix:///path`, where both ends check the other's credentials ([`crate::peer`]), or
+//! `tcp://host:port` with mutual TLS; plaintext TCP only when asked for (`--insecure`).
 
 use std::fmt;
-use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+
+use crate::peer::{Allowed, UnsafeDirectory};
 
 /// The default address of `to-api` and its clients.
 pub const DEFAULT_ADDRESS: &str = "unix:///run/kpng/kpng.sock";
@@ -63,19 +65,6 @@ impl fmt::Display for Address {
     }
 }
 
-impl Address {
-    /// Whether traffic to this address stays on the machine (a Unix socket, `localhost`, a
-    /// loopback IP).
-    pub fn is_local(&self) -> bool {
-        match self {
-            Address::Unix(_) => true,
-            Address::Tcp { host, .. } => {
-                host == "localhost" || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
-            }
-        }
-    }
-}
-
 /// PEM files for mutual TLS: our certificate and key, and the CA that signs the peer's.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TlsFiles {
@@ -92,19 +81,39 @@ pub struct TlsFiles {
 pub struct Security {
     /// Mutual TLS, if configured.
     pub tls: Option<TlsFiles>,
-    /// Plaintext TCP to a non-local address was explicitly allowed.
+    /// Plaintext TCP was explicitly allowed: anyone who can reach the port may connect, and
+    /// whoever listens on it is believed.
     pub insecure: bool,
+    /// On a Unix socket, who is admitted (a server) or trusted (a client) besides root and
+    /// the process's own user.
+    pub allowed: Allowed,
 }
 
 /// Why a connection or listener was refused before it started.
 #[derive(Debug, thiserror::Error)]
 pub enum SecurityError {
-    /// Plaintext TCP off the machine without `--insecure`.
+    /// Plaintext TCP without `--insecure`.
     #[error(
-        "{0} is not a local address: use mutual TLS (--tls-cert, --tls-key, --tls-ca) or \
-         accept plaintext with --insecure"
+        "{0}: plaintext TCP authenticates nobody (on loopback too, any local user may connect \
+         or listen in the server's place): use mutual TLS (--tls-cert, --tls-key, --tls-ca) or \
+         a unix:// socket, or accept plaintext with --insecure"
     )]
     Plaintext(Address),
+    /// `--allow-uid` or `--allow-gid` with a TCP address.
+    #[error(
+        "{0}: --allow-uid and --allow-gid apply to unix:// addresses only (TCP peers are \
+             identified by their certificates)"
+    )]
+    AllowedOnTcp(Address),
+    /// A Unix socket in a directory where another user could replace it.
+    #[error("refusing {address}: {source}")]
+    Directory {
+        /// The socket's address.
+        address: Address,
+        /// The directory and what is wrong with it.
+        #[source]
+        source: UnsafeDirectory,
+    },
     /// TLS on a Unix socket.
     #[error("{0}: TLS applies to tcp:// addresses only")]
     TlsOnUnix(Address),
@@ -132,12 +141,21 @@ impl Security {
         Ok(())
     }
 
+    /// Whether connections to or on `address` are plaintext TCP (`--insecure`): what a
+    /// command warns about when it starts.
+    pub fn is_plaintext_tcp(&self, address: &Address) -> bool {
+        matches!(address, Address::Tcp { .. }) && self.tls.is_none()
+    }
+
     /// Checks that `address` may be used with these settings.
     pub fn check(&self, address: &Address) -> Result<(), SecurityError> {
         match (address, &self.tls) {
             (Address::Unix(_), Some(_)) => Err(SecurityError::TlsOnUnix(address.clone())),
-            (Address::Tcp { .. }, None) if !address.is_local() && !self.insecure => {
+            (Address::Tcp { .. }, None) if !self.insecure => {
                 Err(SecurityError::Plaintext(address.clone()))
+            }
+            (Address::Tcp { .. }, _) if self.allowed != Allowed::default() => {
+                Err(SecurityError::AllowedOnTcp(address.clone()))
             }
             _ => Ok(()),
         }
@@ -185,12 +203,24 @@ mod tests {
     }
 
     #[test]
-    fn plaintext_off_the_machine_needs_insecure() {
+    fn plaintext_needs_insecure_on_loopback_too() {
         let local: Address = "tcp://127.0.0.1:1".parse().unwrap();
         let remote: Address = "tcp://10.0.0.1:1".parse().unwrap();
         let plain = Security::default();
-        assert!(plain.check(&local).is_ok());
-        assert!(matches!(plain.check(&remote), Err(SecurityError::Plaintext(_))));
-        assert!(Security { insecure: true, ..plain }.check(&remote).is_ok());
+        for address in [&local, &remote] {
+            let error = plain.check(address).unwrap_err();
+            assert!(matches!(error, SecurityError::Plaintext(_)), "{error}");
+            assert!(error.to_string().contains("--insecure"), "{error}");
+            let insecure = Security { insecure: true, ..plain.clone() };
+            assert!(insecure.check(address).is_ok() && insecure.is_plaintext_tcp(address));
+        }
+        let unix: Address = "unix:///run/kpng/kpng.sock".parse().unwrap();
+        assert!(plain.check(&unix).is_ok() && !plain.is_plaintext_tcp(&unix));
+        // Users and groups are a Unix socket's business.
+        let allowed =
+            Security { allowed: Allowed { uids: vec![1000], gids: vec![] }, ..plain.clone() };
+        assert!(allowed.check(&unix).is_ok());
+        let insecure = Security { insecure: true, ..allowed };
+        assert!(matches!(insecure.check(&local), Err(SecurityError::AllowedOnTcp(_))));
     }
 }

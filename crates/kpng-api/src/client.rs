@@ -12,6 +12,7 @@ use tonic::transport::{Channel, ClientTlsConfig, Endpoint, Uri};
 
 use crate::addr::{Address, Security, SecurityError, tls_material};
 use crate::localv1::{self, op_item};
+use crate::peer::{Allowed, Credentials};
 use crate::{WireError, globalv1, local};
 
 /// Why a connection or a stream failed.
@@ -29,9 +30,10 @@ pub enum ClientError {
         #[source]
         source: tonic::transport::Error,
     },
-    /// The server refused or ended the stream with an error.
-    #[error("stream: {0}")]
-    Status(#[from] tonic::Status),
+    /// The server refused or ended the stream with an error (its code and message; the
+    /// transport error behind it, if any, is in the message).
+    #[error("the server answered {:?}: {}", .0.code(), .0.message())]
+    Status(tonic::Status),
     /// The server sent something that is not a valid object.
     #[error("server sent an invalid op: {0}")]
     Wire(#[from] WireError),
@@ -62,6 +64,12 @@ impl ClientError {
     }
 }
 
+impl From<tonic::Status> for ClientError {
+    fn from(status: tonic::Status) -> Self {
+        ClientError::Status(status)
+    }
+}
+
 /// The kinds of the I/O errors among `error`'s sources.
 fn io_kinds<'a>(
     error: &'a (dyn std::error::Error + 'static),
@@ -88,10 +96,12 @@ pub async fn connect(address: &Address, security: &Security) -> Result<Channel, 
     match address {
         Address::Unix(path) => {
             let path = path.clone();
+            let allowed = security.allowed.clone();
             let connector = tower::service_fn(move |_: Uri| {
-                let path = path.clone();
+                let (path, allowed) = (path.clone(), allowed.clone());
                 async move {
-                    let stream = tokio::net::UnixStream::connect(path).await?;
+                    let stream = tokio::net::UnixStream::connect(&path).await?;
+                    trust_server(&stream, &path, &allowed)?;
                     Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
                 }
             });
@@ -126,6 +136,31 @@ pub async fn connect(address: &Address, security: &Security) -> Result<Channel, 
             endpoint.connect().await.map_err(failed)
         }
     }
+}
+
+/// Checks who listens at `path` before anything it says is used: the kernel gives, on our
+/// connected socket, the credentials of whoever bound the listener, which must be root,
+/// this process's user or an allowed user. Anyone else (a user who bound the path while
+/// the real server was down) is refused with `PermissionDenied`, which retrying cannot
+/// mend.
+fn trust_server(
+    stream: &tokio::net::UnixStream,
+    path: &std::path::Path,
+    allowed: &Allowed,
+) -> std::io::Result<()> {
+    let server = Credentials::of(stream)?;
+    if allowed.trusts_uid(server.uid) {
+        return Ok(());
+    }
+    Err(std::io::Error::new(
+        std::io::ErrorKind::PermissionDenied,
+        format!(
+            "refusing the server at {}: it runs as {server}, and only {} are trusted \
+             (--allow-uid adds a user)",
+            path.display(),
+            Allowed { gids: Vec::new(), ..allowed.clone() }.describe()
+        ),
+    ))
 }
 
 /// A pull-based watch stream: each call to [`next_items`](Self::next_items) asks for the
@@ -256,6 +291,30 @@ impl Backoff {
     }
 }
 
+/// What a follower says of a failure: the first time at warning level, and again only
+/// when the failure changes; while it repeats (a server refused, retried every 30 s) it is
+/// logged at debug level, so a refusal is said once, clearly, instead of filling the log.
+#[derive(Debug, Default)]
+pub struct FailureLog {
+    last: Option<String>,
+}
+
+impl FailureLog {
+    /// Whether `text` should be logged as a warning: it differs from the last failure.
+    pub fn is_new(&mut self, text: &str) -> bool {
+        if self.last.as_deref() == Some(text) {
+            return false;
+        }
+        self.last = Some(text.to_string());
+        true
+    }
+
+    /// A stream delivered something: the next failure is news again.
+    pub fn recovered(&mut self) {
+        self.last = None;
+    }
+}
+
 /// Follows node `node`'s stream from the server at `address`: each change set (ops without
 /// `Sync`; after each (re)connection one starting with `Reset`) goes to `changes`. Returns
 /// `Ok` when `changes` is closed. Failures are logged and retried with backoff, except a
@@ -268,12 +327,14 @@ pub async fn follow_node(
     retry: Retry,
 ) -> Result<(), ClientError> {
     let mut backoff = Backoff::default();
+    let mut failures = FailureLog::default();
     loop {
         let stream = async {
             let channel = connect(&address, &security).await?;
             let mut watch = LocalWatch::start(channel, &node, true).await?;
             while let Some(ops) = watch.next().await? {
                 backoff.reset();
+                failures.recovered();
                 if changes.send(ops).await.is_err() {
                     return Ok(true);
                 }
@@ -289,7 +350,12 @@ pub async fn follow_node(
                 return Err(error);
             }
             Err(error) => {
-                tracing::warn!(server = %address, error = %chain(&error), retry_in = ?backoff.delay(), "node stream failed")
+                let error = chain(&error);
+                if failures.is_new(&error) {
+                    tracing::warn!(server = %address, %error, retry_in = ?backoff.delay(), "node stream failed (said once while it repeats)")
+                } else {
+                    tracing::debug!(server = %address, %error, retry_in = ?backoff.delay(), "node stream failed again")
+                }
             }
         }
         if changes.is_closed() {

@@ -192,7 +192,7 @@ fn aggregated(producers: usize, rate: u64, seconds: u64) -> anyhow::Result<Run> 
         tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let run = runtime.block_on(async {
         let lease = Duration::from_secs(60);
-        let options = DaemonOptions { lease, min_sync_period: Duration::ZERO };
+        let options = DaemonOptions { lease, ..DaemonOptions::default() };
         let (handle, _daemon) =
             daemon::spawn(Aggregator::new(lease), Box::new(NftApplier::new()), options);
         let served = Served {
@@ -428,7 +428,7 @@ pub fn engine(elements: usize, repeat: usize) -> anyhow::Result<EngineRow> {
     let now = Instant::now();
     let mut aggregator = Aggregator::new(Duration::from_secs(60));
     let mut applier = MemoryApplier::default();
-    aggregator.connect("big").map_err(|e| anyhow::anyhow!("{e}"))?;
+    aggregator.connect("big", "uid:0").map_err(|e| anyhow::anyhow!("{e}"))?;
     let key = TableKey::new(Family::Ip, "big");
     let mut table = Table::default();
     let addresses = (0..elements).map(|i| address(i / 62_500, i % 62_500));

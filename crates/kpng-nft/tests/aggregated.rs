@@ -188,7 +188,7 @@ fn refusals_are_errors_and_the_tables_are_republished_whole() {
         format!("unix://{}", dir.path().join("aggregator.sock").display()).parse().unwrap();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let lease = Duration::from_millis(300);
-    let options = DaemonOptions { lease, min_sync_period: Duration::ZERO };
+    let options = DaemonOptions { lease, ..DaemonOptions::default() };
     let handle = runtime.block_on(async {
         let (handle, _) =
             daemon::spawn(Aggregator::new(lease), Box::new(MemoryApplier::default()), options);

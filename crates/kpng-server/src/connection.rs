@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
+use kpng_api::peer::Credentials;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -27,6 +28,8 @@ pub struct Connection(Arc<State>);
 
 #[derive(Debug, Default)]
 struct State {
+    /// The client's credentials, on a Unix socket.
+    credentials: Option<Credentials>,
     cut: AtomicBool,
     reader: Mutex<Option<Waker>>,
     streams: Mutex<Vec<Weak<Progress>>>,
@@ -35,9 +38,14 @@ struct State {
 }
 
 impl Connection {
-    fn new() -> Self {
-        let state = State { idle_since: AtomicU64::new(now_ms()), ..State::default() };
+    fn new(credentials: Option<Credentials>) -> Self {
+        let state = State { credentials, idle_since: AtomicU64::new(now_ms()), ..State::default() };
         Connection(Arc::new(state))
+    }
+
+    /// The client's credentials, when it connected on a Unix socket.
+    pub fn credentials(&self) -> Option<&Credentials> {
+        self.0.credentials.as_ref()
     }
 
     /// Registers a stream opened on this connection; the watchdog follows its progress.
@@ -104,8 +112,9 @@ impl Admission {
         })
     }
 
-    /// Wraps a new connection, or refuses it (`None`: close it) when all slots are taken.
-    pub fn admit<IO>(&self, io: IO) -> Option<Guarded<IO>> {
+    /// Wraps a new connection (of a client with these credentials, on a Unix socket), or
+    /// refuses it (`None`: close it) when all slots are taken.
+    pub fn admit<IO>(&self, io: IO, credentials: Option<Credentials>) -> Option<Guarded<IO>> {
         let Ok(slot) = self.slots.clone().try_acquire_owned() else {
             self.stats.refused.fetch_add(1, Ordering::Relaxed);
             let now = now_ms();
@@ -119,7 +128,7 @@ impl Admission {
             }
             return None;
         };
-        let connection = Connection::new();
+        let connection = Connection::new(credentials);
         let mut connections = self.connections.lock().unwrap_or_else(|e| e.into_inner());
         connections.retain(|c| c.strong_count() > 0);
         connections.push(Arc::downgrade(&connection.0));

@@ -1,5 +1,6 @@
-//! Listening on a Unix socket or TCP, with optional mutual TLS, a cap on clients and a
-//! watchdog over them.
+//! Listening on a Unix socket (clients admitted by their credentials, in a directory
+//! nobody else can write) or TCP (mutual TLS, or plaintext when asked for), with a cap on
+//! clients and a watchdog over them.
 
 use std::future::Future;
 use std::io;
@@ -7,14 +8,20 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use kpng_api::addr::{Address, Security, SecurityError, tls_material};
+use kpng_api::peer::{Allowed, Credentials, PeerIdentity, check_socket_directories};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_stream::Stream;
 use tonic::service::Routes;
 use tonic::transport::server::Router;
 use tonic::transport::{Server, ServerTlsConfig};
+use tower::layer::util::{Identity, Stack};
+use tower::util::MapRequestLayer;
 
-use crate::connection::{Admission, Guarded};
+use crate::answer::now_ms;
+use crate::connection::{Admission, Connection, Guarded};
 use crate::counters::ServerStats;
 use crate::service::Hub;
 
@@ -67,9 +74,13 @@ impl Default for ServeOptions {
 
 /// Serves `hub`'s streams on `address` until `shutdown` resolves, and keeps its node
 /// streams current meanwhile. Logs the address it listens on (with the port chosen when 0
-/// was given). A Unix socket is created with mode 0600 (its directory too if missing) and
-/// removed at the end; a stale socket left by a previous run is replaced, one still in use
-/// is an error.
+/// was given).
+///
+/// A Unix socket is refused in a directory others could write ([`check_socket_directories`]);
+/// it is created with the mode [`Allowed::socket_mode`] gives (0600 unless other users or
+/// groups are allowed; its directory, if missing, 0755) and removed at the end; a stale
+/// socket left by a previous run is replaced, one still in use is an error. A client whose
+/// credentials [`Allowed::admits`] refuses is closed at once, and logged.
 pub async fn serve(
     hub: Arc<Hub>,
     address: &Address,
@@ -124,7 +135,8 @@ pub async fn serve_routes(
             message: e.to_string(),
         })?;
     }
-    let router = builder.add_routes(served.routes);
+    let identified: IdentifyLayer = MapRequestLayer::new(identify);
+    let router = builder.layer(identified).add_routes(served.routes);
     let admission = Admission::new(options.max_clients, options.client_timeout, served.stats);
     let listen_error = |message: String| ServeError::Listen { address: address.clone(), message };
     let serve_error = |source| ServeError::Serve { address: address.clone(), source };
@@ -139,10 +151,21 @@ pub async fn serve_routes(
     };
     match address {
         Address::Unix(path) => {
-            let listener = bind_unix(path).await.map_err(listen_error)?;
+            let directory = |source| SecurityError::Directory { address: address.clone(), source };
+            check_socket_directories(path).map_err(directory)?;
+            let listener = bind_unix(path, &security.allowed).await.map_err(listen_error)?;
+            check_socket_directories(path).map_err(directory)?;
             let _socket = SocketFile(path.to_path_buf());
             log(address);
-            run(router, listener, admission, background, shutdown).await.map_err(serve_error)
+            let clients = UnixClients {
+                listener,
+                allowed: security.allowed.clone(),
+                what: served.what,
+                refused: AtomicU64::new(0),
+                warned_at: AtomicU64::new(0),
+                telling: Arc::new(tokio::sync::Semaphore::new(REFUSALS_AT_ONCE)),
+            };
+            run(router, clients, admission, background, shutdown).await.map_err(serve_error)
         }
         Address::Tcp { host, port } => {
             let listener = tokio::net::TcpListener::bind((host.as_str(), *port))
@@ -158,7 +181,7 @@ pub async fn serve_routes(
 /// Serves `listener`'s admitted connections, the `background` work (the node streams'
 /// fan-out) and the watchdog, until `shutdown`.
 async fn run<L: Listener>(
-    router: Router,
+    router: Router<Stack<IdentifyLayer, Identity>>,
     listener: L,
     admission: Arc<Admission>,
     background: impl Future<Output = ()>,
@@ -176,26 +199,157 @@ async fn run<L: Listener>(
 /// A listener of client connections.
 trait Listener: Send + 'static {
     type Io: AsyncRead + AsyncWrite + Unpin + Send + 'static;
-    fn next_client(&self) -> impl Future<Output = io::Result<Self::Io>> + Send;
+    /// The next admitted client, with its credentials on a Unix socket.
+    fn next_client(
+        &self,
+    ) -> impl Future<Output = io::Result<(Self::Io, Option<Credentials>)>> + Send;
 }
 
 impl Listener for tokio::net::TcpListener {
     type Io = tokio::net::TcpStream;
 
-    async fn next_client(&self) -> io::Result<tokio::net::TcpStream> {
+    async fn next_client(&self) -> io::Result<(tokio::net::TcpStream, Option<Credentials>)> {
         let (stream, _) = self.accept().await?;
         // Changes leave at once, not after the client acknowledges the previous frame.
         let _ = stream.set_nodelay(true);
-        Ok(stream)
+        Ok((stream, None))
     }
 }
 
-impl Listener for tokio::net::UnixListener {
+/// A Unix socket's listener that admits only the clients `allowed` admits.
+struct UnixClients {
+    listener: tokio::net::UnixListener,
+    allowed: Allowed,
+    what: &'static str,
+    /// Clients refused, and when a refusal was last logged (ms, [`now_ms`]).
+    refused: AtomicU64,
+    warned_at: AtomicU64,
+    /// Refused clients being told why, at most [`REFUSALS_AT_ONCE`].
+    telling: Arc<tokio::sync::Semaphore>,
+}
+
+/// Refused clients told why at once; more are closed without a word.
+const REFUSALS_AT_ONCE: usize = 16;
+
+/// How long a refused client may take to hear why.
+const REFUSAL_TIME: Duration = Duration::from_secs(5);
+
+impl UnixClients {
+    /// Logs a refusal: the first at once, then at most one line every 10 s with the count
+    /// since, so a user who keeps trying cannot fill the log.
+    fn refuse(&self, peer: &Credentials) {
+        let count = self.refused.fetch_add(1, Ordering::Relaxed) + 1;
+        let now = now_ms();
+        let last = self.warned_at.load(Ordering::Relaxed);
+        if last == 0 || now.saturating_sub(last) > 10_000 {
+            self.warned_at.store(now, Ordering::Relaxed);
+            self.refused.store(0, Ordering::Relaxed);
+            tracing::warn!(
+                client = %peer,
+                refused = count,
+                admitted = %self.allowed.describe(),
+                "{}: client refused: its user and groups are not allowed (--allow-uid, --allow-gid)",
+                self.what
+            );
+        }
+    }
+}
+
+impl Listener for UnixClients {
     type Io = tokio::net::UnixStream;
 
-    async fn next_client(&self) -> io::Result<tokio::net::UnixStream> {
-        Ok(self.accept().await?.0)
+    async fn next_client(&self) -> io::Result<(tokio::net::UnixStream, Option<Credentials>)> {
+        loop {
+            let (stream, _) = self.listener.accept().await?;
+            match Credentials::of(&stream) {
+                Ok(peer) if self.allowed.admits(&peer) => return Ok((stream, Some(peer))),
+                Ok(peer) => {
+                    self.refuse(&peer);
+                    let message = format!(
+                        "{} refused {peer}: it admits {} (--allow-uid, --allow-gid)",
+                        self.what,
+                        self.allowed.describe()
+                    );
+                    if let Ok(slot) = self.telling.clone().try_acquire_owned() {
+                        tokio::spawn(async move {
+                            let told = tell_refused(stream, message);
+                            let _ = tokio::time::timeout(REFUSAL_TIME, told).await;
+                            drop(slot);
+                        });
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "{}: a client's credentials cannot be read: refused", self.what)
+                }
+            }
+        }
     }
+}
+
+/// Answers every request of a refused client with `PERMISSION_DENIED` and `message`, so
+/// that it learns why instead of seeing its connection drop (and stops retrying). None of
+/// kpng's services is reachable on this connection.
+async fn tell_refused(stream: tokio::net::UnixStream, message: String) {
+    use http_body_util::Empty;
+    let service = hyper::service::service_fn(move |_request| {
+        let response = http::Response::builder()
+            .header("content-type", "application/grpc")
+            .header("grpc-status", (tonic::Code::PermissionDenied as i32).to_string())
+            .header("grpc-message", grpc_message(&message))
+            .body(Empty::<bytes::Bytes>::new());
+        async move { response }
+    });
+    let executor = hyper_util::rt::TokioExecutor::new();
+    let connection = hyper::server::conn::http2::Builder::new(executor)
+        .max_concurrent_streams(1)
+        .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+    let _ = connection.await;
+}
+
+/// `text` as a `grpc-message` header: percent-encoded outside printable ASCII.
+fn grpc_message(text: &str) -> String {
+    let mut encoded = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if (0x20..0x7f).contains(&byte) && byte != b'%' {
+            encoded.push(byte as char);
+        } else {
+            encoded.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    encoded
+}
+
+type IdentifyLayer = MapRequestLayer<fn(GrpcRequest) -> GrpcRequest>;
+type GrpcRequest = http::Request<tonic::body::Body>;
+
+/// Tells the services who sent a request: a [`PeerIdentity`] in its extensions, from the
+/// client's Unix credentials or its TLS certificate.
+fn identify(mut request: GrpcRequest) -> GrpcRequest {
+    use tonic::transport::server::TlsConnectInfo;
+    let extensions = request.extensions();
+    let identity = if let Some(tls) = extensions.get::<TlsConnectInfo<Connection>>() {
+        let names = tls.peer_certs().and_then(|certs| certs.first().map(certificate_names));
+        PeerIdentity::Certificate(names.unwrap_or_default())
+    } else {
+        match extensions.get::<Connection>().and_then(Connection::credentials) {
+            Some(credentials) => PeerIdentity::Local(credentials.clone()),
+            None => PeerIdentity::Plaintext,
+        }
+    };
+    request.extensions_mut().insert(identity);
+    request
+}
+
+/// The DNS and URI subject alternative names of a certificate, sorted; none when it cannot
+/// be parsed (the TLS handshake already accepted it).
+fn certificate_names(der: &tonic::transport::CertificateDer<'static>) -> Vec<String> {
+    let Ok(cert) = webpki::EndEntityCert::try_from(der) else { return Vec::new() };
+    let dns = cert.valid_dns_names().map(|name| format!("DNS:{name}"));
+    let mut names: Vec<String> =
+        dns.chain(cert.valid_uri_names().map(|uri| format!("URI:{uri}"))).collect();
+    names.sort();
+    names.dedup();
+    names
 }
 
 /// The admitted connections of `listener`. An accept that fails (no descriptor left, for
@@ -207,8 +361,8 @@ fn incoming<L: Listener>(
     futures::stream::unfold((listener, admission), |(listener, admission)| async move {
         loop {
             match listener.next_client().await {
-                Ok(io) => {
-                    if let Some(guarded) = admission.admit(io) {
+                Ok((io, credentials)) => {
+                    if let Some(guarded) = admission.admit(io, credentials) {
                         return Some((Ok(guarded), (listener, admission)));
                     }
                 }
@@ -232,9 +386,14 @@ impl Drop for SocketFile {
     }
 }
 
-async fn bind_unix(path: &Path) -> Result<tokio::net::UnixListener, String> {
+async fn bind_unix(path: &Path, allowed: &Allowed) -> Result<tokio::net::UnixListener, String> {
+    use std::os::unix::fs::DirBuilderExt;
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(dir)
+            .map_err(|e| format!("creating {}: {e}", dir.display()))?;
     }
     if let Ok(meta) = std::fs::symlink_metadata(path) {
         use std::os::unix::fs::FileTypeExt;
@@ -247,16 +406,17 @@ async fn bind_unix(path: &Path) -> Result<tokio::net::UnixListener, String> {
         std::fs::remove_file(path)
             .map_err(|e| format!("removing stale {}: {e}", path.display()))?;
     }
-    bind_private(path)
+    bind_private(path, allowed)
 }
 
-/// Binds a socket that is mode 0600 from the moment others can reach it: it is bound in a
-/// new directory of mode 0700 beside `path`, made 0600 there, then linked into place (a
-/// chmod after binding at `path` would leave a moment when others may connect; a link,
-/// unlike a rename, never replaces a socket another server bound meanwhile). The umask is
-/// left alone: it is process-wide, and two binds at once that set and restored it would
-/// each restore what the other set.
-fn bind_private(path: &Path) -> Result<tokio::net::UnixListener, String> {
+/// Binds a socket that has its final mode and group (0600 unless others are allowed) from
+/// the moment others can reach it: it is bound in a new directory of mode 0700 beside
+/// `path`, given its mode and group there, then linked into place (a chmod after binding at
+/// `path` would leave a moment when others may connect; a link, unlike a rename, never
+/// replaces a socket another server bound meanwhile). The umask is left alone: it is
+/// process-wide, and two binds at once that set and restored it would each restore what the
+/// other set.
+fn bind_private(path: &Path, allowed: &Allowed) -> Result<tokio::net::UnixListener, String> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     use std::sync::atomic::{AtomicU32, Ordering};
     static NEXT: AtomicU32 = AtomicU32::new(0);
@@ -269,9 +429,13 @@ fn bind_private(path: &Path) -> Result<tokio::net::UnixListener, String> {
         .create(&dir)
         .map_err(|e| format!("creating {}: {e}", dir.display()))?;
     let inside = dir.join("s");
+    let (mode, group) = allowed.socket_mode();
     let bind = || {
         let listener = tokio::net::UnixListener::bind(&inside)?;
-        std::fs::set_permissions(&inside, std::fs::Permissions::from_mode(0o600))?;
+        if group.is_some() {
+            std::os::unix::fs::chown(&inside, None, group)?;
+        }
+        std::fs::set_permissions(&inside, std::fs::Permissions::from_mode(mode))?;
         std::fs::hard_link(&inside, path)?;
         Ok::<_, std::io::Error>(listener)
     };
@@ -294,7 +458,7 @@ mod tests {
         let path = dir.path().join("kpng.sock");
         // Even when the process would create files open to everyone.
         let previous = umask(Mode::empty());
-        let listener = bind_private(&path);
+        let listener = bind_private(&path, &Allowed::default());
         let during = umask(previous);
         assert_eq!(during, Mode::empty(), "the bind leaves the process's umask alone");
         let _listener = listener.unwrap();
@@ -312,16 +476,17 @@ mod tests {
     async fn a_bound_socket_answers_at_its_path() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("kpng.sock");
-        let listener = bind_private(&path).unwrap();
+        let listener = bind_private(&path, &Allowed::default()).unwrap();
         let (client, accepted) =
             tokio::join!(tokio::net::UnixStream::connect(&path), listener.accept());
         client.unwrap();
         accepted.unwrap();
         // A path in a directory that does not exist is an error naming it, and a path
         // taken meanwhile is never replaced.
-        let error = bind_private(&dir.path().join("missing/kpng.sock")).unwrap_err();
+        let error =
+            bind_private(&dir.path().join("missing/kpng.sock"), &Allowed::default()).unwrap_err();
         assert!(error.contains("missing"), "{error}");
-        let error = bind_private(&path).unwrap_err();
+        let error = bind_private(&path, &Allowed::default()).unwrap_err();
         assert!(error.contains("kpng.sock") && error.contains("exists"), "{error}");
         let names: Vec<_> =
             std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();

@@ -19,7 +19,7 @@ mod tests;
 pub use mirror::Mirror;
 
 use kpng_api::addr::{Address, Security};
-use kpng_api::client::{Backoff, ClientError, GlobalWatch, Retry, chain, connect};
+use kpng_api::client::{Backoff, ClientError, FailureLog, GlobalWatch, Retry, chain, connect};
 use kpng_store::StoreWriter;
 
 /// Follows the global stream of the server at `address` into `writer`: each (re)connection
@@ -37,6 +37,7 @@ pub async fn follow_global(
     retry: Retry,
 ) -> Result<(), ClientError> {
     let mut backoff = Backoff::default();
+    let mut failures = FailureLog::default();
     loop {
         let stream = async {
             let channel = connect(&address, &security).await?;
@@ -45,6 +46,7 @@ pub async fn follow_global(
             while let Some(items) = watch.next_items().await? {
                 writer.apply(mirror.apply(&items)?);
                 backoff.reset();
+                failures.recovered();
             }
             Ok::<_, ClientError>(())
         };
@@ -56,7 +58,12 @@ pub async fn follow_global(
                 return Err(error);
             }
             Err(error) => {
-                tracing::warn!(server = %address, error = %chain(&error), retry_in = ?backoff.delay(), "global stream failed")
+                let error = chain(&error);
+                if failures.is_new(&error) {
+                    tracing::warn!(server = %address, %error, retry_in = ?backoff.delay(), "global stream failed (said once while it repeats)")
+                } else {
+                    tracing::debug!(server = %address, %error, retry_in = ?backoff.delay(), "global stream failed again")
+                }
             }
         }
         backoff.wait().await;

@@ -14,7 +14,7 @@ use kpng_aggregator::updates::updates;
 use kpng_aggregator::{Aggregator, Applier, NftApplier, Publication, State, Update};
 use kpng_server::{ServeOptions, Served, ServerStats, serve_routes};
 
-use crate::cli::{AggregateArgs, GlobalArgs, PublishArgs};
+use crate::cli::{AggregateArgs, ConnRole, GlobalArgs, PublishArgs};
 use crate::process::{AbortOnDrop, Process};
 
 /// Runs the aggregator until a signal: adopts the aggregator's tables found in the kernel
@@ -28,8 +28,8 @@ pub async fn run_aggregate(
     if global.once {
         bail!("aggregate serves until interrupted: --once does not apply to it");
     }
-    let security = args.conn.security();
-    security.validate(&args.listen)?;
+    let security = args.conn.checked(&args.listen, ConnRole::Server)?;
+    let bindings = kpng_aggregator::bindings::load(&args.producer_bindings)?;
     let mut applier: Box<dyn Applier> = match &args.netns {
         Some(netns) => Box::new(NftApplier::in_netns(netns)),
         None => Box::new(NftApplier::new()),
@@ -40,7 +40,7 @@ pub async fn run_aggregate(
     })
     .await?;
     let listed = listed.context("listing the ruleset to adopt the aggregator's tables")?;
-    let mut aggregator = Aggregator::new(args.producer_lease);
+    let mut aggregator = Aggregator::with_bindings(args.producer_lease, bindings);
     let adopted = aggregator
         .adopt(&listed, std::time::Instant::now())
         .context("reading the ruleset nft listed")?;
@@ -49,8 +49,11 @@ pub async fn run_aggregate(
         lease = ?args.producer_lease,
         "adopted the tables of producers found in the kernel; they stay until their lease ends"
     );
-    let options =
-        DaemonOptions { lease: args.producer_lease, min_sync_period: global.sync.min_sync_period };
+    let options = DaemonOptions {
+        lease: args.producer_lease,
+        min_sync_period: global.sync.min_sync_period,
+        bindings: Some(args.producer_bindings.clone()),
+    };
     let (handle, _daemon) = daemon::spawn(aggregator, applier, options);
     let _admin = admin_server(global, &handle, process);
     let served = Served {
@@ -102,8 +105,7 @@ pub async fn run_publish(
     global: &GlobalArgs,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let security = args.conn.security();
-    security.validate(&args.aggregator)?;
+    let security = args.conn.checked(&args.aggregator, ConnRole::Client)?;
     kpng_aggregator::model::check_name("producer", &args.producer)?;
     let mut state = read_ruleset(&args.file)?;
     let mut modified = modified(&args.file);

@@ -265,11 +265,14 @@ pub enum SinkCommand {
     ToApi(ToApiArgs),
 }
 
-/// How a gRPC connection is protected (`to-api`, `api`, `local`).
+/// How a gRPC connection is protected (`to-api`, `aggregate`, and their clients `api`,
+/// `local`, `publish`, `to-nft --aggregator`). A unix:// socket admits, and its clients
+/// trust, root and kpng's own user, plus what --allow-uid and --allow-gid add; tcp://
+/// needs mutual TLS, or --insecure.
 #[derive(Debug, Clone, Args)]
 pub struct ConnArgs {
     /// Our TLS certificate (PEM) for mutual TLS on tcp:// addresses; needs --tls-key and
-    /// --tls-ca.
+    /// --tls-ca. For loopback it needs the loopback IPs as subject alternative names.
     #[arg(long, value_name = "PATH", requires_all = ["tls_key", "tls_ca"])]
     pub tls_cert: Option<PathBuf>,
     /// Our TLS private key (PEM).
@@ -278,9 +281,29 @@ pub struct ConnArgs {
     /// The CA (PEM) that must have signed the peer's certificate.
     #[arg(long, value_name = "PATH", requires_all = ["tls_cert", "tls_key"])]
     pub tls_ca: Option<PathBuf>,
-    /// Allow plaintext TCP to or on an address that is not loopback.
+    /// Allow plaintext TCP, loopback included: anyone who reaches the port may connect,
+    /// and whoever listens on it is believed. Logged as a warning at start.
     #[arg(long)]
     pub insecure: bool,
+    /// On a unix:// socket, a user (name or uid; repeat or separate with commas) allowed
+    /// besides root and kpng's own user: on a server, to connect (the socket becomes mode
+    /// 0666 and each client's credentials are checked); on a client, to be the server.
+    #[arg(long, value_name = "USER", value_delimiter = ',', value_parser = parse_uid)]
+    pub allow_uid: Vec<u32>,
+    /// On a unix:// server socket, a group (name or gid; repeat or separate with commas)
+    /// whose members may connect (its primary or a supplementary group). With one group the
+    /// socket becomes mode 0660 and that group's.
+    #[arg(long, value_name = "GROUP", value_delimiter = ',', value_parser = parse_gid)]
+    pub allow_gid: Vec<u32>,
+}
+
+/// Which end of a connection a command is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConnRole {
+    /// It listens (`to-api`, `aggregate`).
+    Server,
+    /// It connects (`api`, `local`, `publish`, `to-nft --aggregator`).
+    Client,
 }
 
 impl ConnArgs {
@@ -292,7 +315,57 @@ impl ConnArgs {
             }
             _ => None,
         };
-        kpng_api::Security { tls, insecure: self.insecure }
+        let allowed =
+            kpng_api::peer::Allowed { uids: self.allow_uid.clone(), gids: self.allow_gid.clone() };
+        kpng_api::Security { tls, insecure: self.insecure, allowed }
+    }
+
+    /// The settings for `address`, checked before anything starts (TLS files readable,
+    /// plaintext asked for, users and groups where they apply); plaintext TCP is logged as
+    /// a warning.
+    pub fn checked(
+        &self,
+        address: &kpng_api::Address,
+        role: ConnRole,
+    ) -> anyhow::Result<kpng_api::Security> {
+        if role == ConnRole::Client && !self.allow_gid.is_empty() {
+            anyhow::bail!(
+                "--allow-gid admits clients to a server; a client trusts a server by its user \
+                 (--allow-uid)"
+            );
+        }
+        let security = self.security();
+        security.validate(address)?;
+        if security.is_plaintext_tcp(address) {
+            tracing::warn!(
+                %address,
+                "--insecure: plaintext TCP; anyone who reaches the port can connect, and \
+                 anyone who listens on it in its place is believed"
+            );
+        }
+        Ok(security)
+    }
+}
+
+fn parse_uid(text: &str) -> Result<u32, String> {
+    if let Ok(uid) = text.parse() {
+        return Ok(uid);
+    }
+    match nix::unistd::User::from_name(text) {
+        Ok(Some(user)) => Ok(user.uid.as_raw()),
+        Ok(None) => Err(format!("no user named {text:?} (give a name or a number)")),
+        Err(e) => Err(format!("looking up user {text:?}: {e}")),
+    }
+}
+
+fn parse_gid(text: &str) -> Result<u32, String> {
+    if let Ok(gid) = text.parse() {
+        return Ok(gid);
+    }
+    match nix::unistd::Group::from_name(text) {
+        Ok(Some(group)) => Ok(group.gid.as_raw()),
+        Ok(None) => Err(format!("no group named {text:?} (give a name or a number)")),
+        Err(e) => Err(format!("looking up group {text:?}: {e}")),
     }
 }
 
@@ -304,8 +377,9 @@ fn parse_address(text: &str) -> Result<kpng_api::Address, String> {
 /// `to-api`.
 #[derive(Debug, Args)]
 pub struct ToApiArgs {
-    /// Where to listen: unix:///path (created mode 0600, its directory if missing) or
-    /// tcp://host:port (port 0: any; the address is logged).
+    /// Where to listen: unix:///path (created mode 0600 unless --allow-uid or --allow-gid
+    /// say otherwise, its directory if missing; refused in a directory others can write) or
+    /// tcp://host:port with mutual TLS (port 0: any; the address is logged).
     #[arg(long, value_name = "ADDR", default_value = kpng_api::addr::DEFAULT_ADDRESS, value_parser = parse_address)]
     pub listen: kpng_api::Address,
     /// Clients (connections) served at once; one more is closed at once and retries later
@@ -327,10 +401,17 @@ pub const AGGREGATOR_ADDRESS: &str = "unix:///run/kpng/aggregator.sock";
 /// `kpng aggregate`.
 #[derive(Debug, Args)]
 pub struct AggregateArgs {
-    /// Where producers connect: unix:///path (created mode 0600, its directory if missing)
-    /// or tcp://host:port (mutual TLS, or plaintext on loopback or with --insecure).
+    /// Where producers connect: unix:///path (created mode 0600 unless --allow-uid or
+    /// --allow-gid say otherwise, its directory if missing; refused in a directory others
+    /// can write) or tcp://host:port (mutual TLS, or plaintext with --insecure).
     #[arg(long, value_name = "ADDR", default_value = AGGREGATOR_ADDRESS, value_parser = parse_address)]
     pub listen: kpng_api::Address,
+    /// Where each producer name's owner is kept: the identity (Unix user, or TLS
+    /// certificate names) that first published under it. Another identity is refused that
+    /// name, after a restart too. Remove an entry (with the aggregator stopped) to free a
+    /// name.
+    #[arg(long, value_name = "PATH", default_value = "/var/lib/kpng/aggregator-producers.json")]
+    pub producer_bindings: PathBuf,
     /// How long a producer that disconnected keeps its tables; then they are deleted.
     /// After a restart, producers found in the kernel get this long to publish again.
     #[arg(long, default_value = "60s", value_parser = parse_duration, value_name = "DURATION")]

@@ -10,7 +10,7 @@ use kpng_sources::file::FileSource;
 use kpng_sources::kube::{KubeSource, NodeSelection, Pacer};
 use kpng_store::store;
 
-use crate::cli::{Cli, GlobalArgs, KubeArgs, SinkCommand, SourceCommand};
+use crate::cli::{Cli, ConnRole, GlobalArgs, KubeArgs, SinkCommand, SourceCommand};
 use crate::process::Process;
 use crate::servers::{admin_servers, health_checks};
 use crate::signals;
@@ -59,8 +59,7 @@ pub async fn run(cli: Cli, process: Process) -> anyhow::Result<()> {
             .await
         }
         SourceCommand::Api(args) => {
-            let security = args.conn.security();
-            security.validate(&args.server)?;
+            let security = args.conn.checked(&args.server, ConnRole::Client)?;
             let server = args.server.clone();
             let proxy = args.proxy_name.service_proxy_name.clone();
             tracing::info!(server = %server, "replicating the global model");
@@ -241,8 +240,7 @@ where
             if to_api.client_timeout.is_zero() {
                 bail!("--client-timeout must be longer than 0");
             }
-            let security = to_api.conn.security();
-            security.validate(&to_api.listen)?;
+            let security = to_api.conn.checked(&to_api.listen, ConnRole::Server)?;
             let hub = kpng_server::Hub::new(reader.clone());
             let options = kpng_server::ServeOptions {
                 max_clients: to_api.max_clients.map_or(process.budget.api_clients, |n| n as usize),
@@ -339,8 +337,7 @@ async fn run_local(
     retry: Retry,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let security = args.conn.security();
-    security.validate(&args.server)?;
+    let security = args.conn.checked(&args.server, ConnRole::Client)?;
     let commands =
         args.backends.backends().map_err(|e| anyhow::anyhow!(crate::cli::clap_message(&e)))?;
     if global.stats {

@@ -71,10 +71,13 @@ fn aggregate_and_publish_through_the_binary() {
     let socket = format!("unix://{}", socket_path.display());
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let metrics = format!("127.0.0.1:{port}");
+    let bindings = dir.path().join("producers.json");
     let args = [
         "aggregate",
         "--listen",
         &socket,
+        "--producer-bindings",
+        bindings.to_str().unwrap(),
         "--netns",
         netns.name(),
         "--producer-lease",

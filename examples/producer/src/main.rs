@@ -11,7 +11,10 @@
 //! (revision 1), waits for the aggregator's answer, prints it, and exits: 0 once the
 //! aggregator has committed the revision, 1 if it refused it, 2 on bad arguments or a
 //! connection that fails. The aggregator keeps the table for its producer lease after the
-//! producer leaves. Addresses: `unix:///path` or `tcp://host:port` (plaintext).
+//! producer leaves. Addresses: `unix:///path` (the aggregator admits root and the users it
+//! allows) or `tcp://host:port`, which this example speaks in plaintext only, so it must be
+//! asked for with `--insecure` (and the aggregator started with `--insecure` too); a real
+//! agent would use mutual TLS.
 
 mod aggregatorv1 {
     #![allow(missing_docs, clippy::all)]
@@ -25,17 +28,23 @@ use tonic::transport::{Channel, Endpoint, Uri};
 /// What the command line asks for.
 struct Args {
     aggregator: String,
+    insecure: bool,
     producer: String,
     table: String,
     allow: Vec<String>,
 }
 
-const USAGE: &str = "usage: kpng-example-producer --aggregator ADDR --producer NAME \
-                     --table NAME --allow ADDR [--allow ADDR ...]";
+const USAGE: &str = "usage: kpng-example-producer --aggregator ADDR [--insecure] \
+                     --producer NAME --table NAME --allow ADDR [--allow ADDR ...]";
 
 fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
     let (mut aggregator, mut producer, mut table, mut allow) = (None, None, None, Vec::new());
+    let mut insecure = false;
     while let Some(flag) = args.next() {
+        if flag == "--insecure" {
+            insecure = true;
+            continue;
+        }
         let value = args.next().ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))?;
         match flag.as_str() {
             "--aggregator" => aggregator = Some(value),
@@ -48,12 +57,20 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
     let missing = |what| format!("{what} is required\n{USAGE}");
     let args = Args {
         aggregator: aggregator.ok_or_else(|| missing("--aggregator"))?,
+        insecure,
         producer: producer.ok_or_else(|| missing("--producer"))?,
         table: table.ok_or_else(|| missing("--table"))?,
         allow,
     };
     if args.allow.is_empty() {
         return Err(missing("--allow"));
+    }
+    if args.aggregator.starts_with("tcp://") && !args.insecure {
+        return Err(format!(
+            "{}: this example speaks plaintext TCP, which authenticates nobody: use a unix:// \
+             socket, or accept plaintext with --insecure",
+            args.aggregator
+        ));
     }
     Ok(args)
 }
@@ -106,6 +123,9 @@ async fn connect(address: &str) -> Result<Channel, String> {
 /// Publishes the whole state and returns the aggregator's first answer.
 async fn publish(args: &Args) -> Result<Ack, String> {
     let mut client = AggregatorClient::new(connect(&args.aggregator).await?);
+    if args.insecure {
+        eprintln!("warning: --insecure: plaintext TCP to {}", args.aggregator);
+    }
     // The stream stays open until the answer came: closing it would start the lease.
     let (sender, receiver) = tokio::sync::mpsc::channel(1);
     sender.send(whole_state(args)).await.map_err(|_| "the stream closed".to_string())?;

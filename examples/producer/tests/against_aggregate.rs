@@ -47,6 +47,8 @@ fn the_example_producer_publishes_through_the_aggregator() {
     let socket = format!("unix://{}", path.display());
     let aggregate = Command::new(kpng())
         .args(["aggregate", "--listen", &socket, "--netns", netns.name()])
+        .arg("--producer-bindings")
+        .arg(dir.path().join("producers.json"))
         .env("KPNG_HEALTHZ_BIND_ADDRESS", "127.0.0.1:0")
         .env("KPNG_METRICS_BIND_ADDRESS", "127.0.0.1:0")
         .stdout(Stdio::null())

@@ -23,7 +23,7 @@ fn two_producers() -> (Aggregator, MemoryApplier, Instant) {
     let mut applier = MemoryApplier::default();
     let now = Instant::now();
     for (name, table) in [("a", "ta"), ("b", "tb")] {
-        aggregator.connect(name).unwrap();
+        aggregator.connect(name, "uid:0").unwrap();
         let text = format!(
             "table ip {table} {{ set s {{ type ipv4_addr; }} chain c {{ ip saddr @s accept }} }}"
         );
@@ -106,8 +106,8 @@ fn tables_of_others_are_refused() {
     let batch = aggregator.commit(&mut applier, now);
     assert_eq!(batch.rejections[0].object, "table ip late");
     assert_eq!(batch.transactions, 0);
-    assert!(matches!(aggregator.connect("a"), Err(Refusal::Connected(_))));
-    assert!(aggregator.connect("bad name").is_err());
+    assert!(matches!(aggregator.connect("a", "uid:0"), Err(Refusal::Connected(_))));
+    assert!(aggregator.connect("bad name", "uid:0").is_err());
 }
 
 #[test]
@@ -128,7 +128,7 @@ fn an_expired_lease_removes_only_that_producers_tables() {
 fn a_reconnection_with_the_same_whole_state_changes_nothing() {
     let (mut aggregator, mut applier, now) = two_producers();
     aggregator.disconnect("a", now);
-    aggregator.connect("a").unwrap();
+    aggregator.connect("a", "uid:0").unwrap();
     let text = "table ip ta { set s { type ipv4_addr; } chain c { ip saddr @s accept } }";
     aggregator.publish("a", whole(7, text)).unwrap();
     let batch = aggregator.commit(&mut applier, now);
@@ -147,7 +147,7 @@ fn a_restart_adopts_the_kernels_tables_and_flushes_nothing() {
     assert_eq!(aggregator.adopt(listed, now).unwrap(), ["a"]);
     assert!(!aggregator.has_pending(), "nothing to commit after adoption");
     assert_eq!(aggregator.next_expiry(), Some(now + LEASE), "a lease from start-up");
-    aggregator.connect("a").unwrap();
+    aggregator.connect("a", "uid:0").unwrap();
     let text = "table ip ta { set s { type ipv4_addr; elements = { 1.1.1.1, 2.2.2.2 } } chain c { ip saddr @s counter accept } }";
     aggregator.publish("a", whole(1, text)).unwrap();
     aggregator.commit(&mut applier, now);
@@ -273,7 +273,7 @@ mod random_histories {
             let now = Instant::now();
             let mut aggregator = Aggregator::new(LEASE);
             let mut applier = MemoryApplier::default();
-            aggregator.connect("p").unwrap();
+            aggregator.connect("p", "uid:0").unwrap();
             // Both tables exist at first, so that most updates apply.
             let mut start = State::default();
             for t in 0..2 {
@@ -321,4 +321,26 @@ mod random_histories {
             }
         }
     }
+}
+
+#[test]
+fn a_name_stays_with_the_identity_that_first_published_it() {
+    let (mut aggregator, mut applier, now) = two_producers();
+    assert_eq!(aggregator.bindings().get("a").map(String::as_str), Some("uid:0"));
+    aggregator.disconnect("a", now);
+    // While the owner is away, and after its lease ran out and its tables went, another
+    // identity may not take the name.
+    let refused = aggregator.connect("a", "uid:65534").unwrap_err();
+    assert!(matches!(&refused, Refusal::Bound { owner, .. } if owner == "uid:0"), "{refused}");
+    assert!(refused.to_string().contains("uid:65534"), "{refused}");
+    assert_eq!(aggregator.expire(now + LEASE), ["a"]);
+    aggregator.commit(&mut applier, now + LEASE);
+    assert!(matches!(aggregator.connect("a", "uid:65534"), Err(Refusal::Bound { .. })));
+    // A new name is the newcomer's; the owner gets its own back.
+    assert_eq!(aggregator.connect("c", "uid:65534"), Ok(Binding::New));
+    assert_eq!(aggregator.connect("a", "uid:0"), Ok(Binding::Known));
+    // Bindings read back after a restart hold the same.
+    let mut restarted = Aggregator::with_bindings(LEASE, aggregator.bindings().clone());
+    assert!(matches!(restarted.connect("c", "uid:0"), Err(Refusal::Bound { .. })));
+    assert_eq!(restarted.connect("c", "uid:65534"), Ok(Binding::Known));
 }

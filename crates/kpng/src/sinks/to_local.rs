@@ -134,8 +134,7 @@ fn nft_backend(args: &NftArgs, global: &GlobalArgs) -> anyhow::Result<NftBackend
         );
     }
     kpng_aggregator::model::check_name("producer", &args.producer).context("to-nft --producer")?;
-    let security = args.conn.security();
-    security.validate(address)?;
+    let security = args.conn.checked(address, crate::cli::ConnRole::Client)?;
     let target =
         AggregatorTarget { address: address.clone(), security, producer: args.producer.clone() };
     Ok(NftBackend::new(options, Box::new(AggregatorKernel::new(target)?)))

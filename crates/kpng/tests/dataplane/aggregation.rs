@@ -48,10 +48,13 @@ impl Aggregation {
         let log_path = self.socket().with_extension("log");
         let log = std::fs::File::create(&log_path).expect("creating the aggregator's log");
         let address = self.address();
+        let bindings = self.socket().with_extension("bindings.json");
         let args = [
             "aggregate",
             "--listen",
             &address,
+            "--producer-bindings",
+            bindings.to_str().unwrap(),
             "--producer-lease",
             "10m",
             "--metrics-bind-address",
@@ -104,5 +107,6 @@ impl Drop for Aggregated {
         stop(&mut RUNNING.lock().unwrap_or_else(|e| e.into_inner()), self.0.0);
         let _ = std::fs::remove_file(self.0.socket());
         let _ = std::fs::remove_file(self.0.socket().with_extension("log"));
+        let _ = std::fs::remove_file(self.0.socket().with_extension("bindings.json"));
     }
 }

@@ -198,3 +198,71 @@ pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
     Some((code, body))
 }
+
+/// A CA and certificates it signed, for mutual TLS on loopback.
+pub struct Pki {
+    pub dir: tempfile::TempDir,
+    ca: rcgen::Certificate,
+    ca_key: rcgen::KeyPair,
+}
+
+impl Pki {
+    /// A CA and, signed by it, `cert.pem` for 127.0.0.1, ::1 and localhost (server and
+    /// client use).
+    pub fn new(name: &str) -> Pki {
+        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+        let dir = tempfile::tempdir().unwrap();
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca.distinguished_name.push(DnType::CommonName, format!("{name} CA"));
+        let ca = ca.self_signed(&ca_key).unwrap();
+        std::fs::write(dir.path().join("ca.pem"), ca.pem()).unwrap();
+        let pki = Pki { dir, ca, ca_key };
+        pki.issue("cert", &["127.0.0.1", "::1", "localhost"]);
+        pki
+    }
+
+    /// Issues `<stem>.pem` and `<stem>-key.pem` with these subject alternative names (IP
+    /// addresses or DNS names), and returns the flags that use it.
+    pub fn issue(&self, stem: &str, names: &[&str]) -> Vec<String> {
+        use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose, KeyPair};
+        let key = KeyPair::generate().unwrap();
+        let names = names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+        let mut leaf = CertificateParams::new(names).unwrap();
+        leaf.distinguished_name.push(DnType::CommonName, format!("kpng {stem}"));
+        leaf.extended_key_usages =
+            vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
+        let leaf = leaf.signed_by(&key, &self.ca, &self.ca_key).unwrap();
+        let (cert, key_path) =
+            (self.path(&format!("{stem}.pem")), self.path(&format!("{stem}-key.pem")));
+        std::fs::write(&cert, leaf.pem()).unwrap();
+        std::fs::write(&key_path, key.serialize_pem()).unwrap();
+        [
+            "--tls-cert".into(),
+            cert,
+            "--tls-key".into(),
+            key_path,
+            "--tls-ca".into(),
+            self.path("ca.pem"),
+        ]
+        .to_vec()
+    }
+
+    /// The flags that use `cert.pem`.
+    pub fn args(&self) -> Vec<String> {
+        [
+            "--tls-cert".into(),
+            self.path("cert.pem"),
+            "--tls-key".into(),
+            self.path("cert-key.pem"),
+            "--tls-ca".into(),
+            self.path("ca.pem"),
+        ]
+        .to_vec()
+    }
+
+    fn path(&self, file: &str) -> String {
+        self.dir.path().join(file).to_str().unwrap().to_string()
+    }
+}
