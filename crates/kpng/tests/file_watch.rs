@@ -91,3 +91,59 @@ fn an_unreadable_file_is_reported_once_not_at_every_event() {
     let warnings = kpng.stderr().matches("cannot read manifests").count();
     assert_eq!(warnings, 1, "{}", kpng.stderr());
 }
+
+/// The endpoint IPs set by a change set.
+fn endpoints_set(change: &[serde_json::Value]) -> Vec<String> {
+    let set = change.iter().filter(|op| op["op"] == "set");
+    let ips = set.filter_map(|op| op["endpoint"]["endpoint"]["ip"].as_str());
+    ips.map(str::to_string).collect()
+}
+
+#[test]
+fn the_path_is_followed_through_symlinks_and_replaced_directories() {
+    let base = tempfile::tempdir().unwrap();
+    let (links, data, other) =
+        (base.path().join("links"), base.path().join("data"), base.path().join("other"));
+    for dir in [&links, &data, &other] {
+        std::fs::create_dir(dir).unwrap();
+    }
+    let original = std::fs::read_to_string(example()).unwrap();
+    assert!(original.contains("10.244.0.5"));
+    std::fs::write(data.join("cluster.yaml"), &original).unwrap();
+    // links/cluster.yaml -> ../data/cluster.yaml: only the link is in the input's directory.
+    let input = links.join("cluster.yaml");
+    std::os::unix::fs::symlink("../data/cluster.yaml", &input).unwrap();
+    let mut kpng = watching(&input);
+
+    // An edit of the target, in the target's directory.
+    support::replace_file(
+        &data.join("cluster.yaml"),
+        &original.replace("10.244.0.5", "10.244.0.6"),
+    );
+    assert_eq!(endpoints_set(&kpng.next_change_set()), ["10.244.0.6"]);
+
+    // The target's directory removed, then created again with another content.
+    std::fs::remove_dir_all(&data).unwrap();
+    nothing_changed(&kpng, "a missing input");
+    std::fs::create_dir(&data).unwrap();
+    std::fs::write(data.join("cluster.yaml"), original.replace("10.244.0.5", "10.244.0.7"))
+        .unwrap();
+    assert_eq!(endpoints_set(&kpng.next_change_set()), ["10.244.0.7"]);
+
+    // The link repointed into a third directory, then that file edited.
+    std::fs::write(other.join("cluster.yaml"), original.replace("10.244.0.5", "10.244.0.8"))
+        .unwrap();
+    let repointed = links.join("cluster.yaml.new");
+    std::os::unix::fs::symlink("../other/cluster.yaml", &repointed).unwrap();
+    std::fs::rename(&repointed, &input).unwrap();
+    assert_eq!(endpoints_set(&kpng.next_change_set()), ["10.244.0.8"]);
+    support::replace_file(
+        &other.join("cluster.yaml"),
+        &original.replace("10.244.0.5", "10.244.0.9"),
+    );
+    assert_eq!(endpoints_set(&kpng.next_change_set()), ["10.244.0.9"]);
+    // The directory the link used to point into no longer matters.
+    std::fs::write(data.join("cluster.yaml"), original.replace("10.244.0.5", "10.244.0.10"))
+        .unwrap();
+    nothing_changed(&kpng, "an edit of the file the link no longer names");
+}

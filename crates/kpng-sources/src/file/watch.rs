@@ -1,15 +1,15 @@
 //! [`FileSource`]: reads the manifests file into the store, and re-reads it on change.
 
 use std::hash::{DefaultHasher, Hasher};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use kpng_model::Kind;
 use kpng_store::{SourceEvent, StoreWriter};
-use notify::Watcher;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use super::follow::Follower;
 use super::parse::{DocumentError, Manifests, parse_manifests};
 use super::verdict::{Content, DROP_HOLD, Ending, Held as HeldBack, Verdict, judge};
 use crate::convert::ConvertOptions;
@@ -19,6 +19,8 @@ use crate::convert::ConvertOptions;
 const SETTLE: Duration = Duration::from_millis(250);
 /// A file written without pause is still read this often.
 const MAX_SETTLE: Duration = Duration::from_secs(5);
+/// A watch that could not be rebuilt is tried again this often.
+const RETRY_WATCH: Duration = Duration::from_secs(5);
 /// While the file cannot be read, the warning is repeated at most this often.
 const READ_WARNING_EVERY: Duration = Duration::from_secs(60);
 
@@ -125,7 +127,10 @@ impl FileSource {
     pub async fn run(self, mut writer: StoreWriter) -> Result<(), FileError> {
         // Watch before the first read: a change made meanwhile is not missed.
         let watching = match self.watch {
-            true => Some(self.watch_directory()?),
+            true => Some(
+                Follower::new(&self.path)
+                    .map_err(|source| FileError::Watch { path: self.path.clone(), source })?,
+            ),
             false => None,
         };
         let bytes = std::fs::read(&self.path)
@@ -135,7 +140,7 @@ impl FileSource {
         let mut watched = Watched { seen: Some(hash(&bytes)), ..Watched::default() };
         drop(bytes);
         self.apply(&mut writer, &mut watched, manifests, "loaded manifests");
-        let Some((_watcher, mut events)) = watching else {
+        let Some((mut follower, mut events)) = watching else {
             std::future::pending::<()>().await;
             return Ok(());
         };
@@ -143,12 +148,32 @@ impl FileSource {
             let deadline = watched.held.map(|h| h.since + self.drop_hold);
             tokio::select! {
                 event = events.recv() => match event {
-                    Some(()) => settle(&mut events).await,
+                    Some(()) => {
+                        settle(&mut events).await;
+                        self.follow(&mut follower);
+                    }
                     None => return Ok(()),
                 },
                 () = sleep_until(deadline), if deadline.is_some() => {}
+                // A watch that could not be rebuilt is tried again until it can.
+                () = tokio::time::sleep(RETRY_WATCH), if !follower.is_whole() => {
+                    self.follow(&mut follower);
+                }
             }
             self.reread(&mut writer, &mut watched);
+        }
+    }
+
+    /// Rebuilds the watch if what the path resolves to changed (a directory replaced, a
+    /// symlink repointed); a failure is logged and retried.
+    fn follow(&self, follower: &mut Follower) {
+        let path = self.path.display();
+        match follower.refresh() {
+            Ok(true) => tracing::info!(%path, "following the input where it now resolves"),
+            Ok(false) => {}
+            Err(error) => {
+                tracing::warn!(%path, %error, retry_in = ?RETRY_WATCH, "cannot watch the input's directories; retrying")
+            }
         }
     }
 
@@ -247,28 +272,6 @@ impl FileSource {
         } else {
             tracing::debug!(%path, %error, "cannot read manifests");
         }
-    }
-
-    /// Watches the file's directory (editors and ConfigMap volumes replace files rather
-    /// than write them in place), forwarding a signal for every event.
-    fn watch_directory(
-        &self,
-    ) -> Result<(notify::RecommendedWatcher, mpsc::UnboundedReceiver<()>), FileError> {
-        let error = |source| FileError::Watch { path: self.path.clone(), source };
-        let (tx, rx) = mpsc::unbounded_channel();
-        let mut watcher =
-            notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-                if event.is_ok_and(|e| !e.kind.is_access()) {
-                    let _ = tx.send(());
-                }
-            })
-            .map_err(error)?;
-        let dir = match self.path.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p,
-            _ => Path::new("."),
-        };
-        watcher.watch(dir, notify::RecursiveMode::NonRecursive).map_err(error)?;
-        Ok((watcher, rx))
     }
 }
 
