@@ -21,14 +21,14 @@ pub enum ClientError {
     /// Refused before connecting (plaintext off the machine, unusable TLS files).
     #[error(transparent)]
     Security(#[from] SecurityError),
-    /// The connection failed.
-    #[error("connecting to {address}: {source}")]
+    /// The connection failed. The message carries the failure's causes (tonic's own says
+    /// only "transport error").
+    #[error("connecting to {address}: {}", chain(.error))]
     Connect {
         /// The server.
         address: Address,
         /// The failure.
-        #[source]
-        source: tonic::transport::Error,
+        error: tonic::transport::Error,
     },
     /// The server refused or ended the stream with an error (its code and message; the
     /// transport error behind it, if any, is in the message).
@@ -48,7 +48,7 @@ impl ClientError {
     pub fn is_permanent(&self) -> bool {
         match self {
             ClientError::Security(_) | ClientError::Wire(_) => true,
-            ClientError::Connect { source, .. } => io_kinds(source).any(|kind| {
+            ClientError::Connect { error, .. } => io_kinds(error).any(|kind| {
                 use std::io::ErrorKind::*;
                 matches!(kind, PermissionDenied | NotADirectory | InvalidData | InvalidInput)
             }),
@@ -92,7 +92,7 @@ pub enum Retry {
 /// here, before any connection is tried.
 pub async fn connect(address: &Address, security: &Security) -> Result<Channel, ClientError> {
     security.check(address)?;
-    let failed = |source| ClientError::Connect { address: address.clone(), source };
+    let failed = |error| ClientError::Connect { address: address.clone(), error };
     match address {
         Address::Unix(path) => {
             let path = path.clone();

@@ -12,7 +12,7 @@ use serde::Deserialize;
 use crate::cli::{GlobalOption, global_options};
 
 /// Process-wide options that describe one invocation, not a node's configuration.
-const NOT_KEYS: &[&str] = &["config", "once", "dry-run", "stats"];
+const NOT_KEYS: &[&str] = &["config", "once", "once-timeout", "dry-run", "stats"];
 
 /// The options a config file may set: every process-wide option but [`NOT_KEYS`].
 fn keys() -> Vec<GlobalOption> {

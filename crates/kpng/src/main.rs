@@ -11,6 +11,7 @@
 //! - [`config`]: the config file, merged under the command line.
 //! - [`limits`]: the open-file limit, raised at start and shared between clients and
 //!   kpng's own work.
+//! - [`once`]: `--once`'s deadline, and the last warning logged that explains it.
 //! - [`pipeline`]: wires the chosen source to the chosen sink through the store, and
 //!   handles `--once`.
 //! - [`servers`]: the admin and health-check HTTP servers.
@@ -22,6 +23,7 @@ mod aggregate;
 mod cli;
 mod config;
 mod limits;
+mod once;
 mod pipeline;
 mod process;
 mod servers;
@@ -79,18 +81,20 @@ fn main() -> std::process::ExitCode {
 }
 
 /// Logs on standard error: text (coloured only on a terminal, and not with $NO_COLOR) or
-/// one JSON object per line.
+/// one JSON object per line. The last warning is kept whatever the filter ([`once`]).
 fn init_logging(args: &cli::LoggingArgs) {
+    use tracing_subscriber::prelude::*;
     let filter = EnvFilter::try_new(&args.log).unwrap_or_else(|e| {
         eprintln!("kpng: invalid --log filter {:?}: {e}; using \"info\"", args.log);
         EnvFilter::new("info")
     });
-    let builder = tracing_subscriber::fmt().with_writer(std::io::stderr).with_env_filter(filter);
-    match args.logging_format {
+    let layer = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let layer = match args.logging_format {
         cli::LogFormat::Text => {
             let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
-            builder.with_ansi(ansi).init();
+            layer.with_ansi(ansi).boxed()
         }
-        cli::LogFormat::Json => builder.json().flatten_event(true).with_current_span(false).init(),
-    }
+        cli::LogFormat::Json => layer.json().flatten_event(true).with_current_span(false).boxed(),
+    };
+    tracing_subscriber::registry().with(layer.with_filter(filter)).with(once::LastWarning).init();
 }

@@ -195,6 +195,7 @@ async fn kube_client(args: &KubeArgs) -> anyhow::Result<kube::Client> {
     if let Some(server) = &args.server {
         config.cluster_url = parse(server)?;
     }
+    tracing::info!(server = %config.cluster_url, "Kubernetes API server");
     kube::Client::try_from(config).context("creating the Kubernetes client")
 }
 
@@ -270,6 +271,10 @@ where
         process,
     );
     let once = global.once;
+    let mut ready = reader.clone();
+    let listed = async move {
+        ready.wait_ready().await;
+    };
     let sink = async {
         match sink {
             Sink::File(to_file) => run_to_file(reader, to_file, once).await,
@@ -297,8 +302,16 @@ where
         }
     };
 
+    let what = "the source did not connect and complete its initial list";
+    let once_deadline = async {
+        match once {
+            true => crate::once::deadline(global.once_timeout, what, listed).await,
+            false => std::future::pending().await,
+        }
+    };
     let result = tokio::select! {
         result = feed(writer) => result,
+        result = once_deadline => result,
         result = sink => result,
         () = stats => Ok(()),
         () = admin => Ok(()),
@@ -368,14 +381,41 @@ async fn run_local(
         },
         process,
     );
-    let (changes, received) = tokio::sync::mpsc::channel(4);
+    let (changes, mut incoming) = tokio::sync::mpsc::channel(4);
     let context = format!("following node {node}'s state from {}", args.server);
     let follow = kpng_api::client::follow_node(args.server, security, node, changes, retry);
+    // Change sets pass through a relay that notes the first one: with --once, it must come
+    // within --once-timeout.
+    let (forward, received) = tokio::sync::mpsc::channel(1);
+    let delivered = Arc::new(tokio::sync::Notify::new());
+    let first = delivered.clone();
+    let relay = async move {
+        while let Some(ops) = incoming.recv().await {
+            first.notify_one();
+            if forward.send(ops).await.is_err() {
+                break;
+            }
+        }
+        // Either end stopped: the runner sees its channel close, the follower its own.
+        drop((forward, incoming));
+        std::future::pending::<()>().await
+    };
+    let once_deadline = async {
+        match global.once {
+            true => {
+                let what = "the server did not deliver this node's state";
+                crate::once::deadline(global.once_timeout, what, delivered.notified()).await
+            }
+            false => std::future::pending().await,
+        }
+    };
     let mut runner = std::pin::pin!(on_own_thread(move || {
         kpng_runner::run_remote(received, backends, options, stats, addresses)
     }));
     tokio::select! {
         () = admin => Ok(()),
+        () = relay => Ok(()),
+        result = once_deadline => result,
         result = follow => match result {
             // The runner stopped taking change sets: its own result says why.
             Ok(()) => Ok((&mut runner).await??),

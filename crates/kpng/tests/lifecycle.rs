@@ -149,3 +149,37 @@ fn once_clients_exit_on_a_permanent_error() {
     assert!(stderr.contains("ermission denied"), "{stderr}");
     assert!(stderr.contains(&address), "names the server: {stderr}");
 }
+
+#[test]
+fn once_gives_up_when_the_source_cannot_connect() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = format!("unix://{}", dir.path().join("missing.sock").display());
+    let cases = [
+        (
+            vec!["local", "--server", missing.as_str(), "--node", "n1", "to-json"],
+            "the server did not deliver this node's state within 2s",
+            "missing.sock: transport error: No such file or directory",
+        ),
+        (
+            vec!["kube", "--server", "http://127.0.0.1:1", "--node", "n1", "to-local", "to-json"],
+            "the source did not connect and complete its initial list within 2s",
+            "Connection refused",
+        ),
+    ];
+    for (args, what, named) in cases {
+        let mut command = Command::new(binary());
+        command
+            .args(&args)
+            .args(["--once", "--once-timeout", "2s"])
+            .env("KPNG_HEALTHZ_BIND_ADDRESS", "127.0.0.1:0")
+            .env("KPNG_METRICS_BIND_ADDRESS", "127.0.0.1:0")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = command.spawn().unwrap();
+        let (status, stderr) = wait_exit(&mut child, STUCK);
+        assert!(!status.success(), "{args:?}: {stderr}");
+        let last = stderr.lines().last().unwrap_or_default();
+        assert!(last.contains(what) && last.contains("the last error"), "{args:?}: {stderr}");
+        assert!(last.contains(named), "the last error says what failed: {last}");
+    }
+}

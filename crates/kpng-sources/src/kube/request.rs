@@ -28,9 +28,15 @@ pub enum ApiError {
         /// The Status object's message, shortened.
         message: String,
     },
-    /// The request could not be sent or its answer not read.
-    #[error("request failed: {0}")]
-    Transport(#[source] kube::Error),
+    /// The request could not be sent or its answer not read: the URL, and the error with
+    /// its causes (`client error (Connect): tcp connect error: Connection refused`).
+    #[error("GET {url}: {cause}")]
+    Transport {
+        /// The URL requested.
+        url: String,
+        /// What failed, with its causes.
+        cause: String,
+    },
     /// The request did not complete in time.
     #[error("no answer within {0:?}")]
     Timeout(Duration),
@@ -40,6 +46,11 @@ pub enum ApiError {
 }
 
 impl ApiError {
+    /// A request to `url` that failed in transport.
+    fn transport(url: &str, error: kube::Error) -> ApiError {
+        ApiError::Transport { url: url.to_string(), cause: kpng_api::client::chain(&error) }
+    }
+
     /// The status code, for a status error.
     pub fn code(&self) -> Option<u16> {
         match self {
@@ -78,7 +89,7 @@ async fn send(client: &kube::Client, url: &str) -> Result<kube::client::Body, Ap
         .header(http::header::ACCEPT, "application/json")
         .body(kube::client::Body::empty())
         .map_err(|e| ApiError::Invalid(format!("request {url:?}: {e}")))?;
-    let response = client.send(request).await.map_err(ApiError::Transport)?;
+    let response = client.send(request).await.map_err(|e| ApiError::transport(url, e))?;
     let status = response.status();
     let body = response.into_body();
     if status.is_success() {
@@ -115,7 +126,7 @@ async fn read_limited(mut body: kube::client::Body, limit: usize) -> Option<Byte
 pub async fn get(client: &kube::Client, url: &str) -> Result<Bytes, ApiError> {
     let fetch = async {
         let body = send(client, url).await?;
-        let collected = body.collect().await.map_err(ApiError::Transport)?;
+        let collected = body.collect().await.map_err(|e| ApiError::transport(url, e))?;
         Ok(collected.to_bytes())
     };
     tokio::time::timeout(PAGE_TIMEOUT, fetch).await.map_err(|_| ApiError::Timeout(PAGE_TIMEOUT))?
@@ -123,6 +134,7 @@ pub async fn get(client: &kube::Client, url: &str) -> Result<Bytes, ApiError> {
 
 /// A watch response: newline-separated JSON events.
 pub struct WatchLines {
+    url: String,
     body: kube::client::Body,
     buffer: BytesMut,
     idle: Duration,
@@ -136,7 +148,7 @@ pub async fn watch(
 ) -> Result<WatchLines, ApiError> {
     let opened = tokio::time::timeout(PAGE_TIMEOUT, send(client, url));
     let body = opened.await.map_err(|_| ApiError::Timeout(PAGE_TIMEOUT))??;
-    Ok(WatchLines { body, buffer: BytesMut::new(), idle })
+    Ok(WatchLines { url: url.to_string(), body, buffer: BytesMut::new(), idle })
 }
 
 impl WatchLines {
@@ -160,7 +172,7 @@ impl WatchLines {
                         self.buffer.extend_from_slice(&data);
                     }
                 }
-                Some(Err(e)) => return Err(ApiError::Transport(e)),
+                Some(Err(e)) => return Err(ApiError::transport(&self.url, e)),
                 // A last line without a newline still counts.
                 None if !self.buffer.iter().all(u8::is_ascii_whitespace) => {
                     return Ok(Some(std::mem::take(&mut self.buffer).freeze()));

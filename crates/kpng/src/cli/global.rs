@@ -25,6 +25,12 @@ pub struct GlobalArgs {
     #[arg(long, global = true)]
     pub once: bool,
 
+    /// With --once, how long the source may take to connect and complete its initial list
+    /// (or, for `kpng local`, to deliver the node's state); past it kpng exits non-zero with
+    /// the last error (`0`: wait forever).
+    #[arg(long, global = true, default_value = "60s", value_parser = parse_duration, value_name = "DURATION")]
+    pub once_timeout: Duration,
+
     /// Print a tab-separated stats line every second on standard error: time (ms), source
     /// events, store revisions, node-state revisions, user and system CPU (ms), CPU %, RSS
     /// (MiB), and revisions per event (%).
