@@ -28,15 +28,24 @@ pub struct DaemonOptions {
     /// Where producer names' owners are saved whenever a name is first used
     /// (`--producer-bindings`); `None`: kept in memory only.
     pub bindings: Option<PathBuf>,
+    /// A producer whose publications are refused this many times in a row is cut off
+    /// (`--max-rejections`).
+    pub max_rejections: u32,
 }
 
+/// Acknowledgements waiting for a producer to read them; one more and it is cut off (a
+/// producer that does not read them would otherwise make them pile up).
+pub const ACK_QUEUE: usize = 256;
+
 impl Default for DaemonOptions {
-    /// A 60 s lease, no rate limit, bindings in memory.
+    /// A 60 s lease, no rate limit, bindings in memory, cut off after 10 rejections in a
+    /// row.
     fn default() -> Self {
         DaemonOptions {
             lease: Duration::from_secs(60),
             min_sync_period: Duration::ZERO,
             bindings: None,
+            max_rejections: 10,
         }
     }
 }
@@ -57,6 +66,7 @@ pub struct Connection {
     pub producer: String,
     id: u64,
     handle: Handle,
+    cut: Arc<Mutex<Option<String>>>,
 }
 
 impl Connection {
@@ -65,6 +75,24 @@ impl Connection {
         let request =
             Request::Publish { producer: self.producer.clone(), id: self.id, publication };
         let _ = self.handle.requests.send(request).await;
+    }
+
+    /// Refuses a publication the server could not read: counted with the daemon's own
+    /// refusals, and answered on the outcome channel.
+    pub async fn reject(&self, rejection: Rejection) {
+        let request = Request::Reject { producer: self.producer.clone(), id: self.id, rejection };
+        let _ = self.handle.requests.send(request).await;
+    }
+
+    /// Why the daemon cut this connection off, once it has (its outcome channel then
+    /// ends).
+    pub fn cut_reason(&self) -> Option<String> {
+        self.cut.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// A handle on the reason, for the stream that outlives the connection.
+    pub fn cut_slot(&self) -> Arc<Mutex<Option<String>>> {
+        self.cut.clone()
     }
 }
 
@@ -87,13 +115,19 @@ enum Request {
     Connect {
         producer: String,
         identity: PeerIdentity,
-        outcomes: mpsc::UnboundedSender<Outcome>,
+        outcomes: mpsc::Sender<Outcome>,
+        cut: Arc<Mutex<Option<String>>>,
         reply: oneshot::Sender<Result<u64, Refusal>>,
     },
     Publish {
         producer: String,
         id: u64,
         publication: Publication,
+    },
+    Reject {
+        producer: String,
+        id: u64,
+        rejection: Rejection,
     },
     Disconnect {
         producer: String,
@@ -125,15 +159,22 @@ impl Handle {
         &self,
         producer: &str,
         identity: PeerIdentity,
-    ) -> Result<(Connection, mpsc::UnboundedReceiver<Outcome>), Refusal> {
-        let (outcomes, receiver) = mpsc::unbounded_channel();
+    ) -> Result<(Connection, mpsc::Receiver<Outcome>), Refusal> {
+        let (outcomes, receiver) = mpsc::channel(ACK_QUEUE);
         let (reply, answer) = oneshot::channel();
-        let request =
-            Request::Connect { producer: producer.to_string(), identity, outcomes, reply };
-        let stopped = || Refusal::NotConnected(producer.to_string());
+        let cut = Arc::new(Mutex::new(None));
+        let producer = producer.to_string();
+        let request = Request::Connect {
+            producer: producer.clone(),
+            identity,
+            outcomes,
+            cut: cut.clone(),
+            reply,
+        };
+        let stopped = || Refusal::NotConnected(producer.clone());
         self.requests.send(request).await.map_err(|_| stopped())?;
         let id = answer.await.map_err(|_| stopped())??;
-        let connection = Connection { producer: producer.to_string(), id, handle: self.clone() };
+        let connection = Connection { producer, id, handle: self.clone(), cut };
         Ok((connection, receiver))
     }
 
@@ -175,6 +216,7 @@ pub fn spawn(
         next_id: 0,
         pace: Pace::new(options.min_sync_period),
         bindings: options.bindings,
+        max_rejections: options.max_rejections.max(1),
         observed,
         totals: Totals::default(),
     };
@@ -193,13 +235,23 @@ fn save_bindings(path: Option<&std::path::Path>, aggregator: &Aggregator) {
     }
 }
 
+/// A connected producer, as the daemon answers it.
+struct Producing {
+    id: u64,
+    outcomes: mpsc::Sender<Outcome>,
+    /// Publications refused since the last one committed.
+    refused_in_a_row: u32,
+    cut: Arc<Mutex<Option<String>>>,
+}
+
 struct Daemon {
     /// `None` only while a batch runs on a blocking thread.
     aggregator: Option<(Aggregator, Box<dyn Applier>)>,
-    connections: BTreeMap<String, (u64, mpsc::UnboundedSender<Outcome>)>,
+    connections: BTreeMap<String, Producing>,
     next_id: u64,
     pace: Pace,
     bindings: Option<PathBuf>,
+    max_rejections: u32,
     observed: Arc<Mutex<(Report, Totals)>>,
     totals: Totals,
 }
@@ -239,11 +291,13 @@ impl Daemon {
     fn handle(&mut self, request: Request) {
         let Some((aggregator, _)) = self.aggregator.as_mut() else { return };
         match request {
-            Request::Connect { producer, identity, outcomes, reply } => {
+            Request::Connect { producer, identity, outcomes, cut, reply } => {
                 let result = aggregator.connect(&producer, &identity.key()).map(|binding| {
                     self.next_id += 1;
-                    self.connections.insert(producer.clone(), (self.next_id, outcomes));
-                    (self.next_id, binding)
+                    let id = self.next_id;
+                    let producing = Producing { id, outcomes, refused_in_a_row: 0, cut };
+                    self.connections.insert(producer.clone(), producing);
+                    (id, binding)
                 });
                 match &result {
                     Ok((_, binding)) => {
@@ -260,20 +314,23 @@ impl Daemon {
                 self.observe();
             }
             Request::Publish { producer, id, publication } => {
-                let Some((current, outcomes)) = self.connections.get(&producer) else { return };
-                if *current != id {
+                if self.connections.get(&producer).is_none_or(|p| p.id != id) {
                     return;
                 }
                 if let Err(rejection) = aggregator.publish(&producer, publication) {
-                    tracing::warn!(%rejection, "publication refused");
-                    let _ = outcomes.send(Outcome::Rejected(rejection));
+                    self.answer(&producer, Outcome::Rejected(rejection));
+                }
+            }
+            Request::Reject { producer, id, rejection } => {
+                if self.connections.get(&producer).is_some_and(|p| p.id == id) {
+                    self.answer(&producer, Outcome::Rejected(rejection));
                 }
             }
             Request::State { reply } => {
                 let _ = reply.send(aggregator.report(std::time::Instant::now(), true));
             }
             Request::Disconnect { producer, id } => {
-                if self.connections.get(&producer).is_some_and(|(current, _)| *current == id) {
+                if self.connections.get(&producer).is_some_and(|p| p.id == id) {
                     self.connections.remove(&producer);
                     aggregator.disconnect(&producer, std::time::Instant::now());
                     tracing::info!(%producer, "producer disconnected: its tables stay for the lease");
@@ -306,21 +363,63 @@ impl Daemon {
             ?took,
             "batch"
         );
+        self.aggregator = Some((aggregator, applier));
         for (producer, revision) in &batch.acks {
-            if let Some((_, outcomes)) = self.connections.get(producer) {
-                let _ = outcomes.send(Outcome::Committed(*revision));
-            }
+            self.answer(producer, Outcome::Committed(*revision));
         }
         for rejection in batch.rejections {
-            tracing::warn!(%rejection, "producer's changes refused by nft");
-            if let Some((_, outcomes)) = self.connections.get(&rejection.producer) {
-                let _ = outcomes.send(Outcome::Rejected(rejection));
-            }
+            let producer = rejection.producer.clone();
+            self.answer(&producer, Outcome::Rejected(rejection));
         }
         self.totals.batches += 1;
         self.totals.transactions += batch.transactions as u64;
         self.totals.commands += batch.commands as u64;
-        self.aggregator = Some((aggregator, applier));
+        self.observe();
+    }
+
+    /// Answers `producer`'s connection, if it has one: a commit clears its count of
+    /// refusals in a row, a refusal adds to it (and is logged with that count, its object
+    /// and message already cut short). A producer refused `max_rejections` times in a row,
+    /// or that leaves [`ACK_QUEUE`] answers unread, is cut off: its connection ends with the
+    /// reason and its lease starts.
+    fn answer(&mut self, producer: &str, outcome: Outcome) {
+        let Some(producing) = self.connections.get_mut(producer) else { return };
+        let cut = match &outcome {
+            Outcome::Committed(_) => {
+                producing.refused_in_a_row = 0;
+                None
+            }
+            Outcome::Rejected(rejection) => {
+                producing.refused_in_a_row += 1;
+                let in_a_row = producing.refused_in_a_row;
+                tracing::warn!(%rejection, in_a_row, "publication refused");
+                (in_a_row >= self.max_rejections).then(|| {
+                    format!("{in_a_row} publications in a row were refused (--max-rejections)")
+                })
+            }
+        };
+        let cut = match producing.outcomes.try_send(outcome) {
+            Ok(()) => cut,
+            Err(mpsc::error::TrySendError::Full(_)) => Some(format!(
+                "it left {ACK_QUEUE} acknowledgements unread (a producer must read them)"
+            )),
+            Err(mpsc::error::TrySendError::Closed(_)) => cut,
+        };
+        if let Some(reason) = cut {
+            self.cut_off(producer, reason);
+        }
+    }
+
+    /// Ends `producer`'s connection with `reason`: the stream is closed (the server tells
+    /// the producer why) and the lease starts.
+    fn cut_off(&mut self, producer: &str, reason: String) {
+        let Some(producing) = self.connections.remove(producer) else { return };
+        tracing::warn!(%producer, %reason, "producer cut off: its tables stay for the lease");
+        *producing.cut.lock().unwrap_or_else(|e| e.into_inner()) = Some(reason);
+        if let Some((aggregator, _)) = self.aggregator.as_mut() {
+            aggregator.disconnect(producer, std::time::Instant::now());
+            aggregator.cut(producer);
+        }
         self.observe();
     }
 

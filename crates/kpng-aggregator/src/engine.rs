@@ -65,6 +65,35 @@ pub struct Rejection {
     pub message: String,
 }
 
+/// Bytes of an object or a message a rejection carries: a publication's element may be a
+/// megabyte long, and neither the log nor the acknowledgement needs more than its start.
+pub const EXCERPT: usize = 200;
+
+impl Rejection {
+    /// A rejection whose object and message are cut to [`EXCERPT`] bytes, saying how long
+    /// they were.
+    pub fn new(producer: &str, revision: u64, object: String, message: String) -> Rejection {
+        Rejection {
+            producer: producer.to_string(),
+            revision,
+            object: excerpt(object),
+            message: excerpt(message),
+        }
+    }
+}
+
+/// `text` cut to [`EXCERPT`] bytes (at a character boundary), with its length when cut.
+pub fn excerpt(mut text: String) -> String {
+    if text.len() <= EXCERPT {
+        return text;
+    }
+    let length = text.len();
+    let cut = (0..=EXCERPT).rev().find(|at| text.is_char_boundary(*at)).unwrap_or(0);
+    text.truncate(cut);
+    text.push_str(&format!("... ({length} bytes)"));
+    text
+}
+
 /// What one batch did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Batch {
@@ -218,18 +247,26 @@ impl Aggregator {
         }
     }
 
+    /// A producer cut off for misbehaving: what it published since its last batch is
+    /// dropped, not committed; its committed tables stay (for its lease).
+    pub fn cut(&mut self, name: &str) {
+        if let Some(producer) = self.producers.get_mut(name)
+            && producer.pending.is_some()
+        {
+            producer.desired = producer.committed.clone();
+            producer.changes = Changes::default();
+            producer.pending = None;
+        }
+    }
+
     /// Records a publication, to be committed with the next batch. Refused at once, with
     /// nothing changed, if an update does not apply, a text is invalid, or a table is not
     /// the producer's to take. The work is proportional to the publication, not to the
     /// producer's state.
     pub fn publish(&mut self, name: &str, publication: Publication) -> Result<(), Rejection> {
         let Publication { revision, updates } = publication;
-        let reject = |object: String, message: String| Rejection {
-            producer: name.to_string(),
-            revision,
-            object,
-            message,
-        };
+        let reject =
+            |object: String, message: String| Rejection::new(name, revision, object, message);
         let producer = self.producers.get_mut(name).filter(|p| p.presence == Presence::Connected);
         let Some(producer) = producer else {
             return Err(reject(String::new(), Refusal::NotConnected(name.to_string()).to_string()));
@@ -373,5 +410,5 @@ fn rejection(producer: &str, revision: u64, script: &Script, error: NftError) ->
         .map(str::to_string)
         .or_else(|| script.commands.first().cloned())
         .unwrap_or_default();
-    Rejection { producer: producer.to_string(), revision, object, message: error.message }
+    Rejection::new(producer, revision, object, error.message)
 }

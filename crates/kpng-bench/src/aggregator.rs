@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use kpng_aggregator::client::{Ack, Publisher};
 use kpng_aggregator::daemon::{self, DaemonOptions};
-use kpng_aggregator::service::PublishService;
+use kpng_aggregator::service::{MAX_UNACKNOWLEDGED, PublishService};
 use kpng_aggregator::{Aggregator, Chain, Family, NftApplier, Publication, Set, SetKind};
 use kpng_aggregator::{State, Table, TableKey, Update};
 use kpng_api::{Address, Security};
@@ -196,7 +196,7 @@ fn aggregated(producers: usize, rate: u64, seconds: u64) -> anyhow::Result<Run> 
         let (handle, _daemon) =
             daemon::spawn(Aggregator::new(lease), Box::new(NftApplier::new()), options);
         let served = Served {
-            routes: PublishService::routes(handle.clone()),
+            routes: PublishService::routes(handle.clone(), MAX_UNACKNOWLEDGED),
             stats: Arc::new(ServerStats::default()),
             what: "the bench's aggregator",
         };

@@ -80,6 +80,7 @@ mod nftlb;
 mod plot;
 mod probe;
 mod projection;
+mod publication;
 mod restart;
 mod storm;
 mod syscalls;
@@ -193,6 +194,10 @@ struct Cli {
     /// Projection: repetitions per size.
     #[arg(long, default_value_t = 10)]
     projection_repeat: usize,
+    /// The size of `to-nft --aggregator`'s whole-state publication: cluster sizes
+    /// (services), comma-separated (0 skips it); endpoints as --endpoints.
+    #[arg(long, value_delimiter = ',', default_value = "1000")]
+    publication_services: Vec<usize>,
     /// Storm: real endpoint changes per second sent to the kpng binary, comma-separated (0
     /// skips the scenario; needs the kpng binary built).
     #[arg(long, value_delimiter = ',', default_value = "10,100,1000")]
@@ -274,6 +279,14 @@ fn main() -> anyhow::Result<()> {
     if !projection_rows.is_empty() {
         println!();
         projection::print(&projection_rows);
+    }
+    let mut publication_rows = Vec::new();
+    for &services in cli.publication_services.iter().filter(|s| **s > 0) {
+        publication_rows.push(publication::run(services, cli.endpoints)?);
+    }
+    if !publication_rows.is_empty() {
+        println!();
+        publication::print(&publication_rows);
     }
     let mut kube_rows = Vec::new();
     for &services in cli.kube_services.iter().filter(|s| **s > 0) {

@@ -174,7 +174,7 @@ fn the_helper_annotation_is_reported_and_not_rendered() {
 fn refusals_are_errors_and_the_tables_are_republished_whole() {
     use kpng_aggregator::client::Publisher;
     use kpng_aggregator::daemon::{self, DaemonOptions};
-    use kpng_aggregator::service::PublishService;
+    use kpng_aggregator::service::{MAX_UNACKNOWLEDGED, PublishService};
     use kpng_aggregator::{Aggregator, Family, MemoryApplier, Publication, Table, TableKey};
     use kpng_api::Security;
     use kpng_model::Protocol;
@@ -195,7 +195,7 @@ fn refusals_are_errors_and_the_tables_are_republished_whole() {
         handle
     });
     let served = Served {
-        routes: PublishService::routes(handle.clone()),
+        routes: PublishService::routes(handle.clone(), MAX_UNACKNOWLEDGED),
         stats: std::sync::Arc::new(ServerStats::default()),
         what: "the test's aggregator",
     };

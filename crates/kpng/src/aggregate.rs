@@ -53,11 +53,12 @@ pub async fn run_aggregate(
         lease: args.producer_lease,
         min_sync_period: global.sync.min_sync_period,
         bindings: Some(args.producer_bindings.clone()),
+        max_rejections: args.max_rejections,
     };
     let (handle, _daemon) = daemon::spawn(aggregator, applier, options);
     let _admin = admin_server(global, &handle, process);
     let served = Served {
-        routes: PublishService::routes(handle),
+        routes: PublishService::routes(handle, args.max_unacknowledged_bytes),
         stats: Arc::new(ServerStats::default()),
         what: "the nftables aggregator",
     };

@@ -347,6 +347,26 @@ impl ConnArgs {
     }
 }
 
+/// A size in bytes: a number, or with `Ki`, `Mi` or `Gi`.
+fn parse_bytes(text: &str) -> Result<usize, String> {
+    let (number, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+        Some(at) => text.split_at(at),
+        None => (text, ""),
+    };
+    let shift = match unit {
+        "" => 0,
+        "Ki" => 10,
+        "Mi" => 20,
+        "Gi" => 30,
+        _ => return Err(format!("{text:?}: expected a number of bytes, or with Ki, Mi or Gi")),
+    };
+    let number: usize = number.parse().map_err(|_| format!("{text:?} is not a size"))?;
+    number
+        .checked_mul(1 << shift)
+        .filter(|bytes| *bytes > 0)
+        .ok_or_else(|| format!("{text:?}: more than 0, and not that much"))
+}
+
 fn parse_uid(text: &str) -> Result<u32, String> {
     if let Ok(uid) = text.parse() {
         return Ok(uid);
@@ -412,6 +432,16 @@ pub struct AggregateArgs {
     /// name.
     #[arg(long, value_name = "PATH", default_value = "/var/lib/kpng/aggregator-producers.json")]
     pub producer_bindings: PathBuf,
+    /// A producer whose publications are refused this many times in a row is cut off (its
+    /// stream ends with the reason; its tables stay for the lease).
+    #[arg(long, value_name = "N", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_rejections: u32,
+    /// Bytes of a producer's publications held before the aggregator has answered them;
+    /// past it the producer's stream is not read until answers come, and a larger
+    /// publication is refused. The default (128 MiB) holds two whole states of `to-nft` at
+    /// 100,000 services.
+    #[arg(long, value_name = "BYTES", default_value_t = kpng_aggregator::service::MAX_UNACKNOWLEDGED, value_parser = parse_bytes)]
+    pub max_unacknowledged_bytes: usize,
     /// How long a producer that disconnected keeps its tables; then they are deleted.
     /// After a restart, producers found in the kernel get this long to publish again.
     #[arg(long, default_value = "60s", value_parser = parse_duration, value_name = "DURATION")]

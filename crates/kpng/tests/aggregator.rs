@@ -137,3 +137,101 @@ fn aggregate_and_publish_through_the_binary() {
     drop(watching);
     wait_for("the lease to end", || !ruleset(&netns).contains("table inet fw"));
 }
+
+/// A process's peak resident memory (VmHWM), in KiB.
+fn peak_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[test]
+fn refused_publications_cost_a_bounded_log_and_memory() {
+    use kpng_aggregator::client::Publisher;
+    use kpng_aggregator::{Family, Publication, TableKey, Update};
+    if !require("refused_publications_cost_a_bounded_log_and_memory", &["nft", "ip"]) {
+        return;
+    }
+    let netns = Netns::new("aggflood");
+    let dir = tempfile::tempdir().unwrap();
+    let socket_path = dir.path().join("aggregator.sock");
+    let socket = format!("unix://{}", socket_path.display());
+    let bindings = dir.path().join("producers.json");
+    let log = dir.path().join("aggregator.log");
+    let args = [
+        "aggregate",
+        "--listen",
+        &socket,
+        "--netns",
+        netns.name(),
+        "--producer-bindings",
+        bindings.to_str().unwrap(),
+    ];
+    let mut command = kpng(&args);
+    command.stderr(std::fs::File::create(&log).unwrap());
+    let aggregator = Running(command.spawn().unwrap());
+    wait_for("the socket", || socket_path.exists());
+    let before = peak_kib(aggregator.0.id());
+
+    // 150 publications of 1 MiB each whose one element holds a ',' (refused, quoting the
+    // element), sent without reading a single acknowledgement.
+    let address = socket.parse().unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let ending = runtime.block_on(async {
+        let table = TableKey::new(Family::Ip, "flood");
+        let first = Publication { revision: 1, updates: vec![] };
+        let security = kpng_api::Security::default();
+        let mut publisher = Publisher::connect(&address, &security, "flood", &first).await.unwrap();
+        let sender = publisher.sender();
+        let mut sent = 0;
+        for revision in 2..152 {
+            let element = format!("10.0.0.1,{}", "x".repeat(1 << 20));
+            let update = Update::AddElements {
+                table: table.clone(),
+                set: "s".into(),
+                elements: vec![element],
+            };
+            if sender.publish(&Publication { revision, updates: vec![update] }).await.is_err() {
+                break;
+            }
+            sent += 1;
+        }
+        // Now read what came back: some refusals, then the end of the stream and why.
+        let mut refused = 0;
+        loop {
+            let next = tokio::time::timeout(STUCK, publisher.next_ack()).await;
+            let Ok(next) = next else {
+                return (sent, refused, "the stream stayed open".to_string());
+            };
+            match next {
+                Ok(Some(kpng_aggregator::client::Ack::Rejected(r))) => {
+                    assert!(
+                        r.message.len() < 400,
+                        "an excerpt, not the element: {}",
+                        r.message.len()
+                    );
+                    refused += 1;
+                }
+                Ok(Some(_)) => {}
+                Ok(None) => {
+                    return (sent, refused, "the stream ended without a reason".to_string());
+                }
+                Err(error) => return (sent, refused, error.to_string()),
+            }
+        }
+    });
+    let (sent, refused, why) = ending;
+    assert!(why.contains("cut off: 10 publications in a row were refused"), "{why}");
+    assert!(refused <= 10, "{refused} refusals after the cut");
+    assert!(sent < 150, "the stream was closed before everything was sent ({sent})");
+    let after = peak_kib(aggregator.0.id());
+    let grown = after.saturating_sub(before);
+    assert!(grown < 64 * 1024, "peak memory grew by {grown} KiB (from {before} KiB)");
+    let logged = std::fs::metadata(&log).unwrap().len();
+    eprintln!(
+        "{sent} sent, {refused} refused; peak {before} -> {after} KiB; {logged} bytes logged"
+    );
+    assert!(logged < 256 * 1024, "the aggregator logged {logged} bytes");
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("in_a_row=10") && text.contains("producer cut off"), "{text}");
+}

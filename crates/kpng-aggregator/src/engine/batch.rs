@@ -40,12 +40,7 @@ impl Aggregator {
             parts.retain(|part| match self.foreign_conflict(&part.producer) {
                 None => true,
                 Some((object, message)) => {
-                    let rejected = Rejection {
-                        producer: part.producer.clone(),
-                        revision: part.revision,
-                        object,
-                        message,
-                    };
+                    let rejected = Rejection::new(&part.producer, part.revision, object, message);
                     self.reject(rejected, now, &mut batch);
                     false
                 }

@@ -344,3 +344,15 @@ fn a_name_stays_with_the_identity_that_first_published_it() {
     assert!(matches!(restarted.connect("c", "uid:0"), Err(Refusal::Bound { .. })));
     assert_eq!(restarted.connect("c", "uid:65534"), Ok(Binding::Known));
 }
+
+#[test]
+fn a_rejection_carries_an_excerpt_of_what_was_refused() {
+    let long = format!("element {}", "1.2.3.4, ".repeat(100_000));
+    let rejection = Rejection::new("p", 3, long.clone(), "é".repeat(300));
+    assert!(rejection.object.len() < EXCERPT + 32, "{}", rejection.object.len());
+    assert!(rejection.object.starts_with("element 1.2.3.4"));
+    assert!(rejection.object.ends_with(&format!("... ({} bytes)", long.len())));
+    assert!(rejection.message.ends_with("... (600 bytes)"), "cut at a character boundary");
+    let short = Rejection::new("p", 3, "table ip t".into(), "no such file".into());
+    assert_eq!((short.object.as_str(), short.message.as_str()), ("table ip t", "no such file"));
+}
