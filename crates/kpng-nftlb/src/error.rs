@@ -28,6 +28,17 @@ pub enum NftlbError {
         /// The failure.
         source: std::io::Error,
     },
+    /// What listens at nftlb's address is not root's: the key is not sent.
+    #[error(
+        "refusing to send the nftlb key to {addr}: the socket listening there belongs to uid \
+         {owner}, not root (is another user holding nftlb's port while nftlb restarts?)"
+    )]
+    Untrusted {
+        /// nftlb's address.
+        addr: String,
+        /// The listener's owner.
+        owner: u32,
+    },
     /// nftlb answered with an error.
     #[error("nftlb refused {method} {path}: {status}: {body}")]
     Refused {

@@ -355,3 +355,75 @@ fn a_socket_directory_others_can_write_is_refused() {
     let server = Kpng::spawn(&["file", "--input", &example, "to-api", "--listen", &socket]);
     server.wait_stderr("serving the kpng API");
 }
+
+#[test]
+fn the_nftlb_key_goes_only_to_a_listener_root_owns() {
+    if !require("the_nftlb_key_goes_only_to_a_listener_root_owns", &["ip", "setpriv"]) {
+        return;
+    }
+    let netns = Netns::new("secnftlb");
+    let dir = shared_dir();
+    let key = dir.path().join("nftlb.key");
+    std::fs::write(&key, "secret\n").unwrap();
+    let example = example();
+    // Another user holds nftlb's port (as it could while nftlb restarts).
+    let squat = [
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        binary(),
+        "file",
+        "--input",
+        &example,
+        "to-api",
+        "--listen",
+        "tcp://127.0.0.1:5555",
+        "--insecure",
+        "--healthz-bind-address",
+        "127.0.0.1:0",
+        "--metrics-bind-address",
+        "127.0.0.1:0",
+    ];
+    let log = dir.path().join("squatter.log");
+    let squatter = netns
+        .command("setpriv", &squat)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    struct Kill(Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _squatter = Kill(squatter);
+    wait_for("the squatter to listen", || {
+        std::fs::read_to_string(&log).unwrap_or_default().contains("serving the kpng API")
+    });
+    let args = [
+        "file",
+        "--input",
+        &example,
+        "to-local",
+        "--node",
+        "node-a",
+        "to-nftlb",
+        "--nftlb-key-file",
+        key.to_str().unwrap(),
+        "--once",
+        "--healthz-bind-address",
+        "127.0.0.1:0",
+        "--metrics-bind-address",
+        "127.0.0.1:0",
+    ];
+    let out = netns.output(binary(), &args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("refusing to send the nftlb key to 127.0.0.1:5555")
+            && stderr.contains("belongs to uid 65534"),
+        "{stderr}"
+    );
+}
