@@ -18,13 +18,17 @@
 //!   (local-traffic detection).
 //! - [`endpoints`]: which endpoints of a service port this node picks from (the Cluster
 //!   and Local sets), read from the node state the same way for every dataplane.
+//! - [`problems`]: what a backend found wrong with its dataplane and is repairing, for
+//!   `/readyz`.
 //! - [`unsupported`]: load-balancing annotations a dataplane cannot enforce, logged once
 //!   per backend and service above the backends.
 
 pub mod backend;
 pub mod endpoints;
 pub mod metrics;
+pub mod problems;
 pub mod proxy;
 pub mod unsupported;
 
 pub use backend::{Backend, BackendError, ChangeSet, Target, error_chain};
+pub use problems::Problems;

@@ -25,6 +25,11 @@ pub struct EbpfStats {
     pub grows: AtomicU64,
     /// Failed change sets.
     pub failures: AtomicU64,
+    /// Programs found not running on their cgroup at the last check (detached behind
+    /// kpng's back, or their cgroup created again), until attached again.
+    pub unattached: AtomicU64,
+    /// Programs found not running on their cgroup, over every check.
+    pub detachments: AtomicU64,
 }
 
 /// The eBPF backend: one map-write batch per change set, nothing at all when nothing
@@ -39,6 +44,8 @@ pub struct EbpfBackend {
     /// The installed maps' capacities, once installed.
     capacities: Option<Capacities>,
     stats: Arc<EbpfStats>,
+    /// Where a program found not running on the cgroup is reported until it runs again.
+    problems: kpng_backend::Problems,
 }
 
 /// What `to-ebpf` is told on the command line.
@@ -78,7 +85,15 @@ impl EbpfBackend {
             nodeports: NodePortAddresses::default(),
             capacities: None,
             stats: Arc::default(),
+            problems: kpng_backend::Problems::default(),
         }
+    }
+
+    /// Reports programs found not running on their cgroup to `problems` (which `/readyz`
+    /// lists) until they run again.
+    pub fn with_problems(mut self, problems: kpng_backend::Problems) -> Self {
+        self.problems = problems;
+        self
     }
 
     /// The backend's counters.
@@ -135,6 +150,8 @@ impl EbpfBackend {
             None => capacities_for(&self.state.held_counts()),
         };
         self.dataplane.install(&capacities)?;
+        self.problems.clear(crate::NAME);
+        self.stats.unattached.store(0, Ordering::Relaxed);
         self.capacities = Some(capacities);
         self.commit(batch)
     }
@@ -241,11 +258,23 @@ impl Backend for EbpfBackend {
         if self.capacities.is_none() {
             return Ok(true);
         }
-        let ok = self.dataplane.verify(self.state.held()).map_err(EbpfError::into_backend_error)?;
-        if !ok {
-            tracing::warn!("eBPF: the programs or maps no longer hold what kpng wrote");
+        let unattached = self.dataplane.unattached().map_err(EbpfError::into_backend_error)?;
+        self.stats.unattached.store(unattached.len() as u64, Ordering::Relaxed);
+        if !unattached.is_empty() {
+            self.stats.detachments.fetch_add(unattached.len() as u64, Ordering::Relaxed);
+            let text = format!(
+                "to-ebpf: {} not running on the cgroup (attaching again)",
+                unattached.join(", ")
+            );
+            tracing::warn!(programs = ?unattached, "eBPF: programs detached behind kpng's back: attaching them again");
+            self.problems.report(crate::NAME, text);
         }
-        Ok(ok)
+        let held =
+            self.dataplane.verify(self.state.held()).map_err(EbpfError::into_backend_error)?;
+        if !held {
+            tracing::warn!("eBPF: the maps no longer hold what kpng wrote");
+        }
+        Ok(held && unattached.is_empty())
     }
 }
 

@@ -1,9 +1,9 @@
 //! Batched map writes: many elements in one `bpf()` call (`BPF_MAP_UPDATE_BATCH` and
 //! `BPF_MAP_DELETE_BATCH`, Linux 5.6), which aya does not offer.
 //!
-//! The only unsafe code of kpng itself (the benchmark counts system calls with another): one
-//! system call whose argument is a plain struct that points at two buffers owned by the
-//! caller for the call's duration.
+//! One system call whose argument is a plain struct that points at two buffers owned by
+//! the caller for the call's duration (the crate's other unsafe code is the same kind of
+//! call, in [`crate::query`]).
 #![allow(unsafe_code)]
 
 use std::io;

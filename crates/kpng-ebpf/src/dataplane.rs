@@ -59,11 +59,17 @@ pub trait Dataplane: Send {
         elements: &HashMap<Key, Value>,
     ) -> Result<(), EbpfError>;
 
-    /// Whether the programs are still attached and the maps still hold `expected` (a
-    /// check once per sync period).
+    /// Whether the maps still hold `expected` (a check once per sync period).
     fn verify(&mut self, expected: &HashMap<Key, Value>) -> Result<bool, EbpfError> {
         let _ = expected;
         Ok(true)
+    }
+
+    /// The programs that should run on the cgroup and do not: detached behind kpng's back,
+    /// or their cgroup removed and created again (checked at each sync period; the next
+    /// [`install`](Self::install) attaches them again). None until installed.
+    fn unattached(&mut self) -> Result<Vec<&'static str>, EbpfError> {
+        Ok(Vec::new())
     }
 }
 

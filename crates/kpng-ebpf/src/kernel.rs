@@ -4,8 +4,11 @@
 //! object with every map pinned ([`crate::pins`]), and attaches each program to the cgroup
 //! with a pinned link. The kernel runs every link of a cgroup (links are multi-program by
 //! nature, and take no attach flags), so a replacement is attached before the program it
-//! replaces is detached. A restart reuses the pinned maps, and keeps an
-//! attached program whose instructions and maps are the same as the ones just loaded.
+//! replaces is detached. A restart reuses the pinned maps, and keeps an attached program
+//! whose instructions and maps are the same as the ones just loaded, once the kernel says
+//! ([`crate::query`]) that it still runs on the cgroup: a pinned link can outlive its
+//! attachment (`bpftool link detach`, or its cgroup removed), and the cgroup at the path
+//! is looked up again each time (a cgroup created again there has another id).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -20,6 +23,7 @@ use crate::dataplane::{Capacities, Dataplane, Snapshot};
 use crate::error::EbpfError;
 use crate::maps::{self, Key, LRU_MAPS, MapName, Value};
 use crate::pins::{self, PROGRAMS};
+use crate::query::ATTACH_TYPES;
 use crate::state::Batch;
 use crate::support;
 
@@ -128,8 +132,40 @@ impl KernelDataplane {
         Ok(())
     }
 
+    /// Looks the cgroup at the configured path up again: a cgroup removed and created again
+    /// there has a new id, and programs attached to the old one run on nothing.
+    fn refresh_cgroup(&mut self) -> Result<(), EbpfError> {
+        let id = support::cgroup_id(&self.options.cgroup)?;
+        if id != self.cgroup_id {
+            tracing::warn!(
+                cgroup = %self.options.cgroup.display(),
+                was = self.cgroup_id,
+                now = id,
+                "eBPF: the cgroup was created again; its programs must be attached again"
+            );
+            self.cgroup_id = id;
+        }
+        Ok(())
+    }
+
+    fn open_cgroup(&self) -> Result<std::fs::File, EbpfError> {
+        std::fs::File::open(&self.options.cgroup).map_err(|e| EbpfError::Cgroup {
+            path: self.options.cgroup.clone(),
+            reason: e.to_string(),
+        })
+    }
+
+    /// Whether the link pinned at `pin` runs its program on `cgroup` at `attach_type`.
+    fn runs(&self, pin: &Path, cgroup: &std::fs::File, attach_type: u32) -> bool {
+        let Ok(link) = aya::programs::links::PinnedLink::from_pin(pin) else { return false };
+        let Ok(info) = FdLink::from(link).info() else { return false };
+        let fd = std::os::fd::AsFd::as_fd(cgroup);
+        crate::query::attached_programs(fd, attach_type)
+            .is_ok_and(|ids| ids.contains(&info.program_id()))
+    }
+
     /// Attaches every program of `ebpf` whose pinned link does not already run the same
-    /// program on the same maps, then detaches what it replaces.
+    /// program on the same maps on the cgroup, then detaches what it replaces.
     fn attach(&self, ebpf: &mut Ebpf) -> Result<usize, EbpfError> {
         let dir = pins::links_dir(self.root(), self.cgroup_id);
         std::fs::create_dir_all(&dir).map_err(|e| EbpfError::Pin {
@@ -137,12 +173,9 @@ impl KernelDataplane {
             path: dir.clone(),
             source: boxed(e),
         })?;
-        let cgroup = std::fs::File::open(&self.options.cgroup).map_err(|e| EbpfError::Cgroup {
-            path: self.options.cgroup.clone(),
-            reason: e.to_string(),
-        })?;
+        let cgroup = self.open_cgroup()?;
         let mut attached = 0;
-        for name in PROGRAMS {
+        for (name, attach_type) in PROGRAMS.into_iter().zip(ATTACH_TYPES) {
             let program: &mut CgroupSockAddr =
                 ebpf.program_mut(name).and_then(|p| p.try_into().ok()).ok_or_else(|| {
                     EbpfError::Load { step: name.into(), source: "not loaded".into() }
@@ -152,7 +185,10 @@ impl KernelDataplane {
                 .info()
                 .map_err(|e| EbpfError::Load { step: name.into(), source: boxed(e) })?;
             if pin.exists() && same_program(&pin, &ours) {
-                continue;
+                if self.runs(&pin, &cgroup, attach_type) {
+                    continue;
+                }
+                tracing::warn!(program = name, cgroup = %self.options.cgroup.display(), "eBPF: a pinned program no longer runs on the cgroup: attaching it again");
             }
             let attach_error = |source| EbpfError::Attach {
                 program: name.into(),
@@ -329,6 +365,7 @@ impl Dataplane for KernelDataplane {
     }
 
     fn install(&mut self, capacities: &Capacities) -> Result<(), EbpfError> {
+        self.refresh_cgroup()?;
         let generation = self.generation.unwrap_or(1);
         let mut ebpf = self.load(generation, capacities)?;
         let attached = self.attach(&mut ebpf)?;
@@ -363,6 +400,7 @@ impl Dataplane for KernelDataplane {
         ordered.sort_by_key(|(k, _)| MapName::ALL.iter().position(|m| *m == k.map()));
         self.write_elements(&ordered, &[])?;
         // The new programs (on the new maps) replace the old ones, then the old maps go.
+        self.refresh_cgroup()?;
         self.attach(&mut ebpf)?;
         self.drop_generations_but(generation)?;
         tracing::info!(generation, elements = elements.len(), "eBPF: maps grown");
@@ -370,10 +408,28 @@ impl Dataplane for KernelDataplane {
     }
 
     fn verify(&mut self, expected: &HashMap<Key, Value>) -> Result<bool, EbpfError> {
-        let links = pins::links_dir(self.root(), self.cgroup_id);
-        let attached = PROGRAMS.iter().all(|p| links.join(p).exists());
         let held = self.read()?.map(|s| s.elements).unwrap_or_default();
-        Ok(attached && held == *expected)
+        Ok(held == *expected)
+    }
+
+    fn unattached(&mut self) -> Result<Vec<&'static str>, EbpfError> {
+        if self.generation.is_none() {
+            return Ok(Vec::new());
+        }
+        let before = self.cgroup_id;
+        self.refresh_cgroup()?;
+        if self.cgroup_id != before {
+            return Ok(PROGRAMS.to_vec());
+        }
+        let cgroup = self.open_cgroup()?;
+        let links = pins::links_dir(self.root(), self.cgroup_id);
+        let missing = PROGRAMS
+            .into_iter()
+            .zip(ATTACH_TYPES)
+            .filter(|(name, attach_type)| !self.runs(&links.join(name), &cgroup, *attach_type))
+            .map(|(name, _)| name)
+            .collect();
+        Ok(missing)
     }
 }
 

@@ -45,6 +45,7 @@
 //! - [`kernel`]: [`KernelDataplane`], the real kernel through aya: load, attach, grow.
 //! - [`batch`]: batched map writes (one `bpf()` call per map and change set).
 //! - [`pins`]: the layout of pins under bpffs, and cleanup.
+//! - [`query`]: which programs the kernel runs on a cgroup (`BPF_PROG_QUERY`).
 //! - [`support`]: the checks made at start (object, `bpf()`, cgroup v2, bpffs).
 //! - [`error`]: the error type, [`EbpfError`].
 
@@ -56,6 +57,7 @@ pub mod kernel;
 pub mod maps;
 pub mod metrics;
 pub mod pins;
+pub mod query;
 pub mod render;
 pub mod slots;
 pub mod state;

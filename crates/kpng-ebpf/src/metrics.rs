@@ -31,8 +31,23 @@ impl prometheus_client::collector::Collector for EbpfMetrics {
                 "Change sets the eBPF backend failed to apply.",
                 &stats.failures,
             ),
+            (
+                "kpng_ebpf_program_detachments",
+                "Programs found not running on their cgroup (detached behind kpng's back, or the cgroup created again), then attached again.",
+                &stats.detachments,
+            ),
         ];
         kpng_backend::metrics::encode_counters(&mut encoder, &counters)?;
+        let gauge = prometheus_client::metrics::gauge::ConstGauge::new(
+            stats.unattached.load(std::sync::atomic::Ordering::Relaxed) as i64,
+        );
+        let metric = encoder.encode_descriptor(
+            "kpng_ebpf_unattached_programs",
+            "Programs not running on their cgroup at the last check, until attached again.",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        prometheus_client::encoding::EncodeMetric::encode(&gauge, metric)?;
         Ok(())
     }
 }

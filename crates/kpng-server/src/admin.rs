@@ -35,6 +35,9 @@ pub struct AdminSources {
     pub health_timeout: Duration,
     /// Further metrics (a backend's own).
     pub collectors: Vec<Box<dyn Collector>>,
+    /// What backends found wrong with their dataplanes and are repairing: `/readyz` names
+    /// it.
+    pub dataplane_problems: kpng_backend::Problems,
     /// Addresses the process's servers cannot bind: `/readyz` names them.
     pub bind_problems: BindProblems,
     /// The HTTP servers' connection budget, for the metrics.
@@ -115,7 +118,8 @@ impl Admin {
     }
 
     /// 200 once the initial lists are complete, every backend has applied the state once,
-    /// and every server could bind its address; otherwise 503 with one line per reason.
+    /// every server could bind its address and no backend has a dataplane problem open
+    /// (a program detached); otherwise 503 with one line per reason.
     fn ready(&self) -> Response {
         let listed = self.sources.reader.as_ref().is_none_or(StoreReader::is_ready);
         let applied = self.sources.node.as_ref().is_none_or(|(_, s)| s.synced().is_released());
@@ -128,6 +132,7 @@ impl Admin {
         for (address, problem) in self.sources.bind_problems.list() {
             reasons.push(format!("cannot listen on {address} ({problem})"));
         }
+        reasons.extend(self.sources.dataplane_problems.list());
         match reasons.is_empty() {
             true => (StatusCode::OK, "ready\n").into_response(),
             false => (StatusCode::SERVICE_UNAVAILABLE, reasons.join("\n") + "\n").into_response(),

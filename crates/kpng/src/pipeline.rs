@@ -224,7 +224,7 @@ where
         SinkCommand::ToLocal(to_local) => {
             let commands =
                 to_local.backends().map_err(|e| anyhow::anyhow!(crate::cli::clap_message(&e)))?;
-            let built = build_backends(&commands, global)?;
+            let built = build_backends(&commands, global, &process.dataplane)?;
             let mut backends = built.backends;
             backends.extend(health_checks(&commands, global, &node_stats, process));
             collectors = built.collectors;
@@ -266,6 +266,7 @@ where
             health_timeout: global.sync.sync_period * 2,
             collectors,
             bind_problems: process.problems.clone(),
+            dataplane_problems: process.dataplane.clone(),
             http: Some(process.http.clone()),
         },
         process,
@@ -360,7 +361,7 @@ async fn run_local(
     }
     let node = node_name(global)?;
     let stats = Arc::new(NodeStats::default());
-    let built = build_backends(&commands, global)?;
+    let built = build_backends(&commands, global, &process.dataplane)?;
     let _locks = built.locks;
     let mut backends = built.backends;
     backends.extend(health_checks(&commands, global, &stats, process));
@@ -377,6 +378,7 @@ async fn run_local(
             health_timeout: global.sync.sync_period * 2,
             collectors: built.collectors,
             bind_problems: process.problems.clone(),
+            dataplane_problems: process.dataplane.clone(),
             http: Some(process.http.clone()),
         },
         process,

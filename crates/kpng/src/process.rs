@@ -15,6 +15,8 @@ pub struct Process {
     pub http: HttpLimits,
     /// Addresses that cannot be bound, for `/readyz`.
     pub problems: BindProblems,
+    /// What backends found wrong with their dataplanes and are repairing, for `/readyz`.
+    pub dataplane: kpng_backend::Problems,
     /// Set on SIGTERM or SIGINT: the runner applies nothing more.
     pub stop: Stop,
 }
@@ -23,7 +25,13 @@ impl Process {
     /// The shared state of a process with `budget`.
     pub fn new(budget: DescriptorBudget) -> Self {
         let http = HttpLimits::new(budget.http_connections, kpng_server::http::HEADER_TIMEOUT);
-        Process { budget, http, problems: BindProblems::default(), stop: Stop::new() }
+        Process {
+            budget,
+            http,
+            problems: BindProblems::default(),
+            dataplane: kpng_backend::Problems::default(),
+            stop: Stop::new(),
+        }
     }
 }
 

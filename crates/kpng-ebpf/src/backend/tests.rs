@@ -113,3 +113,67 @@ fn maps_grow_when_the_cluster_outgrows_them() {
     assert_eq!(backend.capacities().unwrap()[&MapName::Frontends], 4096);
     assert_eq!(backend.held().len(), 2200);
 }
+
+/// Maps in memory whose programs are detached until the next install, as after
+/// `bpftool link detach`.
+struct Detached {
+    maps: MemoryDataplane,
+    detached: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Dataplane for Detached {
+    fn read(&mut self) -> Result<Option<Snapshot>, EbpfError> {
+        self.maps.read()
+    }
+
+    fn install(&mut self, capacities: &Capacities) -> Result<(), EbpfError> {
+        self.detached.store(false, Ordering::Relaxed);
+        self.maps.install(capacities)
+    }
+
+    fn write(&mut self, batch: &Batch) -> Result<(), EbpfError> {
+        self.maps.write(batch)
+    }
+
+    fn grow(
+        &mut self,
+        capacities: &Capacities,
+        elements: &HashMap<Key, Value>,
+    ) -> Result<(), EbpfError> {
+        self.maps.grow(capacities, elements)
+    }
+
+    fn unattached(&mut self) -> Result<Vec<&'static str>, EbpfError> {
+        Ok(match self.detached.load(Ordering::Relaxed) {
+            true => vec!["kpng_connect4"],
+            false => Vec::new(),
+        })
+    }
+}
+
+#[test]
+fn a_detached_program_is_reported_until_attached_again() {
+    let detached = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let dataplane = Detached { maps: MemoryDataplane::new(), detached: detached.clone() };
+    let problems = kpng_backend::Problems::default();
+    let mut backend = EbpfBackend::new(Box::new(dataplane)).with_problems(problems.clone());
+    let state = LocalState::default();
+    backend.apply(&ChangeSet::full(&state)).unwrap();
+    assert!(backend.verify().unwrap(), "attached and holding what was written");
+
+    detached.store(true, Ordering::Relaxed);
+    assert!(!backend.verify().unwrap(), "a detached program is drift");
+    let stats = backend.stats();
+    assert_eq!(stats.unattached.load(Ordering::Relaxed), 1);
+    assert_eq!(stats.detachments.load(Ordering::Relaxed), 1);
+    let listed = problems.list();
+    assert_eq!(listed.len(), 1);
+    assert!(listed[0].contains("kpng_connect4") && listed[0].contains("to-ebpf"), "{listed:?}");
+
+    // The runner answers drift with the whole state: the reset attaches again.
+    backend.apply(&ChangeSet::full(&state)).unwrap();
+    assert!(problems.list().is_empty());
+    assert_eq!(stats.unattached.load(Ordering::Relaxed), 0);
+    assert!(backend.verify().unwrap());
+    assert_eq!(stats.detachments.load(Ordering::Relaxed), 1, "counted once");
+}

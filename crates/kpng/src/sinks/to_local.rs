@@ -29,6 +29,7 @@ pub struct Backends {
 pub fn build_backends(
     commands: &[BackendCommand],
     global: &GlobalArgs,
+    problems: &kpng_backend::Problems,
 ) -> anyhow::Result<Backends> {
     let mut built = Backends { backends: Vec::new(), collectors: Vec::new(), locks: Vec::new() };
     for command in commands {
@@ -82,7 +83,7 @@ pub fn build_backends(
                 if !global.dry_run {
                     built.locks.push(InstanceLock::take("ebpf")?);
                 }
-                let backend = ebpf_backend(args, global)?;
+                let backend = ebpf_backend(args, global)?.with_problems(problems.clone());
                 built.collectors.push(Box::new(kpng_ebpf::EbpfMetrics(backend.stats())));
                 built.backends.push(Box::new(backend));
             }

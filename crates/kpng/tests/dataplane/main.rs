@@ -111,6 +111,7 @@ on_every_dataplane!(aggregated, crate::harness::Dataplane::aggregated();
 on_every_dataplane!(ebpf, crate::harness::Dataplane::ebpf();
     lifecycle::maps_grow_under_established_connections_and_cleanup_honours_the_backend,
     repair::programs_and_maps_removed_behind_kpngs_back_are_restored,
+    repair::detached_programs_and_a_recreated_cgroup_are_attached_again,
 );
 
 on_every_dataplane!(iptables, crate::harness::Dataplane::Iptables;

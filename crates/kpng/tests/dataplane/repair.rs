@@ -229,3 +229,77 @@ pub fn programs_and_maps_removed_behind_kpngs_back_are_restored(dp: Dataplane) {
     let nated = conntrack(&cluster, &["-s", "10.244.0.50", "--dst-nat"]);
     assert!(nated.is_empty(), "translated at connect() again: {nated:?}\n{}", kpng.log());
 }
+
+/// The id of the link pinned at `pin`, as `bpftool` shows it.
+fn link_id(pin: &std::path::Path) -> String {
+    let out = std::process::Command::new("bpftool")
+        .args(["-j", "link", "show", "pinned"])
+        .arg(pin)
+        .output()
+        .expect("running bpftool");
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("bpftool's answer ({e}): {out:?}"));
+    shown["id"].to_string()
+}
+
+/// Detaches the link pinned at `pin` with `bpftool`, leaving its pin in place.
+fn detach(pin: &std::path::Path) {
+    let out = std::process::Command::new("bpftool")
+        .args(["link", "detach", "id", &link_id(pin)])
+        .output()
+        .expect("running bpftool");
+    assert!(out.status.success(), "{out:?}");
+}
+
+/// `to-ebpf`: a program detached behind kpng's back (`bpftool link detach`, its pin left in
+/// place) is attached again at the next verification, and so are the programs of a cgroup
+/// removed and created again at the same path; a restart over a detached link attaches it
+/// instead of adopting it.
+pub fn detached_programs_and_a_recreated_cgroup_are_attached_again(dp: Dataplane) {
+    let Dataplane::Ebpf(attachment) = dp else { unreachable!("a to-ebpf scenario") };
+    let mut cluster = Cluster::new();
+    cluster.add_pod("web-a", true, 10, &[8080]);
+    cluster.add_pod("client", true, 50, &[9999]);
+    let manifests = web("10.96.0.88", &[WEB_A]);
+    let kpng = Watched::start_with(&cluster, dp, &manifests, &["--sync-period", "1s"]);
+    wait_until("kpng wrote its maps", || kpng.log().contains("eBPF maps written"));
+    let translated = |what: &str, log: &str| {
+        let mut pod = dp.local(&cluster.pod("client").ns);
+        cluster.node.output("conntrack", &["-F"]);
+        assert_eq!(pod.reach("10.96.0.88:80").2, "10.96.0.88:80", "{what}");
+        let nated = conntrack(&cluster, &["-s", "10.244.0.50", "--dst-nat"]);
+        assert!(nated.is_empty(), "{what}: translated at connect(): {nated:?}\n{log}");
+    };
+    translated("at first", &kpng.log());
+    let cgroup = attachment.cgroup();
+    let pin = || {
+        let id = kpng_ebpf::support::cgroup_id(&cgroup).expect("the cgroup's id");
+        attachment.pins().join(format!("links-{id}")).join("kpng_connect4")
+    };
+
+    // Detached, its pin left in place: the kernel no longer runs it.
+    detach(&pin());
+    assert!(!attachment.attached().contains("kpng_connect4"), "{}", attachment.attached());
+    wait_until("the program runs again", || attachment.attached().contains("kpng_connect4"));
+    let log = kpng.log();
+    assert!(log.contains("programs detached behind kpng's back"), "{log}");
+    assert!(log.contains("no longer runs on the cgroup: attaching it again"), "{log}");
+    translated("after the detach", &log);
+
+    // The cgroup removed and created again at the same path: a new cgroup, without programs.
+    std::fs::remove_dir(&cgroup).expect("removing the test's cgroup (no process left in it)");
+    std::fs::create_dir(&cgroup).expect("creating it again");
+    wait_until("kpng attached to the new cgroup", || {
+        kpng.log().contains("the cgroup was created again")
+            && attachment.attached().contains("kpng_connect4")
+    });
+    translated("in the cgroup created again", &kpng.log());
+
+    // Stopped while its link is detached, kpng starts again and attaches it.
+    drop(kpng);
+    detach(&pin());
+    let kpng = Watched::start_with(&cluster, dp, &manifests, &["--sync-period", "1s"]);
+    wait_until("the program runs again", || attachment.attached().contains("kpng_connect4"));
+    wait_until("kpng said so", || kpng.log().contains("attaching it again"));
+    translated("after a restart over a detached link", &kpng.log());
+}
