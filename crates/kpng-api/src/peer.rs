@@ -178,9 +178,9 @@ impl Allowed {
 /// A directory in which another user could replace a socket.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "directory {} is owned by uid {owner} with mode {mode:04o}: every directory from the \
-     socket's up to / must be owned by root (or by kpng's uid {own}) and not writable by group \
-     or others, unless it is root's with the sticky bit (as /tmp)",
+    "directory {} is owned by uid {owner} with mode {mode:04o}: every directory on the way up \
+     to / must be owned by root (or by kpng's uid {own}) and not writable by group or others, \
+     unless it is root's with the sticky bit (as /tmp)",
     dir.display()
 )]
 pub struct UnsafeDirectory {

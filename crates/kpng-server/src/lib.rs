@@ -1,6 +1,6 @@
 //! kpng's servers: the `to-api` gRPC server (`/localv1.Sets/Watch`, one node's ENLS, and
-//! `/globalv1.Sets/Watch`, the global model) on a Unix socket or TCP with optional mutual
-//! TLS; and the HTTP servers every long-running kpng runs (health, readiness, metrics,
+//! `/globalv1.Sets/Watch`, the global model) on a Unix socket that admits clients by their
+//! credentials, or TCP with mutual TLS (plaintext only when asked for); and the HTTP servers every long-running kpng runs (health, readiness, metrics,
 //! state, health-check NodePorts), bounded so that slow or greedy clients cannot take the
 //! process's descriptors or memory.
 //!
@@ -12,7 +12,9 @@
 //! client that stops reading holds a cursor, not a buffer.
 //!
 //! # Layout
-//! - [`listen`](serve): [`serve`], the gRPC server on its listener, with the client cap;
+//! - [`listen`](serve): [`serve`], the gRPC server on its listener, with the client cap,
+//!   the credentials check of Unix clients (a refused one is told why) and the identity of
+//!   each request's client ([`kpng_api::peer::PeerIdentity`] in its extensions);
 //!   [`serve_routes`], the same for other gRPC services (the nftables aggregator).
 //! - `connection`: admission of connections up to `--max-clients`, and the watchdog that
 //!   cuts those whose client stopped reading.

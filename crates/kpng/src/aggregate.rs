@@ -108,6 +108,7 @@ pub async fn run_publish(
 ) -> anyhow::Result<()> {
     let security = args.conn.checked(&args.aggregator, ConnRole::Client)?;
     kpng_aggregator::model::check_name("producer", &args.producer)?;
+    crate::operator_files::warn_if_shared(&args.file, "--file");
     let mut state = read_ruleset(&args.file)?;
     let mut modified = modified(&args.file);
     let mut revision = 1;

@@ -336,6 +336,11 @@ impl ConnArgs {
         }
         let security = self.security();
         security.validate(address)?;
+        if let Some(files) = &security.tls {
+            crate::operator_files::warn_if_shared(&files.cert, "--tls-cert");
+            crate::operator_files::warn_if_shared(&files.key, "--tls-key");
+            crate::operator_files::warn_if_shared(&files.ca, "--tls-ca");
+        }
         if security.is_plaintext_tcp(address) {
             tracing::warn!(
                 %address,

@@ -12,6 +12,7 @@
 //! - [`limits`]: the open-file limit, raised at start and shared between clients and
 //!   kpng's own work.
 //! - [`once`]: `--once`'s deadline, and the last warning logged that explains it.
+//! - [`operator_files`]: a warning for files given by flags that others could change.
 //! - [`pipeline`]: wires the chosen source to the chosen sink through the store, and
 //!   handles `--once`.
 //! - [`servers`]: the admin and health-check HTTP servers.
@@ -24,6 +25,7 @@ mod cli;
 mod config;
 mod limits;
 mod once;
+mod operator_files;
 mod pipeline;
 mod process;
 mod servers;
@@ -57,6 +59,9 @@ fn main() -> std::process::ExitCode {
         return std::process::ExitCode::from(2);
     }
     init_logging(&cli.global.logging);
+    if let Some(config) = &cli.global.config {
+        operator_files::warn_if_shared(config, "--config");
+    }
     let process = process::Process::new(limits::raise_and_share());
 
     let runtime =

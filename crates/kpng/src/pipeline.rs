@@ -30,6 +30,7 @@ pub async fn run(cli: Cli, process: Process) -> anyhow::Result<()> {
     let retry = if global.once { Retry::UntilPermanent } else { Retry::Always };
     match cli.source {
         SourceCommand::File(args) => {
+            crate::operator_files::warn_if_shared(&args.input, "--input");
             let source =
                 FileSource::new(&args.input, args.watch, args.proxy_name.convert_options());
             let feed = |writer| async move { source.run(writer).await.context("file source") };
@@ -182,6 +183,7 @@ async fn kube_client(args: &KubeArgs) -> anyhow::Result<kube::Client> {
     };
     let mut config = match (&args.kubeconfig, &args.server) {
         (Some(path), _) => {
+            crate::operator_files::warn_if_shared(path, "--kubeconfig");
             let kubeconfig = Kubeconfig::read_from(path).with_context(|| format!("reading kubeconfig {}", path.display()))?;
             kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
                 .await

@@ -508,3 +508,23 @@ fn command_line_mistakes_are_reported_once_and_plainly() {
     assert!(out.stderr.contains("needs --pod-bridge-interface"), "{}", out.stderr);
     assert!(out.stdout.is_empty());
 }
+
+#[test]
+fn a_file_others_can_write_is_warned_about() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cluster.yaml");
+    std::fs::copy(example(), &path).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let input = path.to_str().unwrap();
+    let out = run(&["file", "--input", input, "to-local", "--node", "node-a", "to-json", "--once"]);
+    assert!(out.status.success(), "a warning, not a refusal: {}", out.stderr);
+    assert!(
+        out.stderr.contains("--input: the file is writable by group or others (mode 0666)"),
+        "{}",
+        out.stderr
+    );
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let out = run(&["file", "--input", input, "to-local", "--node", "node-a", "to-json", "--once"]);
+    assert!(!out.stderr.contains("--input:"), "{}", out.stderr);
+}

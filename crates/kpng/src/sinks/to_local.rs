@@ -164,6 +164,7 @@ pub(crate) fn nftlb_client(
     args: &NftlbDaemonArgs,
     key: &std::path::Path,
 ) -> anyhow::Result<kpng_nftlb::Client> {
+    crate::operator_files::warn_if_shared(key, "--nftlb-key-file");
     Ok(kpng_nftlb::Client::with_key_file(&args.nftlb_url, &key.display().to_string())?)
 }
 
