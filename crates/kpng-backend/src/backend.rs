@@ -158,6 +158,14 @@ pub enum Target {
     DryRun(Box<dyn std::io::Write + Send>),
 }
 
+impl Target {
+    /// Whether nothing is applied (`--dry-run`): a backend's logs then say "printed", never
+    /// "committed".
+    pub fn is_dry_run(&self) -> bool {
+        matches!(self, Target::DryRun(_))
+    }
+}
+
 impl std::fmt::Debug for Target {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

@@ -1,5 +1,6 @@
-//! [`Problems`]: what a backend found wrong with its dataplane and has not repaired yet,
-//! for `/readyz` to name (a hook detached behind its back, say). `/healthz`, which load
+//! [`Problems`]: what a backend found wrong with its dataplane and has not repaired yet (a
+//! hook detached behind its back, say), or the runner found missing (the node's own
+//! object), for `/readyz` to name. `/healthz`, which load
 //! balancers probe, does not follow these: it keeps following whether the node state is
 //! applied.
 

@@ -46,6 +46,8 @@ pub struct EbpfBackend {
     stats: Arc<EbpfStats>,
     /// Where a program found not running on the cgroup is reported until it runs again.
     problems: kpng_backend::Problems,
+    /// `--dry-run`: map writes are printed, and the log says so.
+    dry_run: bool,
 }
 
 /// What `to-ebpf` is told on the command line.
@@ -62,6 +64,7 @@ impl EbpfBackend {
     /// (the machine checked, naming what is missing), or the map writes printed
     /// (`--dry-run`).
     pub fn open(options: EbpfOptions, target: Target) -> Result<Self, EbpfError> {
+        let dry_run = target.is_dry_run();
         let dataplane: Box<dyn Dataplane> = match target {
             Target::DryRun(out) => Box::new(crate::MemoryDataplane::printing(out)),
             Target::Kernel => {
@@ -73,7 +76,7 @@ impl EbpfBackend {
                 Box::new(crate::KernelDataplane::open(options)?)
             }
         };
-        Ok(EbpfBackend::new(dataplane))
+        Ok(EbpfBackend { dry_run, ..EbpfBackend::new(dataplane) })
     }
 
     /// A backend writing to `dataplane`.
@@ -86,6 +89,7 @@ impl EbpfBackend {
             capacities: None,
             stats: Arc::default(),
             problems: kpng_backend::Problems::default(),
+            dry_run: false,
         }
     }
 
@@ -241,7 +245,8 @@ impl Backend for EbpfBackend {
                     deleted = batch.deletes.len(),
                     elements = self.state.held().len(),
                     took = ?start.elapsed(),
-                    "eBPF maps written"
+                    "eBPF maps {}",
+                    if self.dry_run { "printed (dry run: nothing applied)" } else { "written" }
                 );
                 Ok(())
             }

@@ -122,6 +122,8 @@ pub struct IptablesBackend {
     desired: Desired,
     committed: HashMap<ChainKey, Vec<Rule>>,
     stats: Arc<IptablesStats>,
+    /// `--dry-run`: restore inputs are printed, and the log says so.
+    dry_run: bool,
 }
 
 impl IptablesBackend {
@@ -139,6 +141,7 @@ impl IptablesBackend {
                 options.drop_bit
             )));
         }
+        let dry_run = target.is_dry_run();
         let kernel: Box<dyn Kernel> = match target {
             Target::DryRun(out) => Box::new(crate::MemoryKernel::printing(out)),
             Target::Kernel => {
@@ -147,7 +150,7 @@ impl IptablesBackend {
                 Box::new(crate::CommandKernel::new(mode)?)
             }
         };
-        Ok(IptablesBackend::new(options, kernel))
+        Ok(IptablesBackend { dry_run, ..IptablesBackend::new(options, kernel) })
     }
 
     /// A backend writing through `kernel`.
@@ -161,6 +164,7 @@ impl IptablesBackend {
             desired: Desired::default(),
             committed: HashMap::new(),
             stats: Arc::default(),
+            dry_run: false,
         }
     }
 
@@ -347,7 +351,11 @@ impl Backend for IptablesBackend {
             }
             Ok(plan) => {
                 let (written, deleted) = plan.counts();
-                tracing::info!(written, deleted, chains = self.committed.len(), took = ?start.elapsed(), "iptables rules restored");
+                let done = match self.dry_run {
+                    true => "printed (dry run: nothing applied)",
+                    false => "restored",
+                };
+                tracing::info!(written, deleted, chains = self.committed.len(), took = ?start.elapsed(), "iptables rules {done}");
                 Ok(())
             }
             Err(error) => {

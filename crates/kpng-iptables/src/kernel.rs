@@ -120,12 +120,39 @@ impl Mode {
     /// The variant to drive on this node. `Auto` becomes the variant the kubelet uses (it
     /// creates `KUBE-IPTABLES-HINT` or `KUBE-KUBELET-CANARY` in `mangle` of that variant),
     /// else the variant already holding kpng's chains, else stays the system's `iptables`;
-    /// with the reason, for the log. Reads only: a variant whose tables do not exist is
-    /// not listed (listing legacy tables would create them).
+    /// with the reason, for the log. A variant whose tables do not exist is not listed
+    /// (listing legacy tables would create them). When both variants hold kpng's chains
+    /// (an earlier run in the other mode), the one not chosen is stale: that is logged and
+    /// its chains removed, so two sets of kpng's rules never answer the same packets.
     pub fn resolve(self) -> (Mode, &'static str) {
         match self {
-            Mode::Auto => Mode::choose(Marks::probe(Mode::Nft), Marks::probe(Mode::Legacy)),
+            Mode::Auto => {
+                let (nft, legacy) = (Marks::probe(Mode::Nft), Marks::probe(Mode::Legacy));
+                let (mode, why) = Mode::choose(nft, legacy);
+                if let Some(stale) = Mode::stale(nft, legacy, mode.variant()) {
+                    remove_stale(stale, mode);
+                }
+                (mode, why)
+            }
             mode => (mode, "--iptables-mode"),
+        }
+    }
+
+    /// The variant holding kpng's chains that is not `used`, when both hold them.
+    pub fn stale(nft: Marks, legacy: Marks, used: Mode) -> Option<Mode> {
+        match (nft.kpng && legacy.kpng, used) {
+            (false, _) => None,
+            (true, Mode::Legacy) => Some(Mode::Nft),
+            (true, _) => Some(Mode::Legacy),
+        }
+    }
+
+    /// `Nft` or `Legacy`: for `Auto`, the variant the system's `iptables` is.
+    pub fn variant(self) -> Mode {
+        match self {
+            Mode::Auto if self.describe().contains("legacy") => Mode::Legacy,
+            Mode::Auto => Mode::Nft,
+            mode => mode,
         }
     }
 
@@ -150,6 +177,24 @@ impl Mode {
         match out {
             Ok(out) => String::from_utf8_lossy(&out.stdout).trim().to_string(),
             Err(e) => format!("{} unavailable: {e}", self.command(Family::V4, "")),
+        }
+    }
+}
+
+/// Removes kpng's chains from the variant `stale`, which `used` replaced.
+fn remove_stale(stale: Mode, used: Mode) {
+    let (stale_name, used_name) = (stale.command(Family::V4, ""), used.command(Family::V4, ""));
+    tracing::warn!(
+        stale = %stale_name,
+        used = %used_name,
+        "iptables: kpng's chains are in both variants; removing those of the variant not used"
+    );
+    match cleanup(stale) {
+        Ok(removed) => {
+            tracing::info!(stale = %stale_name, chains = removed, "iptables: the unused variant's chains removed")
+        }
+        Err(error) => {
+            tracing::warn!(stale = %stale_name, %error, "iptables: the unused variant's chains could not be removed (kpng cleanup --backend iptables removes them)")
         }
     }
 }
@@ -190,12 +235,14 @@ impl Marks {
 #[derive(Debug, Clone, Copy)]
 pub struct CommandKernel {
     mode: Mode,
+    /// The variant is the legacy one, whose commands wait for the xtables lock.
+    legacy: bool,
 }
 
 impl CommandKernel {
     /// Drives the commands of `mode`; checks that they run.
     pub fn new(mode: Mode) -> Result<CommandKernel, IptablesError> {
-        let kernel = CommandKernel { mode };
+        let kernel = CommandKernel { mode, legacy: mode.variant() == Mode::Legacy };
         for family in Family::ALL {
             kernel.read(family)?;
         }
@@ -266,6 +313,9 @@ impl Kernel for CommandKernel {
     }
 
     fn restore(&mut self, family: Family, input: &str) -> Result<(), IptablesError> {
+        if self.legacy {
+            note_lock_wait();
+        }
         let program = self.mode.command(family, "restore");
         let spawn = |source| IptablesError::Spawn { program: program.clone(), source };
         let mut child = Command::new(&program)
@@ -290,10 +340,30 @@ impl Kernel for CommandKernel {
     }
 }
 
+/// The file legacy iptables commands lock (`-w` waits for it): `$XTABLES_LOCKFILE`, as
+/// they read it, or `/run/xtables.lock`.
+pub fn xtables_lock() -> std::path::PathBuf {
+    std::env::var_os("XTABLES_LOCKFILE")
+        .map_or_else(|| "/run/xtables.lock".into(), std::path::PathBuf::from)
+}
+
+/// Logs, with the lock's path, when another process holds the xtables lock that the
+/// restore about to run will wait for: a restore that seems to hang says why.
+fn note_lock_wait() {
+    use nix::fcntl::{Flock, FlockArg};
+    let path = xtables_lock();
+    let Ok(file) = std::fs::File::open(&path) else { return };
+    if let Err((_, errno)) = Flock::lock(file, FlockArg::LockExclusiveNonblock)
+        && errno == nix::errno::Errno::EWOULDBLOCK
+    {
+        tracing::warn!(lock = %path.display(), "iptables: another process holds the xtables lock; waiting for it");
+    }
+}
+
 /// Removes every chain of kpng's, and the jumps into them, from both families' nat and
 /// filter tables of `mode`'s variant; returns how many chains went.
 pub fn cleanup(mode: Mode) -> Result<usize, IptablesError> {
-    let mut kernel = CommandKernel { mode };
+    let mut kernel = CommandKernel { mode, legacy: mode.variant() == Mode::Legacy };
     let mut removed = 0;
     for family in Family::ALL {
         let snapshot = kernel.read(family)?;
@@ -393,6 +463,16 @@ mod tests {
         assert_eq!(Mode::choose(none, none).0, Mode::Auto);
         assert_eq!(Mode::choose(kubelet, kubelet).0, Mode::Auto);
         assert_eq!(Mode::Legacy.resolve().0, Mode::Legacy);
+    }
+
+    #[test]
+    fn kpngs_chains_in_both_variants_make_the_unused_one_stale() {
+        let none = Marks::default();
+        let kpng = Marks { kubelet: false, kpng: true };
+        let both = Marks { kubelet: true, kpng: true };
+        assert_eq!(Mode::stale(kpng, none, Mode::Nft), None, "one variant: nothing stale");
+        assert_eq!(Mode::stale(kpng, both, Mode::Legacy), Some(Mode::Nft));
+        assert_eq!(Mode::stale(both, kpng, Mode::Nft), Some(Mode::Legacy));
     }
 
     #[test]

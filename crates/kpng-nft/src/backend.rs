@@ -124,17 +124,28 @@ pub struct NftBackend {
     /// The affinity groups of each service, by hash (the groups are in the layout).
     group_hashes: HashMap<Owner, Vec<u64>>,
     stats: Arc<NftStats>,
+    /// `--dry-run`: transactions are printed, and the log says so.
+    dry_run: bool,
 }
 
 impl NftBackend {
     /// A backend with `options` that commits to `target`: the kernel over netlink, or the
     /// `nft` text of each transaction (`--dry-run`).
     pub fn open(options: NftOptions, target: Target) -> Result<Self, NftError> {
+        let dry_run = target.is_dry_run();
         let kernel: Box<dyn Kernel> = match target {
             Target::Kernel => Box::new(crate::NetlinkKernel::open()?),
             Target::DryRun(out) => Box::new(crate::DryRunKernel::new(out)),
         };
-        Ok(NftBackend::new(options, kernel))
+        Ok(NftBackend { dry_run, ..NftBackend::new(options, kernel) })
+    }
+
+    /// What the log says a transaction became.
+    fn done(&self) -> &'static str {
+        match self.dry_run {
+            true => "printed (dry run: nothing applied)",
+            false => "committed",
+        }
     }
 
     /// A backend sending its transactions to `kernel`.
@@ -149,6 +160,7 @@ impl NftBackend {
             slots: HashMap::new(),
             group_hashes: HashMap::new(),
             stats: Arc::default(),
+            dry_run: false,
         }
     }
 
@@ -361,7 +373,7 @@ impl NftBackend {
         }
         let (adds, deletes) = plan.element_count();
         self.stats.record_commit(adds, deletes, took);
-        tracing::info!(added = adds, deleted = deletes, rules = plan.changes_rules(), kernel = ?took, "nftables transaction committed");
+        tracing::info!(added = adds, deleted = deletes, rules = plan.changes_rules(), kernel = ?took, "nftables transaction {}", self.done());
         Ok(())
     }
 }

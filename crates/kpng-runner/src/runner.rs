@@ -55,6 +55,8 @@ pub struct RunnerOptions {
     pub local: NodeLocal,
     /// Once set, the runner applies nothing more and returns.
     pub stop: Stop,
+    /// Where the runner reports, for `/readyz`, that the node is not in the source.
+    pub problems: kpng_backend::Problems,
 }
 
 /// Updates of the node's own addresses (each the whole list), from whoever watches them.
@@ -75,6 +77,7 @@ impl RunnerOptions {
             verify_period: None,
             local: NodeLocal::default(),
             stop: Stop::new(),
+            problems: kpng_backend::Problems::default(),
         }
     }
 }

@@ -35,9 +35,9 @@ pub struct AdminSources {
     pub health_timeout: Duration,
     /// Further metrics (a backend's own).
     pub collectors: Vec<Box<dyn Collector>>,
-    /// What backends found wrong with their dataplanes and are repairing: `/readyz` names
-    /// it.
-    pub dataplane_problems: kpng_backend::Problems,
+    /// What the runner and the backends report as not right yet (a program detached, the
+    /// node missing from the source): `/readyz` names it.
+    pub readiness_problems: kpng_backend::Problems,
     /// Addresses the process's servers cannot bind: `/readyz` names them.
     pub bind_problems: BindProblems,
     /// The HTTP servers' connection budget, for the metrics.
@@ -132,7 +132,7 @@ impl Admin {
         for (address, problem) in self.sources.bind_problems.list() {
             reasons.push(format!("cannot listen on {address} ({problem})"));
         }
-        reasons.extend(self.sources.dataplane_problems.list());
+        reasons.extend(self.sources.readiness_problems.list());
         match reasons.is_empty() {
             true => (StatusCode::OK, "ready\n").into_response(),
             false => (StatusCode::SERVICE_UNAVAILABLE, reasons.join("\n") + "\n").into_response(),

@@ -570,7 +570,6 @@ pub enum BackendCommand {
 
 impl BackendCommand {
     /// The backend's name on the command line.
-    #[cfg(test)]
     pub fn name(&self) -> &'static str {
         match self {
             BackendCommand::ToJson(_) => "to-json",
@@ -752,6 +751,22 @@ impl ToLocalArgs {
     }
 }
 
+/// A dataplane backend given twice: each programs its own kernel objects, and a second one
+/// would program the same (`to-json` may be repeated).
+pub fn check_backends(backends: &[BackendCommand]) -> Result<(), String> {
+    let kernel = backends.iter().filter(|b| b.programs_kernel()).map(BackendCommand::name);
+    let mut seen = std::collections::BTreeSet::new();
+    for name in kernel {
+        if !seen.insert(name) {
+            return Err(format!(
+                "{name} is given twice: a dataplane backend runs once per process (a second \
+                 would program the same kernel objects)"
+            ));
+        }
+    }
+    Ok(())
+}
+
 impl Cli {
     /// The `to-local` arguments, wherever the command line has them.
     pub fn to_local(&self) -> Option<&ToLocalArgs> {
@@ -831,6 +846,18 @@ mod tests {
         let SourceCommand::Cleanup(args) = cli.source else { unreachable!("parsed above") };
         assert!(!args.backend.nft() && args.backend.ebpf());
         assert_eq!(args.pins.bpf_pin_path, std::path::Path::new("/p"));
+    }
+
+    #[test]
+    fn a_dataplane_backend_given_twice_is_refused() {
+        let backends = |args: &[&str]| {
+            let mut all = vec!["kpng", "file", "--input", "c", "to-local"];
+            all.extend(args);
+            parse(&all).to_local().unwrap().backends().unwrap()
+        };
+        let error = check_backends(&backends(&["to-nft", "to-ebpf", "to-nft"])).unwrap_err();
+        assert!(error.starts_with("to-nft is given twice"), "{error}");
+        assert!(check_backends(&backends(&["to-json", "to-json", "to-nft"])).is_ok());
     }
 
     #[test]

@@ -51,8 +51,15 @@ fn main() -> std::process::ExitCode {
     };
     let cli = cli::Cli::parse_from(cli::hoist_global_args(args));
     // Everything is checked before anything is bound or started.
-    if let Some(Err(e)) = cli.to_local().map(|to_local| to_local.backends()) {
-        e.exit();
+    match cli.to_local().map(|to_local| to_local.backends()) {
+        Some(Err(e)) => e.exit(),
+        Some(Ok(backends)) => {
+            if let Err(message) = cli::check_backends(&backends) {
+                eprintln!("kpng: error: {message}");
+                return std::process::ExitCode::from(2);
+            }
+        }
+        None => {}
     }
     if let Err(e) = cli.global.validate() {
         eprintln!("kpng: error: {e:#}");

@@ -226,7 +226,7 @@ where
         SinkCommand::ToLocal(to_local) => {
             let commands =
                 to_local.backends().map_err(|e| anyhow::anyhow!(crate::cli::clap_message(&e)))?;
-            let built = build_backends(&commands, global, &process.dataplane)?;
+            let built = build_backends(&commands, global, &process.readiness)?;
             let mut backends = built.backends;
             backends.extend(health_checks(&commands, global, &node_stats, process));
             collectors = built.collectors;
@@ -234,6 +234,7 @@ where
             let (local, addresses) = node_local(global)?;
             let mut options = runner_options(global, node_name(global)?, local);
             options.stop = process.stop.clone();
+            options.problems = process.readiness.clone();
             Sink::Local { options, backends, addresses }
         }
         SinkCommand::ToApi(to_api) => {
@@ -268,7 +269,7 @@ where
             health_timeout: global.sync.sync_period * 2,
             collectors,
             bind_problems: process.problems.clone(),
-            dataplane_problems: process.dataplane.clone(),
+            readiness_problems: process.readiness.clone(),
             http: Some(process.http.clone()),
         },
         process,
@@ -363,13 +364,14 @@ async fn run_local(
     }
     let node = node_name(global)?;
     let stats = Arc::new(NodeStats::default());
-    let built = build_backends(&commands, global, &process.dataplane)?;
+    let built = build_backends(&commands, global, &process.readiness)?;
     let _locks = built.locks;
     let mut backends = built.backends;
     backends.extend(health_checks(&commands, global, &stats, process));
     let (local, addresses) = node_local(global)?;
     let mut options = runner_options(global, node.clone(), local);
     options.stop = process.stop.clone();
+    options.problems = process.readiness.clone();
     tracing::info!(%node, server = %args.server, "following the node-local state");
     let admin = admin_servers(
         global,
@@ -380,7 +382,7 @@ async fn run_local(
             health_timeout: global.sync.sync_period * 2,
             collectors: built.collectors,
             bind_problems: process.problems.clone(),
-            dataplane_problems: process.dataplane.clone(),
+            readiness_problems: process.readiness.clone(),
             http: Some(process.http.clone()),
         },
         process,

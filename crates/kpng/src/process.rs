@@ -15,8 +15,9 @@ pub struct Process {
     pub http: HttpLimits,
     /// Addresses that cannot be bound, for `/readyz`.
     pub problems: BindProblems,
-    /// What backends found wrong with their dataplanes and are repairing, for `/readyz`.
-    pub dataplane: kpng_backend::Problems,
+    /// What the runner and the backends report as not right yet (a program detached, the
+    /// node missing from the source), for `/readyz`.
+    pub readiness: kpng_backend::Problems,
     /// Set on SIGTERM or SIGINT: the runner applies nothing more.
     pub stop: Stop,
 }
@@ -29,7 +30,7 @@ impl Process {
             budget,
             http,
             problems: BindProblems::default(),
-            dataplane: kpng_backend::Problems::default(),
+            readiness: kpng_backend::Problems::default(),
             stop: Stop::new(),
         }
     }

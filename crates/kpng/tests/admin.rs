@@ -341,3 +341,28 @@ fn an_admin_address_in_use_is_named_by_readyz_until_it_is_free() {
     let (code, _) = wait_get(metrics, "/metrics", |_, _| true);
     assert_eq!(code, 200);
 }
+
+#[test]
+fn a_node_missing_from_the_source_is_named_until_it_appears() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cluster.yaml");
+    std::fs::copy(example(), &path).unwrap();
+    let health = free_port();
+    let h = format!("127.0.0.1:{health}");
+    let input = path.to_str().unwrap();
+    let args = ["file", "--input", input, "--watch", "to-local", "--node", "node-x", "to-json"];
+    let mut args = args.to_vec();
+    args.extend(["--healthz-bind-address", &h]);
+    let mut kpng = Kpng::spawn(&args);
+    kpng.next_change_set();
+    kpng.wait_stderr("node node-x is not in the source");
+    let (code, body) = wait_get(health, "/readyz", |_, body| body.contains("node-x"));
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("node node-x is not in the source (--node)"), "{body}");
+    // The node appears: readiness comes back.
+    let text = std::fs::read_to_string(example()).unwrap();
+    let node = "---\napiVersion: v1\nkind: Node\nmetadata:\n  name: node-x\n";
+    support::replace_file(&path, &format!("{text}\n{node}"));
+    wait_get(health, "/readyz", |code, _| code == 200);
+    kpng.wait_stderr("node node-x is in the source now");
+}

@@ -528,3 +528,21 @@ fn a_file_others_can_write_is_warned_about() {
     let out = run(&["file", "--input", input, "to-local", "--node", "node-a", "to-json", "--once"]);
     assert!(!out.stderr.contains("--input:"), "{}", out.stderr);
 }
+
+#[test]
+fn a_dry_run_never_says_it_committed() {
+    let example = example();
+    for backend in ["to-nft", "to-iptables", "to-ebpf"] {
+        let args = ["file", "--input", &example, "to-local", "--node", "node-a", backend];
+        let out = run(&[&args[..], &["--dry-run", "--once"]].concat());
+        assert!(out.status.success(), "{backend}: {}", out.stderr);
+        assert!(out.stderr.contains("printed (dry run: nothing applied)"), "{}", out.stderr);
+        for claim in ["committed", "restored", "maps written"] {
+            assert!(!out.stderr.contains(claim), "{backend} says {claim:?}: {}", out.stderr);
+        }
+    }
+    // A dataplane backend given twice is refused before anything starts.
+    let out = run(&["file", "--input", &example, "to-local", "to-nft", "--dry-run", "to-nft"]);
+    assert_eq!(out.status.code(), Some(2), "{}", out.stderr);
+    assert!(out.stderr.contains("to-nft is given twice"), "{}", out.stderr);
+}

@@ -70,7 +70,7 @@ impl NftBackend {
         }
         if changed {
             let elements = self.state.len();
-            tracing::info!(elements, transactions, "nftables: the node state is committed");
+            tracing::info!(elements, transactions, "nftables: the node state is {}", self.done());
         }
         self.sync = TableSync::InSync;
         Ok(changed)

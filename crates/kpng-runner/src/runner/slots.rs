@@ -104,6 +104,8 @@ pub(super) struct Slots {
     pub(super) pace: Pace,
     /// Load-balancing settings backends cannot enforce, logged once.
     unsupported: kpng_backend::unsupported::UnsupportedSettings,
+    /// Whether the node's own object was in the last state delivered (`None`: none yet).
+    node_known: Option<bool>,
 }
 
 impl Slots {
@@ -117,7 +119,37 @@ impl Slots {
             .map(|backend| Slot { backend, standing: Standing::due_now() })
             .collect();
         let pace = Pace::new(options.min_sync_period);
-        Slots { slots, options, stats, pace, unsupported: Default::default() }
+        Slots { slots, options, stats, pace, unsupported: Default::default(), node_known: None }
+    }
+
+    /// Says when the node's own object is missing from the state (a wrong `--node`, or a
+    /// source that does not list it) and when it appears: without it, the node's zone, pod
+    /// CIDRs and primary addresses are unknown. `/readyz` names it while it lasts.
+    fn note_node(&mut self, state: &LocalState) {
+        let known = state.node.is_some();
+        if self.node_known == Some(known) {
+            return;
+        }
+        let first = self.node_known.is_none();
+        self.node_known = Some(known);
+        let node = &self.options.node;
+        match known {
+            false => {
+                tracing::warn!(
+                    %node,
+                    "node {node} is not in the source (no Node object by that name: is --node \
+                     right?): its zone, pod CIDRs and primary addresses are unknown, so NodePorts \
+                     on primary addresses, NodeCIDR detection and topology hints do not apply"
+                );
+                let text = format!("node {node} is not in the source (--node)");
+                self.options.problems.report("node", text);
+            }
+            true if !first => {
+                tracing::info!(%node, "node {node} is in the source now");
+                self.options.problems.clear("node");
+            }
+            true => {}
+        }
     }
 
     /// Asks every up-to-date backend whether its dataplane still holds what it applied; one
@@ -173,6 +205,7 @@ impl Slots {
     /// Gives each backend what it lacks: the full `state` to a backend due for one, `ops`
     /// (the changes that led to `state`) to the others.
     pub(super) fn deliver(&mut self, ops: &[Op], state: &LocalState) -> Result<(), RunnerError> {
+        self.note_node(state);
         let full = self.slots.iter().any(|s| s.standing.is_due());
         let result = self.deliver_each(ops, state);
         if full {

@@ -114,7 +114,8 @@ fn reduce(
 }
 
 /// `spec.clusterIPs` (or `spec.clusterIP`), at most one per family; empty when headless.
-/// Addresses that cannot be service addresses are left out and returned as warnings.
+/// Addresses that cannot be service addresses, or whose family `spec.ipFamilies` does not
+/// list, are left out and returned as warnings.
 fn cluster_ips(spec: &ServiceSpec) -> Result<(Vec<IpAddr>, Vec<FieldError>), FieldError> {
     let (field, texts): (&str, Vec<&String>) = match &spec.cluster_ips {
         Some(ips) if !ips.is_empty() => ("spec.clusterIPs", ips.iter().collect()),
@@ -131,7 +132,17 @@ fn cluster_ips(spec: &ServiceSpec) -> Result<(Vec<IpAddr>, Vec<FieldError>), Fie
             if field == "spec.clusterIPs" { format!("{field}[{i}]") } else { field.to_string() }
         };
         let ip = parse_ip(text).map_err(|e| FieldError::new(at(), e))?;
-        if let Some(what) = not_a_service_address(&ip) {
+        let family = Family::of(&ip);
+        if let Some(families) = spec.ip_families.as_ref().filter(|f| !f.is_empty())
+            && !families.iter().any(|f| f.as_str() == family_name(family))
+        {
+            let reason = format!(
+                "{ip} is {family} but spec.ipFamilies is [{}]: ignored (the service is not \
+                 proxied in {family})",
+                families.join(", ")
+            );
+            doubtful.push(FieldError::new(at(), reason));
+        } else if let Some(what) = not_a_service_address(&ip) {
             let family = Family::of(&ip);
             let reason = format!(
                 "{ip} is {what}, not a service address: ignored (the service is not proxied \
@@ -144,6 +155,14 @@ fn cluster_ips(spec: &ServiceSpec) -> Result<(Vec<IpAddr>, Vec<FieldError>), Fie
     }
     out.shrink_to_fit();
     Ok((out, doubtful))
+}
+
+/// A family as `spec.ipFamilies` names it.
+fn family_name(family: Family) -> &'static str {
+    match family {
+        Family::V4 => "IPv4",
+        Family::V6 => "IPv6",
+    }
 }
 
 /// What makes `ip` unusable as a service address, if anything.

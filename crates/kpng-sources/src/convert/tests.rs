@@ -197,3 +197,24 @@ fn unknown_keys_and_values_are_warnings_and_the_rest_is_kept() {
     assert!(joined.contains("unknown setting \"colour\" (expected \"scheduler\", \"persistence\", \"mode\", \"helper\" or \"log\")"), "{joined}");
     assert!(rejected_annotations() >= before + 2);
 }
+
+#[test]
+fn a_cluster_ip_of_a_family_ip_families_does_not_list_is_dropped_with_a_warning() {
+    let mut svc = service(json!({}), &["10.96.0.50", "fd00::50"]);
+    svc.spec.as_mut().unwrap().ip_families = Some(vec!["IPv4".into()]);
+    let mut warnings = Warnings::new();
+    let converted = convert_service(&svc, &ConvertOptions::default(), &mut warnings).unwrap();
+    let kept = converted.proxied().unwrap().cluster_ips;
+    assert_eq!(kept, ["10.96.0.50".parse::<std::net::IpAddr>().unwrap()]);
+    let shown = warnings[0].to_string();
+    assert!(shown.contains("shop/web") && shown.contains("spec.clusterIPs[1]"), "{shown}");
+    assert!(shown.contains("spec.ipFamilies is [IPv4]"), "{shown}");
+    // Both families listed, or none given: both kept.
+    for families in [Some(vec!["IPv4".into(), "IPv6".into()]), None] {
+        svc.spec.as_mut().unwrap().ip_families = families;
+        let mut warnings = Warnings::new();
+        let converted = convert_service(&svc, &ConvertOptions::default(), &mut warnings).unwrap();
+        assert_eq!(converted.proxied().unwrap().cluster_ips.len(), 2);
+        assert!(warnings.is_empty());
+    }
+}

@@ -32,6 +32,8 @@ pub struct ServiceSpec {
     /// `spec.clusterIPs`.
     #[serde(rename = "clusterIPs")]
     pub cluster_ips: Option<Vec<String>>,
+    /// `spec.ipFamilies`.
+    pub ip_families: Option<Vec<String>>,
     /// `spec.ports`.
     pub ports: Option<Vec<ServicePort>>,
     /// `spec.externalIPs`.

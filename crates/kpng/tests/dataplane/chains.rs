@@ -174,15 +174,47 @@ pub fn the_legacy_variant_serves_restarts_and_cleans_up(dp: Dataplane) {
 pub fn auto_mode_follows_the_variant_the_kubelet_uses(dp: Dataplane) {
     let mut cluster = Cluster::new();
     cluster.add_pod("web-a", true, 10, &[8080]);
+    // Earlier runs left kpng's chains in both variants.
+    let manifests = web("10.96.0.13", &[WEB_A]);
+    program(&cluster, dp, &manifests, &["--iptables-mode", "nft"]);
+    program(&cluster, dp, &manifests, &["--iptables-mode", "legacy"]);
     // The kubelet of this node uses iptables-legacy (the system's iptables is nf_tables).
     let out = cluster.node.output("iptables-legacy", &["-t", "mangle", "-N", "KUBE-IPTABLES-HINT"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let log = program(&cluster, dp, &web("10.96.0.13", &[WEB_A]), &[]);
+    let log = program(&cluster, dp, &manifests, &[]);
     assert!(log.contains("the kubelet's chains are in iptables-legacy"), "{log}");
+    assert!(log.contains("kpng's chains are in both variants"), "{log}");
     let saved = |cmd: &str| {
         String::from_utf8_lossy(&cluster.node.output(cmd, &["-t", "nat"]).stdout).into_owned()
     };
     assert!(saved("iptables-legacy-save").contains(":KPNG-SERVICES"), "{log}");
     assert!(!saved("iptables-nft-save").contains("KPNG"), "nothing in the other variant");
     assert_eq!(reach(&cluster.client, "10.96.0.13:80").0, "web-a");
+}
+
+/// `to-iptables` on the legacy variant: while another process holds the xtables lock, the
+/// restore waits for it and kpng says so, naming the lock.
+pub fn waiting_for_the_xtables_lock_is_logged_with_its_path(dp: Dataplane) {
+    let mut cluster = Cluster::new();
+    cluster.add_pod("web-a", true, 10, &[8080]);
+    let dir = tempfile::tempdir().unwrap();
+    let lock = dir.path().join("xtables.lock");
+    std::fs::write(&lock, "").unwrap();
+    // Another process holds the lock for a while.
+    let mut holder = std::process::Command::new("flock")
+        .arg(&lock)
+        .args(["sleep", "2"])
+        .spawn()
+        .expect("running flock");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let path = dir.path().join("cluster.yaml");
+    std::fs::write(&path, format!("{NODE_A}{}", web("10.96.0.14", &[WEB_A]))).unwrap();
+    let args = dp.args(&path, false, &["--once", "--iptables-mode", "legacy"]);
+    let out = dp.kpng(&cluster, &args).env("XTABLES_LOCKFILE", &lock).output().unwrap();
+    let _ = holder.wait();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    let said = format!("lock={}", lock.display());
+    assert!(log.contains("holds the xtables lock; waiting for it") && log.contains(&said), "{log}");
+    assert_eq!(reach(&cluster.client, "10.96.0.14:80").0, "web-a");
 }
