@@ -9,10 +9,12 @@
 //   kpng_frontends   (addr, port, proto, family) -> endpoint group, action when it is empty
 //   kpng_groups      group -> endpoint count, ClientIP affinity timeout
 //   kpng_backends    (group, slot) -> endpoint address and port, slots 0..count
-//   kpng_members     (group, endpoint) -> present (affinity groups only)
+//   kpng_members     (group, endpoint) -> present: the endpoints of affinity groups, and
+//                    under (group ^ SERVING) the endpoints that still serve a UDP group's port
 //   kpng_cluster_ips cluster IPs: a port they do not define is refused
 //   kpng_affinity    (network namespace, group) -> endpoint, last use (LRU)
 //   kpng_revnat      (socket, endpoint) -> service address (LRU)
+//   kpng_udp_flows   (socket, service address) -> endpoint, last send (LRU)
 //
 // Addresses and ports are in network byte order; every other number in host order.
 
@@ -32,6 +34,10 @@
 
 #define NSEC_PER_SEC 1000000000ULL
 
+// Marks the id of a group's set of serving endpoints in kpng_members (kpng's loader writes
+// them under the same id, `GroupId::serving`).
+#define SERVING 0x53455256494e4731ULL
+
 struct frontend_key {
 	__u32 addr[4];
 	__u16 port;
@@ -42,7 +48,10 @@ struct frontend_key {
 struct frontend {
 	__u64 group;
 	__u8 empty;
-	__u8 pad[7];
+	__u8 pad[3];
+	// UDP: how long an unconnected socket's flow keeps its endpoint without a send
+	// (conntrack's UDP stream timeout); 0 for TCP.
+	__u32 flow_seconds;
 };
 
 struct group {
@@ -90,6 +99,18 @@ struct revnat_key {
 	__u64 cookie;
 	struct backend backend;
 	__u32 pad;
+};
+
+struct flow_key {
+	__u64 cookie;
+	struct frontend_key service;
+	__u32 pad;
+};
+
+struct flow {
+	struct backend backend;
+	__u32 pad;
+	__u64 last_ns;
 };
 
 // Sizes are placeholders: the loader sets them from the cluster.
@@ -141,6 +162,13 @@ struct {
 	__type(key, struct revnat_key);
 	__type(value, struct backend);
 } kpng_revnat SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct flow_key);
+	__type(value, struct flow);
+} kpng_udp_flows SEC(".maps");
 
 static __always_inline int handled_protocol(struct bpf_sock_addr *ctx)
 {
@@ -218,6 +246,31 @@ static __always_inline int pick_affine(struct bpf_sock_addr *ctx, __u64 group,
 	return 1;
 }
 
+// An unconnected UDP socket's flow to a service keeps its endpoint, as conntrack keeps a
+// flow's: while the endpoint still serves the port (it may have left the set this node
+// picks from, terminating) and the flow has sent within the frontend's timeout. Returns 1
+// with the endpoint in `out` when the flow goes on.
+static __always_inline int follow_flow(const struct flow_key *key, __u64 group, __u32 seconds,
+				       struct backend *out)
+{
+	struct flow *seen = bpf_map_lookup_elem(&kpng_udp_flows, key);
+	__u64 now = bpf_ktime_get_ns();
+	if (!seen || now - seen->last_ns > (__u64)seconds * NSEC_PER_SEC)
+		return 0;
+	struct member_key serving = { .group = group ^ SERVING, .backend = seen->backend };
+	if (!bpf_map_lookup_elem(&kpng_members, &serving))
+		return 0;
+	seen->last_ns = now;
+	*out = seen->backend;
+	return 1;
+}
+
+static __always_inline void remember_flow(const struct flow_key *key, const struct backend *b)
+{
+	struct flow fresh = { .backend = *b, .last_ns = bpf_ktime_get_ns() };
+	bpf_map_update_elem(&kpng_udp_flows, key, &fresh, BPF_ANY);
+}
+
 // An IPv4 address as an IPv6 socket names it (::ffff:a.b.c.d).
 static __always_inline int v4_mapped(const __u32 *addr)
 {
@@ -225,8 +278,9 @@ static __always_inline int v4_mapped(const __u32 *addr)
 }
 
 // Points a connect() or sendmsg() at an endpoint. Returns what the hook returns: 1 to let
-// the call go on (translated or untouched), 0 to fail it with ECONNREFUSED.
-static __always_inline int translate(struct bpf_sock_addr *ctx, __u8 family)
+// the call go on (translated or untouched), 0 to fail it with ECONNREFUSED. `unconnected`:
+// a sendmsg() of an unconnected UDP socket, whose flows keep their endpoints.
+static __always_inline int translate(struct bpf_sock_addr *ctx, __u8 family, int unconnected)
 {
 	if (!handled_protocol(ctx))
 		return 1;
@@ -254,11 +308,16 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, __u8 family)
 	}
 	__u64 group = fe->group;
 	__u8 empty = fe->empty;
+	__u32 flow_seconds = fe->flow_seconds;
 	struct group *g = bpf_map_lookup_elem(&kpng_groups, &group);
 	struct backend chosen;
 	if (!g || g->count == 0)
 		goto empty;
-	if (g->affinity_seconds) {
+	struct flow_key flow = { .cookie = bpf_get_socket_cookie(ctx), .service = key };
+	int flows = unconnected && flow_seconds && key.proto == IPPROTO_UDP;
+	if (flows && follow_flow(&flow, group, flow_seconds, &chosen)) {
+		// The flow's endpoint, as conntrack would keep it.
+	} else if (g->affinity_seconds) {
 		if (!pick_affine(ctx, group, g, &chosen))
 			goto empty;
 	} else {
@@ -269,6 +328,8 @@ static __always_inline int translate(struct bpf_sock_addr *ctx, __u8 family)
 	}
 	if (chosen.family != key.family)
 		return 1;
+	if (flows)
+		remember_flow(&flow, &chosen);
 	if (mapped) {
 		chosen.addr[3] = chosen.addr[0];
 		chosen.addr[0] = 0;
@@ -308,25 +369,25 @@ static __always_inline int restore(struct bpf_sock_addr *ctx, __u8 family)
 SEC("cgroup/connect4")
 int kpng_connect4(struct bpf_sock_addr *ctx)
 {
-	return translate(ctx, FAMILY_V4);
+	return translate(ctx, FAMILY_V4, 0);
 }
 
 SEC("cgroup/connect6")
 int kpng_connect6(struct bpf_sock_addr *ctx)
 {
-	return translate(ctx, FAMILY_V6);
+	return translate(ctx, FAMILY_V6, 0);
 }
 
 SEC("cgroup/sendmsg4")
 int kpng_sendmsg4(struct bpf_sock_addr *ctx)
 {
-	return translate(ctx, FAMILY_V4);
+	return translate(ctx, FAMILY_V4, 1);
 }
 
 SEC("cgroup/sendmsg6")
 int kpng_sendmsg6(struct bpf_sock_addr *ctx)
 {
-	return translate(ctx, FAMILY_V6);
+	return translate(ctx, FAMILY_V6, 1);
 }
 
 SEC("cgroup/recvmsg4")

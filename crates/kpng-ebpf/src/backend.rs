@@ -48,6 +48,8 @@ pub struct EbpfBackend {
     problems: kpng_backend::Problems,
     /// `--dry-run`: map writes are printed, and the log says so.
     dry_run: bool,
+    /// How long an unconnected UDP socket's flow keeps its endpoint without sending.
+    flow_seconds: u32,
 }
 
 /// What `to-ebpf` is told on the command line.
@@ -90,7 +92,15 @@ impl EbpfBackend {
             stats: Arc::default(),
             problems: kpng_backend::Problems::default(),
             dry_run: false,
+            flow_seconds: crate::render::FLOW_SECONDS,
         }
+    }
+
+    /// Unconnected UDP sockets' flows keep their endpoint until they have not sent for
+    /// `timeout` (conntrack's UDP stream timeout on this node; default 120 s).
+    pub fn with_udp_flow_timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.flow_seconds = u32::try_from(timeout.as_secs()).unwrap_or(u32::MAX).max(1);
+        self
     }
 
     /// Reports programs found not running on their cgroup to `problems` (which `/readyz`
@@ -130,7 +140,7 @@ impl EbpfBackend {
             (None, Some(held)) => seed_slots(service, &self.nodeports, |k| held.get(k).copied()),
             (None, None) => Slots::new(),
         };
-        let rendered = render_service(service, &self.nodeports, &previous);
+        let rendered = render_service(service, &self.nodeports, &previous, self.flow_seconds);
         self.slots.insert(key.clone(), rendered.slots);
         let wanted = Wanted { elements: rendered.elements, yielding: rendered.nodeports };
         (key.clone(), Some(wanted))

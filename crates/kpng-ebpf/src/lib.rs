@@ -21,10 +21,12 @@
 //! kpng_frontends   (address, port, protocol) -> endpoint group, action when the group is empty
 //! kpng_groups      group -> endpoint count, ClientIP affinity timeout
 //! kpng_backends    (group, slot) -> endpoint address and port, slots 0..count
-//! kpng_members     (group, endpoint) of affinity groups: is a remembered endpoint still there
+//! kpng_members     (group, endpoint) of affinity groups: is a remembered endpoint still there;
+//!                  under the group's serving id, the endpoints still serving a UDP port
 //! kpng_cluster_ips cluster IPs: a port their service does not define is refused
 //! kpng_affinity    (client network namespace, group) -> endpoint, last use   (LRU, programs)
 //! kpng_revnat      (socket, endpoint) -> service address, for replies        (LRU, programs)
+//! kpng_udp_flows   (socket, service address) -> endpoint, last send           (LRU, programs)
 //! ```
 //!
 //! A group is a service port's Cluster or Local set in one family; its id is a stable hash,

@@ -18,7 +18,9 @@ pub enum MapName {
     Groups,
     /// (group, slot) → endpoint.
     Backends,
-    /// (group, endpoint) of affinity groups: whether a remembered endpoint is still there.
+    /// (group, endpoint) of affinity groups: whether a remembered endpoint is still there;
+    /// and under [`GroupId::serving`], the endpoints that still serve a UDP group's port,
+    /// which an unconnected socket's flow keeps.
     Members,
     /// Cluster IPs: a port they do not define is refused.
     ClusterIps,
@@ -48,12 +50,20 @@ impl MapName {
 }
 
 /// The LRU maps the programs fill themselves; kpng only creates, keeps and removes them.
-pub const LRU_MAPS: [&str; 2] = ["kpng_affinity", "kpng_revnat"];
+pub const LRU_MAPS: [&str; 3] = ["kpng_affinity", "kpng_revnat", "kpng_udp_flows"];
 
 /// Identifies the endpoint list of one service port, family and set (Cluster or Local):
 /// a stable hash of those, so a restart finds the same ids in the kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct GroupId(pub u64);
+
+impl GroupId {
+    /// The id under which the group's serving endpoints are listed in `kpng_members` (the
+    /// program computes it the same way: `group ^ SERVING`).
+    pub fn serving(self) -> GroupId {
+        GroupId(self.0 ^ 0x5345_5256_494e_4731)
+    }
+}
 
 impl fmt::Display for GroupId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -108,6 +118,9 @@ pub enum Value {
         group: GroupId,
         /// When the group is empty.
         empty: Empty,
+        /// UDP: seconds an unconnected socket's flow keeps its endpoint without sending
+        /// (conntrack's UDP stream timeout); 0 for TCP.
+        flow_seconds: u32,
     },
     /// A group's endpoint count and ClientIP affinity timeout (0: none).
     Group {
@@ -234,13 +247,14 @@ pub fn key_bytes(key: &Key) -> Vec<u8> {
 /// The value's bytes.
 pub fn value_bytes(value: &Value) -> Vec<u8> {
     match value {
-        Value::Frontend { group, empty } => {
+        Value::Frontend { group, empty, flow_seconds } => {
             let mut b = vec![0u8; 16];
             b[..8].copy_from_slice(&group.0.to_ne_bytes());
             b[8] = match empty {
                 Empty::Reject => 1,
                 Empty::Drop => 2,
             };
+            b[12..16].copy_from_slice(&flow_seconds.to_ne_bytes());
             b
         }
         Value::Group { count, affinity_seconds } => {
@@ -270,7 +284,9 @@ pub fn decode(map: MapName, key: &[u8], value: &[u8]) -> Option<(Key, Value)> {
                 2 => Empty::Drop,
                 _ => return None,
             };
-            (Key::Frontend(frontend), Value::Frontend { group: group_of(value)?, empty })
+            let flow_seconds = u32::from_ne_bytes(value.get(12..16)?.try_into().ok()?);
+            let value = Value::Frontend { group: group_of(value)?, empty, flow_seconds };
+            (Key::Frontend(frontend), value)
         }
         MapName::Groups => {
             let count = u32::from_ne_bytes(value.get(..4)?.try_into().ok()?);
@@ -319,12 +335,16 @@ impl fmt::Display for Key {
 impl fmt::Display for Value {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Value::Frontend { group, empty } => {
+            Value::Frontend { group, empty, flow_seconds } => {
                 let empty = match empty {
                     Empty::Reject => "reject",
                     Empty::Drop => "drop",
                 };
-                write!(f, "group {group}, empty: {empty}")
+                write!(f, "group {group}, empty: {empty}")?;
+                match flow_seconds {
+                    0 => Ok(()),
+                    seconds => write!(f, ", flows kept {seconds}s"),
+                }
             }
             Value::Group { count, affinity_seconds: 0 } => write!(f, "{count} endpoints"),
             Value::Group { count, affinity_seconds } => {
@@ -348,11 +368,11 @@ mod tests {
         vec![
             (
                 Key::Frontend(Frontend { ip: v4, protocol: Protocol::Tcp, port: 80 }),
-                Value::Frontend { group: g, empty: Empty::Reject },
+                Value::Frontend { group: g, empty: Empty::Reject, flow_seconds: 0 },
             ),
             (
                 Key::Frontend(Frontend { ip: v6, protocol: Protocol::Udp, port: 53 }),
-                Value::Frontend { group: g, empty: Empty::Drop },
+                Value::Frontend { group: g, empty: Empty::Drop, flow_seconds: 120 },
             ),
             (Key::Group(g), Value::Group { count: 3, affinity_seconds: 10800 }),
             (Key::Backend(g, 2), Value::Backend(("10.244.0.5".parse().unwrap(), 8080))),
@@ -389,5 +409,11 @@ mod tests {
         assert_eq!(&bytes[..4], &[10, 96, 0, 10]);
         assert_eq!(&bytes[4..16], &[0; 12]);
         assert_eq!(&bytes[16..], &[0x1f, 0x90, 6, 4]);
+        // The flow timeout is the frontend value's last four bytes.
+        let value = Value::Frontend { group: GroupId(7), empty: Empty::Drop, flow_seconds: 120 };
+        assert_eq!(&value_bytes(&value)[12..], &120u32.to_ne_bytes());
+        // The serving set's id is the program's `group ^ SERVING`.
+        assert_eq!(GroupId(0).serving().0, 0x5345_5256_494e_4731);
+        assert_eq!(GroupId(7).serving().serving(), GroupId(7));
     }
 }

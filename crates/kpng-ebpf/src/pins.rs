@@ -4,7 +4,8 @@
 //! <root>/                         default /sys/fs/bpf/kpng
 //!   maps-<generation>/kpng_frontends, kpng_groups, kpng_backends, kpng_members,
 //!                     kpng_cluster_ips        the maps sized from the cluster
-//!   lru/kpng_affinity, kpng_revnat            filled by the programs; kept across growth
+//!   lru/kpng_affinity, kpng_revnat, kpng_udp_flows
+//!                                             filled by the programs; kept across growth
 //!   links-<cgroup id>/kpng_connect4, ...      one link per program, on that cgroup
 //! ```
 //!

@@ -11,7 +11,12 @@
 //! - external IPs, load-balancer IPs and the NodePort on each NodePort address point at the
 //!   Cluster group: these frontends only serve sockets of this node, which upstream sends
 //!   to the Cluster set even under externalTrafficPolicy Local; an empty Cluster set refuses;
-//! - each cluster IP is listed, so a port its service does not define is refused.
+//! - each cluster IP is listed, so a port its service does not define is refused;
+//! - a UDP port's frontends carry how long an unconnected socket's flow keeps its endpoint
+//!   (conntrack's UDP stream timeout), and each of its groups lists, under
+//!   [`GroupId::serving`], the endpoints that still serve the port: a flow keeps its
+//!   endpoint while it is listed there, as conntrack keeps a flow to an endpoint that left
+//!   the set but still serves (terminating).
 //!
 //! What the ENLS already decided is taken as it is: the NodePort addresses are the node's
 //! (`LocalNode::nodeport_addresses`), an address an older service holds on a port (the
@@ -94,6 +99,8 @@ struct Out<'a> {
     previous: &'a Slots,
     slots: Slots,
     affinity_seconds: u32,
+    /// Seconds a UDP flow keeps its endpoint without sending.
+    flow_seconds: u32,
 }
 
 impl Out<'_> {
@@ -118,8 +125,20 @@ impl Out<'_> {
         self.slots.insert(id, slots);
     }
 
+    /// The endpoints that still serve a UDP group's port, under its serving id.
+    fn serving(&mut self, id: GroupId, targets: &BTreeSet<Target>) {
+        for target in targets {
+            self.elements.insert(Key::Member(id.serving(), *target), Value::Present);
+        }
+    }
+
     fn frontend(&mut self, frontend: Frontend, group: GroupId, empty: Empty) {
-        self.elements.insert(Key::Frontend(frontend), Value::Frontend { group, empty });
+        let flow_seconds = match frontend.protocol {
+            Protocol::Udp => self.flow_seconds,
+            _ => 0,
+        };
+        let value = Value::Frontend { group, empty, flow_seconds };
+        self.elements.insert(Key::Frontend(frontend), value);
     }
 }
 
@@ -128,12 +147,17 @@ fn of_family(ips: &[IpAddr], family: Family) -> impl Iterator<Item = IpAddr> + '
     ips.iter().copied().filter(move |ip| Family::of(ip) == family)
 }
 
-/// The elements of one service, given the slots its groups held before and where this
-/// node accepts NodePorts.
+/// How long an unconnected UDP socket's flow keeps its endpoint without sending, by
+/// default: conntrack's UDP stream timeout, as the kernel sets it (120 s).
+pub const FLOW_SECONDS: u32 = 120;
+
+/// The elements of one service, given the slots its groups held before, where this node
+/// accepts NodePorts, and how long a UDP flow keeps its endpoint ([`FLOW_SECONDS`]).
 pub fn render_service(
     state: &LocalServiceState,
     nodeports: &NodePortAddresses,
     previous: &Slots,
+    flow_seconds: u32,
 ) -> Rendered {
     let svc = &state.service;
     let mut out = Out {
@@ -142,6 +166,7 @@ pub fn render_service(
         previous,
         slots: Slots::new(),
         affinity_seconds: svc.affinity_timeout_seconds.unwrap_or(0),
+        flow_seconds,
     };
     for family in Family::ALL {
         let Some(cluster_ip) = svc.cluster_ip(family) else { continue };
@@ -180,6 +205,10 @@ fn render_port(
 ) {
     let (svc, family) = (&state.service, addresses.family);
     let (cluster, local) = port_sets(state, family, &port.name, port.protocol);
+    let serving = match port.protocol {
+        Protocol::Udp => serving_targets(state, family, port),
+        _ => BTreeSet::new(),
+    };
     let id = |kind| group_id(&svc.key, &port.name, port.protocol, family, kind == SetKind::Local);
     let (cluster_id, local_id) = (id(SetKind::Cluster), id(SetKind::Local));
     let held = |ip: &IpAddr| !port.yielded.contains(ip);
@@ -190,6 +219,7 @@ fn render_port(
         let (internal_id, internal) =
             if svc.internal_local { (local_id, &local) } else { (cluster_id, &cluster) };
         out.group(internal_id, internal);
+        out.serving(internal_id, &serving);
         let empty = if *port.has_endpoints.get(family) { Empty::Drop } else { Empty::Reject };
         out.frontend(at(addresses.cluster_ip, port.port), internal_id, empty);
     }
@@ -204,6 +234,7 @@ fn render_port(
     };
     if !externals.is_empty() || !on_nodes.is_empty() {
         out.group(cluster_id, &cluster);
+        out.serving(cluster_id, &serving);
     }
     for frontend in on_nodes {
         out.frontend(frontend, cluster_id, Empty::Reject);
@@ -215,6 +246,25 @@ fn render_port(
     }
 }
 
+/// The endpoints of `port` in `family` that still serve it: every endpoint the node state
+/// lists for the port (a UDP port's serving endpoints are listed even outside the sets)
+/// that is Ready or Serving.
+fn serving_targets(
+    state: &LocalServiceState,
+    family: Family,
+    port: &LocalServicePort,
+) -> BTreeSet<Target> {
+    let endpoints = state.endpoints.values().filter(|e| Family::of(&e.ip) == family);
+    let serving = endpoints.filter(|e| e.ready || e.serving);
+    serving
+        .flat_map(|e| {
+            let ports =
+                e.ports.iter().filter(|p| *p.name == *port.name && p.protocol == port.protocol);
+            ports.map(|p| (e.ip, p.port))
+        })
+        .collect()
+}
+
 /// The slots a service's groups hold in the maps, read through `lookup`: slots `0..count`
 /// of each group its render uses. Used after a restart, so that the first render keeps the
 /// kernel's positions and changes nothing that is already right.
@@ -223,7 +273,7 @@ pub fn seed_slots(
     nodeports: &NodePortAddresses,
     lookup: impl Fn(&Key) -> Option<Value>,
 ) -> Slots {
-    let groups: BTreeSet<GroupId> = render_service(state, nodeports, &Slots::new())
+    let groups: BTreeSet<GroupId> = render_service(state, nodeports, &Slots::new(), 0)
         .elements
         .keys()
         .filter_map(|k| match k {

@@ -250,7 +250,7 @@ mod tests {
     }
 
     fn points_at(group: u64) -> Value {
-        Value::Frontend { group: GroupId(group), empty: Empty::Reject }
+        Value::Frontend { group: GroupId(group), empty: Empty::Reject, flow_seconds: 0 }
     }
 
     fn render(elements: &[(Key, Value)]) -> Option<Wanted> {

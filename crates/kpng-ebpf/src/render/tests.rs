@@ -89,7 +89,7 @@ fn frontend(ip: &str, protocol: Protocol, port: u16) -> Key {
 
 fn target(rendered: &Rendered, key: &Key) -> (GroupId, Empty) {
     match rendered.elements.get(key) {
-        Some(Value::Frontend { group, empty }) => (*group, *empty),
+        Some(Value::Frontend { group, empty, .. }) => (*group, *empty),
         other => panic!("{key}: {other:?}"),
     }
 }
@@ -112,7 +112,7 @@ fn cluster_ip_uses_the_cluster_set_and_never_an_entry_in_neither_set() {
             endpoint("10.244.2.1", false, &[("http", TCP, 8080, false, false)]),
         ],
     );
-    let rendered = render_service(&svc, &none(), &Slots::new());
+    let rendered = render_service(&svc, &none(), &Slots::new(), FLOW_SECONDS);
     let (group, empty) = target(&rendered, &frontend("10.96.0.10", TCP, 80));
     assert_eq!(empty, Empty::Drop);
     let expected: BTreeSet<Target> =
@@ -147,7 +147,7 @@ fn internal_local_and_external_addresses_choose_their_sets() {
     // The ENLS accepts NodePorts on one IPv4 address, and on every local IPv6 address.
     let mut nodeports = on(&["192.168.10.1"]);
     nodeports.all_local.v6 = true;
-    let rendered = render_service(&svc, &nodeports, &Slots::new());
+    let rendered = render_service(&svc, &nodeports, &Slots::new(), FLOW_SECONDS);
     // ClusterIP: the Local set, empty while the service has endpoints elsewhere: drop.
     let (local, empty) = target(&rendered, &frontend("10.96.0.10", TCP, 80));
     assert_eq!(empty, Empty::Drop);
@@ -175,7 +175,7 @@ fn nodeports_follow_the_enls_addresses_and_skip_a_family_accepted_everywhere() {
         vec![endpoint("10.244.1.1", false, &[("http", TCP, 8080, true, false)])],
     );
     let nodeports = on(&["192.168.10.1", "192.168.10.50", "fd00:10::1"]);
-    let rendered = render_service(&svc, &nodeports, &Slots::new());
+    let rendered = render_service(&svc, &nodeports, &Slots::new(), FLOW_SECONDS);
     for ip in ["192.168.10.1", "192.168.10.50", "fd00:10::1"] {
         assert!(rendered.elements.contains_key(&frontend(ip, TCP, 30014)), "{ip}");
     }
@@ -183,7 +183,7 @@ fn nodeports_follow_the_enls_addresses_and_skip_a_family_accepted_everywhere() {
         all_local: PerFamily { v4: true, v6: false },
         addresses: vec!["fd00:10::1".parse().unwrap()],
     };
-    let rendered = render_service(&svc, &everywhere, &Slots::new());
+    let rendered = render_service(&svc, &everywhere, &Slots::new(), FLOW_SECONDS);
     let on_nodes: Vec<&Key> = rendered
         .elements
         .keys()
@@ -211,7 +211,7 @@ fn addresses_an_older_service_holds_get_no_frontend() {
         )],
     );
     svc.service.external_ips = vec!["192.0.2.15".parse().unwrap(), "192.0.2.16".parse().unwrap()];
-    let rendered = render_service(&svc, &none(), &Slots::new());
+    let rendered = render_service(&svc, &none(), &Slots::new(), FLOW_SECONDS);
     assert!(!rendered.elements.contains_key(&frontend("10.96.0.15", TCP, 80)));
     assert!(!rendered.elements.contains_key(&frontend("192.0.2.15", TCP, 80)));
     assert!(rendered.elements.contains_key(&frontend("192.0.2.16", TCP, 80)));
@@ -233,7 +233,7 @@ fn a_udp_endpoint_in_neither_set_is_never_chosen() {
             endpoint("10.244.1.2", false, &[("dns", Protocol::Udp, 8053, false, false)]),
         ],
     );
-    let rendered = render_service(&svc, &none(), &Slots::new());
+    let rendered = render_service(&svc, &none(), &Slots::new(), FLOW_SECONDS);
     let (group, _) = target(&rendered, &frontend("10.96.0.16", Protocol::Udp, 53));
     assert_eq!(
         endpoints_of(&rendered, group),
@@ -258,7 +258,7 @@ fn load_balancer_ips_with_source_ranges_stay_with_nftables() {
     svc.service.load_balancer_ips =
         vec!["203.0.113.1".parse().unwrap(), "fd00:113::1".parse().unwrap()];
     svc.service.load_balancer_source_ranges = vec!["198.51.100.0/24".parse().unwrap()];
-    let rendered = render_service(&svc, &none(), &Slots::new());
+    let rendered = render_service(&svc, &none(), &Slots::new(), FLOW_SECONDS);
     assert!(!rendered.elements.contains_key(&frontend("203.0.113.1", TCP, 80)));
     // IPv6 has no range: its load-balancer IP is translated.
     assert!(rendered.elements.contains_key(&frontend("fd00:113::1", TCP, 80)));
@@ -269,7 +269,7 @@ fn without_endpoints_anywhere_the_cluster_ip_rejects() {
     let mut ports = vec![port("http", TCP, 80, None)];
     ports[0].has_endpoints = PerFamily { v4: false, v6: false };
     let svc = state("empty", &["10.96.0.11", "fd00:96::11"], ports, Vec::new());
-    let rendered = render_service(&svc, &none(), &Slots::new());
+    let rendered = render_service(&svc, &none(), &Slots::new(), FLOW_SECONDS);
     for ip in ["10.96.0.11", "fd00:96::11"] {
         assert_eq!(target(&rendered, &frontend(ip, TCP, 80)).1, Empty::Reject);
     }
@@ -289,7 +289,7 @@ fn affinity_groups_list_their_members_and_slots_stay_put() {
         ],
     );
     svc.service.affinity_timeout_seconds = Some(600);
-    let first = render_service(&svc, &none(), &Slots::new());
+    let first = render_service(&svc, &none(), &Slots::new(), FLOW_SECONDS);
     let (group, _) = target(&first, &frontend("10.96.0.12", TCP, 80));
     assert_eq!(
         first.elements.get(&Key::Group(group)),
@@ -299,7 +299,7 @@ fn affinity_groups_list_their_members_and_slots_stay_put() {
     assert_eq!(members, 3);
     // The first endpoint leaves: the last one moves into its slot, the middle one stays.
     svc.endpoints.remove(&"10.244.0.1".parse().unwrap());
-    let second = render_service(&svc, &none(), &first.slots);
+    let second = render_service(&svc, &none(), &first.slots, FLOW_SECONDS);
     let slots = &second.slots[&group];
     assert_eq!(
         slots,
@@ -324,4 +324,40 @@ fn group_ids_differ_by_every_field() {
     ] {
         assert_ne!(base, other);
     }
+}
+
+#[test]
+fn udp_flows_keep_an_endpoint_while_it_serves() {
+    const UDP: Protocol = Protocol::Udp;
+    let ready = endpoint("10.244.0.1", true, &[("dns", UDP, 53, true, true)]);
+    // Terminating but serving: in neither set, listed for the flows towards it.
+    let mut terminating = endpoint("10.244.0.2", false, &[("dns", UDP, 53, false, false)]);
+    (terminating.ready, terminating.terminating) = (false, true);
+    let svc = state(
+        "dns",
+        &["10.96.0.10"],
+        vec![port("dns", UDP, 53, None), port("tcp", TCP, 53, None)],
+        vec![ready, terminating],
+    );
+    let rendered = render_service(&svc, &none(), &Slots::new(), 90);
+    let udp = frontend("10.96.0.10", UDP, 53);
+    let (group, _) = target(&rendered, &udp);
+    let picked: BTreeSet<Target> = [("10.244.0.1".parse().unwrap(), 53)].into();
+    assert_eq!(endpoints_of(&rendered, group), picked, "only the ready one is picked");
+    let serving: BTreeSet<Target> = rendered
+        .elements
+        .keys()
+        .filter_map(|k| match k {
+            Key::Member(id, target) if *id == group.serving() => Some(*target),
+            _ => None,
+        })
+        .collect();
+    let both = ["10.244.0.1", "10.244.0.2"].map(|ip| (ip.parse().unwrap(), 53)).into();
+    assert_eq!(serving, both, "flows keep either while it serves");
+    let seconds = |key: &Key| match rendered.elements.get(key) {
+        Some(Value::Frontend { flow_seconds, .. }) => *flow_seconds,
+        other => panic!("{key}: {other:?}"),
+    };
+    assert_eq!(seconds(&udp), 90);
+    assert_eq!(seconds(&frontend("10.96.0.10", TCP, 53)), 0, "TCP has no flows to keep");
 }

@@ -175,7 +175,22 @@ fn ebpf_backend(args: &EbpfArgs, global: &GlobalArgs) -> anyhow::Result<kpng_ebp
         cgroup: args.cgroup_path.clone(),
         pin_root: args.pins.bpf_pin_path.clone(),
     };
-    kpng_ebpf::EbpfBackend::open(options, target(global)).context("starting the eBPF backend")
+    let backend = kpng_ebpf::EbpfBackend::open(options, target(global))
+        .context("starting the eBPF backend")?;
+    Ok(backend.with_udp_flow_timeout(udp_flow_timeout(global)))
+}
+
+/// How long an unconnected UDP socket's flow keeps its endpoint with `to-ebpf`, as a
+/// conntrack entry would: `--conntrack-udp-timeout-stream` when kpng sets it, else the
+/// node's `nf_conntrack_udp_timeout_stream`, else the kernel's default (120 s).
+fn udp_flow_timeout(global: &GlobalArgs) -> std::time::Duration {
+    let set = global.conntrack.conntrack_udp_timeout_stream;
+    if !set.is_zero() {
+        return set;
+    }
+    let path = "/proc/sys/net/netfilter/nf_conntrack_udp_timeout_stream";
+    let read = std::fs::read_to_string(path).ok().and_then(|text| text.trim().parse().ok());
+    std::time::Duration::from_secs(read.unwrap_or(u64::from(kpng_ebpf::render::FLOW_SECONDS)))
 }
 
 /// What only this node knows, and a watcher of its addresses when they matter.

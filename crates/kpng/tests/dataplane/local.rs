@@ -120,6 +120,12 @@ impl Local {
     pub fn sendto(&mut self, target: &str) -> (Outcome, String) {
         split(&self.ask(&format!("sendto {target}")))
     }
+
+    /// An unconnected UDP exchange on the socket this process keeps for `target` (one
+    /// flow, as a resolver's socket sends query after query).
+    pub fn flow(&mut self, target: &str) -> Outcome {
+        split(&self.ask(&format!("flow {target}"))).0
+    }
 }
 
 impl Drop for Local {
@@ -141,6 +147,7 @@ fn split(answer: &str) -> (Outcome, String) {
 /// - `again`: one more exchange on the held connection: `<outcome>|<getpeername()>`
 /// - `udp ADDR`: connected UDP exchange: `<outcome>`
 /// - `sendto ADDR`: unconnected UDP: `<outcome>|<address the reply came from>`
+/// - `flow ADDR`: as `sendto`, on one socket kept per address
 ///
 /// Does nothing unless [`Dataplane::local`] started this process.
 pub fn serve_when_asked() {
@@ -148,6 +155,7 @@ pub fn serve_when_asked() {
         return;
     }
     let mut held: Option<TcpStream> = None;
+    let mut flows: std::collections::HashMap<SocketAddr, UdpSocket> = Default::default();
     for line in std::io::stdin().lock().lines().map_while(Result::ok) {
         let answer = match line.split_once(' ') {
             None if line == "again" => exchange_again(held.as_mut()),
@@ -162,7 +170,17 @@ pub fn serve_when_asked() {
                         answer
                     }
                     "udp" => probe::udp(target, 0, TIMEOUT).to_string(),
-                    "sendto" => unconnected_udp(target),
+                    "sendto" => unconnected_udp(target, None),
+                    "flow" => {
+                        let socket = flows.entry(target).or_insert_with(|| {
+                            let bind: SocketAddr = match target.is_ipv4() {
+                                true => ([0, 0, 0, 0], 0).into(),
+                                false => ([0u16; 8], 0).into(),
+                            };
+                            UdpSocket::bind(bind).expect("binding a UDP socket")
+                        });
+                        unconnected_udp(target, Some(socket))
+                    }
                     other => format!("error: unknown probe {other}"),
                 },
             },
@@ -205,12 +223,20 @@ fn exchange_again(stream: Option<&mut TcpStream>) -> String {
     read_answer(stream)
 }
 
-fn unconnected_udp(target: SocketAddr) -> String {
+/// One datagram to `target` and its answer, on `socket` or a new one.
+fn unconnected_udp(target: SocketAddr, socket: Option<&UdpSocket>) -> String {
     let bind: SocketAddr =
         if target.is_ipv4() { ([0, 0, 0, 0], 0).into() } else { ([0u16; 8], 0).into() };
-    let socket = match UdpSocket::bind(bind) {
-        Ok(s) => s,
-        Err(e) => return format!("error: {e}|"),
+    let fresh;
+    let socket = match socket {
+        Some(socket) => socket,
+        None => match UdpSocket::bind(bind) {
+            Ok(s) => {
+                fresh = s;
+                &fresh
+            }
+            Err(e) => return format!("error: {e}|"),
+        },
     };
     let _ = socket.set_read_timeout(Some(TIMEOUT));
     if let Err(e) = socket.send_to(b"hello", target) {

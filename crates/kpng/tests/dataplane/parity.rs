@@ -52,6 +52,49 @@ pub fn udp_flows_to_an_endpoint_that_still_serves_are_kept(dp: Dataplane) {
     assert!(is("dns-b")(&eventually(flow, is("dns-b"))), "{}", kpng.log());
 }
 
+/// The same from a pod on the node, over one unconnected UDP socket (a resolver's): with
+/// `to-ebpf` the socket is translated at each `sendmsg()`, and its flow keeps its endpoint
+/// while the endpoint still serves, as conntrack keeps it on the packet path.
+pub fn a_pods_unconnected_udp_flow_keeps_an_endpoint_that_still_serves(dp: Dataplane) {
+    let mut cluster = Cluster::new();
+    cluster.add_pod("dns-a", true, 10, &[8080]);
+    cluster.add_pod("dns-b", false, 10, &[8080]);
+    cluster.add_pod("client", true, 50, &[9999]);
+    let dns = |endpoints: &[Ep<'_>]| {
+        [
+            service("dns", "  clusterIP: 10.96.0.52\n", DNS_PORT),
+            slice("dns-1", "dns", "IPv4", SLICE_DNS, endpoints),
+        ]
+        .concat()
+    };
+    let a = ("10.244.0.10", "node-a", true, true, false);
+    let a_terminating = ("10.244.0.10", "node-a", false, true, true);
+    let b = ("10.244.1.10", "node-b", true, true, false);
+    let kpng = Watched::start(&cluster, dp, &dns(&[a]));
+    if matches!(dp, Dataplane::Ebpf(_)) {
+        // The flow must start on the path under test, not on nftables before the maps.
+        wait_until("kpng wrote its maps", || kpng.log().contains("eBPF maps written"));
+    }
+    let mut pod = dp.local(&cluster.pod("client").ns);
+    assert!(is("dns-a")(&eventually(|| pod.flow("10.96.0.52:53"), is("dns-a"))), "{}", kpng.log());
+
+    // dns-a terminates but still serves, dns-b is ready: a new socket's flow goes to dns-b,
+    // the existing flow stays with dns-a.
+    kpng.write(&dns(&[a_terminating, b]));
+    let mut fresh = dp.local(&cluster.pod("client").ns);
+    let new_flow = eventually(|| fresh.sendto("10.96.0.52:53").0, is("dns-b"));
+    assert!(is("dns-b")(&new_flow), "{new_flow}\n{}", kpng.log());
+    for _ in 0..4 {
+        let outcome = pod.flow("10.96.0.52:53");
+        assert!(is("dns-a")(&outcome), "the flow moved ({outcome}):\n{}", kpng.log());
+    }
+
+    // dns-a is gone: the flow moves.
+    kpng.write(&dns(&[b]));
+    let moved = eventually(|| pod.flow("10.96.0.52:53"), is("dns-b"));
+    assert!(is("dns-b")(&moved), "{moved}\n{}", kpng.log());
+}
+
 pub fn client_ip_affinity_survives_a_scale_down(dp: Dataplane) {
     let mut cluster = Cluster::new();
     cluster.add_pod("web-a", true, 10, &[8080]);
