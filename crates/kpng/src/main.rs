@@ -15,6 +15,7 @@
 //! - [`operator_files`]: a warning for files given by flags that others could change.
 //! - [`pipeline`]: wires the chosen source to the chosen sink through the store, and
 //!   handles `--once`.
+//! - [`refused_requests`]: requests the HTTP/2 layer refuses before kpng sees them, logged.
 //! - [`servers`]: the admin and health-check HTTP servers.
 //! - [`signals`]: SIGTERM and SIGINT (stop between two transactions), SIGHUP (ignored).
 //! - [`sinks`]: `to-file` and `to-local`.
@@ -28,6 +29,7 @@ mod once;
 mod operator_files;
 mod pipeline;
 mod process;
+mod refused_requests;
 mod servers;
 mod signals;
 mod sinks;
@@ -108,5 +110,9 @@ fn init_logging(args: &cli::LoggingArgs) {
         }
         cli::LogFormat::Json => layer.json().flatten_event(true).with_current_span(false).boxed(),
     };
-    tracing_subscriber::registry().with(layer.with_filter(filter)).with(once::LastWarning).init();
+    tracing_subscriber::registry()
+        .with(layer.with_filter(filter))
+        .with(once::LastWarning)
+        .with(refused_requests::RefusedRequests.with_filter(refused_requests::filter()))
+        .init();
 }

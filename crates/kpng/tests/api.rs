@@ -145,10 +145,11 @@ fn kpng_instances_chain_through_the_global_stream() {
 
 /// The port a `to-api` on tcp://127.0.0.1:0 logged.
 fn logged_port(server: &Kpng) -> String {
-    server.wait_stderr("tcp://127.0.0.1:");
+    server.wait_stderr("serving the kpng API");
     let stderr = server.stderr();
-    let at = stderr.find("tcp://127.0.0.1:").unwrap() + "tcp://127.0.0.1:".len();
-    stderr[at..].chars().take_while(char::is_ascii_digit).collect()
+    let line = stderr.lines().find(|l| l.contains("serving the kpng API")).unwrap();
+    let at = line.find("tcp://127.0.0.1:").unwrap() + "tcp://127.0.0.1:".len();
+    line[at..].chars().take_while(char::is_ascii_digit).collect()
 }
 
 #[test]
@@ -205,4 +206,25 @@ fn plaintext_is_refused_without_insecure() {
     let out = run(&["local", "--server", "unix://relative.sock", "to-json"]);
     assert!(!out.status.success());
     assert!(out.stderr.contains("must be absolute"), "{}", out.stderr);
+}
+
+#[test]
+fn a_request_refused_for_its_authority_is_logged() {
+    if !kpng_testkit::privileged::has_tool("curl") {
+        kpng_testkit::privileged::skip("a_request_refused_for_its_authority_is_logged needs curl");
+        return;
+    }
+    let args = ["file", "--input", &example(), "to-api", "--listen", "tcp://127.0.0.1:0"];
+    let server = Kpng::spawn(&[&args[..], &["--insecure"]].concat());
+    let address = format!("127.0.0.1:{}", logged_port(&server));
+    // An HTTP/2 request whose :authority is not one: the HTTP/2 layer resets it.
+    let url = format!("http://{address}/localv1.Sets/Watch");
+    let refused = std::process::Command::new("curl")
+        .args(["-s", "--http2-prior-knowledge", "-X", "POST", "--data-binary", ""])
+        .args(["-H", "content-type: application/grpc", "-H", "Host: bad host name", &url])
+        .output()
+        .expect("running curl");
+    assert!(!refused.status.success(), "the request was refused");
+    server.wait_stderr("request was refused before reaching kpng");
+    assert!(server.stderr().contains("malformed authority"), "{}", server.stderr());
 }
