@@ -13,20 +13,28 @@ fn is(name: &'static str) -> impl Fn(&Outcome) -> bool {
     move |o: &Outcome| matches!(o, Outcome::Answer { name: n, .. } if n == name)
 }
 
-pub fn udp_flows_to_an_endpoint_that_still_serves_are_kept(dp: Dataplane) {
+/// dns-a on this node, dns-b on another: ready, and dns-a terminating but serving.
+const DNS_A: Ep<'static> = ("10.244.0.10", "node-a", true, true, false);
+const DNS_A_TERMINATING: Ep<'static> = ("10.244.0.10", "node-a", false, true, true);
+const DNS_B: Ep<'static> = ("10.244.1.10", "node-b", true, true, false);
+
+/// A cluster with pods dns-a and dns-b, and the manifests of a UDP service at `cluster_ip`
+/// over the endpoints given.
+fn dns_cluster(cluster_ip: &str) -> (Cluster, impl Fn(&[Ep<'_>]) -> String) {
     let mut cluster = Cluster::new();
     cluster.add_pod("dns-a", true, 10, &[8080]);
     cluster.add_pod("dns-b", false, 10, &[8080]);
-    let dns = |endpoints: &[Ep<'_>]| {
-        [
-            service("dns", "  clusterIP: 10.96.0.50\n", DNS_PORT),
-            slice("dns-1", "dns", "IPv4", SLICE_DNS, endpoints),
-        ]
-        .concat()
+    let spec = format!("  clusterIP: {cluster_ip}\n");
+    let dns = move |endpoints: &[Ep<'_>]| {
+        [service("dns", &spec, DNS_PORT), slice("dns-1", "dns", "IPv4", SLICE_DNS, endpoints)]
+            .concat()
     };
-    let a = ("10.244.0.10", "node-a", true, true, false);
-    let a_terminating = ("10.244.0.10", "node-a", false, true, true);
-    let b = ("10.244.1.10", "node-b", true, true, false);
+    (cluster, dns)
+}
+
+pub fn udp_flows_to_an_endpoint_that_still_serves_are_kept(dp: Dataplane) {
+    let (cluster, dns) = dns_cluster("10.96.0.50");
+    let (a, a_terminating, b) = (DNS_A, DNS_A_TERMINATING, DNS_B);
     let kpng = Watched::start(&cluster, dp, &dns(&[a]));
     let flow = || udp_flow(&cluster.client, "10.96.0.50:53", 40100);
     assert!(is("dns-a")(&eventually(flow, is("dns-a"))), "{}", kpng.log());
@@ -56,20 +64,9 @@ pub fn udp_flows_to_an_endpoint_that_still_serves_are_kept(dp: Dataplane) {
 /// `to-ebpf` the socket is translated at each `sendmsg()`, and its flow keeps its endpoint
 /// while the endpoint still serves, as conntrack keeps it on the packet path.
 pub fn a_pods_unconnected_udp_flow_keeps_an_endpoint_that_still_serves(dp: Dataplane) {
-    let mut cluster = Cluster::new();
-    cluster.add_pod("dns-a", true, 10, &[8080]);
-    cluster.add_pod("dns-b", false, 10, &[8080]);
+    let (mut cluster, dns) = dns_cluster("10.96.0.52");
     cluster.add_pod("client", true, 50, &[9999]);
-    let dns = |endpoints: &[Ep<'_>]| {
-        [
-            service("dns", "  clusterIP: 10.96.0.52\n", DNS_PORT),
-            slice("dns-1", "dns", "IPv4", SLICE_DNS, endpoints),
-        ]
-        .concat()
-    };
-    let a = ("10.244.0.10", "node-a", true, true, false);
-    let a_terminating = ("10.244.0.10", "node-a", false, true, true);
-    let b = ("10.244.1.10", "node-b", true, true, false);
+    let (a, a_terminating, b) = (DNS_A, DNS_A_TERMINATING, DNS_B);
     let kpng = Watched::start(&cluster, dp, &dns(&[a]));
     if matches!(dp, Dataplane::Ebpf(_)) {
         // The flow must start on the path under test, not on nftables before the maps.
