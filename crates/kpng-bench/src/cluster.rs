@@ -2,8 +2,9 @@
 
 use std::collections::BTreeSet;
 
+use kpng_local::NodeProjector;
 use kpng_model::global::{Endpoint, EndpointSlice, SliceKey};
-use kpng_model::{GlobalModel, Object, ObjectRef, ServiceKey, Touched};
+use kpng_model::{Changes, GlobalModel, Object, ObjectRef, ServiceKey, Touched};
 use kpng_sources::ConvertOptions;
 use kpng_sources::object::{Input, kind_of, read_object};
 use kpng_testkit::generate::{ClusterSpec, generate};
@@ -19,6 +20,17 @@ pub fn objects(spec: &ClusterSpec) -> anyhow::Result<Vec<Object>> {
         objects.extend(object.proxied());
     }
     Ok(objects)
+}
+
+/// The generated cluster of `spec` as a model, and node `node-0`'s state projected from it.
+pub fn projected(spec: &ClusterSpec) -> anyhow::Result<(GlobalModel, NodeProjector)> {
+    let mut model = GlobalModel::new();
+    for object in objects(spec)? {
+        model.apply(object);
+    }
+    let mut projector = NodeProjector::new("node-0");
+    projector.update(&model, &Changes::All);
+    Ok((model, projector))
 }
 
 /// Applies `object` to `model` and returns what it touched.

@@ -5,7 +5,6 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use kpng_local::NodeProjector;
 use kpng_model::{Changes, GlobalModel, Object};
 use kpng_runner::{Backend, ChangeSet};
 use kpng_testkit::generate::ClusterSpec;
@@ -53,12 +52,7 @@ fn endpoint_change(model: &mut GlobalModel, services: usize, r: usize, add: bool
 /// additions and as many removals through each.
 pub fn run(services: usize, endpoints: usize, repeat: usize) -> anyhow::Result<ChangeRow> {
     let spec = ClusterSpec { services, endpoints, nodes: 3, zones: 2 };
-    let mut model = GlobalModel::new();
-    for object in cluster::objects(&spec)? {
-        model.apply(object);
-    }
-    let mut projector = NodeProjector::new("node-0");
-    projector.update(&model, &Changes::All);
+    let (mut model, mut projector) = cluster::projected(&spec)?;
 
     let attachment = Attachment::new("changes")?;
     let mut ebpf = attachment.backend()?;

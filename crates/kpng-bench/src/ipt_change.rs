@@ -109,12 +109,7 @@ pub fn run(
     reloads: usize,
 ) -> anyhow::Result<IptRow> {
     let spec = ClusterSpec { services, endpoints, nodes: 3, zones: 2 };
-    let mut model = GlobalModel::new();
-    for object in cluster::objects(&spec)? {
-        model.apply(object);
-    }
-    let mut projector = NodeProjector::new("node-0");
-    projector.update(&model, &Changes::All);
+    let (model, projector) = cluster::projected(&spec)?;
     // Alone in the namespace: earlier scenarios' tables and chains go first.
     kpng_nft::kernel::cleanup().context("removing earlier nftables tables")?;
     kpng_iptables::kernel::cleanup(Mode::Auto).context("removing earlier chains")?;

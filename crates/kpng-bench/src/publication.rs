@@ -9,8 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use anyhow::Context;
 use kpng_aggregator::{Publication, State, Update};
-use kpng_local::NodeProjector;
-use kpng_model::{Changes, GlobalModel};
+
 use kpng_nft::plan::Plan;
 use kpng_nft::{Kernel, KernelContents, NftBackend, NftError, NftOptions};
 use kpng_runner::{Backend, ChangeSet};
@@ -57,12 +56,7 @@ impl Kernel for Sizing {
 /// The whole publication of node `node-0` of a generated cluster.
 pub fn run(services: usize, endpoints: usize) -> anyhow::Result<PublicationRow> {
     let spec = ClusterSpec { services, endpoints, nodes: 3, zones: 2 };
-    let mut model = GlobalModel::new();
-    for object in cluster::objects(&spec)? {
-        model.apply(object);
-    }
-    let mut projector = NodeProjector::new("node-0");
-    projector.update(&model, &Changes::All);
+    let (_model, projector) = cluster::projected(&spec)?;
     let bytes = Arc::new(AtomicUsize::new(0));
     let mut backend = NftBackend::new(NftOptions::default(), Box::new(Sizing(bytes.clone())));
     backend.apply(&ChangeSet::full(projector.state())).context("the whole publication")?;
