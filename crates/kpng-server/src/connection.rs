@@ -21,6 +21,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::answer::{Progress, now_ms};
 use crate::counters::ServerStats;
+use crate::throttle::Throttle;
 
 /// One client connection, as its streams and the watchdog see it.
 #[derive(Debug, Clone)]
@@ -96,7 +97,7 @@ pub struct Admission {
     timeout: Duration,
     connections: Mutex<Vec<Weak<State>>>,
     stats: Arc<ServerStats>,
-    warned_at: AtomicU64,
+    full: Throttle,
 }
 
 impl Admission {
@@ -108,7 +109,7 @@ impl Admission {
             timeout,
             connections: Mutex::new(Vec::new()),
             stats,
-            warned_at: AtomicU64::new(0),
+            full: Throttle::new(10_000),
         })
     }
 
@@ -117,10 +118,7 @@ impl Admission {
     pub fn admit<IO>(&self, io: IO, credentials: Option<Credentials>) -> Option<Guarded<IO>> {
         let Ok(slot) = self.slots.clone().try_acquire_owned() else {
             self.stats.refused.fetch_add(1, Ordering::Relaxed);
-            let now = now_ms();
-            let last = self.warned_at.load(Ordering::Relaxed);
-            if last == 0 || now.saturating_sub(last) > 10_000 {
-                self.warned_at.store(now, Ordering::Relaxed);
+            if self.full.occur().is_some() {
                 tracing::warn!(
                     max_clients = self.max,
                     "to-api client refused: every client slot is taken"

@@ -30,6 +30,7 @@
 //!   binding with retries, reported to `/readyz`.
 //! - [`admin`]: `/healthz`, `/livez`, `/readyz`, `/metrics`, `/state`.
 //! - [`healthcheck`]: the health-check NodePort servers, run as a backend.
+//! - [`throttle`]: warnings said at most once per period, with a count.
 
 pub mod admin;
 mod answer;
@@ -43,6 +44,7 @@ pub mod http;
 mod listen;
 mod nodes;
 mod service;
+pub mod throttle;
 mod variants;
 
 pub use counters::ServerStats;

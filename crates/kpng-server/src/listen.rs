@@ -8,8 +8,6 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use kpng_api::addr::{Address, Security, SecurityError, tls_material};
 use kpng_api::peer::{Allowed, Credentials, PeerIdentity, check_socket_directories};
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -20,10 +18,10 @@ use tonic::transport::{Server, ServerTlsConfig};
 use tower::layer::util::{Identity, Stack};
 use tower::util::MapRequestLayer;
 
-use crate::answer::now_ms;
 use crate::connection::{Admission, Connection, Guarded};
 use crate::counters::ServerStats;
 use crate::service::Hub;
+use crate::throttle::Throttle;
 
 /// Streams one connection may carry at once (a kpng client opens one).
 const STREAMS_PER_CONNECTION: u32 = 16;
@@ -80,7 +78,8 @@ impl Default for ServeOptions {
 /// it is created with the mode [`Allowed::socket_mode`] gives (0600 unless other users or
 /// groups are allowed; its directory, if missing, 0755) and removed at the end; a stale
 /// socket left by a previous run is replaced, one still in use is an error. A client whose
-/// credentials [`Allowed::admits`] refuses is closed at once, and logged.
+/// credentials [`Allowed::admits`] refuses is answered `PERMISSION_DENIED` to whatever it
+/// asks, and logged.
 pub async fn serve(
     hub: Arc<Hub>,
     address: &Address,
@@ -161,8 +160,7 @@ pub async fn serve_routes(
                 listener,
                 allowed: security.allowed.clone(),
                 what: served.what,
-                refused: AtomicU64::new(0),
-                warned_at: AtomicU64::new(0),
+                refusals: Throttle::new(10_000),
                 telling: Arc::new(tokio::sync::Semaphore::new(REFUSALS_AT_ONCE)),
             };
             run(router, clients, admission, background, shutdown).await.map_err(serve_error)
@@ -221,9 +219,8 @@ struct UnixClients {
     listener: tokio::net::UnixListener,
     allowed: Allowed,
     what: &'static str,
-    /// Clients refused, and when a refusal was last logged (ms, [`now_ms`]).
-    refused: AtomicU64,
-    warned_at: AtomicU64,
+    /// Refusals, logged at most once every 10 s.
+    refusals: Throttle,
     /// Refused clients being told why, at most [`REFUSALS_AT_ONCE`].
     telling: Arc<tokio::sync::Semaphore>,
 }
@@ -238,12 +235,7 @@ impl UnixClients {
     /// Logs a refusal: the first at once, then at most one line every 10 s with the count
     /// since, so a user who keeps trying cannot fill the log.
     fn refuse(&self, peer: &Credentials) {
-        let count = self.refused.fetch_add(1, Ordering::Relaxed) + 1;
-        let now = now_ms();
-        let last = self.warned_at.load(Ordering::Relaxed);
-        if last == 0 || now.saturating_sub(last) > 10_000 {
-            self.warned_at.store(now, Ordering::Relaxed);
-            self.refused.store(0, Ordering::Relaxed);
+        if let Some(count) = self.refusals.occur() {
             tracing::warn!(
                 client = %peer,
                 refused = count,

@@ -6,9 +6,8 @@
 //! the log.
 
 use std::fmt::Write;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
 
+use kpng_server::throttle::Throttle;
 use tracing::field::{Field, Visit};
 use tracing_subscriber::filter::Targets;
 use tracing_subscriber::layer::Context;
@@ -16,11 +15,8 @@ use tracing_subscriber::layer::Context;
 /// The module whose debug events say why a request was refused.
 const SOURCE: &str = "h2::server";
 
-/// At most one warning this often.
-const EVERY: Duration = Duration::from_secs(10);
-
-/// Refusals not yet logged, and when the last warning was.
-static SEEN: Mutex<(u64, Option<Instant>)> = Mutex::new((0, None));
+/// Refusals, logged at most once every 10 s.
+static REFUSALS: Throttle = Throttle::new(10_000);
 
 /// The filter of this layer: the HTTP/2 server's debug events only.
 pub fn filter() -> Targets {
@@ -37,16 +33,7 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for RefusedRequests {
         if !message.0.starts_with("malformed headers") {
             return;
         }
-        let count = {
-            let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
-            seen.0 += 1;
-            if seen.1.is_some_and(|at| at.elapsed() < EVERY) {
-                return;
-            }
-            let count = seen.0;
-            *seen = (0, Some(Instant::now()));
-            count
-        };
+        let Some(count) = REFUSALS.occur() else { return };
         tracing::warn!(
             refused = count,
             "a gRPC client's request was refused before reaching kpng (reset with \
