@@ -5,7 +5,7 @@
 //!
 //! The file is JSON (`{"kpng": "uid:0", "fw": "cert:DNS:fw.example"}`), written whole
 //! through a temporary file and a rename, mode 0600, in a directory nobody else can write
-//! (as a socket's, [`kpng_api::peer::check_socket_directories`]). To hand a name to another
+//! ([`kpng_api::peer::check_directories_above`], as for a socket). To hand a name to another
 //! identity, remove its entry while the aggregator is stopped.
 
 use std::collections::BTreeMap;
@@ -30,7 +30,7 @@ pub struct BindingsError {
 /// otherwise be free for anyone to take.
 pub fn load(path: &Path) -> Result<Bindings, BindingsError> {
     let error = |message: String| BindingsError { path: path.to_path_buf(), message };
-    kpng_api::peer::check_socket_directories(path).map_err(|e| error(e.to_string()))?;
+    kpng_api::peer::check_directories_above(path).map_err(|e| error(e.to_string()))?;
     let text = match std::fs::read_to_string(path) {
         Ok(text) => text,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Bindings::new()),
@@ -50,7 +50,7 @@ pub fn save(path: &Path, bindings: &Bindings) -> Result<(), BindingsError> {
             .create(dir)
             .map_err(|e| error(format!("creating {}: {e}", dir.display())))?;
     }
-    kpng_api::peer::check_socket_directories(path).map_err(|e| error(e.to_string()))?;
+    kpng_api::peer::check_directories_above(path).map_err(|e| error(e.to_string()))?;
     let text = serde_json::to_string_pretty(bindings).map_err(|e| error(e.to_string()))?;
     let temporary = path.with_extension(format!("tmp{}", std::process::id()));
     let written = std::fs::OpenOptions::new()

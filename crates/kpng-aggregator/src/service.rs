@@ -144,7 +144,7 @@ impl AggregatorService for PublishService {
             })
         });
         // A producer cut off hears why as the stream's end.
-        let ending = futures_once(move || {
+        let ending = made_when_polled(move || {
             let reason = cut.lock().unwrap_or_else(|e| e.into_inner()).clone();
             reason.map(|reason| Err(Status::resource_exhausted(format!("cut off: {reason}"))))
         });
@@ -153,7 +153,7 @@ impl AggregatorService for PublishService {
 }
 
 /// A stream of at most one item, made when the stream is first polled.
-fn futures_once<T>(make: impl FnOnce() -> Option<T> + Send + 'static) -> impl Stream<Item = T> {
+fn made_when_polled<T>(make: impl FnOnce() -> Option<T> + Send + 'static) -> impl Stream<Item = T> {
     let mut make = Some(make);
     tokio_stream::iter(std::iter::from_fn(move || make.take().and_then(|f| f())))
 }

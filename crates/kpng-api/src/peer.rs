@@ -11,7 +11,7 @@
 //! - a server listens only where nobody else can move its socket aside: every directory
 //!   from the socket's up to `/` is owned by root or by the server's user and not writable
 //!   by group or others, unless it is root's and sticky, as `/tmp` is
-//!   ([`check_socket_directories`]).
+//!   ([`check_directories_above`]).
 #![allow(unsafe_code)] // SO_PEERGROUPS has no safe wrapper: one getsockopt call, below.
 
 use std::fmt;
@@ -194,13 +194,13 @@ pub struct UnsafeDirectory {
     pub own: u32,
 }
 
-/// Checks every directory from `socket`'s up to `/`, as written and with symlinks
-/// resolved: each must be owned by root or this process's user and not writable by group or
-/// others, except a root-owned directory with the sticky bit (nobody can move another's
-/// entry there). Directories that do not exist yet are skipped (the caller creates them
-/// and checks again).
-pub fn check_socket_directories(socket: &Path) -> Result<(), UnsafeDirectory> {
-    let Some(parent) = socket.parent() else { return Ok(()) };
+/// Checks every directory from `path`'s (a socket, or a file kpng trusts) up to `/`, as
+/// written and with symlinks resolved: each must be owned by root or this process's user
+/// and not writable by group or others, except a root-owned directory with the sticky bit
+/// (nobody can move another's entry there). Directories that do not exist yet are skipped
+/// (the caller creates them and checks again).
+pub fn check_directories_above(path: &Path) -> Result<(), UnsafeDirectory> {
+    let Some(parent) = path.parent() else { return Ok(()) };
     let own = own_uid();
     let mut dirs: Vec<PathBuf> = parent.ancestors().map(Path::to_path_buf).collect();
     if let Some(resolved) = parent.ancestors().find_map(|dir| std::fs::canonicalize(dir).ok()) {
@@ -272,34 +272,34 @@ mod tests {
         let private = base.path().join("private");
         std::fs::create_dir(&private).unwrap();
         std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o755)).unwrap();
-        check_socket_directories(&private.join("s.sock")).unwrap();
+        check_directories_above(&private.join("s.sock")).unwrap();
         // Not yet created below it: what exists is checked.
-        check_socket_directories(&private.join("later/s.sock")).unwrap();
+        check_directories_above(&private.join("later/s.sock")).unwrap();
 
         let open = base.path().join("open");
         std::fs::create_dir(&open).unwrap();
         std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
-        let error = check_socket_directories(&open.join("s.sock")).unwrap_err();
+        let error = check_directories_above(&open.join("s.sock")).unwrap_err();
         assert_eq!(error.dir, open);
         assert_eq!(error.mode, 0o777);
         let text = error.to_string();
         assert!(text.contains(&open.display().to_string()) && text.contains("0777"), "{text}");
         // Deeper down, the open directory is still on the way up.
         std::fs::create_dir(open.join("inner")).unwrap();
-        let error = check_socket_directories(&open.join("inner/s.sock")).unwrap_err();
+        let error = check_directories_above(&open.join("inner/s.sock")).unwrap_err();
         assert_eq!(error.dir, open);
         // Through a symlink from a private directory, the target's ancestors count.
         let link = private.join("link");
         std::os::unix::fs::symlink(open.join("inner"), &link).unwrap();
-        let error = check_socket_directories(&link.join("s.sock")).unwrap_err();
+        let error = check_directories_above(&link.join("s.sock")).unwrap_err();
         assert_eq!(error.dir, open);
 
         // Writable by the group only is refused too; a sticky directory is allowed only when
         // root owns it.
         std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o770)).unwrap();
-        assert!(check_socket_directories(&open.join("s.sock")).is_err());
+        assert!(check_directories_above(&open.join("s.sock")).is_err());
         std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).unwrap();
-        let sticky = check_socket_directories(&open.join("s.sock"));
+        let sticky = check_directories_above(&open.join("s.sock"));
         assert_eq!(sticky.is_ok(), own_uid() == 0, "{sticky:?}");
     }
 
@@ -318,7 +318,7 @@ mod tests {
         std::fs::create_dir(&theirs).unwrap();
         std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o755)).unwrap();
         std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
-        let error = check_socket_directories(&theirs.join("s.sock")).unwrap_err();
+        let error = check_directories_above(&theirs.join("s.sock")).unwrap_err();
         assert_eq!((error.owner, error.mode), (65534, 0o755));
     }
 }

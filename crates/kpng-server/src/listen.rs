@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kpng_api::addr::{Address, Security, SecurityError, tls_material};
-use kpng_api::peer::{Allowed, Credentials, PeerIdentity, check_socket_directories};
+use kpng_api::peer::{Allowed, Credentials, PeerIdentity, check_directories_above};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_stream::Stream;
 use tonic::service::Routes;
@@ -74,7 +74,7 @@ impl Default for ServeOptions {
 /// streams current meanwhile. Logs the address it listens on (with the port chosen when 0
 /// was given).
 ///
-/// A Unix socket is refused in a directory others could write ([`check_socket_directories`]);
+/// A Unix socket is refused in a directory others could write ([`check_directories_above`]);
 /// it is created with the mode [`Allowed::socket_mode`] gives (0600 unless other users or
 /// groups are allowed; its directory, if missing, 0755) and removed at the end; a stale
 /// socket left by a previous run is replaced, one still in use is an error. A client whose
@@ -151,9 +151,9 @@ pub async fn serve_routes(
     match address {
         Address::Unix(path) => {
             let directory = |source| SecurityError::Directory { address: address.clone(), source };
-            check_socket_directories(path).map_err(directory)?;
+            check_directories_above(path).map_err(directory)?;
             let listener = bind_unix(path, &security.allowed).await.map_err(listen_error)?;
-            check_socket_directories(path).map_err(directory)?;
+            check_directories_above(path).map_err(directory)?;
             let _socket = SocketFile(path.to_path_buf());
             log(address);
             let clients = UnixClients {

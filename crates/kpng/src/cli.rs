@@ -373,24 +373,30 @@ fn parse_bytes(text: &str) -> Result<usize, String> {
 }
 
 fn parse_uid(text: &str) -> Result<u32, String> {
-    if let Ok(uid) = text.parse() {
-        return Ok(uid);
-    }
-    match nix::unistd::User::from_name(text) {
-        Ok(Some(user)) => Ok(user.uid.as_raw()),
-        Ok(None) => Err(format!("no user named {text:?} (give a name or a number)")),
-        Err(e) => Err(format!("looking up user {text:?}: {e}")),
-    }
+    parse_id(text, "user", |name| {
+        nix::unistd::User::from_name(name).map(|user| user.map(|u| u.uid.as_raw()))
+    })
 }
 
 fn parse_gid(text: &str) -> Result<u32, String> {
-    if let Ok(gid) = text.parse() {
-        return Ok(gid);
+    parse_id(text, "group", |name| {
+        nix::unistd::Group::from_name(name).map(|group| group.map(|g| g.gid.as_raw()))
+    })
+}
+
+/// A number, or a `what` (user, group) looked up by name.
+fn parse_id(
+    text: &str,
+    what: &str,
+    lookup: impl FnOnce(&str) -> nix::Result<Option<u32>>,
+) -> Result<u32, String> {
+    if let Ok(id) = text.parse() {
+        return Ok(id);
     }
-    match nix::unistd::Group::from_name(text) {
-        Ok(Some(group)) => Ok(group.gid.as_raw()),
-        Ok(None) => Err(format!("no group named {text:?} (give a name or a number)")),
-        Err(e) => Err(format!("looking up group {text:?}: {e}")),
+    match lookup(text) {
+        Ok(Some(id)) => Ok(id),
+        Ok(None) => Err(format!("no {what} named {text:?} (give a name or a number)")),
+        Err(e) => Err(format!("looking up {what} {text:?}: {e}")),
     }
 }
 

@@ -6,7 +6,7 @@
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
-use kpng_api::peer::{check_socket_directories, own_uid};
+use kpng_api::peer::{check_directories_above, own_uid};
 
 /// Logs a warning when `path` (given by `flag`) can be changed by someone other than root
 /// and kpng's own user. A file that cannot be read is left to the reader's own error.
@@ -29,7 +29,7 @@ fn shared(path: &Path) -> Option<String> {
     if mode & 0o022 != 0 {
         return Some(format!("the file is writable by group or others (mode {mode:04o})"));
     }
-    check_socket_directories(path).err().map(|e| e.to_string())
+    check_directories_above(path).err().map(|e| e.to_string())
 }
 
 #[cfg(test)]
