@@ -160,9 +160,18 @@ pub enum Target {
 
 impl Target {
     /// Whether nothing is applied (`--dry-run`): a backend's logs then say "printed", never
-    /// "committed".
+    /// "committed" ([`done`]).
     pub fn is_dry_run(&self) -> bool {
         matches!(self, Target::DryRun(_))
+    }
+}
+
+/// What a backend's log says its change became: `applied` (`committed`, `restored`,
+/// `written`), or under `--dry-run` that it was printed and nothing applied.
+pub fn done(dry_run: bool, applied: &'static str) -> &'static str {
+    match dry_run {
+        true => "printed (dry run: nothing applied)",
+        false => applied,
     }
 }
 

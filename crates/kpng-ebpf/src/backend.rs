@@ -256,7 +256,7 @@ impl Backend for EbpfBackend {
                     elements = self.state.held().len(),
                     took = ?start.elapsed(),
                     "eBPF maps {}",
-                    if self.dry_run { "printed (dry run: nothing applied)" } else { "written" }
+                    kpng_backend::backend::done(self.dry_run, "written")
                 );
                 Ok(())
             }

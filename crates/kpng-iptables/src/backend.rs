@@ -351,10 +351,7 @@ impl Backend for IptablesBackend {
             }
             Ok(plan) => {
                 let (written, deleted) = plan.counts();
-                let done = match self.dry_run {
-                    true => "printed (dry run: nothing applied)",
-                    false => "restored",
-                };
+                let done = kpng_backend::backend::done(self.dry_run, "restored");
                 tracing::info!(written, deleted, chains = self.committed.len(), took = ?start.elapsed(), "iptables rules {done}");
                 Ok(())
             }

@@ -142,10 +142,7 @@ impl NftBackend {
 
     /// What the log says a transaction became.
     fn done(&self) -> &'static str {
-        match self.dry_run {
-            true => "printed (dry run: nothing applied)",
-            false => "committed",
-        }
+        kpng_backend::backend::done(self.dry_run, "committed")
     }
 
     /// A backend sending its transactions to `kernel`.
