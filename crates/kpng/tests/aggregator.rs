@@ -60,6 +60,17 @@ fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// `kpng aggregate` programming `netns`, on a socket in `dir` with its producer bindings
+/// there, plus `extra`: the command, and the socket's address once told to listen.
+fn aggregate(netns: &Netns, dir: &Path, extra: &[&str]) -> (Command, String) {
+    let socket = format!("unix://{}", dir.join("aggregator.sock").display());
+    let bindings = dir.join("producers.json");
+    let args = ["aggregate", "--listen", &socket, "--netns", netns.name(), "--producer-bindings"];
+    let mut command = kpng(&args);
+    command.arg(bindings).args(extra);
+    (command, socket)
+}
+
 #[test]
 fn aggregate_and_publish_through_the_binary() {
     if !require("aggregate_and_publish_through_the_binary", &["nft", "ip"]) {
@@ -68,24 +79,11 @@ fn aggregate_and_publish_through_the_binary() {
     let netns = Netns::new("aggbin");
     let dir = tempfile::tempdir().unwrap();
     let socket_path = dir.path().join("aggregator.sock");
-    let socket = format!("unix://{}", socket_path.display());
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let metrics = format!("127.0.0.1:{port}");
-    let bindings = dir.path().join("producers.json");
-    let args = [
-        "aggregate",
-        "--listen",
-        &socket,
-        "--producer-bindings",
-        bindings.to_str().unwrap(),
-        "--netns",
-        netns.name(),
-        "--producer-lease",
-        "2s",
-        "--metrics-bind-address",
-        &metrics,
-    ];
-    let _aggregator = Running(kpng(&args).spawn().unwrap());
+    let extra = ["--producer-lease", "2s", "--metrics-bind-address", &metrics];
+    let (mut command, socket) = aggregate(&netns, dir.path(), &extra);
+    let _aggregator = Running(command.spawn().unwrap());
     wait_for("the socket", || socket_path.exists());
 
     // A whole ruleset, committed before --once exits.
@@ -155,19 +153,8 @@ fn refused_publications_cost_a_bounded_log_and_memory() {
     let netns = Netns::new("aggflood");
     let dir = tempfile::tempdir().unwrap();
     let socket_path = dir.path().join("aggregator.sock");
-    let socket = format!("unix://{}", socket_path.display());
-    let bindings = dir.path().join("producers.json");
     let log = dir.path().join("aggregator.log");
-    let args = [
-        "aggregate",
-        "--listen",
-        &socket,
-        "--netns",
-        netns.name(),
-        "--producer-bindings",
-        bindings.to_str().unwrap(),
-    ];
-    let mut command = kpng(&args);
+    let (mut command, socket) = aggregate(&netns, dir.path(), &[]);
     command.stderr(std::fs::File::create(&log).unwrap());
     let aggregator = Running(command.spawn().unwrap());
     wait_for("the socket", || socket_path.exists());
