@@ -12,14 +12,16 @@
 //!   elements) and dumps.
 //! - [`ctnetlink`]: conntrack entries: dump by destination, delete by tuple.
 //! - [`rtnetlink`]: the namespace's addresses, listed and watched.
+//! - [`sock_diag`]: a namespace's connected UDP sockets, dumped and destroyed.
 //! - [`socket`]: [`socket::NetlinkSocket`]: commit a batch, dump, acknowledged requests,
-//!   notifications.
+//!   notifications; opened in this thread's network namespace or in another.
 
 pub mod attr;
 pub mod ctnetlink;
 pub mod message;
 pub mod nftables;
 pub mod rtnetlink;
+pub mod sock_diag;
 pub mod socket;
 
 pub use message::{Batch, ProtoFamily};

@@ -99,6 +99,26 @@ impl NetlinkSocket {
         Ok(NetlinkSocket { socket, seq, sent: 0 })
     }
 
+    /// Opens a socket of `protocol` in the network namespace `netns` (an open
+    /// `/proc/<pid>/ns/net`, or a bind mount of one). A socket stays in the namespace it
+    /// was created in: a short-lived thread enters `netns`, opens it, and ends, so this
+    /// thread's namespace never changes.
+    pub fn open_in(protocol: isize, netns: &std::fs::File) -> Result<Self, NetlinkError> {
+        std::thread::scope(|scope| {
+            let opened = std::thread::Builder::new()
+                .name("kpng-netns".into())
+                .spawn_scoped(scope, || {
+                    nix::sched::setns(netns, nix::sched::CloneFlags::CLONE_NEWNET)
+                        .map_err(|e| NetlinkError::Io { op: "setns", source: e.into() })?;
+                    NetlinkSocket::open(protocol)
+                })
+                .map_err(io_error("spawn"))?;
+            opened.join().unwrap_or_else(|_| {
+                Err(NetlinkError::Io { op: "setns", source: io::Error::other("thread panicked") })
+            })
+        })
+    }
+
     /// Subscribes to multicast `group` (a notification group of the protocol).
     pub fn subscribe(&mut self, group: u32) -> Result<(), NetlinkError> {
         self.socket.add_membership(group).map_err(io_error("subscribe"))
