@@ -50,6 +50,8 @@ pub struct EbpfBackend {
     dry_run: bool,
     /// How long an unconnected UDP socket's flow keeps its endpoint without sending.
     flow_seconds: u32,
+    /// The connected UDP sockets of the cgroup, when the kernel is the target.
+    sockets: Option<crate::ConnectedUdp>,
 }
 
 /// What `to-ebpf` is told on the command line.
@@ -67,6 +69,7 @@ impl EbpfBackend {
     /// (`--dry-run`).
     pub fn open(options: EbpfOptions, target: Target) -> Result<Self, EbpfError> {
         let dry_run = target.is_dry_run();
+        let mut sockets = None;
         let dataplane: Box<dyn Dataplane> = match target {
             Target::DryRun(out) => Box::new(crate::MemoryDataplane::printing(out)),
             Target::Kernel => {
@@ -75,10 +78,17 @@ impl EbpfBackend {
                     None => crate::support::cgroup2_root()?,
                 };
                 let options = crate::KernelOptions { cgroup, pin_root: options.pin_root };
+                sockets = Some(crate::ConnectedUdp::new(&options));
                 Box::new(crate::KernelDataplane::open(options)?)
             }
         };
-        Ok(EbpfBackend { dry_run, ..EbpfBackend::new(dataplane) })
+        Ok(EbpfBackend { dry_run, sockets, ..EbpfBackend::new(dataplane) })
+    }
+
+    /// The connected UDP sockets the programs translate, for the cleanup that destroys
+    /// those whose endpoint stopped serving; `None` with `--dry-run`.
+    pub fn connected_udp(&self) -> Option<crate::ConnectedUdp> {
+        self.sockets.clone()
     }
 
     /// A backend writing to `dataplane`.
@@ -93,6 +103,7 @@ impl EbpfBackend {
             problems: kpng_backend::Problems::default(),
             dry_run: false,
             flow_seconds: crate::render::FLOW_SECONDS,
+            sockets: None,
         }
     }
 

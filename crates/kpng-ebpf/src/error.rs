@@ -20,6 +20,15 @@ pub enum EbpfError {
         #[source]
         source: Option<Box<dyn std::error::Error + Send + Sync>>,
     },
+    /// Connected UDP sockets could not be listed or destroyed.
+    #[error("connected UDP sockets: {step}")]
+    Sockets {
+        /// What was being done, and where.
+        step: String,
+        /// The failure.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// The cgroup to attach to cannot be used.
     #[error("cgroup {}: {reason}", path.display())]
     Cgroup {

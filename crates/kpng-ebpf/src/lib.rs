@@ -48,6 +48,8 @@
 //! - [`batch`]: batched map writes (one `bpf()` call per map and change set).
 //! - [`pins`]: the layout of pins under bpffs, and cleanup.
 //! - [`query`]: which programs the kernel runs on a cgroup (`BPF_PROG_QUERY`).
+//! - [`sockets`]: [`ConnectedUdp`], connected UDP sockets whose endpoint no longer serves,
+//!   destroyed (what conntrack cleanup is on the packet path).
 //! - [`support`]: the checks made at start (object, `bpf()`, cgroup v2, bpffs).
 //! - [`error`]: the error type, [`EbpfError`].
 
@@ -62,6 +64,7 @@ pub mod pins;
 pub mod query;
 pub mod render;
 pub mod slots;
+pub mod sockets;
 pub mod state;
 pub mod support;
 
@@ -71,6 +74,7 @@ pub use error::EbpfError;
 pub use kernel::{KernelDataplane, KernelOptions};
 pub use metrics::EbpfMetrics;
 pub use pins::cleanup;
+pub use sockets::ConnectedUdp;
 
 /// The backend's name on the command line.
 pub const NAME: &str = "to-ebpf";

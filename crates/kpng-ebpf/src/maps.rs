@@ -199,6 +199,20 @@ fn target_bytes((ip, port): &Target) -> [u8; 20] {
     b
 }
 
+/// The key under which the programs remember what socket `cookie`, pointed at `endpoint`,
+/// asked for (`struct revnat_key`: the cookie, the endpoint as the socket names it, padding).
+pub fn revnat_key(cookie: u64, endpoint: std::net::SocketAddr) -> [u8; 32] {
+    let mut key = [0u8; 32];
+    key[..8].copy_from_slice(&cookie.to_ne_bytes());
+    key[8..28].copy_from_slice(&target_bytes(&(endpoint.ip(), endpoint.port())));
+    key
+}
+
+/// The service address in a `kpng_revnat` value, as the socket named it.
+pub fn revnat_service(value: &[u8; 20]) -> Option<std::net::SocketAddr> {
+    target_of(value).map(|(ip, port)| std::net::SocketAddr::new(ip, port))
+}
+
 fn target_of(b: &[u8]) -> Option<Target> {
     let ip = get_addr(&b[..16], b[18])?;
     Some((ip, u16::from_be_bytes([b[16], b[17]])))

@@ -1,16 +1,20 @@
-//! UDP conntrack cleanup, the same for every dataplane.
+//! UDP flow cleanup, the same for every dataplane.
 //!
 //! UDP has no connection teardown, so a conntrack entry keeps sending a client's datagrams
 //! to the endpoint it first chose, even after that endpoint is gone (the classic DNS
-//! blackhole). After every state the dataplanes apply, the [`ConntrackCleaner`] deletes the
-//! UDP entries whose original destination is a service address and port (ClusterIP,
+//! blackhole); with socket-level translation (`to-ebpf`) a connected UDP socket is itself
+//! pointed at the endpoint. After every state the dataplanes apply, a [`FlowCleaner`]
+//! removes the flows of a [`FlowTable`] (conntrack's: [`FlowCleaner::conntrack`]) that head
+//! for whose original destination is a service address and port (ClusterIP,
 //! external IP, LB IP, or a NodePort on a NodePort address) and whose reply source is not
 //! an endpoint that still serves that port — serving anywhere, whether or not this node
 //! picks it now (topology hints, a traffic-policy switch, terminating fallback all keep
 //! their flows). That covers removed endpoints, endpoints that stopped serving, services
 //! scaled to zero, and entries created before the rules existed (their reply source is the
-//! service address itself). TCP and SCTP entries are never touched.
+//! service address itself). TCP and SCTP flows are never touched. [`StaleChecks`] answers
+//! the question for one flow, for tables that are not dumped by destination.
 
+use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
@@ -21,8 +25,8 @@ mod cleaner;
 mod table;
 pub mod tuning;
 
-pub use cleaner::{ConntrackCleaner, ConntrackMetrics, ConntrackStats};
-pub use table::{ConntrackTable, Ctnetlink};
+pub use cleaner::{CleanerMetrics, CleanerStats, FlowCleaner};
+pub use table::{ConntrackTable, Ctnetlink, FlowError, FlowTable};
 
 /// A UDP destination whose entries are checked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -125,20 +129,62 @@ pub fn udp_checks(state: &LocalServiceState) -> Vec<UdpCheck> {
 /// One conntrack entry, as far as cleanup cares.
 pub use kpng_netlink::ctnetlink::Entry;
 
+/// Whether a flow towards `dest` goes to `target` (NodePorts: on one of `nodeport_addrs`).
+fn heads_for(target: &UdpTarget, dest: SocketAddr, nodeport_addrs: &[IpAddr]) -> bool {
+    match *target {
+        UdpTarget::Dest(d) => d == dest,
+        UdpTarget::NodePort(_, port) => dest.port() == port && nodeport_addrs.contains(&dest.ip()),
+    }
+}
+
 /// The entries among `entries` (already those towards the target's port) that are stale.
 /// NodePort targets match entries towards one of `nodeport_addrs`.
 pub fn stale(entries: &[Entry], check: &UdpCheck, nodeport_addrs: &[IpAddr]) -> Vec<Entry> {
     entries
         .iter()
-        .filter(|e| match check.target {
-            UdpTarget::Dest(dest) => e.orig_dst == dest,
-            UdpTarget::NodePort(_, port) => {
-                e.orig_dst.port() == port && nodeport_addrs.contains(&e.orig_dst.ip())
-            }
-        })
+        .filter(|e| heads_for(&check.target, e.orig_dst, nodeport_addrs))
         .filter(|e| !check.serving.contains(&e.reply_src))
         .copied()
         .collect()
+}
+
+/// Checks indexed by destination, for deciding flow by flow.
+#[derive(Debug)]
+pub struct StaleChecks<'a> {
+    dests: HashMap<SocketAddr, &'a Serving>,
+    node_ports: HashMap<u16, Vec<&'a UdpCheck>>,
+    nodeport_addrs: &'a [IpAddr],
+}
+
+impl<'a> StaleChecks<'a> {
+    /// `checks` (NodePort ones towards one of `nodeport_addrs`), indexed.
+    pub fn new(checks: &'a [UdpCheck], nodeport_addrs: &'a [IpAddr]) -> Self {
+        let mut index =
+            StaleChecks { dests: HashMap::new(), node_ports: HashMap::new(), nodeport_addrs };
+        for check in checks {
+            match check.target {
+                UdpTarget::Dest(dest) => {
+                    index.dests.insert(dest, &check.serving);
+                }
+                UdpTarget::NodePort(_, port) => {
+                    index.node_ports.entry(port).or_default().push(check)
+                }
+            }
+        }
+        index
+    }
+
+    /// Whether a flow towards `dest`, answered by `endpoint`, is stale: a check covers
+    /// `dest` and `endpoint` does not serve it. A flow no check covers is left alone.
+    pub fn stale(&self, dest: SocketAddr, endpoint: SocketAddr) -> bool {
+        if let Some(serving) = self.dests.get(&dest) {
+            return !serving.contains(&endpoint);
+        }
+        self.node_ports.get(&dest.port()).into_iter().flatten().any(|check| {
+            heads_for(&check.target, dest, self.nodeport_addrs)
+                && !check.serving.contains(&endpoint)
+        })
+    }
 }
 
 #[cfg(test)]

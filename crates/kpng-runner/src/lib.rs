@@ -6,9 +6,10 @@
 //! changes; a failed backend is retried with backoff and then given the full state again.
 //!
 //! # Layout
-//! - [`conntrack`]: which UDP conntrack entries are stale, and [`conntrack::ConntrackCleaner`],
-//!   the backend that deletes them after the dataplanes applied a state, on a thread of its
-//!   own through a [`conntrack::ConntrackTable`] (ctnetlink); conntrack tuning at start-up.
+//! - [`conntrack`]: which UDP flows are stale, and [`conntrack::FlowCleaner`],
+//!   the backend that removes them (conntrack entries, or connected sockets) after the
+//!   dataplanes applied a state, on a thread of its own through a [`conntrack::FlowTable`]
+//!   (ctnetlink for conntrack); conntrack tuning at start-up.
 //! - [`runner`]: [`run_node`], the loop from store revisions to backend change sets, its
 //!   counters ([`NodeStats`]), and [`runner::Stop`], which a process that is shutting down
 //!   sets so that no change set is applied after it.

@@ -1,7 +1,8 @@
-//! [`ConntrackCleaner`]: the backend that deletes stale UDP conntrack entries after the
-//! dataplane backends applied a state. The kernel walks its whole conntrack table for every
-//! dump, which takes milliseconds on a large table: the dumps and deletions run on a thread
-//! of their own, so they never hold back the next change set. What a change set calls for
+//! [`FlowCleaner`]: the backend that removes stale UDP flows after the dataplane backends
+//! applied a state: conntrack entries, or (with `to-ebpf`) connected sockets, each through a
+//! [`FlowTable`]. The kernel walks its whole conntrack table for every dump, which takes
+//! milliseconds on a large table: the dumps and removals run on a thread of their own, so
+//! they never hold back the next change set. What a change set calls for
 //! is handed to that thread, which merges what arrives while it works; a cleanup that
 //! fails stays pending and is retried with backoff, and at every verification, until it
 //! succeeds.
@@ -13,10 +14,9 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::time::Duration;
 
 use kpng_model::{Family, NodePortAddresses, ServiceKey};
-use kpng_netlink::NetlinkError;
 
-use super::table::{ConntrackTable, Ctnetlink};
-use super::{Entry, Serving, UdpCheck, UdpTarget, stale, udp_checks};
+use super::table::{Ctnetlink, FlowTable};
+use super::{Serving, UdpCheck, UdpTarget, udp_checks};
 use kpng_backend::{Backend, BackendError, ChangeSet};
 
 /// The first retry of a failed cleanup; each failure doubles it up to [`RETRY_MAX`].
@@ -25,8 +25,8 @@ const RETRY_MAX: Duration = Duration::from_secs(30);
 
 /// Counters of the cleaner.
 #[derive(Debug, Default)]
-pub struct ConntrackStats {
-    /// Stale entries deleted.
+pub struct CleanerStats {
+    /// Stale flows removed.
     pub deleted: AtomicU64,
     /// Cleanups that failed (and are retried).
     pub failures: AtomicU64,
@@ -48,27 +48,39 @@ enum Work {
     Retry,
 }
 
-/// Deletes stale UDP conntrack entries of the services each change set touched.
-pub struct ConntrackCleaner {
+/// Removes the stale UDP flows of the services each change set touched.
+pub struct FlowCleaner {
+    /// The backend's name: `conntrack`, `ebpf-sockets`.
+    name: &'static str,
+    /// The table, until the cleanup thread takes it.
+    table: Option<Box<dyn FlowTable>>,
     /// The UDP destinations each service had at its last change, with their endpoints.
     targets: HashMap<ServiceKey, Vec<UdpCheck>>,
     /// Updates collected from the change set being applied.
     pub(super) outbox: BTreeMap<UdpTarget, Update>,
     nodeports: NodePortAddresses,
     worker: Option<(Sender<Work>, std::thread::JoinHandle<()>)>,
-    stats: Arc<ConntrackStats>,
+    stats: Arc<CleanerStats>,
 }
 
-impl Default for ConntrackCleaner {
+impl Default for FlowCleaner {
     fn default() -> Self {
-        Self::new()
+        Self::conntrack()
     }
 }
 
-impl ConntrackCleaner {
-    /// A cleaner; its thread and netlink socket start with the first cleanup.
-    pub fn new() -> Self {
-        ConntrackCleaner {
+impl FlowCleaner {
+    /// The cleaner of UDP conntrack entries; its thread and netlink socket start with the
+    /// first cleanup.
+    pub fn conntrack() -> Self {
+        Self::new("conntrack", Box::<Ctnetlink>::default())
+    }
+
+    /// A cleaner of the flows `table` holds, named `name` (its thread is `kpng-<name>`).
+    pub fn new(name: &'static str, table: Box<dyn FlowTable>) -> Self {
+        FlowCleaner {
+            name,
+            table: Some(table),
             targets: HashMap::new(),
             outbox: BTreeMap::new(),
             nodeports: NodePortAddresses::default(),
@@ -78,7 +90,7 @@ impl ConntrackCleaner {
     }
 
     /// The cleaner's counters.
-    pub fn stats(&self) -> Arc<ConntrackStats> {
+    pub fn stats(&self) -> Arc<CleanerStats> {
         self.stats.clone()
     }
 
@@ -128,15 +140,24 @@ impl ConntrackCleaner {
     /// the next cleanup tries again.
     fn send(&mut self, work: Work) {
         if self.worker.is_none() {
+            let Some(table) = self.table.take() else { return };
             let (sender, receiver) = std::sync::mpsc::channel();
             let stats = self.stats.clone();
-            let spawned = std::thread::Builder::new()
-                .name("kpng-conntrack".into())
-                .spawn(move || Cleanup::new(Box::<Ctnetlink>::default(), stats).run(receiver));
+            let (table_back, returned) = std::sync::mpsc::channel();
+            let spawned =
+                std::thread::Builder::new().name(format!("kpng-{}", self.name)).spawn(move || {
+                    if let Ok(table) = returned.recv() {
+                        Cleanup::new(table, stats).run(receiver);
+                    }
+                });
             match spawned {
-                Ok(thread) => self.worker = Some((sender, thread)),
+                Ok(thread) => {
+                    let _ = table_back.send(table);
+                    self.worker = Some((sender, thread));
+                }
                 Err(error) => {
-                    tracing::warn!(%error, "conntrack cleanup: cannot start its thread; stale flows stay until the next change");
+                    self.table = Some(table);
+                    tracing::warn!(%error, cleaner = self.name, "UDP flow cleanup: cannot start its thread; stale flows stay until the next change");
                     return;
                 }
             }
@@ -148,7 +169,7 @@ impl ConntrackCleaner {
     }
 }
 
-impl Drop for ConntrackCleaner {
+impl Drop for FlowCleaner {
     /// Lets the thread finish what it was handed (a `--once` run exits right after).
     fn drop(&mut self) {
         if let Some((sender, thread)) = self.worker.take() {
@@ -160,15 +181,15 @@ impl Drop for ConntrackCleaner {
 
 /// The cleanup thread's state.
 struct Cleanup {
-    table: Box<dyn ConntrackTable>,
+    table: Box<dyn FlowTable>,
     /// Checks not done yet, by destination.
     pending: BTreeMap<UdpTarget, Serving>,
     nodeports: NodePortAddresses,
-    stats: Arc<ConntrackStats>,
+    stats: Arc<CleanerStats>,
 }
 
 impl Cleanup {
-    fn new(table: Box<dyn ConntrackTable>, stats: Arc<ConntrackStats>) -> Self {
+    fn new(table: Box<dyn FlowTable>, stats: Arc<CleanerStats>) -> Self {
         Cleanup { table, pending: BTreeMap::new(), nodeports: NodePortAddresses::default(), stats }
     }
 
@@ -238,19 +259,19 @@ impl Cleanup {
                 self.pending.clear();
                 if deleted > 0 {
                     self.stats.deleted.fetch_add(deleted as u64, Ordering::Relaxed);
-                    tracing::info!(entries = deleted, "deleted stale UDP conntrack entries");
+                    tracing::info!(count = deleted, "removed stale {}", self.table.flows());
                 }
                 true
             }
             Err(error) => {
                 self.stats.failures.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(error = %crate::error_chain(&error), pending = self.pending.len(), "UDP conntrack cleanup failed; it will be retried");
+                tracing::warn!(error = %crate::error_chain(&*error), pending = self.pending.len(), "removing stale {} failed; it will be retried", self.table.flows());
                 false
             }
         }
     }
 
-    fn delete_stale(&mut self, checks: &[UdpCheck]) -> Result<usize, NetlinkError> {
+    fn delete_stale(&mut self, checks: &[UdpCheck]) -> Result<usize, super::FlowError> {
         let mut addresses = self.nodeports.addresses.clone();
         let all = self.nodeports.all_local;
         if all.v4 || all.v6 {
@@ -261,56 +282,27 @@ impl Cleanup {
                     .filter(|ip| !ip.is_loopback() && *all.get(Family::of(ip))),
             );
         }
-        // The kernel walks its whole conntrack hash for every dump, filtered or not: one
-        // dump per family, filtered in the kernel only when it serves a single check.
-        let mut doomed = Vec::new();
-        for family in Family::ALL {
-            let family_checks: Vec<&UdpCheck> =
-                checks.iter().filter(|c| target_family(&c.target) == family).collect();
-            let entries = match family_checks.as_slice() {
-                [] => continue,
-                [check] => {
-                    let ip = match check.target {
-                        UdpTarget::Dest(dest) => Some(dest.ip()),
-                        UdpTarget::NodePort(..) => None,
-                    };
-                    self.table.dump(family, ip, Some(target_port(&check.target)))?
-                }
-                _ => self.table.dump(family, None, None)?,
-            };
-            let mut by_port: HashMap<u16, Vec<Entry>> = HashMap::new();
-            for entry in entries {
-                by_port.entry(entry.orig_dst.port()).or_default().push(entry);
-            }
-            for check in family_checks {
-                let port = target_port(&check.target);
-                let candidates = by_port.get(&port).map(Vec::as_slice).unwrap_or_default();
-                doomed.extend(stale(candidates, check, &addresses));
-            }
-        }
-        doomed.sort();
-        doomed.dedup();
-        self.table.delete(&doomed)
+        self.table.remove_stale(checks, &addresses)
     }
 }
 
-fn target_family(target: &UdpTarget) -> Family {
+pub(super) fn target_family(target: &UdpTarget) -> Family {
     match target {
         UdpTarget::Dest(dest) => Family::of(&dest.ip()),
         UdpTarget::NodePort(family, _) => *family,
     }
 }
 
-fn target_port(target: &UdpTarget) -> u16 {
+pub(super) fn target_port(target: &UdpTarget) -> u16 {
     match target {
         UdpTarget::Dest(dest) => dest.port(),
         UdpTarget::NodePort(_, port) => *port,
     }
 }
 
-impl Backend for ConntrackCleaner {
+impl Backend for FlowCleaner {
     fn name(&self) -> &'static str {
-        "conntrack"
+        self.name
     }
 
     fn follows_dataplane(&self) -> bool {
@@ -336,26 +328,46 @@ impl Backend for ConntrackCleaner {
     }
 }
 
-/// The cleaner's counters as Prometheus metrics.
+/// A cleaner's counters as Prometheus metrics: a name and help for flows removed, and for
+/// cleanups that failed.
 #[derive(Debug)]
-pub struct ConntrackMetrics(pub Arc<ConntrackStats>);
+pub struct CleanerMetrics {
+    stats: Arc<CleanerStats>,
+    removed: (&'static str, &'static str),
+    failures: (&'static str, &'static str),
+}
 
-impl prometheus_client::collector::Collector for ConntrackMetrics {
+impl CleanerMetrics {
+    /// The conntrack cleaner's metrics.
+    pub fn conntrack(stats: Arc<CleanerStats>) -> Self {
+        CleanerMetrics {
+            stats,
+            removed: ("kpng_conntrack_entries_deleted", "Stale UDP conntrack entries deleted."),
+            failures: (
+                "kpng_conntrack_cleanup_failures",
+                "UDP conntrack cleanups that failed (they are retried).",
+            ),
+        }
+    }
+
+    /// Metrics named and explained as given.
+    pub fn new(
+        stats: Arc<CleanerStats>,
+        removed: (&'static str, &'static str),
+        failures: (&'static str, &'static str),
+    ) -> Self {
+        CleanerMetrics { stats, removed, failures }
+    }
+}
+
+impl prometheus_client::collector::Collector for CleanerMetrics {
     fn encode(
         &self,
         mut encoder: prometheus_client::encoding::DescriptorEncoder,
     ) -> Result<(), std::fmt::Error> {
         let counters = [
-            (
-                "kpng_conntrack_entries_deleted",
-                "Stale UDP conntrack entries deleted.",
-                &self.0.deleted,
-            ),
-            (
-                "kpng_conntrack_cleanup_failures",
-                "UDP conntrack cleanups that failed (they are retried).",
-                &self.0.failures,
-            ),
+            (self.removed.0, self.removed.1, &self.stats.deleted),
+            (self.failures.0, self.failures.1, &self.stats.failures),
         ];
         kpng_backend::metrics::encode_counters(&mut encoder, &counters)?;
         Ok(())

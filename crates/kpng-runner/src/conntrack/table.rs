@@ -1,6 +1,7 @@
-//! The kernel's conntrack table as the cleanup uses it: [`ConntrackTable`], and
-//! [`Ctnetlink`], the implementation over a ctnetlink socket.
+//! Where stale flows are removed: [`FlowTable`]. The kernel's conntrack table is one,
+//! through [`ConntrackTable`] and [`Ctnetlink`], the implementation over a ctnetlink socket.
 
+use std::collections::HashMap;
 use std::net::IpAddr;
 
 use kpng_model::Family;
@@ -8,7 +9,30 @@ use kpng_netlink::ctnetlink;
 use kpng_netlink::message::NETLINK_NETFILTER;
 use kpng_netlink::{NetlinkError, NetlinkSocket, ProtoFamily};
 
-use super::Entry;
+use super::cleaner::{target_family, target_port};
+use super::{Entry, UdpCheck, UdpTarget, stale};
+
+/// Why a cleanup failed.
+pub type FlowError = Box<dyn std::error::Error + Send + Sync>;
+
+/// UDP flows that can outlive their endpoint: conntrack entries on the packet path,
+/// connected sockets with socket-level translation. The [`FlowCleaner`](super::FlowCleaner)
+/// removes those its checks find stale.
+pub trait FlowTable: Send {
+    /// What the flows are, for logs: `UDP conntrack entries`.
+    fn flows(&self) -> &'static str;
+    /// Removes the flows that `checks` find stale (NodePort checks: towards one of
+    /// `nodeport_addrs`); returns how many went (one already gone counts).
+    fn remove_stale(
+        &mut self,
+        checks: &[UdpCheck],
+        nodeport_addrs: &[IpAddr],
+    ) -> Result<usize, FlowError>;
+    /// The node's addresses, for NodePorts accepted on every local address.
+    fn local_addresses(&mut self) -> Result<Vec<IpAddr>, FlowError> {
+        Ok(kpng_netlink::rtnetlink::local_addresses()?)
+    }
+}
 
 /// The kernel's conntrack table, as the cleanup uses it.
 pub trait ConntrackTable: Send {
@@ -79,5 +103,52 @@ impl ConntrackTable for Ctnetlink {
 
     fn local_addresses(&mut self) -> Result<Vec<IpAddr>, NetlinkError> {
         kpng_netlink::rtnetlink::local_addresses()
+    }
+}
+
+impl<T: ConntrackTable> FlowTable for T {
+    fn flows(&self) -> &'static str {
+        "UDP conntrack entries"
+    }
+
+    fn remove_stale(
+        &mut self,
+        checks: &[UdpCheck],
+        nodeport_addrs: &[IpAddr],
+    ) -> Result<usize, FlowError> {
+        // The kernel walks its whole conntrack hash for every dump, filtered or not: one
+        // dump per family, filtered in the kernel only when it serves a single check.
+        let mut doomed = Vec::new();
+        for family in Family::ALL {
+            let family_checks: Vec<&UdpCheck> =
+                checks.iter().filter(|c| target_family(&c.target) == family).collect();
+            let entries = match family_checks.as_slice() {
+                [] => continue,
+                [check] => {
+                    let ip = match check.target {
+                        UdpTarget::Dest(dest) => Some(dest.ip()),
+                        UdpTarget::NodePort(..) => None,
+                    };
+                    self.dump(family, ip, Some(target_port(&check.target)))?
+                }
+                _ => self.dump(family, None, None)?,
+            };
+            let mut by_port: HashMap<u16, Vec<Entry>> = HashMap::new();
+            for entry in entries {
+                by_port.entry(entry.orig_dst.port()).or_default().push(entry);
+            }
+            for check in family_checks {
+                let port = target_port(&check.target);
+                let candidates = by_port.get(&port).map(Vec::as_slice).unwrap_or_default();
+                doomed.extend(stale(candidates, check, nodeport_addrs));
+            }
+        }
+        doomed.sort();
+        doomed.dedup();
+        Ok(self.delete(&doomed)?)
+    }
+
+    fn local_addresses(&mut self) -> Result<Vec<IpAddr>, FlowError> {
+        Ok(ConntrackTable::local_addresses(self)?)
     }
 }

@@ -48,6 +48,35 @@ fn node_ports_only_on_node_port_addresses() {
     assert_eq!(got[0].orig_src.port(), 4000);
 }
 
+#[test]
+fn flow_by_flow_checks_agree_with_the_entry_dump() {
+    let checks = [
+        check("10.96.0.10:53", &["10.244.0.5:53"]),
+        UdpCheck { target: UdpTarget::NodePort(Family::V4, 30053), serving: Serving::default() },
+    ];
+    let addrs = ["192.168.10.1".parse().unwrap()];
+    let index = StaleChecks::new(&checks, &addrs);
+    let flows = [
+        ("10.96.0.10:53", "10.244.0.5:53", false), // serving endpoint: kept
+        ("10.96.0.10:53", "10.244.1.7:53", true),  // removed endpoint
+        ("10.96.0.11:53", "10.244.1.7:53", false), // no check covers it
+        ("192.168.10.1:30053", "10.244.1.7:53", true), // a NodePort with no endpoint left
+        ("172.17.0.1:30053", "10.244.1.7:53", false), // not a NodePort address
+    ];
+    for (dest, endpoint, expected) in flows {
+        let (dest, endpoint) = (dest.parse().unwrap(), endpoint.parse().unwrap());
+        assert_eq!(index.stale(dest, endpoint), expected, "{dest} answered by {endpoint}");
+        let entry = Entry {
+            orig_src: "10.244.0.9:4000".parse().unwrap(),
+            orig_dst: dest,
+            reply_src: endpoint,
+            zone: 0,
+        };
+        let by_dump = checks.iter().any(|c| !stale(&[entry], c, &addrs).is_empty());
+        assert_eq!(by_dump, expected, "the dump's verdict on {dest} answered by {endpoint}");
+    }
+}
+
 fn endpoint(ip: &str, ready: bool, serving: bool, cluster: bool) -> LocalEndpoint {
     LocalEndpoint {
         ip: ip.parse().unwrap(),
@@ -113,10 +142,10 @@ fn only_a_change_that_can_leave_stale_entries_requires_a_check() {
 
     let key = ServiceKey::new("ns", "dns");
     let touched = [Op::Delete(ItemRef::Service(key.clone()))];
-    let mut cleaner = ConntrackCleaner::new();
+    let mut cleaner = FlowCleaner::conntrack();
     let mut state = LocalState::default();
     // What one change set hands over: (required, endpoints) per destination.
-    let mut collect = |cleaner: &mut ConntrackCleaner, endpoints: &[(&str, bool)]| {
+    let mut collect = |cleaner: &mut FlowCleaner, endpoints: &[(&str, bool)]| {
         let endpoints = endpoints.iter().map(|(ip, ready)| endpoint(ip, *ready, *ready, true));
         state.services.insert(key.clone(), dns(endpoints.collect()));
         cleaner.collect(&ChangeSet::changes(&touched, &state));

@@ -7,7 +7,9 @@ use anyhow::Context;
 use kpng_local::NodeLocal;
 use kpng_nft::{AggregatorKernel, AggregatorTarget, NftBackend, NftOptions};
 use kpng_runner::conntrack::tuning::HostSysctls;
-use kpng_runner::conntrack::{ConntrackCleaner, ConntrackMetrics};
+use kpng_runner::conntrack::{
+    CleanerMetrics, FlowCleaner, FlowError, FlowTable, StaleChecks, UdpCheck,
+};
 use kpng_runner::lock::InstanceLock;
 use kpng_runner::runner::AddressUpdates;
 use kpng_runner::{Backend, JsonBackend, NodeStats, RunnerOptions, Target, run_node};
@@ -85,7 +87,25 @@ pub fn build_backends(
                 }
                 let backend = ebpf_backend(args, global)?.with_problems(problems.clone());
                 built.collectors.push(Box::new(kpng_ebpf::EbpfMetrics(backend.stats())));
+                let sockets = backend.connected_udp();
                 built.backends.push(Box::new(backend));
+                if let Some(sockets) = sockets {
+                    // Connected UDP sockets point at their endpoint for good: once the maps
+                    // hold each state, those whose endpoint stopped serving are cut.
+                    let cleaner = FlowCleaner::new("ebpf-sockets", Box::new(EbpfSockets(sockets)));
+                    built.collectors.push(Box::new(CleanerMetrics::new(
+                        cleaner.stats(),
+                        (
+                            "kpng_ebpf_udp_sockets_destroyed",
+                            "Connected UDP sockets destroyed because their endpoint stopped serving.",
+                        ),
+                        (
+                            "kpng_ebpf_udp_socket_cleanup_failures",
+                            "Destructions of stale connected UDP sockets that failed (they are retried).",
+                        ),
+                    )));
+                    built.backends.push(Box::new(cleaner));
+                }
             }
         }
     }
@@ -93,11 +113,29 @@ pub fn build_backends(
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         global.conntrack.tuning().apply(&mut HostSysctls::default(), cpus);
         // Stale UDP flows, once the dataplanes hold each state.
-        let cleaner = ConntrackCleaner::new();
-        built.collectors.push(Box::new(ConntrackMetrics(cleaner.stats())));
+        let cleaner = FlowCleaner::conntrack();
+        built.collectors.push(Box::new(CleanerMetrics::conntrack(cleaner.stats())));
         built.backends.push(Box::new(cleaner));
     }
     Ok(built)
+}
+
+/// The connected UDP sockets `to-ebpf` translated, as the stale-flow cleanup sees them.
+struct EbpfSockets(kpng_ebpf::ConnectedUdp);
+
+impl FlowTable for EbpfSockets {
+    fn flows(&self) -> &'static str {
+        "connected UDP sockets"
+    }
+
+    fn remove_stale(
+        &mut self,
+        checks: &[UdpCheck],
+        nodeport_addrs: &[std::net::IpAddr],
+    ) -> Result<usize, FlowError> {
+        let checks = StaleChecks::new(checks, nodeport_addrs);
+        Ok(self.0.destroy(&|service, endpoint| checks.stale(service, endpoint))?)
+    }
 }
 
 /// Whether kpng programs this node's kernel: some backend does (`to-nft`, `to-ebpf`) and

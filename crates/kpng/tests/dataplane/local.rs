@@ -121,6 +121,13 @@ impl Local {
         split(&self.ask(&format!("sendto {target}")))
     }
 
+    /// A UDP exchange on the connected socket this process keeps for `target`, as a client
+    /// that connects once sends datagram after datagram. A socket that fails is closed, and
+    /// the next exchange connects a new one.
+    pub fn connected(&mut self, target: &str) -> Outcome {
+        self.ask(&format!("connected {target}")).parse().unwrap_or_else(Outcome::Error)
+    }
+
     /// An unconnected UDP exchange on the socket this process keeps for `target` (one
     /// flow, as a resolver's socket sends query after query).
     pub fn flow(&mut self, target: &str) -> Outcome {
@@ -148,6 +155,7 @@ fn split(answer: &str) -> (Outcome, String) {
 /// - `udp ADDR`: connected UDP exchange: `<outcome>`
 /// - `sendto ADDR`: unconnected UDP: `<outcome>|<address the reply came from>`
 /// - `flow ADDR`: as `sendto`, on one socket kept per address
+/// - `connected ADDR`: as `udp`, on one connected socket kept per address until it fails
 ///
 /// Does nothing unless [`Dataplane::local`] started this process.
 pub fn serve_when_asked() {
@@ -156,6 +164,7 @@ pub fn serve_when_asked() {
     }
     let mut held: Option<TcpStream> = None;
     let mut flows: std::collections::HashMap<SocketAddr, UdpSocket> = Default::default();
+    let mut connected: std::collections::HashMap<SocketAddr, UdpSocket> = Default::default();
     for line in std::io::stdin().lock().lines().map_while(Result::ok) {
         let answer = match line.split_once(' ') {
             None if line == "again" => exchange_again(held.as_mut()),
@@ -180,6 +189,13 @@ pub fn serve_when_asked() {
                             UdpSocket::bind(bind).expect("binding a UDP socket")
                         });
                         unconnected_udp(target, Some(socket))
+                    }
+                    "connected" => {
+                        let answer = connected_udp(target, &mut connected);
+                        if answer.starts_with("error: ") {
+                            connected.remove(&target);
+                        }
+                        answer
                     }
                     other => format!("error: unknown probe {other}"),
                 },
@@ -221,6 +237,43 @@ fn exchange_again(stream: Option<&mut TcpStream>) -> String {
         return format!("error: {e}|");
     }
     read_answer(stream)
+}
+
+/// One datagram to `target` and its answer, on the connected socket kept for it (connected
+/// first when there is none).
+fn connected_udp(
+    target: SocketAddr,
+    sockets: &mut std::collections::HashMap<SocketAddr, UdpSocket>,
+) -> String {
+    let socket = match sockets.entry(target) {
+        std::collections::hash_map::Entry::Occupied(kept) => kept.into_mut(),
+        std::collections::hash_map::Entry::Vacant(slot) => {
+            let bind: SocketAddr =
+                if target.is_ipv4() { ([0, 0, 0, 0], 0).into() } else { ([0u16; 8], 0).into() };
+            let socket = match UdpSocket::bind(bind).and_then(|s| s.connect(target).map(|()| s)) {
+                Ok(socket) => socket,
+                Err(e) => return format!("error: {e}"),
+            };
+            let _ = socket.set_read_timeout(Some(TIMEOUT));
+            slot.insert(socket)
+        }
+    };
+    if let Err(e) = socket.send(b"hello") {
+        return format!("error: {e}");
+    }
+    let mut buf = [0u8; 256];
+    match socket.recv(&mut buf) {
+        Ok(n) => String::from_utf8_lossy(&buf[..n]).lines().next().unwrap_or_default().to_string(),
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) =>
+        {
+            "timeout".into()
+        }
+        Err(e) => format!("error: {e}"),
+    }
 }
 
 /// One datagram to `target` and its answer, on `socket` or a new one.

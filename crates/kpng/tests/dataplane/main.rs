@@ -68,6 +68,7 @@ macro_rules! on_every_dataplane {
             lifecycle::conntrack_is_tuned_at_start_up,
             parity::udp_flows_to_an_endpoint_that_still_serves_are_kept,
             parity::a_pods_unconnected_udp_flow_keeps_an_endpoint_that_still_serves,
+            parity::a_pods_connected_udp_socket_leaves_an_endpoint_that_is_gone,
             parity::client_ip_affinity_survives_a_scale_down,
             parity::node_ports_follow_addresses_added_after_start,
             parity::hairpin_without_node_name,

@@ -92,6 +92,61 @@ pub fn a_pods_unconnected_udp_flow_keeps_an_endpoint_that_still_serves(dp: Datap
     assert!(is("dns-b")(&moved), "{moved}\n{}", kpng.log());
 }
 
+/// A pod's connected UDP socket (connected once, datagram after datagram) keeps an
+/// endpoint that still serves, and leaves one that is gone: on the packet path its flow
+/// moves once conntrack's entry is deleted; with `to-ebpf` the socket is pointed at the
+/// endpoint itself, so it is destroyed: its owner sees an error and connects again, to an
+/// endpoint that serves.
+pub fn a_pods_connected_udp_socket_leaves_an_endpoint_that_is_gone(dp: Dataplane) {
+    let (mut cluster, dns) = dns_cluster("10.96.0.53");
+    cluster.add_pod("client", true, 50, &[9999]);
+    let (a, a_terminating, b) = (DNS_A, DNS_A_TERMINATING, DNS_B);
+    let kpng = Watched::start(&cluster, dp, &dns(&[a]));
+    let ebpf = matches!(dp, Dataplane::Ebpf(_));
+    if ebpf {
+        wait_until("kpng wrote its maps", || kpng.log().contains("eBPF maps written"));
+    }
+    let target = "10.96.0.53:53";
+    let mut pod = dp.local(&cluster.pod("client").ns);
+    let first = eventually(|| pod.connected(target), is("dns-a"));
+    assert!(is("dns-a")(&first), "{first}\n{}", kpng.log());
+
+    // dns-a terminates but still serves: a new socket goes to dns-b, this one stays.
+    kpng.write(&dns(&[a_terminating, b]));
+    let mut fresh = dp.local(&cluster.pod("client").ns);
+    let new_socket = eventually(|| fresh.udp(target), is("dns-b"));
+    assert!(is("dns-b")(&new_socket), "{new_socket}\n{}", kpng.log());
+    for _ in 0..4 {
+        let outcome = pod.connected(target);
+        assert!(
+            is("dns-a")(&outcome),
+            "the socket left a serving endpoint ({outcome}):\n{}",
+            kpng.log()
+        );
+    }
+
+    // dns-a is gone (its pod still answers at its own address).
+    kpng.write(&dns(&[b]));
+    let mut seen = Vec::new();
+    let moved = eventually(
+        || {
+            let outcome = pod.connected(target);
+            seen.push(outcome.to_string());
+            outcome
+        },
+        is("dns-b"),
+    );
+    let tail = &seen[seen.len().saturating_sub(3)..];
+    assert!(is("dns-b")(&moved), "the socket stayed with dns-a: ...{tail:?}\n{}", kpng.log());
+    let errors = seen.iter().filter(|o| o.starts_with("error: ")).count();
+    if ebpf {
+        assert!(errors > 0, "to-ebpf: the socket was not destroyed: {seen:?}\n{}", kpng.log());
+        assert!(kpng.log().contains("removed stale connected UDP sockets"), "{}", kpng.log());
+    } else {
+        assert_eq!(errors, 0, "on the packet path the same socket moves: {seen:?}");
+    }
+}
+
 pub fn client_ip_affinity_survives_a_scale_down(dp: Dataplane) {
     let mut cluster = Cluster::new();
     cluster.add_pod("web-a", true, 10, &[8080]);

@@ -1,6 +1,8 @@
 use std::net::IpAddr;
 
 use super::*;
+use crate::conntrack::{ConntrackTable, Entry};
+use kpng_netlink::NetlinkError;
 
 fn update(serving: &[&str], required: bool) -> Update {
     Update { serving: serving.iter().map(|s| s.parse().unwrap()).collect(), required }
@@ -53,7 +55,7 @@ fn a_failed_cleanup_is_counted_and_retried_until_it_succeeds() {
         entry("10.96.0.10:53", "10.244.1.5:53"),
     ]));
     let table = Fake { entries: entries.clone(), failures: 2 };
-    let stats = Arc::new(ConntrackStats::default());
+    let stats = Arc::new(CleanerStats::default());
     let (sender, receiver) = std::sync::mpsc::channel();
     let cleanup = Cleanup::new(Box::new(table), stats.clone());
     let thread = std::thread::spawn(move || cleanup.run(receiver));
