@@ -10,6 +10,7 @@ pub struct ServerStats {
     pub(crate) connected: AtomicU64,
     pub(crate) streams: AtomicU64,
     pub(crate) refused: AtomicU64,
+    pub(crate) unauthorized: AtomicU64,
     pub(crate) dropped: AtomicU64,
 }
 
@@ -27,6 +28,11 @@ impl ServerStats {
     /// Connections refused because every client slot was taken.
     pub fn refused(&self) -> u64 {
         self.refused.load(Ordering::Relaxed)
+    }
+
+    /// Connections refused because their client's user and groups are not allowed.
+    pub fn unauthorized(&self) -> u64 {
+        self.unauthorized.load(Ordering::Relaxed)
     }
 
     /// Connections cut because their client stopped reading or opened no stream.

@@ -136,6 +136,7 @@ pub async fn serve_routes(
     }
     let identified: IdentifyLayer = MapRequestLayer::new(identify);
     let router = builder.layer(identified).add_routes(served.routes);
+    let stats = served.stats.clone();
     let admission = Admission::new(options.max_clients, options.client_timeout, served.stats);
     let listen_error = |message: String| ServeError::Listen { address: address.clone(), message };
     let serve_error = |source| ServeError::Serve { address: address.clone(), source };
@@ -161,6 +162,7 @@ pub async fn serve_routes(
                 allowed: security.allowed.clone(),
                 what: served.what,
                 refusals: Throttle::new(10_000),
+                stats,
                 telling: Arc::new(tokio::sync::Semaphore::new(REFUSALS_AT_ONCE)),
             };
             run(router, clients, admission, background, shutdown).await.map_err(serve_error)
@@ -221,6 +223,8 @@ struct UnixClients {
     what: &'static str,
     /// Refusals, logged at most once every 10 s.
     refusals: Throttle,
+    /// Where refusals are counted.
+    stats: Arc<ServerStats>,
     /// Refused clients being told why, at most [`REFUSALS_AT_ONCE`].
     telling: Arc<tokio::sync::Semaphore>,
 }
@@ -235,6 +239,7 @@ impl UnixClients {
     /// Logs a refusal: the first at once, then at most one line every 10 s with the count
     /// since, so a user who keeps trying cannot fill the log.
     fn refuse(&self, peer: &Credentials) {
+        self.stats.unauthorized.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if let Some(count) = self.refusals.occur() {
             tracing::warn!(
                 client = %peer,

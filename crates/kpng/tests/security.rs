@@ -102,6 +102,16 @@ impl Drop for Aggregate {
     }
 }
 
+/// A child process, killed when dropped.
+struct Kill(Child);
+
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// A ruleset that would take a service's traffic.
 const EVIL: &str = "table ip evil {
     chain pre { type nat hook prerouting priority -100; policy accept; ip daddr 10.96.0.10 dnat to 192.0.2.66 }
@@ -391,13 +401,6 @@ fn the_nftlb_key_goes_only_to_a_listener_root_owns() {
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
-    struct Kill(Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
     let _squatter = Kill(squatter);
     wait_for("the squatter to listen", || {
         std::fs::read_to_string(&log).unwrap_or_default().contains("serving the kpng API")
@@ -426,4 +429,52 @@ fn the_nftlb_key_goes_only_to_a_listener_root_owns() {
             && stderr.contains("belongs to uid 65534"),
         "{stderr}"
     );
+}
+
+#[test]
+fn a_to_api_client_another_user_runs_is_refused_and_counted() {
+    if !require("a_to_api_client_another_user_runs_is_refused_and_counted", &["setpriv"]) {
+        return;
+    }
+    let dir = shared_dir();
+    let socket_path = dir.path().join("api.sock");
+    let socket = format!("unix://{}", socket_path.display());
+    let metrics = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let example = example();
+    let metrics_address = metrics.to_string();
+    let args = [
+        "file",
+        "--input",
+        &example,
+        "to-api",
+        "--listen",
+        &socket,
+        "--healthz-bind-address",
+        "127.0.0.1:0",
+        "--metrics-bind-address",
+        &metrics_address,
+    ];
+    let log = dir.path().join("api.log");
+    let server = Command::new(binary())
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let _server = Kill(server);
+    let unauthorized = || {
+        support::http_get(metrics.port(), "/metrics").and_then(|(_, body)| {
+            let line =
+                body.lines().find(|l| l.starts_with("kpng_api_clients_unauthorized_total"))?;
+            line.rsplit(' ').next()?.parse::<u64>().ok()
+        })
+    };
+    wait_for("the server and its metrics", || socket_path.exists() && unauthorized().is_some());
+    assert_eq!(unauthorized(), Some(0));
+    // Opened by mistake: the credentials check refuses nobody, and counts it.
+    std::fs::set_permissions(&socket_path, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let client = ["local", "--server", &socket, "--once", "--node", "node-a", "to-json"];
+    let (ok, _, stderr) = output(&mut as_nobody(&client));
+    assert!(!ok && stderr.contains("refused uid 65534 gid 65534"), "{stderr}");
+    wait_for("the refusal counted", || unauthorized() == Some(1));
 }

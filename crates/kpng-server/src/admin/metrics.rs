@@ -182,6 +182,12 @@ impl Collector for Metrics {
             )?;
             counter(
                 &mut encoder,
+                "kpng_api_clients_unauthorized",
+                "to-api connections refused because the client's user and groups are not allowed (--allow-uid, --allow-gid).",
+                server.unauthorized(),
+            )?;
+            counter(
+                &mut encoder,
                 "kpng_api_clients_dropped",
                 "to-api connections closed because their client stopped reading or opened no stream.",
                 server.dropped(),
