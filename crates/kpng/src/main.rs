@@ -9,8 +9,11 @@
 //!   (a producer of a static ruleset file).
 //! - [`cli`]: the command line (clap): a source, a sink, backends, process-wide options.
 //! - [`config`]: the config file, merged under the command line.
+//! - [`kube_proxy`]: kpng started as kube-proxy: its flags and `KubeProxyConfiguration`
+//!   translated into kpng's command line.
 //! - [`limits`]: the open-file limit, raised at start and shared between clients and
 //!   kpng's own work.
+//! - [`node_agent`]: `--oom-score-adj` and `--exit-on-change`.
 //! - [`once`]: `--once`'s deadline, and the last warning logged that explains it.
 //! - [`operator_files`]: a warning for files given by flags that others could change.
 //! - [`pipeline`]: wires the chosen source to the chosen sink through the store, and
@@ -24,7 +27,9 @@
 mod aggregate;
 mod cli;
 mod config;
+mod kube_proxy;
 mod limits;
+mod node_agent;
 mod once;
 mod operator_files;
 mod pipeline;
@@ -44,7 +49,19 @@ fn main() -> std::process::ExitCode {
     // Before any thread starts: one allocator arena keeps the start-up peak and what a
     // running kpng holds lower (not available outside glibc, where it changes nothing).
     kpng_runner::use_one_arena();
-    let args = match config::expand_args(std::env::args_os().collect()) {
+    let (args, notices) = match kube_proxy::entry(std::env::args_os().collect()) {
+        Ok(kube_proxy::Entry::Kpng(args)) => (args, Vec::new()),
+        Ok(kube_proxy::Entry::Run { args, notices }) => (args, notices),
+        Ok(kube_proxy::Entry::Print(text)) => {
+            print!("{text}");
+            return std::process::ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("kube-proxy (kpng): error: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let args = match config::expand_args(args) {
         Ok(args) => args,
         Err(e) => {
             eprintln!("kpng: error: {e:#}");
@@ -68,6 +85,22 @@ fn main() -> std::process::ExitCode {
         return std::process::ExitCode::from(2);
     }
     init_logging(&cli.global.logging);
+    for notice in notices {
+        match notice {
+            kube_proxy::translate::Notice::Chose(text) => tracing::info!("kube-proxy: {text}"),
+            kube_proxy::translate::Notice::Ignored(text) => {
+                tracing::warn!("kube-proxy: ignored: {text}")
+            }
+            kube_proxy::translate::Notice::Differs(text) => {
+                tracing::warn!("kube-proxy: kpng differs: {text}")
+            }
+        }
+    }
+    node_agent::set_oom_score_adj(cli.global.process.oom_score_adj);
+    if let Err(e) = node_agent::exit_on_change(cli.global.process.exit_on_change.clone()) {
+        eprintln!("kpng: error: --exit-on-change: {e}");
+        return std::process::ExitCode::from(2);
+    }
     if let Some(config) = &cli.global.config {
         operator_files::warn_if_shared(config, "--config");
     }

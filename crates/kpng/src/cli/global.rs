@@ -70,6 +70,26 @@ pub struct GlobalArgs {
     /// The admin and health-check servers.
     #[command(flatten)]
     pub admin: AdminArgs,
+
+    /// The process itself.
+    #[command(flatten)]
+    pub process: ProcessArgs,
+}
+
+/// The process itself, as a node agent runs.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Process")]
+pub struct ProcessArgs {
+    /// The process's oom_score_adj (-1000 to 1000; kube-proxy's -999 makes the kernel's
+    /// out-of-memory killer spare it). Default: leave it.
+    #[arg(long, global = true, allow_hyphen_values = true, value_parser = clap::value_parser!(i32).range(-1000..=1000), value_name = "N")]
+    pub oom_score_adj: Option<i32>,
+
+    /// Exit (status 1) as soon as this file's content changes, so that what started kpng
+    /// (a DaemonSet's kubelet) starts it again with the new file, as kube-proxy does with
+    /// its --config (the kube-proxy entry sets it to that file).
+    #[arg(long, global = true, value_name = "PATH")]
+    pub exit_on_change: Option<PathBuf>,
 }
 
 /// Logging options.
