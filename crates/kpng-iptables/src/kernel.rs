@@ -249,7 +249,17 @@ impl CommandKernel {
         Ok(kernel)
     }
 
+    /// Drives the commands of `mode`, unchecked (for a one-off clean-up).
+    pub(crate) fn unchecked(mode: Mode) -> CommandKernel {
+        CommandKernel { mode, legacy: mode.variant() == Mode::Legacy }
+    }
+
     fn read(&self, family: Family) -> Result<Snapshot, IptablesError> {
+        Ok(Snapshot::parse(&self.save(family)?))
+    }
+
+    /// What `iptables-save` of this variant prints for `family`: every table it has.
+    pub(crate) fn save(&self, family: Family) -> Result<String, IptablesError> {
         let program = self.mode.command(family, "save");
         let out = Command::new(&program)
             .output()
@@ -258,7 +268,7 @@ impl CommandKernel {
             let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
             return Err(IptablesError::Save { program, stderr });
         }
-        Ok(Snapshot::parse(&String::from_utf8_lossy(&out.stdout)))
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 }
 
@@ -363,7 +373,7 @@ fn note_lock_wait() {
 /// Removes every chain of kpng's, and the jumps into them, from both families' nat and
 /// filter tables of `mode`'s variant; returns how many chains went.
 pub fn cleanup(mode: Mode) -> Result<usize, IptablesError> {
-    let mut kernel = CommandKernel { mode, legacy: mode.variant() == Mode::Legacy };
+    let mut kernel = CommandKernel::unchecked(mode);
     let mut removed = 0;
     for family in Family::ALL {
         let snapshot = kernel.read(family)?;

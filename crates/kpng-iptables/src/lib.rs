@@ -70,6 +70,7 @@
 //!   jumps from built-in chains, and the plan (restore text) between two states.
 //! - [`kernel`]: the [`Kernel`] trait and [`CommandKernel`] (iptables-save/-restore of the
 //!   chosen variant), and cleanup.
+//! - [`leftovers`]: kube-proxy's chains, found and removed when kpng replaces it.
 //! - [`memory`]: [`MemoryKernel`], in-memory tables for tests and `--dry-run`.
 //! - [`backend`]: [`IptablesBackend`], its sync state machine and options.
 //! - [`metrics`]: [`IptablesMetrics`], the counters for Prometheus.
@@ -79,6 +80,7 @@ pub mod backend;
 pub mod dispatch;
 pub mod error;
 pub mod kernel;
+pub mod leftovers;
 pub mod memory;
 pub mod metrics;
 pub mod names;

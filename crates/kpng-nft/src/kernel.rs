@@ -159,13 +159,19 @@ impl NetlinkKernel {
     /// Removes kpng's tables (both families) and nothing else; returns the families whose
     /// table existed.
     pub fn remove_tables(&mut self) -> Result<Vec<Family>, NftError> {
+        self.remove_tables_named(TABLE)
+    }
+
+    /// Removes the `ip` and `ip6` tables named `name`, each in a transaction of its own;
+    /// returns the families that had one.
+    pub fn remove_tables_named(&mut self, name: &str) -> Result<Vec<Family>, NftError> {
         let mut removed = Vec::new();
         for family in Family::ALL {
-            if !self.tables(family)?.contains(&TABLE.to_string()) {
+            if !self.tables(family)?.iter().any(|t| t == name) {
                 continue;
             }
             let mut batch = Batch::new(self.socket.seq());
-            Table { family: proto_family(family), name: TABLE }.delete(&mut batch);
+            Table { family: proto_family(family), name }.delete(&mut batch);
             self.socket.commit(batch.finish()).map_err(NftError::Commit)?;
             removed.push(family);
         }
@@ -385,6 +391,12 @@ fn probe_address(family: Family) -> IpAddr {
 /// Removes kpng's tables (both families) and nothing else. Returns the tables that existed,
 /// by name (`ip kpng`).
 pub fn cleanup() -> Result<Vec<String>, NftError> {
-    let removed = NetlinkKernel::open()?.remove_tables()?;
-    Ok(removed.into_iter().map(|f| format!("{} kpng", crate::objects::table_family(f))).collect())
+    remove_tables_named(TABLE)
+}
+
+/// Removes the `ip` and `ip6` tables named `name` (kube-proxy's are `kube-proxy`) and
+/// nothing else. Returns the tables that existed (`ip kube-proxy`).
+pub fn remove_tables_named(name: &str) -> Result<Vec<String>, NftError> {
+    let removed = NetlinkKernel::open()?.remove_tables_named(name)?;
+    Ok(removed.into_iter().map(|f| format!("{} {name}", crate::objects::table_family(f))).collect())
 }

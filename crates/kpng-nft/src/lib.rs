@@ -139,6 +139,6 @@ pub use aggregated::{AggregatorKernel, AggregatorTarget};
 pub use backend::{NftBackend, NftOptions, TableSync};
 pub use dry_run::DryRunKernel;
 pub use error::NftError;
-pub use kernel::{Kernel, KernelContents, NetlinkKernel, cleanup};
+pub use kernel::{Kernel, KernelContents, NetlinkKernel, cleanup, remove_tables_named};
 pub use memory::MemoryKernel;
 pub use stats::{NftMetrics, NftStats};

@@ -187,6 +187,10 @@ pub struct CleanupArgs {
     /// The nftlb daemon `to-nftlb` drove.
     #[command(flatten)]
     pub nftlb: NftlbDaemonArgs,
+    /// Also remove kube-proxy's leftovers: its `kube-proxy` nftables tables, its iptables
+    /// chains and the jumps into them (both variants), its IPVS interface and ipsets.
+    #[arg(long)]
+    pub kube_proxy: bool,
 }
 
 impl CleanupBackend {

@@ -114,8 +114,18 @@ pub fn entry(args: Vec<OsString>) -> Result<Entry, String> {
         std::fs::write(path, text).map_err(|e| format!("--write-config-to {path}: {e}"))?;
         return Ok(Entry::Print(String::new()));
     }
+    if given.is_set("cleanup") {
+        // Both kube-proxy's and kpng's rules, whatever the mode.
+        let args = [&args[0], &"cleanup".into(), &"--kube-proxy".into()];
+        return Ok(Entry::Run { args: args.into_iter().cloned().collect(), notices });
+    }
     let node = node_name(given.get("hostname-override"), &configuration)?;
     let mut kpng = translate::kpng_args(&configuration, &node, given.get("master"), &mut notices)?;
+    // kube-proxy no longer runs: its rules go.
+    kpng.push("--remove-kube-proxy".into());
+    if given.is_set("init-only") {
+        kpng.push("--init-only".into());
+    }
     if let Some(path) = kpng_config {
         kpng.extend(["--config".into(), path]);
     }

@@ -11,6 +11,7 @@
 //! - [`config`]: the config file, merged under the command line.
 //! - [`kube_proxy`]: kpng started as kube-proxy: its flags and `KubeProxyConfiguration`
 //!   translated into kpng's command line.
+//! - [`leftovers`]: kube-proxy's rules, removed when kpng replaces it.
 //! - [`limits`]: the open-file limit, raised at start and shared between clients and
 //!   kpng's own work.
 //! - [`node_agent`]: `--oom-score-adj` and `--exit-on-change`.
@@ -28,6 +29,7 @@ mod aggregate;
 mod cli;
 mod config;
 mod kube_proxy;
+mod leftovers;
 mod limits;
 mod node_agent;
 mod once;

@@ -27,6 +27,18 @@ pub async fn run(cli: Cli, process: Process) -> anyhow::Result<()> {
     // written, say) still counts.
     let shutdown = signals::shutdown();
     let mut global = cli.global;
+    if global.process.remove_kube_proxy
+        && let Some(name) = service_proxy_name(&cli.source)
+    {
+        tracing::warn!(
+            service_proxy_name = name,
+            "--remove-kube-proxy ignored: with --service-proxy-name kpng runs beside the default proxy, whose rules stay"
+        );
+        global.process.remove_kube_proxy = false;
+    }
+    if global.process.init_only {
+        return init_only(&global);
+    }
     let retry = if global.once { Retry::UntilPermanent } else { Retry::Always };
     match cli.source {
         SourceCommand::File(args) => {
@@ -102,6 +114,13 @@ pub async fn run(cli: Cli, process: Process) -> anyhow::Result<()> {
             Ok(())
         }
         SourceCommand::Cleanup(args) => {
+            if args.kube_proxy {
+                let failures = crate::leftovers::remove();
+                if !failures.is_empty() {
+                    bail!("removing kube-proxy's leftovers: {}", failures.join("; "));
+                }
+                eprintln!("kpng: kube-proxy's leftovers removed (if there were any)");
+            }
             if args.backend.nft() {
                 let names = kpng_nft::cleanup()?;
                 match names.is_empty() {
@@ -161,6 +180,38 @@ pub async fn run(cli: Cli, process: Process) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// The `--service-proxy-name` of the source, if it has one.
+fn service_proxy_name(source: &SourceCommand) -> Option<&str> {
+    match source {
+        SourceCommand::File(args) => args.proxy_name.service_proxy_name.as_deref(),
+        SourceCommand::Kube(args) => args.proxy_name.service_proxy_name.as_deref(),
+        SourceCommand::Api(args) => args.proxy_name.service_proxy_name.as_deref(),
+        _ => None,
+    }
+}
+
+/// `--init-only`: the privileged start-up work, then exit. With `--dry-run` nothing is
+/// touched.
+fn init_only(global: &GlobalArgs) -> anyhow::Result<()> {
+    if global.dry_run {
+        tracing::info!("--init-only with --dry-run: nothing to do");
+        return Ok(());
+    }
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    global
+        .conntrack
+        .tuning()
+        .apply(&mut kpng_runner::conntrack::tuning::HostSysctls::default(), cpus);
+    if global.process.remove_kube_proxy {
+        let failures = crate::leftovers::remove();
+        if !failures.is_empty() {
+            bail!("removing kube-proxy's leftovers: {}", failures.join("; "));
+        }
+    }
+    tracing::info!("start-up work done (--init-only)");
+    Ok(())
 }
 
 /// The node name: `--node`, then $NODE_NAME (both via clap), then the hostname.

@@ -90,6 +90,20 @@ pub struct ProcessArgs {
     /// its --config (the kube-proxy entry sets it to that file).
     #[arg(long, global = true, value_name = "PATH")]
     pub exit_on_change: Option<PathBuf>,
+
+    /// kpng replaces kube-proxy on this node: at start, remove kube-proxy's rules (its
+    /// `kube-proxy` nftables tables, its iptables chains and the jumps into them in both
+    /// iptables variants, its IPVS interface and ipsets) and nothing else: never the
+    /// kubelet's chains, never a conntrack entry. Ignored, with a warning, beside
+    /// --service-proxy-name (kube-proxy still runs then).
+    #[arg(long, global = true)]
+    pub remove_kube_proxy: bool,
+
+    /// Do the privileged start-up work (conntrack tuning, --remove-kube-proxy) and exit 0,
+    /// as an init container does, so that the main container needs only the capabilities
+    /// its dataplane uses.
+    #[arg(long, global = true)]
+    pub init_only: bool,
 }
 
 /// Logging options.

@@ -108,14 +108,14 @@ pub const FLAGS: &[Flag] = &[
         I,
         "10",
         Config,
-        "Burst of API requests: accepted and ignored (kpng makes one list and one watch per resource).",
+        "API requests allowed at once before --kube-api-qps paces them.",
     ),
     flag(
         "kube-api-qps",
         Some("float32"),
         "5",
         Config,
-        "API requests per second: accepted and ignored (as above).",
+        "API requests per second, on average (lists and re-lists; watches are long-lived).",
     ),
     flag(
         "hostname-override",

@@ -38,7 +38,9 @@ fn kubeadms_daemon_set_runs_to_iptables_with_kube_proxys_defaults() {
     let (dir, args) = kubeadm(KUBEADM);
     let (args, notices) = run(args);
     assert_eq!(&args[1..4], ["kube", "--kubeconfig", "/var/lib/kube-proxy/kubeconfig.conf"]);
-    assert_eq!(&args[4..6], ["to-local", "to-iptables"]);
+    assert_eq!(value(&args, "to-local"), Some("to-iptables"));
+    assert_eq!(value(&args, "--kube-api-qps"), Some("5"));
+    assert_eq!(value(&args, "--kube-api-burst"), Some("10"));
     assert_eq!(value(&args, "--node"), Some("node-a"), "trimmed and lower-cased");
     assert_eq!(value(&args, "--healthz-bind-address"), Some("0.0.0.0:10256"));
     assert_eq!(value(&args, "--metrics-bind-address"), Some("127.0.0.1:10249"));
@@ -65,7 +67,7 @@ fn nftables_mode_takes_its_own_section_and_primary_node_ports() {
     );
     let (_dir, args) = kubeadm(&text);
     let (args, _) = run(args);
-    assert_eq!(args[4..6], ["to-local", "to-nft"]);
+    assert_eq!(value(&args, "to-local"), Some("to-nft"));
     assert!(args.contains(&"--masquerade-all".to_string()));
     assert_eq!(value(&args, "--masquerade-bit"), Some("7"));
     assert_eq!(value(&args, "--min-sync-period"), Some("250ms"));
@@ -112,7 +114,8 @@ fn flags_alone_describe_the_configuration() {
         "--iptables-min-sync-period=2s",
         "--metrics-bind-address=",
     ]));
-    assert_eq!(args[1..6], ["kube", "--kubeconfig", "/etc/kp.conf", "to-local", "to-nft"]);
+    assert_eq!(args[1..4], ["kube", "--kubeconfig", "/etc/kp.conf"]);
+    assert_eq!(value(&args, "to-local"), Some("to-nft"));
     assert_eq!(value(&args, "--cluster-cidr"), Some("10.244.0.0/16,fd00::/48"));
     assert_eq!(value(&args, "--detect-local-mode"), Some("ClusterCIDR"));
     assert_eq!(value(&args, "--nodeport-addresses"), Some("192.168.0.0/16"));
@@ -160,4 +163,18 @@ fn kpngs_own_config_file_works_under_the_kube_proxy_entry() {
     let (args, _) =
         run(os(&["kube-proxy", &format!("--config={}", path.display()), "--hostname-override=n"]));
     assert_eq!(value(&args, "--config"), path.to_str());
+}
+
+#[test]
+fn kube_proxys_rules_go_and_cleanup_and_init_only_are_kpngs() {
+    let (_dir, args) = kubeadm(KUBEADM);
+    let (run_args, _) = run(args.clone());
+    assert!(run_args.contains(&"--remove-kube-proxy".to_string()));
+    assert!(!run_args.contains(&"--init-only".to_string()));
+    let mut init = args.clone();
+    init.push("--init-only".into());
+    assert!(run(init).0.contains(&"--init-only".to_string()));
+    let mut cleanup = args;
+    cleanup.push("--cleanup".into());
+    assert_eq!(run(cleanup).0[1..], ["cleanup", "--kube-proxy"]);
 }

@@ -70,6 +70,13 @@ pub fn kpng_args(
     if let Some(master) = master.filter(|m| !m.is_empty()) {
         source.extend(["--server".into(), master.to_string()]);
     }
+    let paced = c.client_connection.clone().unwrap_or_default();
+    source.extend(["--kube-api-qps".into(), paced.qps.unwrap_or_default().to_string()]);
+    let burst = paced.burst.unwrap_or_default();
+    if burst < 1 {
+        return Err(format!("clientConnection.burst {burst}: must be at least 1"));
+    }
+    source.extend(["--kube-api-burst".into(), burst.to_string()]);
     let mut args = source;
     args.push("to-local".into());
     args.push(match mode {
@@ -240,9 +247,6 @@ fn ignored(c: &Configuration, notices: &mut Vec<Notice>) {
         ));
     }
     let client = c.client_connection.clone().unwrap_or_default();
-    if client.qps.is_some_and(|q| q != 0.0) || client.burst.is_some_and(|b| b != 0) {
-        say("clientConnection.qps and burst: kpng makes one list and one watch per resource".into());
-    }
     if client.content_type.as_deref().is_some_and(|t| !t.is_empty())
         || client.accept_content_types.as_deref().is_some_and(|t| !t.is_empty())
     {

@@ -110,6 +110,10 @@ pub fn build_backends(
         }
     }
     if programs_kernel(commands, global) {
+        if global.process.remove_kube_proxy {
+            // Best effort: what could not be removed is logged, and kpng's rules go in.
+            crate::leftovers::remove();
+        }
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         global.conntrack.tuning().apply(&mut HostSysctls::default(), cpus);
         // Stale UDP flows, once the dataplanes hold each state.
