@@ -8,6 +8,7 @@ mod annotations;
 mod attachment;
 mod chains;
 mod harness;
+mod kube_proxy;
 mod lifecycle;
 mod local;
 mod nftlb;
@@ -27,6 +28,22 @@ fn local_probes() {
 #[test]
 fn nftlb_serves_cluster_ips_follows_endpoints_and_cleans_up() {
     nftlb::to_nftlb_serves_cluster_ips_follows_endpoints_and_cleans_up();
+}
+
+/// kpng in kube-proxy's place: kubeadm's command line and configuration, in each mode.
+#[test]
+fn kube_proxy_is_replaced_in_nftables_mode() {
+    kube_proxy::kube_proxy_is_replaced_in_nftables_mode();
+}
+
+#[test]
+fn kube_proxy_is_replaced_in_iptables_mode() {
+    kube_proxy::kube_proxy_is_replaced_in_iptables_mode();
+}
+
+#[test]
+fn kube_proxy_ipvs_mode_is_refused_by_name() {
+    kube_proxy::ipvs_mode_is_refused_by_name();
 }
 
 /// One `#[test]` per scenario and dataplane: `nft::<scenario>`, `aggregated::<scenario>`,
