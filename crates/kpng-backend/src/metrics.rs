@@ -6,6 +6,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
 
+/// kube-proxy's `ip_family` label values. kpng programs both families in every sync, so
+/// each kube-proxy series it keeps per family carries the same value for both.
+pub const IP_FAMILIES: [&str; 2] = ["IPv4", "IPv6"];
+
 /// Writes each `(name, help, value)` as a counter (the encoder adds `_total`).
 pub fn encode_counters(
     encoder: &mut DescriptorEncoder<'_>,

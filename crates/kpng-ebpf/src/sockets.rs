@@ -45,16 +45,16 @@ impl ConnectedUdp {
 
     /// Destroys every connected UDP socket that the programs pointed at an endpoint, when
     /// `stale(service, endpoint)` (IPv4 addresses as such, not IPv4-mapped); returns how
-    /// many went.
+    /// many went, IPv4 and IPv6 flows apart.
     pub fn destroy(
         &mut self,
         stale: &dyn Fn(SocketAddr, SocketAddr) -> bool,
-    ) -> Result<usize, EbpfError> {
+    ) -> Result<(usize, usize), EbpfError> {
         let data = match MapData::from_pin(&self.revnat) {
             Ok(data) => data,
             // Nothing installed yet: no socket was translated.
             Err(MapError::SyscallError(e)) if e.io_error.kind() == std::io::ErrorKind::NotFound => {
-                return Ok(0);
+                return Ok((0, 0));
             }
             Err(e) => {
                 return Err(EbpfError::Pin {
@@ -75,7 +75,7 @@ impl ConnectedUdp {
                 path: self.revnat.clone(),
                 source: Box::new(e),
             })?;
-        let mut destroyed = 0;
+        let mut destroyed = (0, 0);
         for (pid, netns) in network_namespaces(&self.cgroup)? {
             let failed = |step: &str| {
                 let step = format!("{step} in the network namespace of process {pid}");
@@ -102,11 +102,16 @@ impl ConnectedUdp {
             }
             let requests: Vec<Vec<u8>> = doomed.iter().map(sock_diag::destroy).collect();
             let codes = socket.requests(&requests).map_err(failed("destroying"))?;
-            for code in codes {
+            for (code, socket) in codes.into_iter().zip(&doomed) {
+                let count = |destroyed: &mut (usize, usize)| match unmapped(socket.remote).is_ipv4()
+                {
+                    true => destroyed.0 += 1,
+                    false => destroyed.1 += 1,
+                };
                 match nix::errno::Errno::from_raw(-code) {
-                    _ if code == 0 => destroyed += 1,
+                    _ if code == 0 => count(&mut destroyed),
                     // Closed meanwhile: gone all the same.
-                    nix::errno::Errno::ENOENT => destroyed += 1,
+                    nix::errno::Errno::ENOENT => count(&mut destroyed),
                     nix::errno::Errno::EOPNOTSUPP => {
                         return Err(EbpfError::Unsupported {
                             what: "destroying sockets (CONFIG_INET_DIAG_DESTROY): a connected UDP socket keeps an endpoint that is gone".into(),

@@ -80,6 +80,37 @@ pub struct IptablesStats {
     pub chains_deleted: AtomicU64,
     /// Verifications that found the kernel changed behind kpng's back.
     pub drift: AtomicU64,
+    /// By family (IPv4, IPv6) as kube-proxy reports them: refused restores of whole states,
+    /// refused restores of changes, and by table (nat, filter) the rules kpng owns and the
+    /// rules the last restore wrote.
+    pub by_family: [FamilyStats; 2],
+}
+
+/// One family's counters, as kube-proxy's metrics report them.
+#[derive(Debug, Default)]
+pub struct FamilyStats {
+    /// Refused restores of a whole state.
+    pub full_failures: AtomicU64,
+    /// Refused restores of changes.
+    pub partial_failures: AtomicU64,
+    /// Rules kpng owns, by table (nat, filter).
+    pub rules: [AtomicU64; 2],
+    /// Rules the last restore wrote, by table (nat, filter).
+    pub last_written: [AtomicU64; 2],
+}
+
+fn family_index(family: Family) -> usize {
+    match family {
+        Family::V4 => 0,
+        Family::V6 => 1,
+    }
+}
+
+fn table_index(table: Table) -> usize {
+    match table {
+        Table::Nat => 0,
+        Table::Filter => 1,
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -199,7 +230,7 @@ impl IptablesBackend {
             diff_snapshot(family, &snapshot, self.desired.chains(), &mut plan);
         }
         self.full_reads.done(started, Instant::now());
-        self.commit(&plan)?;
+        self.commit(&plan, false)?;
         self.committed = self.desired.chains().clone();
         self.sync = Sync::Synced;
         if plan.is_empty() {
@@ -225,7 +256,7 @@ impl IptablesBackend {
             self.desired.update(state, &keys, &mut touched);
         }
         let plan = plan_chains(self.desired.chains(), &self.committed, &touched);
-        self.commit(&plan)?;
+        self.commit(&plan, true)?;
         for key in &touched {
             match self.desired.chains().get(key) {
                 Some(rules) => self.committed.insert(key.clone(), rules.clone()),
@@ -238,16 +269,26 @@ impl IptablesBackend {
     /// Runs one restore per family with something to change. A family whose restore is
     /// refused does not hold back the other: both are tried, and the first refusal is the
     /// error.
-    fn commit(&mut self, plan: &Plan) -> Result<(), IptablesError> {
+    fn commit(&mut self, plan: &Plan, partial: bool) -> Result<(), IptablesError> {
         let mut refused = None;
         for family in plan.families() {
+            let counts = &self.stats.by_family[family_index(family)];
             for text in plan.restore_texts(family, self.options.batch_chains) {
                 self.stats.restores.fetch_add(1, Ordering::Relaxed);
                 if let Err(error) = self.kernel.restore(family, &text) {
                     self.stats.failures.fetch_add(1, Ordering::Relaxed);
+                    match partial {
+                        true => counts.partial_failures.fetch_add(1, Ordering::Relaxed),
+                        false => counts.full_failures.fetch_add(1, Ordering::Relaxed),
+                    };
                     refused.get_or_insert(error);
                     break;
                 }
+            }
+            for ((f, table), t) in plan.tables.iter().filter(|((f, _), _)| *f == family) {
+                let written: usize = t.write.values().map(Vec::len).sum();
+                let counts = &self.stats.by_family[family_index(*f)];
+                counts.last_written[table_index(*table)].store(written as u64, Ordering::Relaxed);
             }
         }
         if let Some(error) = refused {
@@ -257,6 +298,19 @@ impl IptablesBackend {
         self.stats.chains_written.fetch_add(written as u64, Ordering::Relaxed);
         self.stats.chains_deleted.fetch_add(deleted as u64, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Counts the rules kpng owns, by family and table, for kube-proxy's metrics.
+    fn count_rules(&self) {
+        let mut counts = [[0u64; 2]; 2];
+        for ((family, table, _), rules) in &self.committed {
+            counts[family_index(*family)][table_index(*table)] += rules.len() as u64;
+        }
+        for (stats, counts) in self.stats.by_family.iter().zip(counts) {
+            for (rules, n) in stats.rules.iter().zip(counts) {
+                rules.store(n, Ordering::Relaxed);
+            }
+        }
     }
 
     /// The first difference between the kernel and what was committed, if any: in every
@@ -350,6 +404,7 @@ impl Backend for IptablesBackend {
                 Ok(())
             }
             Ok(plan) => {
+                self.count_rules();
                 let (written, deleted) = plan.counts();
                 let done = kpng_backend::backend::done(self.dry_run, "restored");
                 tracing::info!(written, deleted, chains = self.committed.len(), took = ?start.elapsed(), "iptables rules {done}");

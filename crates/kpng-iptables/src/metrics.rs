@@ -33,8 +33,63 @@ impl prometheus_client::collector::Collector for IptablesMetrics {
             ("kpng_iptables_chains_deleted", "Chains deleted.", &stats.chains_deleted),
         ];
         kpng_backend::metrics::encode_counters(&mut encoder, &counters)?;
-        Ok(())
+        kube_proxy_series(stats, &mut encoder)
     }
+}
+
+/// kube-proxy's iptables-mode series, with its names and labels.
+fn kube_proxy_series(
+    stats: &IptablesStats,
+    encoder: &mut prometheus_client::encoding::DescriptorEncoder,
+) -> Result<(), std::fmt::Error> {
+    use prometheus_client::encoding::EncodeMetric;
+    use prometheus_client::metrics::MetricType;
+    use prometheus_client::metrics::counter::ConstCounter;
+    use prometheus_client::metrics::gauge::ConstGauge;
+    use std::sync::atomic::Ordering::Relaxed;
+    let families = kpng_backend::metrics::IP_FAMILIES.iter().zip(&stats.by_family);
+    for (name, help, full) in [
+        (
+            "kubeproxy_sync_proxy_rules_iptables_restore_failures",
+            "Refused iptables-restore runs of whole states.",
+            true,
+        ),
+        (
+            "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures",
+            "Refused iptables-restore runs of changes.",
+            false,
+        ),
+    ] {
+        let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+        for (ip_family, counts) in families.clone() {
+            let n = match full {
+                true => counts.full_failures.load(Relaxed),
+                false => counts.partial_failures.load(Relaxed),
+            };
+            ConstCounter::new(n).encode(family.encode_family(&[("ip_family", *ip_family)])?)?;
+        }
+    }
+    for (name, help, owned) in [
+        ("kubeproxy_sync_proxy_rules_iptables_total", "iptables rules kpng owns.", true),
+        (
+            "kubeproxy_sync_proxy_rules_iptables_last",
+            "iptables rules written by the last restore.",
+            false,
+        ),
+    ] {
+        let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+        for (ip_family, counts) in families.clone() {
+            for (t, table) in ["nat", "filter"].iter().enumerate() {
+                let n = match owned {
+                    true => counts.rules[t].load(Relaxed),
+                    false => counts.last_written[t].load(Relaxed),
+                };
+                let labels = [("table", *table), ("ip_family", *ip_family)];
+                ConstGauge::new(n as i64).encode(family.encode_family(&labels)?)?;
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -21,6 +21,8 @@ pub struct NftStats {
     pub commit_seconds: Histogram,
     /// Elements per committed transaction.
     pub transaction_elements: Histogram,
+    /// Clean-ups of another proxy's rules (kube-proxy's, when kpng replaces it) that failed.
+    pub cleanup_failures: AtomicU64,
 }
 
 impl Default for NftStats {
@@ -34,6 +36,7 @@ impl Default for NftStats {
             commit_seconds: Histogram::new(exponential_buckets(0.00001, 2.0, 18)),
             // 1 to about 260,000 elements.
             transaction_elements: Histogram::new(exponential_buckets(1.0, 4.0, 10)),
+            cleanup_failures: AtomicU64::default(),
         }
     }
 }
@@ -87,6 +90,31 @@ impl prometheus_client::collector::Collector for NftMetrics {
             let descriptor =
                 encoder.encode_descriptor(name, help, None, histogram.metric_type())?;
             histogram.encode(descriptor)?;
+        }
+        // kube-proxy's nftables-mode series: one transaction covers both families.
+        use prometheus_client::metrics::counter::ConstCounter;
+        for (name, help, value) in [
+            (
+                "kubeproxy_sync_proxy_rules_nftables_sync_failures",
+                "nftables transactions the kernel refused.",
+                &stats.transaction_failures,
+            ),
+            (
+                "kubeproxy_sync_proxy_rules_nftables_cleanup_failures",
+                "Clean-ups of kube-proxy's rules that failed.",
+                &stats.cleanup_failures,
+            ),
+        ] {
+            let mut family = encoder.encode_descriptor(
+                name,
+                help,
+                None,
+                prometheus_client::metrics::MetricType::Counter,
+            )?;
+            for ip_family in kpng_backend::metrics::IP_FAMILIES {
+                let metric = ConstCounter::new(value.load(Ordering::Relaxed));
+                metric.encode(family.encode_family(&[("ip_family", ip_family)])?)?;
+            }
         }
         Ok(())
     }

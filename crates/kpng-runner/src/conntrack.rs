@@ -26,7 +26,7 @@ mod table;
 pub mod tuning;
 
 pub use cleaner::{CleanerMetrics, CleanerStats, FlowCleaner};
-pub use table::{ConntrackTable, Ctnetlink, FlowError, FlowTable};
+pub use table::{ConntrackTable, Ctnetlink, FlowError, FlowTable, Removed};
 
 /// A UDP destination whose entries are checked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -158,7 +158,7 @@ async fn follow_store(
             update = next_addresses(&mut addresses) => {
                 let ops = projector.set_addresses(update);
                 if !ops.is_empty() && seen.is_some() {
-                    slots.count_revision(true, ops.len());
+                    slots.count_revision(true, &ops);
                     slots.deliver(&ops, projector.state())?;
                 }
                 continue;
@@ -186,7 +186,7 @@ async fn follow_store(
                 (Vec::new(), projector.refresh(snapshot.model(), &changes))
             }
         };
-        slots.count_revision(changed, ops.len());
+        slots.count_revision(changed, &ops);
         slots.deliver(&ops, projector.state())?;
         slots.pace.finished(syncing.elapsed());
         if changed && slots.all_applied() {

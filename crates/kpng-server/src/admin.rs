@@ -56,7 +56,8 @@ impl std::fmt::Debug for AdminSources {
 /// The admin servers' shared state.
 pub struct Admin {
     sources: Arc<AdminSources>,
-    healthz: Arc<[AtomicU64; 2]>,
+    /// `/healthz` then `/livez` answers, each 200 then 503.
+    healthz: Arc<[[AtomicU64; 2]; 2]>,
     registry: Registry,
 }
 
@@ -65,7 +66,7 @@ impl Admin {
     pub fn new(mut sources: AdminSources) -> Arc<Self> {
         let collectors = std::mem::take(&mut sources.collectors);
         let sources = Arc::new(sources);
-        let healthz = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
+        let healthz: Arc<[[AtomicU64; 2]; 2]> = Arc::default();
         let mut registry = Registry::default();
         registry.register_collector(Box::new(metrics::Metrics {
             sources: sources.clone(),
@@ -111,9 +112,8 @@ impl Admin {
             body["nodeEligible"] = eligible.into();
         }
         let code = if healthy { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
-        if with_node {
-            self.healthz[usize::from(!healthy)].fetch_add(1, Ordering::Relaxed);
-        }
+        self.healthz[usize::from(!with_node)][usize::from(!healthy)]
+            .fetch_add(1, Ordering::Relaxed);
         (code, [(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
     }
 

@@ -94,8 +94,7 @@ fn health_readiness_metrics_and_state_follow_the_pipeline() {
     assert!(text.contains("kubeproxy_sync_proxy_rules_duration_seconds_bucket"), "{text}");
     assert!(text.contains("kubeproxy_proxy_healthz_total{code=\"200\"} 1"), "{text}");
     assert!(text.contains("kubeproxy_network_programming_duration_seconds_count"), "{text}");
-    let no_local =
-        "kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=\"internal\"}";
+    let no_local = "kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=\"internal\",ip_family=\"IPv4\"}";
     assert!(metric(&text, no_local) >= 0.0, "{text}");
 
     // An edit moves the counters.

@@ -24,12 +24,28 @@ const RETRY_FIRST: Duration = Duration::from_millis(500);
 const RETRY_MAX: Duration = Duration::from_secs(30);
 
 /// Counters of the cleaner.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct CleanerStats {
     /// Stale flows removed.
     pub deleted: AtomicU64,
+    /// Stale IPv6 flows removed (among `deleted`).
+    pub deleted_v6: AtomicU64,
+    /// Seconds each cleanup took (kube-proxy's buckets: 1 ms to about 16 s).
+    pub durations: prometheus_client::metrics::histogram::Histogram,
     /// Cleanups that failed (and are retried).
     pub failures: AtomicU64,
+}
+
+impl Default for CleanerStats {
+    fn default() -> Self {
+        use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+        CleanerStats {
+            deleted: AtomicU64::new(0),
+            deleted_v6: AtomicU64::new(0),
+            durations: Histogram::new(exponential_buckets(0.001, 2.0, 15)),
+            failures: AtomicU64::new(0),
+        }
+    }
 }
 
 /// A destination whose endpoints changed: `required` when an entry towards it may have
@@ -254,8 +270,13 @@ impl Cleanup {
             .iter()
             .map(|(target, serving)| UdpCheck { target: *target, serving: serving.clone() })
             .collect();
-        match self.delete_stale(&checks) {
-            Ok(deleted) => {
+        let started = std::time::Instant::now();
+        let result = self.delete_stale(&checks);
+        self.stats.durations.observe(started.elapsed().as_secs_f64());
+        match result {
+            Ok(removed) => {
+                let deleted = removed.total();
+                self.stats.deleted_v6.fetch_add(removed.v6 as u64, Ordering::Relaxed);
                 self.pending.clear();
                 if deleted > 0 {
                     self.stats.deleted.fetch_add(deleted as u64, Ordering::Relaxed);
@@ -271,7 +292,7 @@ impl Cleanup {
         }
     }
 
-    fn delete_stale(&mut self, checks: &[UdpCheck]) -> Result<usize, super::FlowError> {
+    fn delete_stale(&mut self, checks: &[UdpCheck]) -> Result<super::Removed, super::FlowError> {
         let mut addresses = self.nodeports.addresses.clone();
         let all = self.nodeports.all_local;
         if all.v4 || all.v6 {
@@ -335,6 +356,8 @@ pub struct CleanerMetrics {
     stats: Arc<CleanerStats>,
     removed: (&'static str, &'static str),
     failures: (&'static str, &'static str),
+    /// Also kube-proxy's conntrack reconciler series (its dashboards read them).
+    kube_proxy: bool,
 }
 
 impl CleanerMetrics {
@@ -347,6 +370,7 @@ impl CleanerMetrics {
                 "kpng_conntrack_cleanup_failures",
                 "UDP conntrack cleanups that failed (they are retried).",
             ),
+            kube_proxy: true,
         }
     }
 
@@ -356,7 +380,7 @@ impl CleanerMetrics {
         removed: (&'static str, &'static str),
         failures: (&'static str, &'static str),
     ) -> Self {
-        CleanerMetrics { stats, removed, failures }
+        CleanerMetrics { stats, removed, failures, kube_proxy: false }
     }
 }
 
@@ -370,6 +394,31 @@ impl prometheus_client::collector::Collector for CleanerMetrics {
             (self.failures.0, self.failures.1, &self.stats.failures),
         ];
         kpng_backend::metrics::encode_counters(&mut encoder, &counters)?;
+        if self.kube_proxy {
+            use prometheus_client::encoding::EncodeMetric;
+            use prometheus_client::metrics::counter::ConstCounter;
+            let durations = &self.stats.durations;
+            let mut family = encoder.encode_descriptor(
+                "kubeproxy_conntrack_reconciler_sync_duration_seconds",
+                "Time a UDP conntrack cleanup took (it covers both families).",
+                None,
+                durations.metric_type(),
+            )?;
+            for ip_family in kpng_backend::metrics::IP_FAMILIES {
+                durations.encode(family.encode_family(&[("ip_family", ip_family)])?)?;
+            }
+            let v6 = self.stats.deleted_v6.load(Ordering::Relaxed);
+            let v4 = self.stats.deleted.load(Ordering::Relaxed).saturating_sub(v6);
+            let mut family = encoder.encode_descriptor(
+                "kubeproxy_conntrack_reconciler_deleted_entries",
+                "Stale UDP conntrack entries deleted.",
+                None,
+                prometheus_client::metrics::MetricType::Counter,
+            )?;
+            for (ip_family, n) in kpng_backend::metrics::IP_FAMILIES.into_iter().zip([v4, v6]) {
+                ConstCounter::new(n).encode(family.encode_family(&[("ip_family", ip_family)])?)?;
+            }
+        }
         Ok(())
     }
 }

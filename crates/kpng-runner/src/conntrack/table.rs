@@ -15,6 +15,30 @@ use super::{Entry, UdpCheck, UdpTarget, stale};
 /// Why a cleanup failed.
 pub type FlowError = Box<dyn std::error::Error + Send + Sync>;
 
+/// Flows removed, by family.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Removed {
+    /// IPv4 flows.
+    pub v4: usize,
+    /// IPv6 flows.
+    pub v6: usize,
+}
+
+impl Removed {
+    /// Both families'.
+    pub fn total(&self) -> usize {
+        self.v4 + self.v6
+    }
+
+    /// Counts `n` more of `family`'s.
+    pub fn add(&mut self, family: Family, n: usize) {
+        match family {
+            Family::V4 => self.v4 += n,
+            Family::V6 => self.v6 += n,
+        }
+    }
+}
+
 /// UDP flows that can outlive their endpoint: conntrack entries on the packet path,
 /// connected sockets with socket-level translation. The [`FlowCleaner`](super::FlowCleaner)
 /// removes those its checks find stale.
@@ -27,7 +51,7 @@ pub trait FlowTable: Send {
         &mut self,
         checks: &[UdpCheck],
         nodeport_addrs: &[IpAddr],
-    ) -> Result<usize, FlowError>;
+    ) -> Result<Removed, FlowError>;
     /// The node's addresses, for NodePorts accepted on every local address.
     fn local_addresses(&mut self) -> Result<Vec<IpAddr>, FlowError> {
         Ok(kpng_netlink::rtnetlink::local_addresses()?)
@@ -115,11 +139,12 @@ impl<T: ConntrackTable> FlowTable for T {
         &mut self,
         checks: &[UdpCheck],
         nodeport_addrs: &[IpAddr],
-    ) -> Result<usize, FlowError> {
+    ) -> Result<Removed, FlowError> {
         // The kernel walks its whole conntrack hash for every dump, filtered or not: one
         // dump per family, filtered in the kernel only when it serves a single check.
-        let mut doomed = Vec::new();
+        let mut removed = Removed::default();
         for family in Family::ALL {
+            let mut doomed = Vec::new();
             let family_checks: Vec<&UdpCheck> =
                 checks.iter().filter(|c| target_family(&c.target) == family).collect();
             let entries = match family_checks.as_slice() {
@@ -142,10 +167,13 @@ impl<T: ConntrackTable> FlowTable for T {
                 let candidates = by_port.get(&port).map(Vec::as_slice).unwrap_or_default();
                 doomed.extend(stale(candidates, check, nodeport_addrs));
             }
+            doomed.sort();
+            doomed.dedup();
+            if !doomed.is_empty() {
+                removed.add(family, self.delete(&doomed)?);
+            }
         }
-        doomed.sort();
-        doomed.dedup();
-        Ok(self.delete(&doomed)?)
+        Ok(removed)
     }
 
     fn local_addresses(&mut self) -> Result<Vec<IpAddr>, FlowError> {

@@ -58,7 +58,7 @@ async fn follow_changes(
                 }
                 state.node = Some(completed.clone());
                 let ops = vec![Op::Set(kpng_model::Item::Node(completed))];
-                slots.count_revision(true, ops.len());
+                slots.count_revision(true, &ops);
                 ops
             }
             _ = sleep_until(next_verify), if next_verify.is_some() && started => {
@@ -89,9 +89,9 @@ async fn follow_changes(
                     };
                     if !started {
                         started = true;
-                        slots.count_revision(true, ops.len());
+                        slots.count_revision(true, &ops);
                     } else {
-                        slots.count_revision(!ops.is_empty(), ops.len());
+                        slots.count_revision(!ops.is_empty(), &ops);
                     }
                     ops
                 }

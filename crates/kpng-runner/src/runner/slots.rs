@@ -191,14 +191,20 @@ impl Slots {
     }
 
     /// Counts an ENLS revision: one that changed the state, or the first.
-    pub(super) fn count_revision(&self, changed: bool, ops: usize) {
+    pub(super) fn count_revision(&self, changed: bool, ops: &[Op]) {
         if changed || self.stats.enls_revisions() == 0 {
             self.stats.enls_revisions.fetch_add(1, Ordering::Relaxed);
-            tracing::debug!(node = %self.options.node, ops, "node state changed");
+            tracing::debug!(node = %self.options.node, ops = ops.len(), "node state changed");
             let now = Instant::now();
             self.stats.update_health(|h| {
                 h.pending_since.get_or_insert(now);
+                h.last_queued = Some(std::time::SystemTime::now());
             });
+            let endpoints = ops.iter().filter(|op| is_endpoint_op(op)).count() as u64;
+            let services =
+                ops.iter().filter(|op| op_service(op).is_some()).count() as u64 - endpoints;
+            self.stats.pending_services.fetch_add(services, Ordering::Relaxed);
+            self.stats.pending_endpoints.fetch_add(endpoints, Ordering::Relaxed);
         }
     }
 
@@ -217,6 +223,8 @@ impl Slots {
         let applied = self.all_applied();
         if applied {
             self.stats.synced.release();
+            self.stats.pending_services.store(0, Ordering::Relaxed);
+            self.stats.pending_endpoints.store(0, Ordering::Relaxed);
         }
         self.stats.update_health(|h| {
             h.node_draining = draining;
@@ -278,7 +286,14 @@ impl Slots {
             tracing::debug_span!("sync", backend = name, full = changes.is_reset()).entered();
         let started = std::time::Instant::now();
         let result = slot.backend.apply(&changes);
-        self.stats.sync_durations.observe(started.elapsed().as_secs_f64());
+        if !slot.backend.follows_dataplane() {
+            let took = started.elapsed().as_secs_f64();
+            self.stats.sync_durations.observe(took);
+            match changes.is_reset() {
+                true => self.stats.full_sync_durations.observe(took),
+                false => self.stats.partial_sync_durations.observe(took),
+            }
+        }
         match result {
             Ok(()) => {
                 self.stats.change_sets.fetch_add(1, Ordering::Relaxed);
@@ -304,6 +319,12 @@ impl Slots {
         }
         Ok(())
     }
+}
+
+/// Whether `op` changes an endpoint (rather than a service itself).
+fn is_endpoint_op(op: &Op) -> bool {
+    use kpng_model::{Item, ItemRef};
+    matches!(op, Op::Set(Item::Endpoint { .. }) | Op::Delete(ItemRef::Endpoint { .. }))
 }
 
 #[cfg(test)]

@@ -19,7 +19,12 @@ pub struct NodeStats {
     pub(super) repairs: AtomicU64,
     health: std::sync::Mutex<Health>,
     pub(super) sync_durations: Histogram,
+    pub(super) full_sync_durations: Histogram,
+    pub(super) partial_sync_durations: Histogram,
     programming: Histogram,
+    /// Service and endpoint changes of the node's state not applied by every backend yet.
+    pub(super) pending_services: AtomicU64,
+    pub(super) pending_endpoints: AtomicU64,
     no_local: std::sync::Mutex<NoLocal>,
     /// Released once every backend has applied a state.
     pub(super) synced: Latch,
@@ -42,14 +47,27 @@ impl Default for NodeStats {
             failures: AtomicU64::new(0),
             repairs: AtomicU64::new(0),
             health: std::sync::Mutex::new(Health::default()),
-            // 0.1 ms to about 3 s.
-            sync_durations: Histogram::new(exponential_buckets(0.0001, 2.0, 16)),
-            // 1 ms to about 65 s.
-            programming: Histogram::new(exponential_buckets(0.001, 2.0, 17)),
+            // kube-proxy's buckets (its dashboards read them): 1 ms to about 16 s.
+            sync_durations: Histogram::new(exponential_buckets(0.001, 2.0, 15)),
+            full_sync_durations: Histogram::new(exponential_buckets(0.001, 2.0, 15)),
+            partial_sync_durations: Histogram::new(exponential_buckets(0.001, 2.0, 15)),
+            programming: Histogram::new(programming_buckets()),
+            pending_services: AtomicU64::new(0),
+            pending_endpoints: AtomicU64::new(0),
             no_local: Default::default(),
             synced: Latch::new(),
         }
     }
+}
+
+/// kube-proxy's network programming buckets: 0, 0.25 s and 0.5 s, every second to a
+/// minute, every 5 s to 2 minutes, every 30 s to 5 minutes.
+fn programming_buckets() -> Vec<f64> {
+    let mut buckets = vec![0.0, 0.25, 0.5];
+    buckets.extend((1..=59).map(f64::from));
+    buckets.extend((0..12).map(|i| 60.0 + 5.0 * f64::from(i)));
+    buckets.extend((0..7).map(|i| 120.0 + 30.0 * f64::from(i)));
+    buckets
 }
 
 /// Whether the node's backends keep up, as `/healthz` reports it.
@@ -61,6 +79,8 @@ pub struct Health {
     pub pending_since: Option<tokio::time::Instant>,
     /// When every backend last held the current state.
     pub last_applied: Option<std::time::SystemTime>,
+    /// When the node's state last changed (a sync was queued).
+    pub last_queued: Option<std::time::SystemTime>,
     /// The node is being deleted or is tainted for deletion.
     pub node_draining: bool,
 }
@@ -148,9 +168,27 @@ impl NodeStats {
         }
     }
 
-    /// Seconds each backend took to apply a change set.
+    /// Seconds each dataplane backend took to apply a change set.
     pub fn sync_durations(&self) -> &Histogram {
         &self.sync_durations
+    }
+
+    /// The same, for whole states (a start, a repair) only.
+    pub fn full_sync_durations(&self) -> &Histogram {
+        &self.full_sync_durations
+    }
+
+    /// The same, for changes only.
+    pub fn partial_sync_durations(&self) -> &Histogram {
+        &self.partial_sync_durations
+    }
+
+    /// Service and endpoint changes not yet applied by every backend.
+    pub fn pending_changes(&self) -> (u64, u64) {
+        (
+            self.pending_services.load(Ordering::Relaxed),
+            self.pending_endpoints.load(Ordering::Relaxed),
+        )
     }
 
     pub(super) fn update_health(&self, f: impl FnOnce(&mut Health)) {

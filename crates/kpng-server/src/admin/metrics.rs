@@ -15,7 +15,7 @@ use super::AdminSources;
 #[derive(Debug)]
 pub(super) struct Metrics {
     pub(super) sources: Arc<AdminSources>,
-    pub(super) healthz: Arc<[AtomicU64; 2]>,
+    pub(super) healthz: Arc<[[AtomicU64; 2]; 2]>,
 }
 
 fn counter(
@@ -31,6 +31,20 @@ fn counter(
 fn gauge(encoder: &mut DescriptorEncoder, name: &str, help: &str, value: f64) -> std::fmt::Result {
     let metric = ConstGauge::new(value);
     metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
+}
+
+/// `metric` once per `ip_family` (kpng syncs both families at once: the same value).
+fn per_family(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    metric: &impl EncodeMetric,
+) -> std::fmt::Result {
+    let mut family = encoder.encode_descriptor(name, help, None, metric.metric_type())?;
+    for ip_family in kpng_backend::metrics::IP_FAMILIES {
+        metric.encode(family.encode_family(&[("ip_family", ip_family)])?)?;
+    }
+    Ok(())
 }
 
 impl Collector for Metrics {
@@ -116,26 +130,60 @@ impl Collector for Metrics {
                 .last_applied
                 .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
                 .map_or(0.0, |d| d.as_secs_f64());
-            gauge(
+            per_family(
                 &mut encoder,
                 "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
                 "When the backends last held the node's whole current state.",
-                last,
+                &ConstGauge::new(last),
             )?;
-            let durations = stats.sync_durations();
-            durations.encode(encoder.encode_descriptor(
-                "kubeproxy_sync_proxy_rules_duration_seconds",
-                "Time a backend took to apply one change set.",
-                None,
-                durations.metric_type(),
-            )?)?;
-            let programming = stats.network_programming();
-            programming.encode(encoder.encode_descriptor(
-                "kubeproxy_network_programming_duration_seconds",
-                "From an EndpointSlice's last-change-trigger-time to every backend applying it.",
-                None,
-                programming.metric_type(),
-            )?)?;
+            let queued = stats
+                .health()
+                .last_queued
+                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+                .map_or(0.0, |d| d.as_secs_f64());
+            per_family(
+                &mut encoder,
+                "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+                "When the node's state last changed, queueing a sync.",
+                &ConstGauge::new(queued),
+            )?;
+            for (name, help, histogram) in [
+                (
+                    "kubeproxy_sync_proxy_rules_duration_seconds",
+                    "Time a dataplane backend took to apply one change set.",
+                    stats.sync_durations(),
+                ),
+                (
+                    "kubeproxy_sync_full_proxy_rules_duration_seconds",
+                    "Time a dataplane backend took to apply a whole state.",
+                    stats.full_sync_durations(),
+                ),
+                (
+                    "kubeproxy_sync_partial_proxy_rules_duration_seconds",
+                    "Time a dataplane backend took to apply changes.",
+                    stats.partial_sync_durations(),
+                ),
+                (
+                    "kubeproxy_network_programming_duration_seconds",
+                    "From an EndpointSlice's last-change-trigger-time to every backend applying it.",
+                    stats.network_programming(),
+                ),
+            ] {
+                per_family(&mut encoder, name, help, histogram)?;
+            }
+            let (services, endpoints) = stats.pending_changes();
+            gauge(
+                &mut encoder,
+                "kubeproxy_sync_proxy_rules_service_changes_pending",
+                "Service changes of the node's state not applied by every backend yet.",
+                services as f64,
+            )?;
+            gauge(
+                &mut encoder,
+                "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
+                "Endpoint changes of the node's state not applied by every backend yet.",
+                endpoints as f64,
+            )?;
             let (internal, external) = stats.no_local_endpoints();
             let mut family = encoder.encode_descriptor(
                 "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
@@ -144,8 +192,10 @@ impl Collector for Metrics {
                 prometheus_client::metrics::MetricType::Gauge,
             )?;
             for (policy, n) in [("internal", internal), ("external", external)] {
-                let metric = ConstGauge::new(n as i64);
-                metric.encode(family.encode_family(&[("traffic_policy", policy)])?)?;
+                for ip_family in kpng_backend::metrics::IP_FAMILIES {
+                    let labels = [("traffic_policy", policy), ("ip_family", ip_family)];
+                    ConstGauge::new(n as i64).encode(family.encode_family(&labels)?)?;
+                }
             }
             let conflicts = ConstGauge::new(stats.conflicts() as i64);
             conflicts.encode(encoder.encode_descriptor(
@@ -154,16 +204,20 @@ impl Collector for Metrics {
                 None,
                 conflicts.metric_type(),
             )?)?;
-            let mut family = encoder.encode_descriptor(
-                "kubeproxy_proxy_healthz",
-                "/healthz answers by HTTP code.",
-                None,
-                prometheus_client::metrics::MetricType::Counter,
-            )?;
-            for (i, code) in ["200", "503"].iter().enumerate() {
-                let labels = [("code", *code)];
-                let metric = ConstCounter::new(self.healthz[i].load(Ordering::Relaxed));
-                metric.encode(family.encode_family(&labels)?)?;
+            for (answers, name, help) in [
+                (&self.healthz[0], "kubeproxy_proxy_healthz", "/healthz answers by HTTP code."),
+                (&self.healthz[1], "kubeproxy_proxy_livez", "/livez answers by HTTP code."),
+            ] {
+                let mut family = encoder.encode_descriptor(
+                    name,
+                    help,
+                    None,
+                    prometheus_client::metrics::MetricType::Counter,
+                )?;
+                for (i, code) in ["200", "503"].iter().enumerate() {
+                    let metric = ConstCounter::new(answers[i].load(Ordering::Relaxed));
+                    metric.encode(family.encode_family(&[("code", *code)])?)?;
+                }
             }
         }
         if let Some(server) = &self.sources.server {

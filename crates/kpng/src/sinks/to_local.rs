@@ -8,7 +8,7 @@ use kpng_local::NodeLocal;
 use kpng_nft::{AggregatorKernel, AggregatorTarget, NftBackend, NftOptions};
 use kpng_runner::conntrack::tuning::HostSysctls;
 use kpng_runner::conntrack::{
-    CleanerMetrics, FlowCleaner, FlowError, FlowTable, StaleChecks, UdpCheck,
+    CleanerMetrics, FlowCleaner, FlowError, FlowTable, Removed, StaleChecks, UdpCheck,
 };
 use kpng_runner::lock::InstanceLock;
 use kpng_runner::runner::AddressUpdates;
@@ -34,6 +34,8 @@ pub fn build_backends(
     problems: &kpng_backend::Problems,
 ) -> anyhow::Result<Backends> {
     let mut built = Backends { backends: Vec::new(), collectors: Vec::new(), locks: Vec::new() };
+    // Where kube-proxy's nftables-mode metrics count failed clean-ups of its rules.
+    let mut nft_stats = None;
     for command in commands {
         match command {
             BackendCommand::ToJson(_) => {
@@ -44,6 +46,7 @@ pub fn build_backends(
                     built.locks.push(InstanceLock::take("nftables")?);
                 }
                 let backend = nft_backend(args, global)?;
+                nft_stats = Some(backend.stats());
                 built.collectors.push(Box::new(kpng_nft::NftMetrics(backend.stats())));
                 built.backends.push(Box::new(backend));
             }
@@ -112,7 +115,10 @@ pub fn build_backends(
     if programs_kernel(commands, global) {
         if global.process.remove_kube_proxy {
             // Best effort: what could not be removed is logged, and kpng's rules go in.
-            crate::leftovers::remove();
+            let failures = crate::leftovers::remove().len() as u64;
+            if let Some(stats) = &nft_stats {
+                stats.cleanup_failures.fetch_add(failures, std::sync::atomic::Ordering::Relaxed);
+            }
         }
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         global.conntrack.tuning().apply(&mut HostSysctls::default(), cpus);
@@ -136,9 +142,10 @@ impl FlowTable for EbpfSockets {
         &mut self,
         checks: &[UdpCheck],
         nodeport_addrs: &[std::net::IpAddr],
-    ) -> Result<usize, FlowError> {
+    ) -> Result<Removed, FlowError> {
         let checks = StaleChecks::new(checks, nodeport_addrs);
-        Ok(self.0.destroy(&|service, endpoint| checks.stale(service, endpoint))?)
+        let (v4, v6) = self.0.destroy(&|service, endpoint| checks.stale(service, endpoint))?;
+        Ok(Removed { v4, v6 })
     }
 }
 

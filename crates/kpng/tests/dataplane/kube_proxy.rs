@@ -14,6 +14,8 @@ use kpng_testkit::topology::{Cluster, spawn_in_netns};
 use crate::harness::*;
 
 const CONFIG: &str = include_str!("../../src/kube_proxy/kubeadm-config.conf");
+/// kube-proxy v1.33's metrics, with their types, labels, buckets and modes.
+const UPSTREAM_METRICS: &str = include_str!("kube-proxy-metrics.tsv");
 
 /// A fake API server listening on 127.0.0.1 inside `ns`, serving `manifests`.
 fn api_server_in(ns: &Netns, manifests: &str) -> (FakeApiServer, std::sync::mpsc::Sender<()>) {
@@ -218,7 +220,8 @@ fn replaces_kube_proxy(mode: &str) {
     let _ = child.kill();
     let _ = child.wait();
     assert!(livez.starts_with("HTTP/1.1 200"), "{livez}");
-    assert!(metrics.contains("kubeproxy_sync_proxy_rules_duration_seconds"), "{metrics}");
+    let problems = compare_metrics(&metrics, mode);
+    assert!(problems.is_empty(), "{}\n\n{metrics}", problems.join("\n"));
     assert!(logged().contains("kube-proxy: "), "the choices made are logged:\n{}", logged());
 
     // --init-only: the privileged start-up work, then exit 0.
@@ -267,4 +270,113 @@ pub fn ipvs_mode_is_refused_by_name() {
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && stderr.contains("\"ipvs\""), "{stderr}");
+}
+
+/// The label names and value of each sample line of an exposition.
+fn samples(exposition: &str) -> Vec<(String, Vec<(String, String)>)> {
+    let mut out = Vec::new();
+    for line in exposition.lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
+        let (name, rest) = match line.find('{') {
+            Some(at) => (&line[..at], &line[at + 1..]),
+            None => (line.split(' ').next().unwrap_or_default(), ""),
+        };
+        let mut labels = Vec::new();
+        let mut rest = rest;
+        while let Some((key, after)) = rest.split_once("=\"") {
+            let Some(end) = after.find('"') else { break };
+            labels.push((key.trim_start_matches(',').to_string(), after[..end].to_string()));
+            rest = &after[end + 1..];
+            if rest.starts_with('}') {
+                break;
+            }
+        }
+        out.push((name.to_string(), labels));
+    }
+    out
+}
+
+/// What differs between `exposition` and upstream's list for `mode`: a missing metric, a
+/// wrong type, other label names, other buckets, or another mode's metric.
+fn compare_metrics(exposition: &str, mode: &str) -> Vec<String> {
+    let samples = samples(exposition);
+    let types: std::collections::HashMap<&str, &str> = exposition
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_once(' '))
+        .collect();
+    let mut problems = Vec::new();
+    for line in UPSTREAM_METRICS.lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
+        let fields: Vec<&str> = line.split('\t').collect();
+        let [name, kind, labels, buckets, modes] = fields[..] else { panic!("bad line {line}") };
+        let ours = modes.split(',').any(|m| m == mode);
+        // OpenMetrics names a counter's family without `_total`.
+        let family = match kind {
+            "counter" => name.strip_suffix("_total").unwrap_or(name),
+            _ => name,
+        };
+        let sample_name = match kind {
+            "histogram" => format!("{name}_bucket"),
+            _ => name.to_string(),
+        };
+        let found: Vec<&Vec<(String, String)>> =
+            samples.iter().filter(|(n, _)| *n == sample_name).map(|(_, l)| l).collect();
+        if !ours {
+            if !found.is_empty() {
+                problems.push(format!("{name}: served in {mode} mode, where kube-proxy has none"));
+            }
+            continue;
+        }
+        match types.get(family) {
+            None => problems.push(format!("{name}: missing")),
+            Some(t) if *t != kind => problems.push(format!("{name}: type {t}, upstream {kind}")),
+            Some(_) => {}
+        }
+        if found.is_empty() {
+            problems.push(format!("{name}: no sample"));
+            continue;
+        }
+        let want: Vec<&str> = labels.split(',').filter(|l| *l != "-").collect();
+        for labels in &found {
+            let mut got: Vec<&str> =
+                labels.iter().map(|(k, _)| k.as_str()).filter(|k| *k != "le").collect();
+            let mut expected = want.clone();
+            got.sort_unstable();
+            expected.sort_unstable();
+            if got != expected {
+                problems.push(format!("{name}: labels {got:?}, upstream {expected:?}"));
+                break;
+            }
+        }
+        if kind == "histogram" {
+            let mut bounds: Vec<f64> = found
+                .iter()
+                .flat_map(|l| l.iter().filter(|(k, _)| k == "le").map(|(_, v)| v.clone()))
+                .filter(|v| v != "+Inf")
+                .map(|v| v.parse().unwrap())
+                .collect();
+            bounds.sort_by(f64::total_cmp);
+            bounds.dedup();
+            let expected = upstream_buckets(buckets);
+            let same = bounds.len() == expected.len()
+                && bounds.iter().zip(&expected).all(|(a, b)| (a - b).abs() < 1e-9);
+            if !same {
+                problems.push(format!("{name}: buckets {bounds:?}, upstream {expected:?}"));
+            }
+        }
+    }
+    problems
+}
+
+/// The bucket bounds a list entry names.
+fn upstream_buckets(spec: &str) -> Vec<f64> {
+    if spec == "programming" {
+        let mut b = vec![0.0, 0.25, 0.5];
+        b.extend((1..=59).map(f64::from));
+        b.extend((0..12).map(|i| 60.0 + 5.0 * f64::from(i)));
+        b.extend((0..7).map(|i| 120.0 + 30.0 * f64::from(i)));
+        return b;
+    }
+    let args: Vec<f64> =
+        spec.strip_prefix("exp:").unwrap().split(',').map(|a| a.parse().unwrap()).collect();
+    (0..args[2] as i32).map(|i| args[0] * args[1].powi(i)).collect()
 }
