@@ -12,8 +12,12 @@ COPY . .
 RUN cargo build --release --locked -p kpng && strip target/release/kpng
 
 FROM debian:bookworm-slim
+# iptables for to-iptables; iproute2 and ipset to remove what kube-proxy's IPVS mode left.
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends nftables iptables \
+    && apt-get install -y --no-install-recommends nftables iptables iproute2 ipset \
     && rm -rf /var/lib/apt/lists/*
 COPY --from=build /src/target/release/kpng /usr/local/bin/kpng
+# Started under this name (kubeadm's DaemonSet runs /usr/local/bin/kube-proxy), kpng takes
+# kube-proxy's command line and KubeProxyConfiguration: swapping the image is enough.
+RUN ln -s kpng /usr/local/bin/kube-proxy
 ENTRYPOINT ["/usr/local/bin/kpng"]
