@@ -2,7 +2,8 @@
 //! family: `primary` means the Node object's primary IP; a list of CIDRs means the node's
 //! local addresses inside them, or every local address when one of them is a zero CIDR
 //! (`0.0.0.0/0`, `::/0`); a family without any CIDR in the list falls back to its primary
-//! IP. Loopback addresses never carry NodePorts.
+//! IP, and a family without a primary IP (the Node object lists none) to every local
+//! address, as kube-proxy does. Loopback addresses never carry NodePorts.
 
 use std::net::IpAddr;
 
@@ -34,14 +35,17 @@ pub fn nodeport_addresses(
 ) -> NodePortAddresses {
     let mut out = NodePortAddresses::default();
     for family in Family::ALL {
-        let primary_ip = primary.iter().copied().filter(|ip| Family::of(ip) == family);
+        let primary_ip: Vec<IpAddr> =
+            primary.iter().copied().filter(|ip| Family::of(ip) == family).collect();
         let cidrs: Vec<IpNet> = match selection {
             NodePortSelection::Primary => Vec::new(),
             NodePortSelection::Cidrs(all) => {
                 all.iter().copied().filter(|c| Family::of_net(c) == family).collect()
             }
         };
-        if cidrs.is_empty() {
+        if cidrs.is_empty() && primary_ip.is_empty() {
+            *out.all_local.get_mut(family) = true;
+        } else if cidrs.is_empty() {
             out.addresses.extend(primary_ip);
         } else if cidrs.iter().any(|c| c.prefix_len() == 0) {
             *out.all_local.get_mut(family) = true;
@@ -95,5 +99,13 @@ mod tests {
         // Loopback never carries NodePorts.
         let got = nodeport_addresses(&cidrs(&["127.0.0.0/8"]), &primary, &local);
         assert_eq!(got.addresses, ips(&["fd00:10::1"]));
+        // A family without a primary IP, and without a CIDR: every local address of it.
+        let v4_only = ips(&["192.168.10.1"]);
+        let got = nodeport_addresses(&NodePortSelection::Primary, &v4_only, &local);
+        assert_eq!(got.addresses, v4_only);
+        assert!(got.all_local.v6 && !got.all_local.v4);
+        let got = nodeport_addresses(&cidrs(&["192.168.10.0/24"]), &[], &local);
+        assert_eq!(got.addresses, ips(&["192.168.10.1", "192.168.10.50"]));
+        assert!(got.all_local.v6 && !got.all_local.v4);
     }
 }

@@ -170,7 +170,8 @@ pub struct ProxyArgs {
     /// Where NodePorts are accepted: `primary` (the Node object's primary IPs) or
     /// comma-separated CIDRs: the node's addresses inside them, followed as addresses come
     /// and go; a zero CIDR (`0.0.0.0/0`, `::/0`) means every local address of its family but
-    /// loopback; a family without a CIDR in the list uses its primary IP.
+    /// loopback; a family without a CIDR in the list uses its primary IP, and one without a
+    /// primary IP every local address.
     #[arg(long, global = true, default_value = "primary", value_parser = parse_nodeport_addresses, value_name = "primary|CIDRS")]
     pub nodeport_addresses: NodePortSelection,
 

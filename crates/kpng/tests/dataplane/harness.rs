@@ -208,9 +208,20 @@ pub fn slice(
 
 /// Runs kpng once in the node namespace over `manifests`; its log.
 pub fn program(cluster: &Cluster, dp: Dataplane, manifests: &str, extra: &[&str]) -> String {
+    program_node(cluster, dp, NODE_A, manifests, extra)
+}
+
+/// [`program`] with `node` (a Node manifest) in place of [`NODE_A`].
+pub fn program_node(
+    cluster: &Cluster,
+    dp: Dataplane,
+    node: &str,
+    manifests: &str,
+    extra: &[&str],
+) -> String {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("cluster.yaml");
-    std::fs::write(&path, format!("{NODE_A}{manifests}")).unwrap();
+    std::fs::write(&path, format!("{node}{manifests}")).unwrap();
     let mut extra = extra.to_vec();
     extra.insert(0, "--once");
     let out = dp.kpng(cluster, &dp.args(&path, false, &extra)).output().expect("running kpng");

@@ -74,6 +74,7 @@ macro_rules! on_every_dataplane {
             services::internal_policy_local_terminating_fallback_and_dual_stack,
             services::sctp_cluster_ip_and_node_port,
             services::node_ports_on_primary_or_chosen_addresses,
+            services::node_ports_on_every_address_of_a_family_without_a_primary_ip,
             services::client_ip_affinity_sticks_across_addresses,
             services::masquerade_all_and_cluster_cidr,
             lifecycle::restart_changes_nothing_and_keeps_established_connections,

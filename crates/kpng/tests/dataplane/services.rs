@@ -304,6 +304,31 @@ pub fn node_ports_on_primary_or_chosen_addresses(dp: Dataplane) {
     assert_eq!(pod.reach("192.168.10.1:30090").0, "web-a");
 }
 
+/// A Node object without an IPv6 address (a single-stack Node on a dual-stack host, say):
+/// IPv6 NodePorts are accepted on every local IPv6 address, as kube-proxy falls back to
+/// then, while IPv4 keeps to the primary IP.
+pub fn node_ports_on_every_address_of_a_family_without_a_primary_ip(dp: Dataplane) {
+    let mut cluster = Cluster::new();
+    cluster.add_pod("web-a", true, 10, &[8080]);
+    cluster.node.ip(&["addr", "add", "192.168.10.50/24", "dev", "eth0"]);
+    let node = NODE_A.replace("  - {type: InternalIP, address: \"fd00:10::1\"}\n", "");
+    assert!(!node.contains("fd00:10::1"));
+    let manifests = [
+        service(
+            "web",
+            "  type: NodePort\n  clusterIP: 10.96.0.91\n  clusterIPs: [10.96.0.91, \"fd00:96::91\"]\n",
+            "  - {name: http, protocol: TCP, port: 80, targetPort: 8080, nodePort: 30091}\n",
+        ),
+        slice("web-4", "web", "IPv4", SLICE_HTTP, &[("10.244.0.10", "node-a", true, true, false)]),
+        slice("web-6", "web", "IPv6", SLICE_HTTP, &[("fd00:244::a", "node-a", true, true, false)]),
+    ]
+    .concat();
+    program_node(&cluster, dp, &node, &manifests, &[]);
+    assert_eq!(reach(&cluster.client, "[fd00:10::1]:30091").0, "web-a");
+    assert_eq!(reach(&cluster.client, "192.168.10.1:30091").0, "web-a");
+    assert_eq!(Cluster::tcp(&cluster.client, "192.168.10.50:30091"), Outcome::Refused);
+}
+
 pub fn client_ip_affinity_sticks_across_addresses(dp: Dataplane) {
     let mut cluster = Cluster::new();
     cluster.add_pod("web-a", true, 10, &[8080]);
