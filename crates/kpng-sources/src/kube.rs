@@ -17,8 +17,9 @@
 //!
 //! What the proxy must ignore is dropped by the API server itself through label selectors
 //! ([`ConvertOptions::label_selector`]); Nodes are watched by name (this node only) unless
-//! every node is wanted. A cluster that does not serve ServiceCIDRs (`404`) or does not let
-//! the proxy read them (`403`) is treated as having none. An event whose reduced object is
+//! every node is wanted. ServiceCIDRs are read as networking.k8s.io/v1beta1 when v1 is not
+//! served; a cluster that serves neither (`404`) or does not let the proxy read them
+//! (`403`) is treated as having none. An event whose reduced object is
 //! unchanged costs no store revision; events that arrive together are applied as one
 //! batch. The store releases nothing to sinks before every kind has completed its first
 //! list.

@@ -218,6 +218,20 @@ async fn service_cidrs_are_watched_and_an_unserved_kind_does_not_block_readiness
     let mut reader = start(&old, ConvertOptions::default()).await;
     until(&mut reader, "ready without ServiceCIDRs", |m| m.len(Kind::Service) == 1).await;
     assert_eq!(reader.snapshot().model().service_cidrs().count(), 0);
+
+    // A server that serves them as v1beta1 only (Kubernetes 1.31 and 1.32): read there.
+    let beta = FakeApiServer::start(Duration::from_millis(100)).await.unwrap();
+    beta.apply(service("a", "10.96.0.1"));
+    beta.apply(cidr(json!(["10.96.0.0/16"])));
+    beta.hide(Resource::ServiceCidrs, true);
+    beta.serve_service_cidrs_v1beta1(true);
+    let mut reader = start(&beta, ConvertOptions::default()).await;
+    until(&mut reader, "the v1beta1 ServiceCIDR is in", |m| m.service_cidrs().count() == 1).await;
+    beta.apply(cidr(json!(["10.96.0.0/16", "fd00:96::/112"])));
+    until(&mut reader, "followed by its watch", |m| {
+        m.service_cidrs().next().is_some_and(|c| c.cidrs.len() == 2)
+    })
+    .await;
 }
 
 #[tokio::test]

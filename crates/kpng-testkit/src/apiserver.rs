@@ -111,6 +111,8 @@ struct Inner {
     forbidden: BTreeSet<Resource>,
     /// Kinds answered 404 Not Found, as by a server that does not serve them.
     hidden: BTreeSet<Resource>,
+    /// Whether ServiceCIDRs are served as networking.k8s.io/v1beta1 too.
+    beta_service_cidrs: bool,
     /// List requests answered (pages included), by kind.
     lists: BTreeMap<Resource, u64>,
     /// Watch streams open now, by kind.
@@ -173,6 +175,7 @@ impl FakeApiServer {
             .route("/apis/discovery.k8s.io/v1/endpointslices", get(http::slices))
             .route("/api/v1/nodes", get(http::nodes))
             .route("/apis/networking.k8s.io/v1/servicecidrs", get(http::service_cidrs))
+            .route("/apis/networking.k8s.io/v1beta1/servicecidrs", get(http::service_cidrs_v1beta1))
             .with_state(shared.clone());
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
         let addr = listener.local_addr()?;
@@ -274,6 +277,12 @@ impl FakeApiServer {
         } else {
             inner.hidden.remove(&resource);
         }
+    }
+
+    /// Serves ServiceCIDRs as networking.k8s.io/v1beta1 too (the same objects) while `served`
+    /// is true, whether v1 is hidden or not, as a server of Kubernetes 1.31 and 1.32 does.
+    pub fn serve_service_cidrs_v1beta1(&self, served: bool) {
+        self.shared.lock().beta_service_cidrs = served;
     }
 
     /// Sends `line` as is (plus a newline) to every open watch of `resource`: a malformed

@@ -20,6 +20,9 @@ pub struct Resource {
     /// Whether the cluster may not serve it (404) or the proxy may not be allowed to read
     /// it (403): then it is treated as having no objects rather than blocking readiness.
     pub optional: bool,
+    /// The paths of older versions to try, in order, when the server does not serve
+    /// `path` (404): ServiceCIDRs were networking.k8s.io/v1beta1 before v1.
+    pub older: &'static [&'static str],
 }
 
 impl Resource {
@@ -43,7 +46,19 @@ impl Resource {
             }
             Kind::ServiceCidr => ("/apis/networking.k8s.io/v1/servicecidrs", None, None, true),
         };
-        Resource { kind, path, label_selector, field_selector, optional }
+        let older: &[&str] = match kind {
+            Kind::ServiceCidr => &["/apis/networking.k8s.io/v1beta1/servicecidrs"],
+            _ => &[],
+        };
+        Resource { kind, path, label_selector, field_selector, optional, older }
+    }
+
+    /// Moves to the next older version, if there is one (after a 404 on `path`).
+    pub fn try_older(&mut self) -> Option<&'static str> {
+        let (next, rest) = self.older.split_first()?;
+        self.path = next;
+        self.older = rest;
+        Some(next)
     }
 
     /// The URL (path and query) of a list page.

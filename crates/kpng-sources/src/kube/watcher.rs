@@ -68,6 +68,8 @@ enum ListError {
 pub struct KindWatcher {
     client: kube::Client,
     resource: Resource,
+    /// The resource as first asked for: its newest version, tried again after an absence.
+    newest: Resource,
     reader: Reader,
     pacer: Pacer,
     events: mpsc::Sender<Vec<SourceEvent>>,
@@ -85,7 +87,17 @@ impl KindWatcher {
         events: mpsc::Sender<Vec<SourceEvent>>,
         page_size: usize,
     ) -> Self {
-        KindWatcher { client, resource, reader, pacer, events, page_size, backoff: BACKOFF.0 }
+        let newest = resource.clone();
+        KindWatcher {
+            client,
+            resource,
+            newest,
+            reader,
+            pacer,
+            events,
+            page_size,
+            backoff: BACKOFF.0,
+        }
     }
 
     fn kind(&self) -> Kind {
@@ -132,6 +144,7 @@ impl KindWatcher {
             },
             State::Absent => {
                 tokio::time::sleep(ABSENT_RECHECK).await;
+                self.resource = self.newest.clone();
                 Some(State::List)
             }
         };
@@ -142,6 +155,12 @@ impl KindWatcher {
     async fn list_failed(&mut self, error: ApiError) -> Option<State> {
         let kind = self.kind();
         match error.code() {
+            Some(404) if self.resource.optional && !self.resource.older.is_empty() => {
+                let served = self.resource.path;
+                let older = self.resource.try_older()?;
+                tracing::info!(%kind, not_served = served, trying = older, "not served: trying an older version");
+                Some(State::List)
+            }
             Some(403 | 404) if self.resource.optional => {
                 tracing::info!(%kind, %error, "not served or not readable: treated as none; looking again in 5 minutes");
                 let events = vec![SourceEvent::ListStarted(kind), SourceEvent::ListDone(kind)];

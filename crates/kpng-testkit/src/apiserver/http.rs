@@ -59,6 +59,18 @@ pub(super) async fn service_cidrs(
     serve(shared, Resource::ServiceCidrs, params)
 }
 
+/// ServiceCIDRs as networking.k8s.io/v1beta1: the same objects, when served.
+pub(super) async fn service_cidrs_v1beta1(
+    State(shared): State<Arc<Shared>>,
+    Query(params): Query<Params>,
+) -> Response {
+    if !shared.lock().beta_service_cidrs {
+        let message = "the server could not find the requested resource".to_string();
+        return status(StatusCode::NOT_FOUND, "NotFound", message);
+    }
+    respond(shared, Resource::ServiceCidrs, params)
+}
+
 /// A `Status` error answer.
 fn status(code: StatusCode, reason: &str, message: String) -> Response {
     let status = json!({
@@ -109,6 +121,11 @@ fn serve(shared: Arc<Shared>, resource: Resource, params: Params) -> Response {
         let message = "the server could not find the requested resource".to_string();
         return status(StatusCode::NOT_FOUND, "NotFound", message);
     }
+    respond(shared, resource, params)
+}
+
+/// A list or a watch stream.
+fn respond(shared: Arc<Shared>, resource: Resource, params: Params) -> Response {
     if params.watch.as_deref().is_some_and(|w| w == "true" || w == "1") {
         return watch_stream(shared, resource, params);
     }
