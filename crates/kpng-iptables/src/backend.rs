@@ -51,6 +51,10 @@ pub struct IptablesOptions {
     /// Verification reads every chain back at most one part in this many of the time (the
     /// entry chains at every verification); 1 reads every chain at every verification.
     pub full_read_share: u32,
+    /// NodePorts on 127.0.0.1 too (IPv4, with NodePorts on every local address), as
+    /// kube-proxy's iptables mode accepts them: `route_localnet` is set, and packets from
+    /// elsewhere to 127.0.0.0/8 that are not NodePort traffic are dropped.
+    pub localhost_nodeports: bool,
 }
 
 impl Default for IptablesOptions {
@@ -63,6 +67,7 @@ impl Default for IptablesOptions {
             cluster_cidrs: Vec::new(),
             batch_chains: 2000,
             full_read_share: 100,
+            localhost_nodeports: false,
         }
     }
 }
@@ -178,6 +183,9 @@ impl IptablesBackend {
             Target::Kernel => {
                 let (mode, why) = mode.resolve();
                 tracing::info!(iptables = %mode.describe(), chosen_by = why, "to-iptables");
+                if options.localhost_nodeports {
+                    route_localnet()?;
+                }
                 Box::new(crate::CommandKernel::new(mode)?)
             }
         };
@@ -217,6 +225,7 @@ impl IptablesBackend {
             drop_mark: 1 << o.drop_bit,
             local: o.local_detection.resolve(state.node.as_ref(), &o.cluster_cidrs),
             node_ips: state.node.as_ref().map(|n| n.primary_ips.clone()).unwrap_or_default(),
+            localhost_nodeports: o.localhost_nodeports,
         }
     }
 
@@ -443,3 +452,17 @@ impl Backend for IptablesBackend {
 
 #[cfg(test)]
 mod tests;
+
+/// Lets packets to 127.0.0.0/8 be routed, which NodePorts on 127.0.0.1 need (their DNAT
+/// sends them to a pod). Set once; kube-proxy leaves it set too.
+fn route_localnet() -> Result<(), IptablesError> {
+    let path = "/proc/sys/net/ipv4/conf/all/route_localnet";
+    if std::fs::read_to_string(path).is_ok_and(|v| v.trim() == "1") {
+        return Ok(());
+    }
+    std::fs::write(path, "1").map_err(|e| {
+        IptablesError::Options(format!("--localhost-nodeports needs {path} set to 1: {e}"))
+    })?;
+    tracing::info!(sysctl = path, "set to 1 for NodePorts on 127.0.0.1");
+    Ok(())
+}

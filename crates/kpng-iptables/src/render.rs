@@ -96,6 +96,9 @@ pub struct Context {
     pub local: LocalTraffic,
     /// The node's own IPs (a source range holding one also admits the LB IPs).
     pub node_ips: Vec<IpAddr>,
+    /// NodePorts on 127.0.0.1 too, when IPv4 NodePorts are on every local address
+    /// (`--localhost-nodeports`, kube-proxy's `iptables.localhostNodePorts`).
+    pub localhost_nodeports: bool,
 }
 
 impl Context {

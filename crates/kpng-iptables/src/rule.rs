@@ -71,6 +71,9 @@ pub enum Match {
     },
     /// `-m conntrack --ctstate NEW`.
     CtStateNew,
+    /// `-m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT`: a connection starting here that
+    /// no DNAT rule translated.
+    CtStateNotDnat,
     /// `-m comment --comment C` (one word).
     Comment(&'static str),
 }
@@ -228,6 +231,9 @@ impl fmt::Display for Match {
                 write!(f, "-m mark {}--mark {bit:#x}/{bit:#x}", not(*n))
             }
             Match::CtStateNew => f.write_str("-m conntrack --ctstate NEW"),
+            Match::CtStateNotDnat => {
+                f.write_str("-m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT")
+            }
             Match::Comment(c) => write!(f, "-m comment --comment {c}"),
         }
     }

@@ -189,18 +189,26 @@ fn is_first_level(name: &ChainName) -> bool {
         && s.rsplit('-').next().is_some_and(|t| t.len() == 1)
 }
 
-fn nodeport_guard(family: Family, node: &NodeFacts) -> Vec<Rule> {
+/// 127.0.0.0/8 or ::1.
+fn loopback(family: Family) -> IpNet {
+    match family {
+        Family::V4 => ipnet::Ipv4Net::new_assert(std::net::Ipv4Addr::new(127, 0, 0, 0), 8).into(),
+        Family::V6 => ipnet::Ipv6Net::new_assert(std::net::Ipv6Addr::LOCALHOST, 128).into(),
+    }
+}
+
+/// Whether IPv4 NodePorts are accepted on 127.0.0.1 (they never are on ::1).
+fn localhost_nodeports(family: Family, ctx: &Context, node: &NodeFacts) -> bool {
+    family == Family::V4 && ctx.localhost_nodeports && node.nodeports.all_local.v4
+}
+
+fn nodeport_guard(family: Family, ctx: &Context, node: &NodeFacts) -> Vec<Rule> {
     let target = names::nodeports();
     if *node.nodeports.all_local.get(family) {
-        let loopback: IpNet = match family {
-            Family::V4 => {
-                ipnet::Ipv4Net::new_assert(std::net::Ipv4Addr::new(127, 0, 0, 0), 8).into()
-            }
-            Family::V6 => ipnet::Ipv6Net::new_assert(std::net::Ipv6Addr::LOCALHOST, 128).into(),
-        };
-        let rule = Rule::jump(&target)
-            .not_dst(Addr::Net(loopback))
-            .with(Match::AddrTypeLocal { src: false });
+        let mut rule = Rule::jump(&target).with(Match::AddrTypeLocal { src: false });
+        if !localhost_nodeports(family, ctx, node) {
+            rule = rule.not_dst(Addr::Net(loopback(family)));
+        }
         return vec![rule];
     }
     node.nodeports
@@ -224,7 +232,7 @@ pub fn fixed_chains(
     let mut chains = Vec::new();
 
     let mut services = nat.top;
-    services.extend(nodeport_guard(family, node));
+    services.extend(nodeport_guard(family, ctx, node));
     chains.push((key(Table::Nat, names::services()), services));
     chains.push((key(Table::Nat, names::nodeports()), nat.nodeports));
     chains.extend(nat.shards);
@@ -250,6 +258,12 @@ pub fn fixed_chains(
 
     let mut filter_rules =
         vec![Rule::to(Target::Drop).with(Match::Mark { not: false, bit: ctx.drop_mark })];
+    if localhost_nodeports(family, ctx, node) {
+        // route_localnet lets packets from elsewhere reach 127.0.0.0/8: only NodePort
+        // traffic (translated) may (CVE-2020-8558).
+        let net = Addr::Net(loopback(family));
+        filter_rules.push(Rule::to(Target::Drop).dst(net).not_src(net).with(Match::CtStateNotDnat));
+    }
     filter_rules.extend(filter.top);
     filter_rules.extend(
         node.service_cidrs
@@ -257,7 +271,7 @@ pub fn fixed_chains(
             .filter(|n| Family::of_net(n) == family)
             .map(|n| Rule::to(Target::Drop).dst(Addr::Net(n.trunc()))),
     );
-    filter_rules.extend(nodeport_guard(family, node));
+    filter_rules.extend(nodeport_guard(family, ctx, node));
     chains.push((key(Table::Filter, names::filter()), filter_rules));
     chains.push((key(Table::Filter, names::nodeports()), filter.nodeports));
     chains.extend(filter.shards);

@@ -671,6 +671,12 @@ pub struct IptablesArgs {
     /// system's `iptables`.
     #[arg(long, value_enum, default_value_t = IptablesMode::Auto)]
     pub iptables_mode: IptablesMode,
+    /// Accept IPv4 NodePorts on 127.0.0.1 too, as kube-proxy's iptables mode does
+    /// (`iptables.localhostNodePorts`), when NodePorts are on every local address: sets
+    /// net.ipv4.conf.all.route_localnet, and drops packets from elsewhere to 127.0.0.0/8
+    /// that are not NodePort traffic.
+    #[arg(long)]
+    pub localhost_nodeports: bool,
     /// Further backends.
     #[command(flatten)]
     pub chain: Chain,

@@ -14,6 +14,7 @@ const SLICE_HTTP: (&str, Protocol, u16) = ("http", Protocol::Tcp, 8080);
 
 fn ctx() -> Context {
     Context {
+        localhost_nodeports: false,
         masquerade_all: false,
         masq_mark: 0x4000,
         drop_mark: 0x8000,

@@ -193,7 +193,7 @@ pub const FLAGS: &[Flag] = &[
         B,
         "true",
         Config,
-        "NodePorts on 127.0.0.1 in iptables mode: accepted; kpng logs that it does not serve them.",
+        "NodePorts on 127.0.0.1 in iptables mode (IPv4, with NodePorts on every local address): to-iptables --localhost-nodeports.",
     ),
     flag(
         "iptables-sync-period",

@@ -39,6 +39,7 @@ fn kubeadms_daemon_set_runs_to_iptables_with_kube_proxys_defaults() {
     let (args, notices) = run(args);
     assert_eq!(&args[1..4], ["kube", "--kubeconfig", "/var/lib/kube-proxy/kubeconfig.conf"]);
     assert_eq!(value(&args, "to-local"), Some("to-iptables"));
+    assert_eq!(value(&args, "to-iptables"), Some("--localhost-nodeports"), "kube-proxy's default");
     assert_eq!(value(&args, "--kube-api-qps"), Some("5"));
     assert_eq!(value(&args, "--kube-api-burst"), Some("10"));
     assert_eq!(value(&args, "--node"), Some("node-a"), "trimmed and lower-cased");

@@ -144,10 +144,10 @@ pub fn kpng_args(
             "{section}.minSyncPeriod 0s: kube-proxy would pace its syncs 1s apart; kpng applies each change set as soon as the previous one is committed (its changes are incremental)"
         ))),
     }
-    if mode == Mode::Iptables && iptables.localhost_node_ports != Some(false) {
-        notices.push(Notice::Differs(
-            "iptables.localhostNodePorts: kpng does not accept NodePorts on 127.0.0.1 (set it to false to silence this)".into(),
-        ));
+    if mode == Mode::Iptables && iptables.localhost_node_ports == Some(true) {
+        // A backend option: right after the backend's name.
+        let at = args.iter().position(|a| a == "to-iptables").map_or(args.len(), |i| i + 1);
+        args.insert(at, "--localhost-nodeports".into());
     }
 
     // Local traffic.

@@ -201,6 +201,7 @@ fn iptables_backend(
         masquerade_bit: global.proxy.masquerade_bit,
         local_detection: global.proxy.local_detection()?,
         cluster_cidrs: global.proxy.cluster_cidr.iter().map(|n| n.trunc()).collect(),
+        localhost_nodeports: args.localhost_nodeports,
         ..kpng_iptables::IptablesOptions::default()
     };
     let mode = kpng_iptables::Mode::from(args.iptables_mode);

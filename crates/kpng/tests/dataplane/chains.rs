@@ -218,3 +218,76 @@ pub fn waiting_for_the_xtables_lock_is_logged_with_its_path(dp: Dataplane) {
     assert!(log.contains("holds the xtables lock; waiting for it") && log.contains(&said), "{log}");
     assert_eq!(reach(&cluster.client, "10.96.0.14:80").0, "web-a");
 }
+
+/// `--localhost-nodeports`: IPv4 NodePorts on 127.0.0.1 too, as kube-proxy's iptables mode
+/// accepts them. `route_localnet` makes 127.0.0.0/8 routable, so a neighbour could send
+/// datagrams to the node's own loopback services: kpng drops what arrives from elsewhere
+/// for 127.0.0.0/8 and is not NodePort traffic.
+pub fn localhost_node_ports_and_the_martians_they_let_in(dp: Dataplane) {
+    let mut cluster = Cluster::new();
+    cluster.add_pod("web-a", true, 10, &[8080]);
+    let manifests = [
+        service(
+            "web",
+            "  type: NodePort\n  clusterIP: 10.96.0.92\n",
+            "  - {name: http, protocol: TCP, port: 80, targetPort: 8080, nodePort: 30092}\n",
+        ),
+        slice("web-1", "web", "IPv4", SLICE_HTTP, &[WEB_A]),
+    ]
+    .concat();
+    let everywhere = ["--nodeport-addresses", "0.0.0.0/0"];
+    program(&cluster, dp, &manifests, &everywhere);
+    assert_eq!(Cluster::tcp(&cluster.node, "127.0.0.1:30092"), Outcome::Refused, "off by default");
+
+    // A UDP service of the node's own, on its loopback, and a neighbour that routes
+    // 127.0.0.1 to the node (its own loopback route removed).
+    let datagrams = udp_receiver(&cluster.node, 7777);
+    let client = &cluster.client;
+    client.ip(&["route", "del", "local", "127.0.0.0/8", "dev", "lo", "table", "local"]);
+    client.ip(&["route", "del", "local", "127.0.0.1", "dev", "lo", "table", "local"]);
+    client.ip(&["route", "add", "127.0.0.1/32", "via", "192.168.10.1", "src", "192.168.10.100"]);
+    let send = |text: &'static str| {
+        kpng_testkit::topology::in_netns(client, move || {
+            let socket = std::net::UdpSocket::bind("192.168.10.100:0").unwrap();
+            socket.send_to(text.as_bytes(), "127.0.0.1:7777").unwrap();
+        })
+    };
+    let got = |want: &str| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
+            match datagrams.recv_timeout(left) {
+                Ok(text) if text == want => return true,
+                Ok(_) => continue,
+                Err(_) => return false,
+            }
+        }
+        false
+    };
+    // What route_localnet alone lets in.
+    cluster.node.sysctl("net.ipv4.conf.all.route_localnet", "1");
+    send("exposed");
+    assert!(got("exposed"), "the test's neighbour cannot reach the node's loopback");
+
+    program(&cluster, dp, &manifests, &[&everywhere[..], &["--localhost-nodeports"]].concat());
+    assert_eq!(reach(&cluster.node, "127.0.0.1:30092").0, "web-a");
+    send("dropped");
+    assert!(!got("dropped"), "a neighbour's datagram reached the node's loopback service");
+}
+
+/// The datagrams a UDP socket on `port` of `ns` receives.
+fn udp_receiver(ns: &kpng_testkit::netns::Netns, port: u16) -> std::sync::mpsc::Receiver<String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (bound, ready) = std::sync::mpsc::channel();
+    kpng_testkit::topology::spawn_in_netns(ns, move || {
+        let socket = std::net::UdpSocket::bind(("0.0.0.0", port)).unwrap();
+        let _ = bound.send(());
+        let mut buf = [0u8; 64];
+        while let Ok(n) = socket.recv(&mut buf) {
+            if tx.send(String::from_utf8_lossy(&buf[..n]).into_owned()).is_err() {
+                return;
+            }
+        }
+    });
+    ready.recv().unwrap();
+    rx
+}

@@ -143,4 +143,5 @@ on_every_dataplane!(iptables, crate::harness::Dataplane::Iptables;
     chains::the_legacy_variant_serves_restarts_and_cleans_up,
     chains::auto_mode_follows_the_variant_the_kubelet_uses,
     chains::waiting_for_the_xtables_lock_is_logged_with_its_path,
+    chains::localhost_node_ports_and_the_martians_they_let_in,
 );
