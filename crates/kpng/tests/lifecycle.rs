@@ -1,5 +1,6 @@
 //! How the process ends, or does not: signals during a long apply, SIGHUP, an output
-//! nobody reads any more, and `--once` clients facing an error that will not go away.
+//! nobody reads any more, `--once` clients facing an error that will not go away, and the
+//! file given to `--exit-on-change` changing.
 
 #[path = "support/mod.rs"]
 mod support;
@@ -182,4 +183,27 @@ fn once_gives_up_when_the_source_cannot_connect() {
         assert!(last.contains(what) && last.contains("the last error"), "{args:?}: {stderr}");
         assert!(last.contains(named), "the last error says what failed: {last}");
     }
+}
+
+#[test]
+fn a_changed_configuration_file_ends_the_process_for_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.conf");
+    std::fs::write(&config, "mode: iptables\n").unwrap();
+    let example = example();
+    let watched = config.to_str().unwrap();
+    let args = ["file", "--input", &example, "to-local", "--node", "node-a", "to-json"];
+    let mut kpng = Kpng::spawn(&[&args[..], &["--exit-on-change", watched]].concat());
+    kpng.next_change_set();
+    // Touched, same content: nothing happens.
+    std::fs::write(&config, "mode: iptables\n").unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(kpng.try_line().is_none() && !kpng.stderr().contains("changed"), "{}", kpng.stderr());
+    // A ConfigMap update swaps the file: the process ends, non-zero, saying why.
+    let next = dir.path().join("config.new");
+    std::fs::write(&next, "mode: nftables\n").unwrap();
+    std::fs::rename(&next, &config).unwrap();
+    let status = kpng.wait_exit(STUCK);
+    assert_eq!(status.code(), Some(1), "{}", kpng.stderr());
+    assert!(kpng.stderr().contains("configuration file changed"), "{}", kpng.stderr());
 }
