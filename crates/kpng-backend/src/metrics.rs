@@ -21,3 +21,19 @@ pub fn encode_counters(
     }
     Ok(())
 }
+
+/// Writes one counter family: a series per `(label value, count)` of `values`.
+pub fn encode_counter_family<'a>(
+    encoder: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    label: &str,
+    values: impl IntoIterator<Item = (&'a str, u64)>,
+) -> Result<(), std::fmt::Error> {
+    let kind = prometheus_client::metrics::MetricType::Counter;
+    let mut family = encoder.encode_descriptor(name, help, None, kind)?;
+    for (value, count) in values {
+        ConstCounter::new(count).encode(family.encode_family(&[(label, value)])?)?;
+    }
+    Ok(())
+}

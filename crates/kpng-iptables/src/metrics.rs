@@ -44,7 +44,6 @@ fn kube_proxy_series(
 ) -> Result<(), std::fmt::Error> {
     use prometheus_client::encoding::EncodeMetric;
     use prometheus_client::metrics::MetricType;
-    use prometheus_client::metrics::counter::ConstCounter;
     use prometheus_client::metrics::gauge::ConstGauge;
     use std::sync::atomic::Ordering::Relaxed;
     let families = kpng_backend::metrics::IP_FAMILIES.iter().zip(&stats.by_family);
@@ -60,14 +59,14 @@ fn kube_proxy_series(
             false,
         ),
     ] {
-        let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
-        for (ip_family, counts) in families.clone() {
+        let values = families.clone().map(|(ip_family, counts)| {
             let n = match full {
                 true => counts.full_failures.load(Relaxed),
                 false => counts.partial_failures.load(Relaxed),
             };
-            ConstCounter::new(n).encode(family.encode_family(&[("ip_family", *ip_family)])?)?;
-        }
+            (*ip_family, n)
+        });
+        kpng_backend::metrics::encode_counter_family(encoder, name, help, "ip_family", values)?;
     }
     for (name, help, owned) in [
         ("kubeproxy_sync_proxy_rules_iptables_total", "iptables rules kpng owns.", true),

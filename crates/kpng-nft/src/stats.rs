@@ -92,7 +92,6 @@ impl prometheus_client::collector::Collector for NftMetrics {
             histogram.encode(descriptor)?;
         }
         // kube-proxy's nftables-mode series: one transaction covers both families.
-        use prometheus_client::metrics::counter::ConstCounter;
         for (name, help, value) in [
             (
                 "kubeproxy_sync_proxy_rules_nftables_sync_failures",
@@ -105,16 +104,15 @@ impl prometheus_client::collector::Collector for NftMetrics {
                 &stats.cleanup_failures,
             ),
         ] {
-            let mut family = encoder.encode_descriptor(
+            let count = value.load(Ordering::Relaxed);
+            let values = kpng_backend::metrics::IP_FAMILIES.map(|family| (family, count));
+            kpng_backend::metrics::encode_counter_family(
+                &mut encoder,
                 name,
                 help,
-                None,
-                prometheus_client::metrics::MetricType::Counter,
+                "ip_family",
+                values,
             )?;
-            for ip_family in kpng_backend::metrics::IP_FAMILIES {
-                let metric = ConstCounter::new(value.load(Ordering::Relaxed));
-                metric.encode(family.encode_family(&[("ip_family", ip_family)])?)?;
-            }
         }
         Ok(())
     }

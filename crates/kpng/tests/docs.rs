@@ -97,9 +97,9 @@ fn invocation(line: &str) -> Option<Vec<String>> {
         if *word == "cargo" && words.get(i + 1) == Some(&"run") {
             let dashes = words.iter().position(|w| *w == "--")?;
             // Another package's binary (`-p kpng-testkit --bin kpng-dev`) is not kpng.
-            let other = words[..dashes].windows(2).any(|pair| {
-                matches!(pair[0], "-p" | "--package" | "--bin") && pair[1] != "kpng"
-            });
+            let other = words[..dashes]
+                .windows(2)
+                .any(|pair| matches!(pair[0], "-p" | "--package" | "--bin") && pair[1] != "kpng");
             if other {
                 return None;
             }

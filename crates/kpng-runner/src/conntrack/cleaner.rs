@@ -396,7 +396,6 @@ impl prometheus_client::collector::Collector for CleanerMetrics {
         kpng_backend::metrics::encode_counters(&mut encoder, &counters)?;
         if self.kube_proxy {
             use prometheus_client::encoding::EncodeMetric;
-            use prometheus_client::metrics::counter::ConstCounter;
             let durations = &self.stats.durations;
             let mut family = encoder.encode_descriptor(
                 "kubeproxy_conntrack_reconciler_sync_duration_seconds",
@@ -409,15 +408,13 @@ impl prometheus_client::collector::Collector for CleanerMetrics {
             }
             let v6 = self.stats.deleted_v6.load(Ordering::Relaxed);
             let v4 = self.stats.deleted.load(Ordering::Relaxed).saturating_sub(v6);
-            let mut family = encoder.encode_descriptor(
+            kpng_backend::metrics::encode_counter_family(
+                &mut encoder,
                 "kubeproxy_conntrack_reconciler_deleted_entries",
                 "Stale UDP conntrack entries deleted.",
-                None,
-                prometheus_client::metrics::MetricType::Counter,
+                "ip_family",
+                kpng_backend::metrics::IP_FAMILIES.into_iter().zip([v4, v6]),
             )?;
-            for (ip_family, n) in kpng_backend::metrics::IP_FAMILIES.into_iter().zip([v4, v6]) {
-                ConstCounter::new(n).encode(family.encode_family(&[("ip_family", ip_family)])?)?;
-            }
         }
         Ok(())
     }

@@ -58,16 +58,13 @@ impl Collector for Metrics {
                 (kpng_model::Kind::Node, "node"),
                 (kpng_model::Kind::ServiceCidr, "servicecidr"),
             ];
-            let mut family = encoder.encode_descriptor(
+            kpng_backend::metrics::encode_counter_family(
+                &mut encoder,
                 "kpng_source_events",
                 "Object events from the source (API events, file objects), by kind.",
-                None,
-                prometheus_client::metrics::MetricType::Counter,
+                "kind",
+                kinds.map(|(kind, label)| (label, stats.by_kind(kind).0)),
             )?;
-            for (kind, label) in kinds {
-                let metric = ConstCounter::new(stats.by_kind(kind).0);
-                metric.encode(family.encode_family(&[("kind", label)])?)?;
-            }
             counter(
                 &mut encoder,
                 "kubeproxy_sync_proxy_rules_service_changes",
@@ -208,16 +205,15 @@ impl Collector for Metrics {
                 (&self.healthz[0], "kubeproxy_proxy_healthz", "/healthz answers by HTTP code."),
                 (&self.healthz[1], "kubeproxy_proxy_livez", "/livez answers by HTTP code."),
             ] {
-                let mut family = encoder.encode_descriptor(
+                let counts = answers.each_ref().map(|a| a.load(Ordering::Relaxed));
+                let values = ["200", "503"].into_iter().zip(counts);
+                kpng_backend::metrics::encode_counter_family(
+                    &mut encoder,
                     name,
                     help,
-                    None,
-                    prometheus_client::metrics::MetricType::Counter,
+                    "code",
+                    values,
                 )?;
-                for (i, code) in ["200", "503"].iter().enumerate() {
-                    let metric = ConstCounter::new(answers[i].load(Ordering::Relaxed));
-                    metric.encode(family.encode_family(&[("code", *code)])?)?;
-                }
             }
         }
         if let Some(server) = &self.sources.server {
