@@ -27,6 +27,9 @@ pub struct NodeLocal {
     /// The `--service-cidr` option: service CIDRs the node enforces besides the ranges of
     /// the cluster's ServiceCIDR objects.
     pub service_cidrs: Vec<IpNet>,
+    /// The `--node-ip` option: the node's primary IP of each family given, in place of the
+    /// Node object's (kube-proxy's `--bind-address`).
+    pub node_ips: Vec<IpAddr>,
 }
 
 impl NodeLocal {
@@ -34,6 +37,13 @@ impl NodeLocal {
     /// service CIDRs added to those `node` carries (from ServiceCIDR objects). Completing a
     /// node twice changes nothing more.
     pub fn complete(&self, node: &mut LocalNode) {
+        for ip in &self.node_ips {
+            node.primary_ips.retain(|p| Family::of(p) != Family::of(ip));
+            node.primary_ips.push(*ip);
+        }
+        if !self.node_ips.is_empty() {
+            node.primary_ips.sort_by_key(|ip| Family::of(ip) == Family::V6);
+        }
         node.nodeport_addresses =
             nodeport_addresses(&self.nodeports, &node.primary_ips, &self.addresses);
         if !self.service_cidrs.is_empty() {
@@ -60,7 +70,8 @@ fn normalised(mut cidrs: Vec<IpNet>) -> Vec<IpNet> {
 }
 
 /// What the node knows about itself, from its Node object (`None` until the model has one)
-/// and the cluster's ServiceCIDRs, with NodePorts on its primary IPs.
+/// and the cluster's ServiceCIDRs, with NodePorts on its primary IPs. The primary IPs are
+/// those of the Node object, IPv4 first, unless [`NodeLocal::node_ips`] overrides one.
 pub fn project_node(model: &GlobalModel, name: &str) -> Option<LocalNode> {
     project_node_with(model, name, &NodeLocal::default())
 }

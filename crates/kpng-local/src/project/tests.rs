@@ -307,3 +307,24 @@ fn endpoints_serving_the_same_ports_share_one_list() {
     assert!(!Arc::ptr_eq(&remote, &local));
     assert_eq!(*ports_of("10.0.0.5"), [port("http", Protocol::Tcp, 9090, true, false)]);
 }
+
+#[test]
+fn node_ip_overrides_the_primary_ip_of_its_family_only() {
+    let mut node = LocalNode {
+        name: "node-a".into(),
+        zone: None,
+        primary_ips: vec!["192.168.10.1".parse().unwrap(), "fd00:10::1".parse().unwrap()],
+        pod_cidrs: Vec::new(),
+        draining: false,
+        nodeport_addresses: Default::default(),
+        service_cidrs: Vec::new(),
+    };
+    let local =
+        NodeLocal { node_ips: vec!["192.168.10.50".parse().unwrap()], ..NodeLocal::default() };
+    local.complete(&mut node);
+    let want: Vec<IpAddr> = vec!["192.168.10.50".parse().unwrap(), "fd00:10::1".parse().unwrap()];
+    assert_eq!(node.primary_ips, want);
+    assert_eq!(node.nodeport_addresses.addresses, want, "NodePorts follow it");
+    local.complete(&mut node);
+    assert_eq!(node.primary_ips, want, "completing twice changes nothing more");
+}

@@ -175,6 +175,13 @@ pub struct ProxyArgs {
     #[arg(long, global = true, default_value = "primary", value_parser = parse_nodeport_addresses, value_name = "primary|CIDRS")]
     pub nodeport_addresses: NodePortSelection,
 
+    /// The node's primary IP of a family (comma-separated, one per family), in place of the
+    /// one the Node object gives: where NodePorts are accepted with `primary`, and what
+    /// counts as the node's own address (kube-proxy's --bind-address). Default: the Node
+    /// object's.
+    #[arg(long, global = true, value_delimiter = ',', value_name = "IPS")]
+    pub node_ip: Vec<std::net::IpAddr>,
+
     /// The bit of the packet mark used to flag connections for masquerading (0-31).
     /// Only this bit is read or written.
     #[arg(long, global = true, default_value_t = 14, value_parser = clap::value_parser!(u8).range(0..32))]

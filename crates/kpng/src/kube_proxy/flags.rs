@@ -129,7 +129,7 @@ pub const FLAGS: &[Flag] = &[
         Some("ip"),
         "0.0.0.0",
         Config,
-        "Overrides the node's primary IP (it binds nothing): accepted; kpng takes the primary IPs from the Node object and logs that it ignores another.",
+        "Overrides the node's primary IP of its family (it binds nothing): kpng's --node-ip.",
     ),
     flag(
         "healthz-bind-address",

@@ -123,6 +123,10 @@ fn flags_alone_describe_the_configuration() {
     assert_eq!(value(&args, "--min-sync-period"), Some("2000ms"));
     assert_eq!(value(&args, "--metrics-bind-address"), Some("127.0.0.1:0"), "empty: not served");
     assert_eq!(value(&args, "--exit-on-change"), None);
+    assert_eq!(value(&args, "--node-ip"), None, "bindAddress 0.0.0.0 names no address");
+    let (args, _) =
+        run(os(&["kube-proxy", "--bind-address=192.168.10.50", "--hostname-override=n"]));
+    assert_eq!(value(&args, "--node-ip"), Some("192.168.10.50"));
 }
 
 #[test]

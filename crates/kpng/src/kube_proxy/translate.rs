@@ -86,11 +86,12 @@ pub fn kpng_args(
     args.extend(["--node".into(), node.to_string()]);
 
     // Addresses (defaulted from bindAddress's family).
+    // bindAddress, when it names an address, is the node's primary IP of its family.
     let bind_address = c.bind_address.clone().unwrap_or_default();
-    if !bind_address.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_unspecified()) {
-        notices.push(Notice::Ignored(format!(
-            "bindAddress {bind_address}: kpng takes the node's primary IPs from its Node object"
-        )));
+    match bind_address.trim().parse::<std::net::IpAddr>() {
+        Ok(ip) if ip.is_unspecified() => {}
+        Ok(ip) => args.extend(["--node-ip".into(), ip.to_string()]),
+        Err(_) => return Err(format!("bindAddress {bind_address:?}: not an IP address")),
     }
     for (flag, field, text) in [
         ("--healthz-bind-address", "healthzBindAddress", &c.healthz_bind_address),
@@ -179,6 +180,15 @@ pub fn kpng_args(
         true => "0.0.0.0/0,::/0".to_string(),
         false => nodeports.join(","),
     };
+    if raw.node_port_addresses.as_ref().is_none_or(Vec::is_empty) {
+        let (mode_name, chosen) = match mode {
+            Mode::Iptables => ("iptables", "every local address"),
+            Mode::Nftables => ("nftables", "the node's primary IPs"),
+        };
+        notices.push(Notice::Chose(format!(
+            "nodePortAddresses unset: kube-proxy's default in {mode_name} mode, NodePorts on {chosen}"
+        )));
+    }
     args.extend(["--nodeport-addresses".into(), nodeports]);
 
     // Conntrack, with kube-proxy's defaults.

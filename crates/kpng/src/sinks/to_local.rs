@@ -247,8 +247,9 @@ fn udp_flow_timeout(global: &GlobalArgs) -> std::time::Duration {
 pub fn node_local(global: &GlobalArgs) -> anyhow::Result<(NodeLocal, Option<AddressUpdates>)> {
     let nodeports = global.proxy.nodeport_addresses.clone();
     let service_cidrs = global.proxy.service_cidr.iter().map(|n| n.trunc()).collect();
+    let node_ips = global.proxy.node_ip.clone();
     if !nodeports.needs_local_addresses() || global.dry_run {
-        return Ok((NodeLocal { nodeports, addresses: Vec::new(), service_cidrs }, None));
+        return Ok((NodeLocal { nodeports, addresses: Vec::new(), service_cidrs, node_ips }, None));
     }
     let addresses = kpng_netlink::rtnetlink::local_addresses()
         .context("listing the node's addresses for --nodeport-addresses")?;
@@ -273,7 +274,7 @@ pub fn node_local(global: &GlobalArgs) -> anyhow::Result<(NodeLocal, Option<Addr
             tracing::warn!("the node's addresses are no longer watched");
         })
         .context("starting the address watcher")?;
-    Ok((NodeLocal { nodeports, addresses, service_cidrs }, Some(rx)))
+    Ok((NodeLocal { nodeports, addresses, service_cidrs, node_ips }, Some(rx)))
 }
 
 /// Runs the node's backends until the source ends (or once, with `once`), on a thread of

@@ -302,6 +302,10 @@ pub fn node_ports_on_primary_or_chosen_addresses(dp: Dataplane) {
     assert_eq!(reach(&cluster.client, "192.168.10.1:30090").0, "web-a");
     assert_eq!(pod.reach("192.168.10.50:30090").0, "web-a");
     assert_eq!(pod.reach("192.168.10.1:30090").0, "web-a");
+    // --node-ip (kube-proxy's --bind-address): another primary IP than the Node object's.
+    program(&cluster, dp, &manifests, &["--node-ip", "192.168.10.50"]);
+    assert_eq!(reach(&cluster.client, "192.168.10.50:30090").0, "web-a");
+    assert_eq!(Cluster::tcp(&cluster.client, "192.168.10.1:30090"), Outcome::Refused);
 }
 
 /// A Node object without an IPv6 address (a single-stack Node on a dual-stack host, say):
