@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kpng_api::peer::PeerIdentity;
-use kpng_runner::Pace;
+use kpng_backend::pace::Pace;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 

@@ -15,7 +15,7 @@
 //! A batch is one `nft` invocation, which sends one atomic netlink batch: one kernel
 //! transaction for every producer's changes at once. The aggregator's cost is therefore
 //! one process start (~10 ms) plus one transaction per batch, and batches are paced by the
-//! runner's policy ([`kpng_runner::Pace`]: a burst, then at most one per
+//! runner's policy ([`kpng_backend::pace::Pace`]: a burst, then at most one per
 //! `--min-sync-period`, and a rest after a long one), so changes that arrive meanwhile,
 //! element changes above all, coalesce into the next batch instead of each costing a
 //! transaction. The aggregator's own work is proportional to the change, not to the

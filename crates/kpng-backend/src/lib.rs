@@ -6,14 +6,17 @@
 //! starts with `Reset` and describes everything. A backend that cannot apply a change set
 //! returns a [`BackendError`] and must leave what was in force before.
 //!
-//! This crate depends only on the model (`kpng-model`), so a backend crate never pulls in
-//! the store, the projection or the runner that drives it (`kpng-runner`).
+//! This crate depends only on the model (`kpng-model`) and tokio's timers, so a backend
+//! crate never pulls in the store, the projection or the runner that drives it
+//! (`kpng-runner`).
 //!
 //! # Layout
 //! - [`backend`]: the [`Backend`] trait, [`ChangeSet`], [`BackendError`],
 //!   [`error_chain`], and [`Target`] (the kernel, or `--dry-run`'s output), which every
 //!   kernel backend's constructor takes.
 //! - [`metrics`]: backends' counters written as Prometheus counters.
+//! - [`pace`]: [`pace::Pace`], when the next batch of kernel work may start (a burst, then
+//!   one per period, and a rest after a long one): the runner's and the aggregator's.
 //! - [`proxy`]: proxy facts every dataplane shares, decided once above the backends
 //!   (local-traffic detection).
 //! - [`endpoints`]: which endpoints of a service port this node picks from (the Cluster
@@ -26,6 +29,7 @@
 pub mod backend;
 pub mod endpoints;
 pub mod metrics;
+pub mod pace;
 pub mod problems;
 pub mod proxy;
 pub mod unsupported;

@@ -6,7 +6,6 @@
 //! - [`slots`]: each backend's [`Standing`](slots::Standing) (due for
 //!   the whole state, or in sync), a state machine stepped by what happens to it, and the
 //!   delivery of change sets.
-//! - `pace`: [`Pace`], when the next sync may start (token bucket, rest after a long sync).
 //! - `stats`: [`NodeStats`] and [`Health`].
 //! - `remote`: [`run_remote`].
 //! - `stop`: [`Stop`].
@@ -19,13 +18,12 @@ use kpng_local::{NodeLocal, NodeProjector};
 use kpng_store::{Revision, StoreReader};
 use tokio::time::Instant;
 
-mod pace;
 mod remote;
 pub mod slots;
 mod stats;
 mod stop;
 
-pub use pace::{Pace, REST_AFTER, REST_MAX};
+pub use kpng_backend::pace::{Pace, REST_AFTER, REST_MAX, SYNC_BURST};
 pub use remote::run_remote;
 pub use stats::{Health, NodeStats, parse_rfc3339};
 pub use stop::Stop;
@@ -61,9 +59,6 @@ pub struct RunnerOptions {
 
 /// Updates of the node's own addresses (each the whole list), from whoever watches them.
 pub type AddressUpdates = tokio::sync::mpsc::Receiver<Vec<std::net::IpAddr>>;
-
-/// Change sets allowed back to back before `min_sync_period` paces them.
-pub const SYNC_BURST: f64 = 2.0;
 
 impl RunnerOptions {
     /// Options for `node` with the default retry delays (0.5 s doubling up to 30 s).

@@ -8,9 +8,9 @@ use kpng_backend::{Backend, ChangeSet};
 use kpng_model::{LocalState, Op};
 use tokio::time::Instant;
 
-use super::pace::Pace;
 use super::stats::op_service;
 use super::{NodeStats, RunnerError, RunnerOptions};
+use kpng_backend::pace::Pace;
 
 /// Where one backend stands with the node's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -370,19 +370,6 @@ async fn services_with_a_local_policy_and_no_local_endpoint_are_counted() {
     task.await.unwrap().unwrap();
 }
 
-#[tokio::test]
-async fn a_sync_with_a_token_left_starts_without_waiting_for_a_timer_tick() {
-    let mut pace = Pace::new(Duration::from_secs(1));
-    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    let mut ready = std::pin::pin!(pace.ready());
-    assert!(ready.as_mut().poll(&mut cx).is_ready(), "a token was left: no wait");
-
-    // Without tokens the sync waits for the refill.
-    let mut pace = Pace { tokens: 0.0, ..Pace::new(Duration::from_secs(1)) };
-    let mut ready = std::pin::pin!(pace.ready());
-    assert!(ready.as_mut().poll(&mut cx).is_pending(), "no token: wait for the refill");
-}
-
 #[tokio::test(start_paused = true)]
 async fn a_stopped_runner_applies_nothing_more() {
     let (mut writer, reader) = store(&[]);
@@ -432,42 +419,6 @@ async fn a_permanent_failure_ends_the_runner_instead_of_retrying() {
     assert_eq!(stats.failures(), 1, "tried once");
     let text = kpng_backend::error_chain(&error);
     assert!(text.contains("output closed"), "{text}");
-}
-
-#[tokio::test(start_paused = true)]
-async fn without_a_min_sync_period_only_a_long_sync_makes_the_next_wait() {
-    let mut pace = Pace::new(Duration::ZERO);
-    for _ in 0..10 {
-        assert_eq!(pace.next(), Instant::now(), "short syncs follow each other at once");
-        pace.spend();
-        pace.finished(Duration::from_micros(150));
-    }
-    pace.finished(Duration::from_millis(40));
-    assert_eq!(pace.next(), Instant::now() + Duration::from_millis(40), "rests as long");
-    tokio::time::sleep(Duration::from_millis(25)).await;
-    assert_eq!(pace.next(), Instant::now() + Duration::from_millis(15));
-    tokio::time::sleep(Duration::from_millis(15)).await;
-    assert_eq!(pace.next(), Instant::now());
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_rest_and_a_min_sync_period_both_hold() {
-    let mut pace = Pace::new(Duration::from_millis(50));
-    pace.spend();
-    pace.spend();
-    pace.finished(Duration::from_millis(80));
-    let now = Instant::now();
-    assert_eq!(pace.next(), now + Duration::from_millis(80), "the rest is the longer wait");
-    tokio::time::sleep(Duration::from_millis(80)).await;
-    assert_eq!(pace.next(), Instant::now(), "tokens refilled meanwhile");
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_one_off_long_sync_holds_back_the_next_change_briefly() {
-    let mut pace = Pace::new(Duration::ZERO);
-    // The whole state at start-up can take seconds at 30k services.
-    pace.finished(Duration::from_secs(5));
-    assert_eq!(pace.next(), Instant::now() + REST_MAX);
 }
 
 /// A backend whose every apply takes `took` of real time.
