@@ -6,10 +6,6 @@
 //! changes; a failed backend is retried with backoff and then given the full state again.
 //!
 //! # Layout
-//! - [`conntrack`]: which UDP flows are stale, and [`conntrack::FlowCleaner`],
-//!   the backend that removes them (conntrack entries, or connected sockets) after the
-//!   dataplanes applied a state, on a thread of its own through a [`conntrack::FlowTable`]
-//!   (ctnetlink for conntrack); conntrack tuning at start-up.
 //! - [`runner`]: [`run_node`], the loop from store revisions to backend change sets, its
 //!   counters ([`NodeStats`]), and [`runner::Stop`], which a process that is shutting down
 //!   sets so that no change set is applied after it.
@@ -21,7 +17,6 @@
 //! - `heap`: after each full sync, the allocator's free memory is given back to the system
 //!   (a full sync builds and frees the whole table at once); the crate's only unsafe code.
 
-pub mod conntrack;
 mod heap;
 pub mod json;
 pub mod lock;

@@ -200,10 +200,7 @@ fn init_only(global: &GlobalArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    global
-        .conntrack
-        .tuning()
-        .apply(&mut kpng_runner::conntrack::tuning::HostSysctls::default(), cpus);
+    global.conntrack.tuning().apply(&mut kpng_conntrack::tuning::HostSysctls::default(), cpus);
     if global.process.remove_kube_proxy {
         let failures = crate::leftovers::remove();
         if !failures.is_empty() {

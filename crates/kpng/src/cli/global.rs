@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::{Args, CommandFactory, Parser, ValueEnum};
+use kpng_conntrack::tuning::ConntrackTuning;
 use kpng_local::NodePortSelection;
-use kpng_runner::conntrack::tuning::ConntrackTuning;
 use kpng_runner::proxy::LocalDetection;
 
 /// Options for the whole process, accepted anywhere on the command line.

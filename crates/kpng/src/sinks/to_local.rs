@@ -4,12 +4,12 @@ use std::future::Future;
 use std::sync::Arc;
 
 use anyhow::Context;
-use kpng_local::NodeLocal;
-use kpng_nft::{AggregatorKernel, AggregatorTarget, NftBackend, NftOptions};
-use kpng_runner::conntrack::tuning::HostSysctls;
-use kpng_runner::conntrack::{
+use kpng_conntrack::tuning::HostSysctls;
+use kpng_conntrack::{
     CleanerMetrics, FlowCleaner, FlowError, FlowTable, Removed, StaleChecks, UdpCheck,
 };
+use kpng_local::NodeLocal;
+use kpng_nft::{AggregatorKernel, AggregatorTarget, NftBackend, NftOptions};
 use kpng_runner::lock::InstanceLock;
 use kpng_runner::runner::AddressUpdates;
 use kpng_runner::{Backend, JsonBackend, NodeStats, RunnerOptions, Target, run_node};

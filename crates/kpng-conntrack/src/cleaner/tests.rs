@@ -1,7 +1,7 @@
 use std::net::IpAddr;
 
 use super::*;
-use crate::conntrack::{ConntrackTable, Entry};
+use crate::{ConntrackTable, Entry};
 use kpng_netlink::NetlinkError;
 
 fn update(serving: &[&str], required: bool) -> Update {

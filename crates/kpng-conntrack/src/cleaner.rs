@@ -254,7 +254,7 @@ impl Cleanup {
             // Under a storm, rest as long as a slow cleanup took: what arrives meanwhile is
             // cleaned in one pass, and the thread takes at most half a core.
             let took = started.elapsed();
-            if took >= crate::runner::REST_AFTER {
+            if took >= kpng_backend::pace::REST_AFTER {
                 std::thread::sleep(took);
             }
         }
@@ -286,7 +286,7 @@ impl Cleanup {
             }
             Err(error) => {
                 self.stats.failures.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(error = %crate::error_chain(&*error), pending = self.pending.len(), "removing stale {} failed; it will be retried", self.table.flows());
+                tracing::warn!(error = %kpng_backend::error_chain(&*error), pending = self.pending.len(), "removing stale {} failed; it will be retried", self.table.flows());
                 false
             }
         }

@@ -1,4 +1,4 @@
-//! UDP flow cleanup, the same for every dataplane.
+//! UDP flow cleanup, the same for every dataplane, and conntrack tuning at start-up.
 //!
 //! UDP has no connection teardown, so a conntrack entry keeps sending a client's datagrams
 //! to the endpoint it first chose, even after that endpoint is gone (the classic DNS
@@ -13,6 +13,14 @@
 //! scaled to zero, and entries created before the rules existed (their reply source is the
 //! service address itself). TCP and SCTP flows are never touched. [`StaleChecks`] answers
 //! the question for one flow, for tables that are not dumped by destination.
+//!
+//! # Layout
+//! - this module: which UDP flows are stale ([`udp_checks`], [`stale`], [`StaleChecks`]).
+//! - `cleaner`: [`FlowCleaner`], the backend that follows the dataplanes and removes stale
+//!   flows on a thread of its own, retrying with backoff; [`CleanerMetrics`].
+//! - `table`: [`FlowTable`], where flows are removed, and conntrack's: [`ConntrackTable`],
+//!   [`Ctnetlink`].
+//! - [`tuning`]: conntrack's sysctls at start-up, as kube-proxy sets them.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
