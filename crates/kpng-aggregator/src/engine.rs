@@ -2,6 +2,7 @@
 //! leases of those who left, and the batch that commits everyone's changes in one
 //! transaction. Pure but for the [`Applier`](crate::Applier) it is handed; time is passed in.
 
+pub use kpng_aggregator_client::rejection::{EXCERPT, Rejection, excerpt};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
@@ -48,50 +49,6 @@ pub enum Binding {
     Known,
     /// The name was free and is this identity's from now on (to be saved).
     New,
-}
-
-/// A publication (or a batch's part of it) refused: returned to its producer, whose
-/// committed state stays as it was.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("producer {producer} revision {revision}: {object}: {message}")]
-pub struct Rejection {
-    /// The producer.
-    pub producer: String,
-    /// The revision refused (the latest pending one).
-    pub revision: u64,
-    /// The object, in nft syntax (`table ip t`, or the nft command that failed).
-    pub object: String,
-    /// What is wrong (for nft, its error text).
-    pub message: String,
-}
-
-/// Bytes of an object or a message a rejection carries: a publication's element may be a
-/// megabyte long, and neither the log nor the acknowledgement needs more than its start.
-pub const EXCERPT: usize = 200;
-
-impl Rejection {
-    /// A rejection whose object and message are cut to [`EXCERPT`] bytes, saying how long
-    /// they were.
-    pub fn new(producer: &str, revision: u64, object: String, message: String) -> Rejection {
-        Rejection {
-            producer: producer.to_string(),
-            revision,
-            object: excerpt(object),
-            message: excerpt(message),
-        }
-    }
-}
-
-/// `text` cut to [`EXCERPT`] bytes (at a character boundary), with its length when cut.
-pub fn excerpt(mut text: String) -> String {
-    if text.len() <= EXCERPT {
-        return text;
-    }
-    let length = text.len();
-    let cut = (0..=EXCERPT).rev().find(|at| text.is_char_boundary(*at)).unwrap_or(0);
-    text.truncate(cut);
-    text.push_str(&format!("... ({length} bytes)"));
-    text
 }
 
 /// What one batch did.

@@ -52,8 +52,10 @@
 //!   chain's rules, within one transaction.
 //!
 //! # Layout
-//! - [`model`]: tables, chains, sets, the updates a producer publishes, and validation.
-//! - [`parse`]: nft file structure into the model (`kpng publish --file`, adoption).
+//! - From `kpng-aggregator-client`, re-exported: [`model`] (tables, chains, sets, updates,
+//!   validation), [`parse`] (nft file structure into the model), [`updates`] (from one
+//!   desired state to the next), [`wire`] (`aggregatorv1` ↔ the model), [`client`] (a
+//!   producer's stream) and [`Rejection`]: what producers need, apart from the daemon.
 //! - [`diff`]: committed → desired as nft commands, in an order valid in one transaction.
 //! - [`changes`]: what a producer touched since its last batch: the objects a batch diffs,
 //!   commits or rolls back.
@@ -61,28 +63,21 @@
 //!   in a network namespace) and [`MemoryApplier`] (for tests).
 //! - [`engine`]: [`Aggregator`]: producers, ownership, leases, adoption, and the batch.
 //! - [`bindings`]: which identity owns each producer name, saved in a file.
-//! - [`updates`]: the updates from one desired state to the next (what a producer
-//!   publishes after its whole state).
 //! - [`daemon`]: the task that owns the [`Aggregator`], paces batches with the runner's
 //!   policy, ends leases and answers producers, reached through a [`daemon::Handle`].
-//! - [`wire`]: `aggregatorv1` messages ↔ the model.
 //! - [`service`]: the gRPC service `/aggregatorv1.Aggregator/Publish`.
-//! - [`client`]: a producer's stream and its acknowledgements.
 //! - [`metrics`]: `/metrics` text, per producer.
 
 pub mod applier;
 pub mod bindings;
 pub mod changes;
-pub mod client;
 pub mod daemon;
 pub mod diff;
 pub mod engine;
 pub mod metrics;
-pub mod model;
-pub mod parse;
 pub mod service;
-pub mod updates;
-pub mod wire;
+
+pub use kpng_aggregator_client::{client, model, parse, rejection, updates, wire};
 
 pub use applier::{Applier, MemoryApplier, NftApplier, NftError};
 pub use engine::{Aggregator, Batch, Binding, Refusal, Rejection};

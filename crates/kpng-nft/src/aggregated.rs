@@ -18,9 +18,11 @@ use std::collections::BTreeSet;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use kpng_aggregator::client::Publisher;
-use kpng_aggregator::{Chain, Family as TableFamily, Publication, Set, SetKind, State, TableKey};
-use kpng_aggregator::{Table, Update};
+use kpng_aggregator_client::client::Publisher;
+use kpng_aggregator_client::{
+    Chain, Family as TableFamily, Publication, Set, SetKind, State, TableKey,
+};
+use kpng_aggregator_client::{Table, Update};
 use kpng_api::{Address, Security};
 use kpng_model::Family;
 
@@ -253,7 +255,7 @@ pub fn translate(state: &mut State, plan: &Plan<'_>) -> Result<Vec<Update>, NftE
             Command::AddRule { chain, rule } => {
                 let found =
                     table.chains.get_mut(chain).ok_or_else(|| missing(&key, "chain", chain))?;
-                found.rules.push(kpng_aggregator::model::collapse(&rule.text));
+                found.rules.push(kpng_aggregator_client::model::collapse(&rule.text));
                 touched.insert((key, chain.clone()));
             }
             Command::Elements { add, map, elements } => {

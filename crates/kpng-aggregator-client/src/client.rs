@@ -7,8 +7,8 @@ use pb::aggregator_client::AggregatorClient;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
-use crate::engine::Rejection;
 use crate::model::Publication;
+use crate::rejection::Rejection;
 use crate::wire::publication_to_wire;
 
 /// What the aggregator answered about a revision.

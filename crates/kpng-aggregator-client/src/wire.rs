@@ -3,10 +3,10 @@
 use kpng_api::aggregatorv1 as pb;
 use pb::update::Op;
 
-use crate::engine::Rejection;
 use crate::model::{
     Chain, Family, ModelError, Publication, Set, SetKind, State, Table, TableKey, Update,
 };
+use crate::rejection::Rejection;
 
 /// A message that does not make a valid publication.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
