@@ -14,6 +14,10 @@ pub use objects::{ChainSpec, Hook, SetSpec};
 pub mod msg {
     /// Create a table.
     pub const NEWTABLE: u16 = 0;
+    /// The ruleset's generation (an answer, or a notification of a commit).
+    pub const NEWGEN: u16 = 15;
+    /// Ask for the ruleset's generation.
+    pub const GETGEN: u16 = 16;
     /// Dump tables.
     pub const GETTABLE: u16 = 1;
     /// Delete a table.

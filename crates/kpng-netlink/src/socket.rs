@@ -229,6 +229,38 @@ impl NetlinkSocket {
         }
     }
 
+    /// Sends one request that expects an answer and an acknowledgement (made with
+    /// [`crate::message::request`], `NLM_F_ACK` set) and returns the answer's body (after
+    /// the `nlmsghdr`).
+    pub fn get(&mut self, request: &[u8]) -> Result<Vec<u8>, NetlinkError> {
+        self.seq = self.seq.wrapping_add(1);
+        let mut request = request.to_vec();
+        request[8..12].copy_from_slice(&self.seq.to_ne_bytes());
+        self.send(&request)?;
+        let mut answer = None;
+        loop {
+            let datagram = self.receive()?;
+            for message in messages(&datagram) {
+                if message.seq != self.seq {
+                    continue;
+                }
+                match message.error_code() {
+                    Some(0) => {
+                        return answer.ok_or_else(|| NetlinkError::Io {
+                            op: "get",
+                            source: io::Error::other("acknowledged without an answer"),
+                        });
+                    }
+                    Some(code) => {
+                        let source = io::Error::from_raw_os_error(-code);
+                        return Err(NetlinkError::Io { op: "get", source });
+                    }
+                    None => answer = Some(message.body.to_vec()),
+                }
+            }
+        }
+    }
+
     /// Sends requests that each expect an acknowledgement (several per datagram) and
     /// returns the error code of each, in order (0: done).
     pub fn requests(&mut self, requests: &[Vec<u8>]) -> Result<Vec<i32>, NetlinkError> {

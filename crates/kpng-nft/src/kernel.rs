@@ -59,6 +59,12 @@ pub trait Kernel: Send {
         false
     }
 
+    /// The ruleset generation of the network namespace: every committed nf_tables
+    /// transaction, anyone's, increments it by one. `None` when the kernel cannot say.
+    fn generation(&mut self) -> Result<Option<u32>, NftError> {
+        Ok(None)
+    }
+
     /// Whether `ct helper` objects can be created (kube-nftlb's `helper` annotation).
     fn ct_helpers(&self) -> bool {
         true
@@ -325,6 +331,11 @@ impl Kernel for NetlinkKernel {
             self.read_family(family, &mut contents, &|_| true)?;
         }
         Ok(Some(contents))
+    }
+
+    fn generation(&mut self) -> Result<Option<u32>, NftError> {
+        let body = self.socket.get(&dump::generation_request()).map_err(NftError::Read)?;
+        Ok(dump::generation(&body))
     }
 
     fn read_unless_stale(

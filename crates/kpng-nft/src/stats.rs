@@ -23,6 +23,10 @@ pub struct NftStats {
     pub transaction_elements: Histogram,
     /// Clean-ups of another proxy's rules (kube-proxy's, when kpng replaces it) that failed.
     pub cleanup_failures: AtomicU64,
+    /// Verifications that read kpng's tables back.
+    pub readbacks: AtomicU64,
+    /// Verifications that read nothing back: no transaction was committed since kpng's.
+    pub readbacks_skipped: AtomicU64,
 }
 
 impl Default for NftStats {
@@ -37,6 +41,8 @@ impl Default for NftStats {
             // 1 to about 260,000 elements.
             transaction_elements: Histogram::new(exponential_buckets(1.0, 4.0, 10)),
             cleanup_failures: AtomicU64::default(),
+            readbacks: AtomicU64::default(),
+            readbacks_skipped: AtomicU64::default(),
         }
     }
 }
@@ -72,6 +78,16 @@ impl prometheus_client::collector::Collector for NftMetrics {
             ),
             ("kpng_nft_elements_added", "Set and map elements added.", &stats.elements_added),
             ("kpng_nft_elements_deleted", "Set and map elements deleted.", &stats.elements_deleted),
+            (
+                "kpng_nft_verification_readbacks",
+                "Verifications that read kpng's tables back from the kernel.",
+                &stats.readbacks,
+            ),
+            (
+                "kpng_nft_verification_readbacks_skipped",
+                "Verifications that read nothing back: the ruleset generation was still kpng's.",
+                &stats.readbacks_skipped,
+            ),
         ];
         kpng_backend::metrics::encode_counters(&mut encoder, &counters)?;
         let histograms = [

@@ -11,6 +11,24 @@ fn request(kind: u16, family: ProtoFamily, body: impl FnOnce(&mut Vec<u8>)) -> V
     crate::message::request(NFNL_SUBSYS_NFTABLES, kind, NLM_F_REQUEST | NLM_F_DUMP, family, body)
 }
 
+/// A request for the network namespace's ruleset generation: a number every committed
+/// nf_tables transaction (any process's, iptables-nft's included) increments by one.
+pub fn generation_request() -> Vec<u8> {
+    crate::message::request(
+        NFNL_SUBSYS_NFTABLES,
+        msg::GETGEN,
+        NLM_F_REQUEST | crate::message::NLM_F_ACK,
+        ProtoFamily::Unspec,
+        |_| {},
+    )
+}
+
+/// The generation in an answer to [`generation_request`].
+pub fn generation(body: &[u8]) -> Option<u32> {
+    let id = attr::find(&attr::parse(payload(body)), 1)?;
+    Some(u32::from_be_bytes(id.get(..4)?.try_into().ok()?))
+}
+
 /// A dump of every table of `family`.
 pub fn tables_request(family: ProtoFamily) -> Vec<u8> {
     request(msg::GETTABLE, family, |_| {})

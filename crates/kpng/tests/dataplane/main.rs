@@ -102,6 +102,7 @@ on_every_dataplane!(nft, crate::harness::Dataplane::Nft;
     parity::service_proxy_name_selects_the_services_kpng_proxies,
     repair::a_rejected_transaction_is_retried_and_the_table_rebuilt,
     repair::a_flushed_table_is_repaired_at_the_next_verification,
+    repair::idle_verifications_read_nothing_back_until_another_transaction,
     repair::deleted_and_foreign_rules_are_repaired,
     repair::a_refused_repair_keeps_every_rule_in_force,
     annotations::round_robin_takes_the_endpoints_in_turn,

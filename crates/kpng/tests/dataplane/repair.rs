@@ -303,3 +303,50 @@ pub fn detached_programs_and_a_recreated_cgroup_are_attached_again(dp: Dataplane
     wait_until("kpng said so", || kpng.log().contains("attaching it again"));
     translated("after a restart over a detached link", &kpng.log());
 }
+
+/// While the ruleset generation is still the one kpng's tables were known at, a
+/// verification reads nothing back; another process's transaction makes the next one read
+/// kpng's tables back (and find them intact).
+pub fn idle_verifications_read_nothing_back_until_another_transaction(dp: Dataplane) {
+    let mut cluster = Cluster::new();
+    cluster.add_pod("web-a", true, 10, &[8080]);
+    let manifests = [
+        service("web", "  clusterIP: 10.96.0.93\n", PORT_HTTP),
+        slice("web-1", "web", "IPv4", SLICE_HTTP, &[WEB_A]),
+    ]
+    .concat();
+    let kpng = Watched::start_with(&cluster, dp, &manifests, &["--sync-period", "200ms"]);
+    assert_eq!(reach(&cluster.client, "10.96.0.93:80").0, "web-a");
+    let metric = |name: &str| -> u64 {
+        let out = cluster
+            .node
+            .output("curl", &["-s", "--max-time", "2", "http://127.0.0.1:10249/metrics"]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        text.lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    let skipped = "kpng_nft_verification_readbacks_skipped_total";
+    let readbacks = "kpng_nft_verification_readbacks_total";
+    let repairs = "kpng_drift_repairs_total";
+    wait_until("idle verifications skip", || metric(skipped) >= 3);
+    let (read_before, skipped_before) = (metric(readbacks), metric(skipped));
+    wait_until("more idle verifications", || metric(skipped) >= skipped_before + 5);
+    assert_eq!(
+        metric(readbacks),
+        read_before,
+        "an idle verification read the tables back\n{}",
+        kpng.log()
+    );
+
+    // Another process's transaction: the next verification reads back, finds kpng's
+    // tables as committed, and repairs nothing.
+    let out = cluster.node.output("nft", &["add", "table", "ip", "someone-else"]);
+    assert!(out.status.success());
+    wait_until("a read-back after the foreign transaction", || metric(readbacks) > read_before);
+    assert_eq!(metric(repairs), 0, "{}", kpng.log());
+    let skipped_after = metric(skipped);
+    wait_until("skipping again", || metric(skipped) >= skipped_after + 3);
+    assert_eq!(reach(&cluster.client, "10.96.0.93:80").0, "web-a");
+}
