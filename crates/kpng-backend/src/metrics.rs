@@ -37,3 +37,18 @@ pub fn encode_counter_family<'a>(
     }
     Ok(())
 }
+
+/// Writes `metric` once per `ip_family`, the same value under each: kpng syncs both families
+/// at once, where kube-proxy runs a proxier per family.
+pub fn encode_per_family(
+    encoder: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    metric: &impl EncodeMetric,
+) -> Result<(), std::fmt::Error> {
+    let mut family = encoder.encode_descriptor(name, help, None, metric.metric_type())?;
+    for ip_family in IP_FAMILIES {
+        metric.encode(family.encode_family(&[("ip_family", ip_family)])?)?;
+    }
+    Ok(())
+}

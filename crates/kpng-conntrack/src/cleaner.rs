@@ -395,17 +395,12 @@ impl prometheus_client::collector::Collector for CleanerMetrics {
         ];
         kpng_backend::metrics::encode_counters(&mut encoder, &counters)?;
         if self.kube_proxy {
-            use prometheus_client::encoding::EncodeMetric;
-            let durations = &self.stats.durations;
-            let mut family = encoder.encode_descriptor(
+            kpng_backend::metrics::encode_per_family(
+                &mut encoder,
                 "kubeproxy_conntrack_reconciler_sync_duration_seconds",
                 "Time a UDP conntrack cleanup took (it covers both families).",
-                None,
-                durations.metric_type(),
+                &self.stats.durations,
             )?;
-            for ip_family in kpng_backend::metrics::IP_FAMILIES {
-                durations.encode(family.encode_family(&[("ip_family", ip_family)])?)?;
-            }
             let v6 = self.stats.deleted_v6.load(Ordering::Relaxed);
             let v4 = self.stats.deleted.load(Ordering::Relaxed).saturating_sub(v6);
             kpng_backend::metrics::encode_counter_family(

@@ -241,6 +241,7 @@ impl IptablesBackend {
         self.full_reads.done(started, Instant::now());
         self.commit(&plan, false)?;
         self.committed = self.desired.chains().clone();
+        self.recount_rules();
         self.sync = Sync::Synced;
         if plan.is_empty() {
             tracing::info!(
@@ -267,10 +268,12 @@ impl IptablesBackend {
         let plan = plan_chains(self.desired.chains(), &self.committed, &touched);
         self.commit(&plan, true)?;
         for key in &touched {
-            match self.desired.chains().get(key) {
+            let old = match self.desired.chains().get(key) {
                 Some(rules) => self.committed.insert(key.clone(), rules.clone()),
                 None => self.committed.remove(key),
             };
+            let new = self.committed.get(key).map_or(0, Vec::len);
+            self.count_rules(key, old.map_or(0, |r| r.len()), new);
         }
         Ok(plan)
     }
@@ -309,8 +312,16 @@ impl IptablesBackend {
         Ok(())
     }
 
-    /// Counts the rules kpng owns, by family and table, for kube-proxy's metrics.
-    fn count_rules(&self) {
+    /// Moves the count of rules kpng owns (kube-proxy's metrics) by one chain's change:
+    /// per-change work stays proportional to the change.
+    fn count_rules(&self, (family, table, _): &ChainKey, old: usize, new: usize) {
+        let rules = &self.stats.by_family[family_index(*family)].rules[table_index(*table)];
+        rules.fetch_add(new as u64, Ordering::Relaxed);
+        rules.fetch_sub(old as u64, Ordering::Relaxed);
+    }
+
+    /// Counts the rules kpng owns afresh, after a whole state (a change adjusts them).
+    fn recount_rules(&self) {
         let mut counts = [[0u64; 2]; 2];
         for ((family, table, _), rules) in &self.committed {
             counts[family_index(*family)][table_index(*table)] += rules.len() as u64;
@@ -413,7 +424,6 @@ impl Backend for IptablesBackend {
                 Ok(())
             }
             Ok(plan) => {
-                self.count_rules();
                 let (written, deleted) = plan.counts();
                 let done = kpng_backend::backend::done(self.dry_run, "restored");
                 tracing::info!(written, deleted, chains = self.committed.len(), took = ?start.elapsed(), "iptables rules {done}");

@@ -77,15 +77,15 @@ pub fn udp_socket(body: &[u8]) -> Option<UdpSocket> {
         _ => return None,
     };
     let word = |at: usize| u32::from_ne_bytes([id[at], id[at + 1], id[at + 2], id[at + 3]]);
-    let address = |at: usize| -> IpAddr {
-        let bytes: [u8; 16] = id[at..at + 16].try_into().expect("16 bytes");
-        match v6 {
+    let address = |at: usize| -> Option<IpAddr> {
+        let bytes: [u8; 16] = id.get(at..at + 16)?.try_into().ok()?;
+        Some(match v6 {
             false => Ipv4Addr::new(bytes[0], bytes[1], bytes[2], bytes[3]).into(),
             true => Ipv6Addr::from(bytes).into(),
-        }
+        })
     };
-    let local = SocketAddr::new(address(4), u16::from_be_bytes([id[0], id[1]]));
-    let remote = SocketAddr::new(address(20), u16::from_be_bytes([id[2], id[3]]));
+    let local = SocketAddr::new(address(4)?, u16::from_be_bytes([id[0], id[1]]));
+    let remote = SocketAddr::new(address(20)?, u16::from_be_bytes([id[2], id[3]]));
     let cookie = u64::from(word(40)) | (u64::from(word(44)) << 32);
     Some(UdpSocket { v6, local, remote, interface: word(36), cookie })
 }

@@ -33,20 +33,6 @@ fn gauge(encoder: &mut DescriptorEncoder, name: &str, help: &str, value: f64) ->
     metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
 }
 
-/// `metric` once per `ip_family` (kpng syncs both families at once: the same value).
-fn per_family(
-    encoder: &mut DescriptorEncoder,
-    name: &str,
-    help: &str,
-    metric: &impl EncodeMetric,
-) -> std::fmt::Result {
-    let mut family = encoder.encode_descriptor(name, help, None, metric.metric_type())?;
-    for ip_family in kpng_backend::metrics::IP_FAMILIES {
-        metric.encode(family.encode_family(&[("ip_family", ip_family)])?)?;
-    }
-    Ok(())
-}
-
 impl Collector for Metrics {
     fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
         if let Some(reader) = &self.sources.reader {
@@ -127,7 +113,7 @@ impl Collector for Metrics {
                 .last_applied
                 .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
                 .map_or(0.0, |d| d.as_secs_f64());
-            per_family(
+            kpng_backend::metrics::encode_per_family(
                 &mut encoder,
                 "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
                 "When the backends last held the node's whole current state.",
@@ -138,7 +124,7 @@ impl Collector for Metrics {
                 .last_queued
                 .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
                 .map_or(0.0, |d| d.as_secs_f64());
-            per_family(
+            kpng_backend::metrics::encode_per_family(
                 &mut encoder,
                 "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
                 "When the node's state last changed, queueing a sync.",
@@ -166,7 +152,7 @@ impl Collector for Metrics {
                     stats.network_programming(),
                 ),
             ] {
-                per_family(&mut encoder, name, help, histogram)?;
+                kpng_backend::metrics::encode_per_family(&mut encoder, name, help, histogram)?;
             }
             let (services, endpoints) = stats.pending_changes();
             gauge(
