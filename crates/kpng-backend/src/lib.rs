@@ -32,6 +32,7 @@ pub mod metrics;
 pub mod pace;
 pub mod problems;
 pub mod proxy;
+pub mod reconcile;
 pub mod unsupported;
 
 pub use backend::{Backend, BackendError, ChangeSet, Target, error_chain};

@@ -1,0 +1,530 @@
+//! The template every kernel backend is an instance of: a [`Reconciler`] that owns the
+//! change path, and the two things a backend supplies, how a service renders into kernel
+//! objects ([`Render`]) and a kernel that reads them back and commits a plan ([`Kernel`]).
+//!
+//! The reconciler owns everything else, once for every dataplane:
+//! - the loop over the services a change set touched (every service when the node's facts
+//!   that shape them change);
+//! - one owner-keyed table of what each service wants and what the kernel holds
+//!   ([`Objects`]), where two services wanting one key resolve the same way whatever the
+//!   order of events;
+//! - the plan of differences, ordered by [`Rank`] so that a reader never sees an object
+//!   before what it refers to, and committed in the unit the kernel declares ([`Unit`]);
+//! - resets: at start-up, and after a failure or a drift (the runner then sends the whole
+//!   state), the kernel's objects are read back and only what differs is written, so a
+//!   restart over a right kernel writes nothing and a damaged one is repaired in place;
+//! - verification, once per sync period: faults beyond objects (a detached hook), then the
+//!   objects read back and compared; a kernel that counts its commits ([`Kernel::generation`])
+//!   is read back only when another process committed since kpng, and once in
+//!   [`FULL_READ_EVERY`] regardless;
+//! - the counters every backend reports ([`Stats`]), under the backend's prefix.
+//!
+//! Retrying with backoff is the runner's: a failed change set returns an error, and the
+//! runner sends the whole state later, which the reconciler treats as a reset. A
+//! reconciler whose commit failed treats its next change set as a reset whatever it says.
+//!
+//! # Layout
+//! - this file: [`Kernel`], [`Render`], [`Reconciler`], [`Stats`].
+//! - [`plan`]: [`Plan`], [`Rank`] and [`Unit`].
+//! - [`objects`]: [`Objects`], the owner-keyed table, and [`Wanted`], one owner's render.
+//! - [`memory`]: [`MemoryKernel`], a kernel in memory (tests, examples, `--dry-run`).
+
+use std::collections::HashMap;
+use std::fmt::Debug;
+use std::hash::Hash;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use kpng_model::global::{AnnotationKey, LoadBalancing};
+use kpng_model::local::LocalServiceState;
+use kpng_model::{LocalState, ServiceKey};
+
+use crate::{Backend, BackendError, ChangeSet, Problems};
+
+pub mod memory;
+pub mod objects;
+pub mod plan;
+
+pub use memory::MemoryKernel;
+pub use objects::{Objects, Owner, Wanted};
+pub use plan::{Plan, Rank, Unit};
+
+/// A verification reads the kernel back at least once in this many, even when its
+/// generation says nothing changed: a safety net, not the means.
+pub const FULL_READ_EVERY: u32 = 60;
+
+/// Every object a kernel holds, by key.
+pub type Held<K> = HashMap<<K as Kernel>::Key, <K as Kernel>::Value>;
+
+/// Where a backend's objects live: read back whole, and changed by plans.
+pub trait Kernel: Send {
+    /// An object's key.
+    type Key: Clone + Ord + Hash + Rank + Debug + Send;
+    /// An object's value.
+    type Value: Clone + Eq + Debug + Send;
+    /// The kernel's errors.
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// What one [`commit`](Self::commit) applies at once.
+    const UNIT: Unit;
+
+    /// What this kernel's commit is called in logs (`committed`, `written`, `restored`).
+    const APPLIED: &'static str = "committed";
+
+    /// Every object kpng's part of the kernel holds, or `None` when nothing is installed
+    /// yet. Called at every reset and at verifications, never on the change path.
+    fn read(&mut self) -> Result<Option<Held<Self>>, Self::Error>;
+
+    /// Called at every reset, before its plan is committed: installs or repairs what is not
+    /// an object (hooks, programs, tables sized for `after`, what the kernel will hold).
+    /// `installed` says whether [`read`](Self::read) found anything.
+    fn prepare(
+        &mut self,
+        after: &HashMap<Self::Key, Self::Value>,
+        installed: bool,
+    ) -> Result<(), Self::Error> {
+        let _ = (after, installed);
+        Ok(())
+    }
+
+    /// Applies `plan` in the kernel's [`UNIT`](Self::UNIT). `after` is what the kernel
+    /// holds once it is in, for a kernel that must rebuild (maps grown).
+    fn commit(
+        &mut self,
+        plan: &Plan<Self::Key, Self::Value>,
+        after: &HashMap<Self::Key, Self::Value>,
+    ) -> Result<(), Self::Error>;
+
+    /// A number the kernel moves at every commit by any process, when it has one (the
+    /// nf_tables ruleset generation): while it stays where kpng's own commit left it,
+    /// nothing can have changed kpng's objects.
+    fn generation(&mut self) -> Option<u64> {
+        None
+    }
+
+    /// What is wrong beyond the objects (a program detached behind kpng's back), checked at
+    /// each verification; the next reset's [`prepare`](Self::prepare) repairs it.
+    fn faults(&mut self) -> Result<Vec<String>, Self::Error> {
+        Ok(Vec::new())
+    }
+
+    /// Whether retrying cannot mend `error` (the output is gone).
+    fn is_permanent(error: &Self::Error) -> bool {
+        let _ = error;
+        false
+    }
+}
+
+/// How services render into a backend's objects.
+pub trait Render: Send {
+    /// An object's key.
+    type Key: Clone + Ord + Hash + Rank + Debug + Send;
+    /// An object's value.
+    type Value: Clone + Eq + Debug + Send;
+    /// What of the node shapes services' objects (NodePort addresses, say): when it
+    /// changes, every service renders again.
+    type Facts: Clone + PartialEq + Send;
+    /// Why a service could not render.
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// The facts of `state`'s node.
+    fn facts(&self, state: &LocalState) -> Self::Facts;
+
+    /// The node's own objects (none by default).
+    fn node(&mut self, facts: &Self::Facts) -> Wanted<Self::Key, Self::Value> {
+        let _ = facts;
+        Wanted::default()
+    }
+
+    /// One service's objects. At a reset, `held` is what the kernel held, so positions
+    /// (endpoint slots) can be kept; on a change it is `None` and the render's own memory
+    /// serves.
+    fn service(
+        &mut self,
+        facts: &Self::Facts,
+        service: &LocalServiceState,
+        held: Option<&HashMap<Self::Key, Self::Value>>,
+    ) -> Result<Wanted<Self::Key, Self::Value>, Self::Error>;
+
+    /// `key` is gone: forget what was kept for it.
+    fn forget(&mut self, key: &ServiceKey) {
+        let _ = key;
+    }
+
+    /// A reset starts: forget what was kept for every service.
+    fn reset(&mut self) {}
+
+    /// The kube-nftlb settings of a service this dataplane does not enforce
+    /// ([`Backend::unsupported`]).
+    fn unsupported(&self, lb: &LoadBalancing) -> Vec<(AnnotationKey, &'static str)>;
+}
+
+/// The counters every reconciler keeps, shared with whoever reports them.
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Plans committed (change sets and resets that wrote something).
+    pub commits: AtomicU64,
+    /// Object writes committed (upserts and deletions).
+    pub writes: AtomicU64,
+    /// Change sets that failed (a render refused, a commit refused).
+    pub failures: AtomicU64,
+    /// Verifications that read the kernel back.
+    pub readbacks: AtomicU64,
+    /// Verifications that read nothing back: the kernel's generation was kpng's.
+    pub readbacks_skipped: AtomicU64,
+    /// Verifications that found the kernel changed behind kpng's back.
+    pub drifts: AtomicU64,
+    /// Objects the kernel holds, as last committed.
+    pub objects: AtomicU64,
+}
+
+impl Stats {
+    /// Writes the counters as `kpng_<prefix>_...` metrics.
+    pub fn encode(
+        &self,
+        encoder: &mut prometheus_client::encoding::DescriptorEncoder<'_>,
+        prefix: &str,
+    ) -> Result<(), std::fmt::Error> {
+        let name = |what: &str| format!("kpng_{prefix}_{what}");
+        let counters = [
+            (name("commits"), "Plans committed to the kernel.", &self.commits),
+            (
+                name("object_writes"),
+                "Object writes committed (upserts and deletions).",
+                &self.writes,
+            ),
+            (name("commit_failures"), "Change sets that could not be applied.", &self.failures),
+            (
+                name("verification_readbacks"),
+                "Verifications that read the kernel back.",
+                &self.readbacks,
+            ),
+            (
+                name("verification_readbacks_skipped"),
+                "Verifications that read nothing back: no other process had committed since kpng.",
+                &self.readbacks_skipped,
+            ),
+            (
+                name("drifts"),
+                "Verifications that found the kernel changed behind kpng's back.",
+                &self.drifts,
+            ),
+        ];
+        let refs: Vec<(&str, &str, &AtomicU64)> =
+            counters.iter().map(|(n, h, v)| (n.as_str(), *h, *v)).collect();
+        crate::metrics::encode_counters(encoder, &refs)?;
+        let gauge = prometheus_client::metrics::gauge::ConstGauge::new(
+            self.objects.load(Ordering::Relaxed) as i64,
+        );
+        let objects = name("objects");
+        let metric = encoder.encode_descriptor(
+            &objects,
+            "Objects the kernel holds, as last committed.",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        prometheus_client::encoding::EncodeMetric::encode(&gauge, metric)
+    }
+}
+
+/// Why a change set failed: a render or the kernel.
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError<R: std::error::Error + 'static, K: std::error::Error + 'static> {
+    /// A service could not render.
+    #[error("service {service} could not be rendered")]
+    Render {
+        /// The service.
+        service: ServiceKey,
+        /// Why.
+        #[source]
+        source: R,
+    },
+    /// The kernel could not be read back.
+    #[error("kpng's objects could not be read back")]
+    Read(#[source] K),
+    /// What is not an object could not be installed or repaired.
+    #[error("the kernel could not be prepared")]
+    Prepare(#[source] K),
+    /// The kernel refused the plan.
+    #[error("the kernel refused a plan of {writes} writes")]
+    Commit {
+        /// The plan's writes.
+        writes: usize,
+        /// Why.
+        #[source]
+        source: K,
+    },
+}
+
+/// A backend made of a [`Render`] and a [`Kernel`].
+pub struct Reconciler<R, K>
+where
+    R: Render,
+    K: Kernel<Key = R::Key, Value = R::Value>,
+{
+    name: &'static str,
+    render: R,
+    kernel: K,
+    objects: Objects<R::Key, R::Value>,
+    /// The facts services were last rendered with; `None` until a reset succeeds, and
+    /// after a failure.
+    facts: Option<R::Facts>,
+    stats: Arc<Stats>,
+    problems: Problems,
+    dry_run: bool,
+    known_generation: Option<u64>,
+    skipped: u32,
+}
+
+type Failure<R, K> = ReconcileError<<R as Render>::Error, <K as Kernel>::Error>;
+
+impl<R, K> Reconciler<R, K>
+where
+    R: Render,
+    K: Kernel<Key = R::Key, Value = R::Value>,
+{
+    /// The backend `name` (as on the command line) rendering with `render` into `kernel`.
+    pub fn new(name: &'static str, render: R, kernel: K) -> Self {
+        Reconciler {
+            name,
+            render,
+            kernel,
+            objects: Objects::new(),
+            facts: None,
+            stats: Arc::default(),
+            problems: Problems::default(),
+            dry_run: false,
+            known_generation: None,
+            skipped: 0,
+        }
+    }
+
+    /// Logs say that plans were printed, not applied (`--dry-run`).
+    pub fn with_dry_run(mut self, dry_run: bool) -> Self {
+        self.dry_run = dry_run;
+        self
+    }
+
+    /// Reports the kernel's faults to `problems` (which `/readyz` lists) until repaired.
+    pub fn with_problems(mut self, problems: Problems) -> Self {
+        self.problems = problems;
+        self
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> Arc<Stats> {
+        self.stats.clone()
+    }
+
+    /// What the kernel holds, as far as the commits say.
+    pub fn held(&self) -> &HashMap<R::Key, R::Value> {
+        self.objects.held()
+    }
+
+    /// The kernel.
+    pub fn kernel(&self) -> &K {
+        &self.kernel
+    }
+
+    /// The kernel, to change (tests tamper with it).
+    pub fn kernel_mut(&mut self) -> &mut K {
+        &mut self.kernel
+    }
+
+    /// The render.
+    pub fn render(&self) -> &R {
+        &self.render
+    }
+
+    /// Reads the kernel back, renders every service, and commits what differs.
+    fn reset(&mut self, state: &LocalState) -> Result<Plan<R::Key, R::Value>, Failure<R, K>> {
+        let held = self.kernel.read().map_err(ReconcileError::Read)?;
+        let installed = held.is_some();
+        let held = held.unwrap_or_default();
+        let facts = self.render.facts(state);
+        self.render.reset();
+        let mut renders = Vec::with_capacity(state.services.len() + 1);
+        renders.push((Owner::Node, Some(self.render.node(&facts))));
+        for (key, service) in &state.services {
+            let wanted = self
+                .render
+                .service(&facts, service, Some(&held))
+                .map_err(|source| ReconcileError::Render { service: key.clone(), source })?;
+            renders.push((Owner::Service(key.clone()), Some(wanted)));
+        }
+        let plan = self.objects.replace_all(held, renders);
+        self.kernel.prepare(self.objects.held(), installed).map_err(ReconcileError::Prepare)?;
+        self.problems.clear(self.name);
+        self.commit(&plan)?;
+        self.facts = Some(facts);
+        Ok(plan)
+    }
+
+    /// Renders the services a change set touched and commits what differs.
+    fn update(&mut self, changes: &ChangeSet<'_>) -> Result<Plan<R::Key, R::Value>, Failure<R, K>> {
+        let state = changes.state;
+        let (mut keys, _) = changes.touched();
+        let facts = self.render.facts(state);
+        let renew = self.facts.as_ref() != Some(&facts);
+        if renew {
+            keys.extend(state.services.keys().cloned());
+            keys.extend(self.objects.services().cloned());
+            keys.sort();
+            keys.dedup();
+        }
+        let mut renders = Vec::with_capacity(keys.len() + 1);
+        if renew {
+            renders.push((Owner::Node, Some(self.render.node(&facts))));
+        }
+        for key in keys {
+            let wanted = match state.services.get(&key) {
+                Some(service) => {
+                    Some(self.render.service(&facts, service, None).map_err(|source| {
+                        ReconcileError::Render { service: key.clone(), source }
+                    })?)
+                }
+                None => {
+                    self.render.forget(&key);
+                    None
+                }
+            };
+            renders.push((Owner::Service(key), wanted));
+        }
+        let plan = self.objects.update(renders);
+        self.commit(&plan)?;
+        self.facts = Some(facts);
+        Ok(plan)
+    }
+
+    fn commit(&mut self, plan: &Plan<R::Key, R::Value>) -> Result<(), Failure<R, K>> {
+        if plan.is_empty() {
+            return Ok(());
+        }
+        // The generation before and after: one more means the commit was kpng's alone.
+        let before = self.kernel.generation();
+        self.known_generation = None;
+        self.kernel
+            .commit(plan, self.objects.held())
+            .map_err(|source| ReconcileError::Commit { writes: plan.len(), source })?;
+        let after = self.kernel.generation();
+        if before.is_some_and(|b| after == Some(b.wrapping_add(1))) {
+            self.known_generation = after;
+        }
+        self.stats.commits.fetch_add(1, Ordering::Relaxed);
+        self.stats.writes.fetch_add(plan.len() as u64, Ordering::Relaxed);
+        self.stats.objects.store(self.objects.held().len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn backend_error(&self, error: Failure<R, K>) -> BackendError {
+        let permanent = match &error {
+            ReconcileError::Read(e)
+            | ReconcileError::Prepare(e)
+            | ReconcileError::Commit { source: e, .. } => K::is_permanent(e),
+            ReconcileError::Render { .. } => false,
+        };
+        let error = BackendError::new(self.name, error);
+        match permanent {
+            true => error.permanent(),
+            false => error,
+        }
+    }
+}
+
+impl<R, K> Backend for Reconciler<R, K>
+where
+    R: Render,
+    K: Kernel<Key = R::Key, Value = R::Value>,
+{
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn unsupported(&self, lb: &LoadBalancing) -> Vec<(AnnotationKey, &'static str)> {
+        self.render.unsupported(lb)
+    }
+
+    fn apply(&mut self, changes: &ChangeSet<'_>) -> Result<(), BackendError> {
+        let start = Instant::now();
+        let result = match changes.is_reset() || self.facts.is_none() {
+            true => self.reset(changes.state),
+            false => self.update(changes),
+        };
+        match result {
+            Ok(plan) if plan.is_empty() => {
+                let objects = self.objects.held().len();
+                tracing::debug!(backend = self.name, objects, "nothing to change");
+                Ok(())
+            }
+            Ok(plan) => {
+                tracing::info!(
+                    backend = self.name,
+                    upserted = plan.upserts.len(),
+                    deleted = plan.deletes.len(),
+                    objects = self.objects.held().len(),
+                    took = ?start.elapsed(),
+                    "{}: plan {}",
+                    self.name,
+                    crate::backend::done(self.dry_run, K::APPLIED)
+                );
+                Ok(())
+            }
+            Err(error) => {
+                self.stats.failures.fetch_add(1, Ordering::Relaxed);
+                self.facts = None;
+                self.known_generation = None;
+                Err(self.backend_error(error))
+            }
+        }
+    }
+
+    fn verify(&mut self) -> Result<bool, BackendError> {
+        if self.facts.is_none() {
+            return Ok(true);
+        }
+        let faults =
+            self.kernel.faults().map_err(|e| self.backend_error(ReconcileError::Read(e)))?;
+        if !faults.is_empty() {
+            let text = format!("{}: {} (repairing)", self.name, faults.join(", "));
+            tracing::warn!(backend = self.name, faults = ?faults, "the kernel changed behind kpng's back: repairing");
+            self.problems.report(self.name, text);
+            self.stats.drifts.fetch_add(1, Ordering::Relaxed);
+            return Ok(false);
+        }
+        let before = self.kernel.generation();
+        if before.is_some() && before == self.known_generation && self.skipped + 1 < FULL_READ_EVERY
+        {
+            self.skipped += 1;
+            self.stats.readbacks_skipped.fetch_add(1, Ordering::Relaxed);
+            return Ok(true);
+        }
+        self.skipped = 0;
+        self.stats.readbacks.fetch_add(1, Ordering::Relaxed);
+        let read = self.kernel.read().map_err(|e| self.backend_error(ReconcileError::Read(e)))?;
+        let held = read.unwrap_or_default();
+        let expected = self.objects.held();
+        if held == *expected {
+            // Read back unchanged while the generation held: known from there on.
+            let after = self.kernel.generation();
+            self.known_generation = before.filter(|_| after == before);
+            return Ok(true);
+        }
+        self.known_generation = None;
+        let missing: Vec<&R::Key> = expected.keys().filter(|k| !held.contains_key(k)).collect();
+        let changed = expected.iter().filter(|(k, v)| held.get(*k).is_some_and(|h| h != *v));
+        let changed: Vec<&R::Key> = changed.map(|(k, _)| k).collect();
+        let foreign: Vec<&R::Key> = held.keys().filter(|k| !expected.contains_key(k)).collect();
+        let first = missing.iter().chain(&changed).chain(&foreign).next().map(|k| format!("{k:?}"));
+        tracing::warn!(
+            backend = self.name,
+            missing = missing.len(),
+            changed = changed.len(),
+            foreign = foreign.len(),
+            first = first.unwrap_or_default(),
+            "the kernel no longer holds what kpng committed: repairing"
+        );
+        self.stats.drifts.fetch_add(1, Ordering::Relaxed);
+        Ok(false)
+    }
+}

@@ -1,0 +1,329 @@
+//! [`Objects`]: what each owner wants in the kernel, what the kernel holds, and the plan
+//! between the two.
+//!
+//! Each owner (the node, or a service) claims the keys of its render. Owners share a key
+//! when they want the same thing (a cluster IP listed once for two services). When they
+//! want different values, the claim that sorts first is in force: claims that yield (a
+//! NodePort frontend on an address another service names with that port) sort after the
+//! others, then owners in the order they first claimed anything, the node first. So the
+//! result never depends on the order of events beyond that.
+//!
+//! Kept in one file on purpose: who owns an object and the plan that follows from it are
+//! one algorithm.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::Hash;
+
+use kpng_model::ServiceKey;
+
+use super::plan::{Plan, Rank};
+
+/// What one owner wants in the kernel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Wanted<K, V> {
+    /// Every object, by key.
+    pub objects: BTreeMap<K, V>,
+    /// The keys among `objects` that give way to another owner's claim on the same key.
+    pub yielding: BTreeSet<K>,
+}
+
+impl<K, V> Default for Wanted<K, V> {
+    fn default() -> Self {
+        Wanted { objects: BTreeMap::new(), yielding: BTreeSet::new() }
+    }
+}
+
+impl<K: Ord, V> Wanted<K, V> {
+    /// These objects, none of them yielding.
+    pub fn objects(objects: impl IntoIterator<Item = (K, V)>) -> Self {
+        Wanted { objects: objects.into_iter().collect(), yielding: BTreeSet::new() }
+    }
+}
+
+/// Who wants objects: the node (whose claims come first), or a service.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Owner {
+    /// The node's own objects.
+    Node,
+    /// A service's objects.
+    Service(ServiceKey),
+}
+
+/// One owner's claim on a key. Fields compare in order: yielding claims last, then owners
+/// by number (the node is 0, services in the order of their first claim).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Claim {
+    yielding: bool,
+    owner: u32,
+}
+
+/// What every owner wants and what the kernel holds.
+#[derive(Debug)]
+pub struct Objects<K, V> {
+    numbers: HashMap<Owner, u32>,
+    next: u32,
+    wanted: HashMap<u32, Wanted<K, V>>,
+    claims: HashMap<K, Vec<Claim>>,
+    held: HashMap<K, V>,
+}
+
+impl<K, V> Default for Objects<K, V> {
+    fn default() -> Self {
+        Objects {
+            numbers: HashMap::new(),
+            next: 1,
+            wanted: HashMap::new(),
+            claims: HashMap::new(),
+            held: HashMap::new(),
+        }
+    }
+}
+
+/// An owner's new wants, or `None` when it wants nothing any more.
+pub type Render<K, V> = (Owner, Option<Wanted<K, V>>);
+
+impl<K, V> Objects<K, V>
+where
+    K: Clone + Ord + Hash + Rank,
+    V: Clone + Eq,
+{
+    /// Nothing wanted, nothing held.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// What the kernel holds, as far as the plans committed say.
+    pub fn held(&self) -> &HashMap<K, V> {
+        &self.held
+    }
+
+    /// The value the kernel holds at `key`.
+    pub fn held_value(&self, key: &K) -> Option<&V> {
+        self.held.get(key)
+    }
+
+    /// The services that want something.
+    pub fn services(&self) -> impl Iterator<Item = &ServiceKey> {
+        self.numbers.keys().filter_map(|o| match o {
+            Owner::Service(key) => Some(key),
+            Owner::Node => None,
+        })
+    }
+
+    /// Forgets every owner and takes `held` as what the kernel holds (read back at a
+    /// restart, or at a reset after a failure).
+    pub fn adopt(&mut self, held: HashMap<K, V>) {
+        *self = Objects { held, ..Objects::default() };
+    }
+
+    /// Replaces what the given owners want and returns the plan that brings the kernel
+    /// there. The plan counts as held from now on: a failed commit is followed by a reset
+    /// ([`Objects::replace_all`]) with what the kernel really holds.
+    pub fn update(&mut self, renders: Vec<Render<K, V>>) -> Plan<K, V> {
+        let affected = self.claim(renders);
+        self.plan(affected)
+    }
+
+    /// Starts over from `held` (what the kernel holds) and `renders` (every owner): the
+    /// plan that leaves exactly the wanted objects.
+    pub fn replace_all(&mut self, held: HashMap<K, V>, renders: Vec<Render<K, V>>) -> Plan<K, V> {
+        self.adopt(held);
+        self.claim(renders);
+        let keys: BTreeSet<K> = self.held.keys().chain(self.claims.keys()).cloned().collect();
+        self.plan(keys)
+    }
+
+    fn number(&mut self, owner: &Owner) -> u32 {
+        if let Some(n) = self.numbers.get(owner) {
+            return *n;
+        }
+        let n = match owner {
+            Owner::Node => 0,
+            Owner::Service(_) => {
+                self.next += 1;
+                self.next - 1
+            }
+        };
+        self.numbers.insert(owner.clone(), n);
+        n
+    }
+
+    fn value_of(&self, key: &K, claim: &Claim) -> Option<&V> {
+        self.wanted.get(&claim.owner)?.objects.get(key)
+    }
+
+    /// Records what `renders` want; returns the keys whose value may have changed.
+    fn claim(&mut self, renders: Vec<Render<K, V>>) -> BTreeSet<K> {
+        let mut affected = BTreeSet::new();
+        for (owner, new) in renders {
+            if new.is_none() && !self.numbers.contains_key(&owner) {
+                continue;
+            }
+            let number = self.number(&owner);
+            let old = self.wanted.remove(&number).unwrap_or_default();
+            let new = new.unwrap_or_default();
+            let claim_of = |wanted: &Wanted<K, V>, key: &K| Claim {
+                yielding: wanted.yielding.contains(key),
+                owner: number,
+            };
+            for key in old.objects.keys() {
+                let before = claim_of(&old, key);
+                if new.objects.contains_key(key) && claim_of(&new, key) == before {
+                    continue;
+                }
+                if let Some(claims) = self.claims.get_mut(key) {
+                    claims.retain(|c| *c != before);
+                    if claims.is_empty() {
+                        self.claims.remove(key);
+                    }
+                }
+                affected.insert(key.clone());
+            }
+            for (key, value) in &new.objects {
+                let claim = claim_of(&new, key);
+                let claims = self.claims.entry(key.clone()).or_default();
+                if let Err(at) = claims.binary_search(&claim) {
+                    claims.insert(at, claim);
+                    affected.insert(key.clone());
+                } else if old.objects.get(key) != Some(value) {
+                    affected.insert(key.clone());
+                }
+            }
+            if new.objects.is_empty() {
+                self.numbers.remove(&owner);
+            } else {
+                self.wanted.insert(number, new);
+            }
+        }
+        affected
+    }
+
+    fn plan(&mut self, keys: BTreeSet<K>) -> Plan<K, V> {
+        let mut plan = Plan::default();
+        for key in keys {
+            let wanted = self.claims.get(&key).and_then(|c| self.value_of(&key, c.first()?));
+            match (wanted.cloned(), self.held.get(&key)) {
+                (Some(value), Some(held)) if value == *held => {}
+                (Some(value), _) => {
+                    let old = self.held.insert(key.clone(), value.clone());
+                    plan.upserts.push((key, old, value));
+                }
+                (None, Some(_)) => {
+                    if let Some(old) = self.held.remove(&key) {
+                        plan.deletes.push((key, old));
+                    }
+                }
+                (None, None) => {}
+            }
+        }
+        plan.order();
+        plan
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A key of two kinds: `A` objects are written before `B` ones.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+    enum Key {
+        B(u16),
+        A(u16),
+    }
+
+    impl Rank for Key {
+        fn rank(&self) -> u8 {
+            match self {
+                Key::A(_) => 0,
+                Key::B(_) => 1,
+            }
+        }
+    }
+
+    fn svc(name: &str) -> Owner {
+        Owner::Service(ServiceKey::new("test", name))
+    }
+
+    fn render(objects: &[(Key, u32)]) -> Option<Wanted<Key, u32>> {
+        Some(Wanted::objects(objects.iter().copied()))
+    }
+
+    fn yielding(objects: &[(Key, u32)]) -> Option<Wanted<Key, u32>> {
+        let yielding = objects.iter().map(|(k, _)| *k).collect();
+        Some(Wanted { objects: objects.iter().copied().collect(), yielding })
+    }
+
+    #[test]
+    fn unchanged_renders_plan_nothing() {
+        let mut objects = Objects::new();
+        let all = [(Key::B(80), 1), (Key::A(1), 7)];
+        assert_eq!(objects.update(vec![(svc("a"), render(&all))]).len(), 2);
+        assert!(objects.update(vec![(svc("a"), render(&all))]).is_empty());
+        let held = objects.held().clone();
+        assert!(objects.replace_all(held, vec![(svc("a"), render(&all))]).is_empty());
+    }
+
+    #[test]
+    fn a_shared_key_stays_while_an_owner_wants_it() {
+        let mut objects = Objects::new();
+        let first = objects.update(vec![(svc("a"), render(&[(Key::A(1), 0)]))]);
+        assert_eq!(first.upserts, vec![(Key::A(1), None, 0)]);
+        assert!(objects.update(vec![(svc("b"), render(&[(Key::A(1), 0)]))]).is_empty());
+        assert!(objects.update(vec![(svc("a"), None)]).is_empty(), "b still wants it");
+        assert_eq!(objects.update(vec![(svc("b"), None)]).deletes, vec![(Key::A(1), 0)]);
+        assert_eq!(objects.services().count(), 0);
+    }
+
+    #[test]
+    fn a_yielding_claim_gives_way_in_any_order() {
+        for address_first in [true, false] {
+            let mut objects = Objects::new();
+            let address = (svc("z-address"), render(&[(Key::B(30080), 1)]));
+            let nodeport = (svc("a-nodeport"), yielding(&[(Key::B(30080), 2)]));
+            let order = match address_first {
+                true => [address.clone(), nodeport.clone()],
+                false => [nodeport.clone(), address.clone()],
+            };
+            for render in order {
+                objects.update(vec![render]);
+            }
+            assert_eq!(objects.held_value(&Key::B(30080)), Some(&1), "{address_first}");
+            let gone = objects.update(vec![(svc("z-address"), None)]);
+            assert_eq!(gone.upserts, vec![(Key::B(30080), Some(1), 2)]);
+            let gone = objects.update(vec![(svc("a-nodeport"), None)]);
+            assert_eq!(gone.deletes, vec![(Key::B(30080), 2)]);
+            assert!(objects.held().is_empty());
+        }
+    }
+
+    #[test]
+    fn the_node_wins_over_services_whatever_came_first() {
+        let mut objects = Objects::new();
+        objects.update(vec![(svc("a"), render(&[(Key::A(9), 1)]))]);
+        let plan = objects.update(vec![(Owner::Node, render(&[(Key::A(9), 0)]))]);
+        assert_eq!(plan.upserts, vec![(Key::A(9), Some(1), 0)]);
+    }
+
+    #[test]
+    fn writes_are_ordered_by_rank_and_deletes_reversed() {
+        let mut objects = Objects::new();
+        let all = [(Key::B(2), 1), (Key::A(1), 1), (Key::B(1), 1)];
+        let plan = objects.update(vec![(svc("a"), render(&all))]);
+        let keys: Vec<Key> = plan.upserts.iter().map(|(k, _, _)| *k).collect();
+        assert_eq!(keys, [Key::A(1), Key::B(1), Key::B(2)]);
+        let plan = objects.update(vec![(svc("a"), None)]);
+        let keys: Vec<Key> = plan.deletes.iter().map(|(k, _)| *k).collect();
+        assert_eq!(keys, [Key::B(1), Key::B(2), Key::A(1)]);
+    }
+
+    #[test]
+    fn adoption_keeps_what_is_right_and_removes_the_rest() {
+        let mut objects = Objects::new();
+        let held = HashMap::from([(Key::A(1), 1), (Key::A(2), 1), (Key::B(1), 5)]);
+        let plan =
+            objects.replace_all(held, vec![(svc("a"), render(&[(Key::A(1), 1), (Key::B(1), 6)]))]);
+        assert_eq!(plan.upserts, vec![(Key::B(1), Some(5), 6)]);
+        assert_eq!(plan.deletes, vec![(Key::A(2), 1)]);
+    }
+}

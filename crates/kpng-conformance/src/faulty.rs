@@ -1,0 +1,78 @@
+//! [`Faulty`]: a kernel that, while armed, adds a write the kernel refuses to the end of
+//! each plan, so that the real kernel fails the commit part-way, as it would on its own.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use kpng_backend::reconcile::{Kernel, Plan, Unit};
+
+/// A kernel whose commits fail while armed.
+pub struct Faulty<K: Kernel> {
+    inner: K,
+    poison: (K::Key, K::Value),
+    armed: AtomicBool,
+}
+
+impl<K: Kernel> Faulty<K> {
+    /// `inner`, which refuses to write `poison`.
+    pub fn new(inner: K, poison: (K::Key, K::Value)) -> Self {
+        Faulty { inner, poison, armed: AtomicBool::new(false) }
+    }
+
+    /// While armed, every commit ends with the refused write.
+    pub fn arm(&self, armed: bool) {
+        self.armed.store(armed, Ordering::Relaxed);
+    }
+
+    /// The kernel underneath.
+    pub fn inner(&self) -> &K {
+        &self.inner
+    }
+}
+
+impl<K: Kernel> Kernel for Faulty<K> {
+    type Key = K::Key;
+    type Value = K::Value;
+    type Error = K::Error;
+
+    const UNIT: Unit = K::UNIT;
+    const APPLIED: &'static str = K::APPLIED;
+
+    fn read(&mut self) -> Result<Option<HashMap<K::Key, K::Value>>, K::Error> {
+        self.inner.read()
+    }
+
+    fn prepare(
+        &mut self,
+        after: &HashMap<K::Key, K::Value>,
+        installed: bool,
+    ) -> Result<(), K::Error> {
+        self.inner.prepare(after, installed)
+    }
+
+    fn commit(
+        &mut self,
+        plan: &Plan<K::Key, K::Value>,
+        after: &HashMap<K::Key, K::Value>,
+    ) -> Result<(), K::Error> {
+        if !self.armed.load(Ordering::Relaxed) {
+            return self.inner.commit(plan, after);
+        }
+        let mut poisoned = plan.clone();
+        let (key, value) = self.poison.clone();
+        poisoned.upserts.push((key, None, value));
+        self.inner.commit(&poisoned, after)
+    }
+
+    fn generation(&mut self) -> Option<u64> {
+        self.inner.generation()
+    }
+
+    fn faults(&mut self) -> Result<Vec<String>, K::Error> {
+        self.inner.faults()
+    }
+
+    fn is_permanent(error: &K::Error) -> bool {
+        K::is_permanent(error)
+    }
+}

@@ -1,0 +1,277 @@
+//! The conformance suite of kpng's backend template: every kernel backend built on
+//! [`kpng_backend::reconcile`] runs it, with its kernel in memory and on the real kernel.
+//!
+//! A backend describes itself as a [`Subject`]: how to make its render, how to open its
+//! kernel (the same objects each time, as a restarted process finds them), how to wipe
+//! it, a write the kernel refuses (to make a commit fail part-way), and how another process
+//! could change it. [`run`] then checks what the template promises:
+//! - a refused commit leaves the kernel as before, in the unit the kernel declares
+//!   ([`Unit::Plan`]: untouched; [`Unit::Write`]: the writes before the refused one,
+//!   made in the plan's order), and the runner's retry (the whole state) repairs it;
+//! - a restart over what the previous process committed writes nothing;
+//! - drift of each kind (an object deleted, changed, or a foreign one added) is found by
+//!   the next verification and repaired by the reset that follows;
+//! - random change histories, with refused commits and restarts among them, end where a
+//!   fresh load of the last state ends (a property test).
+//!
+//! Each check panics with a message naming the backend and what failed.
+//!
+//! # Layout
+//! - this file: [`Subject`], [`run`] and the checks.
+//! - [`faulty`]: [`Faulty`], the kernel wrapper that refuses commits on demand.
+//! - [`states`]: the node states the checks apply (a fixed pair, and random histories).
+
+use std::collections::HashMap;
+
+use kpng_backend::reconcile::{Kernel, Plan, Reconciler, Render, Unit};
+use kpng_backend::{Backend, ChangeSet};
+use kpng_model::LocalState;
+use proptest::prelude::*;
+
+pub mod faulty;
+pub mod states;
+
+pub use faulty::Faulty;
+
+/// The key of a subject's objects.
+pub type Key<S> = <<S as Subject>::Render as Render>::Key;
+/// The value of a subject's objects.
+pub type Value<S> = <<S as Subject>::Render as Render>::Value;
+
+/// A backend under test.
+pub trait Subject {
+    /// How services render.
+    type Render: Render;
+    /// Where objects go.
+    type Kernel: Kernel<Key = Key<Self>, Value = Value<Self>>;
+
+    /// The backend's name, for messages.
+    fn name(&self) -> &'static str;
+
+    /// A new render, as a new process starts with.
+    fn render(&self) -> Self::Render;
+
+    /// Opens the kernel: what earlier openings committed is there.
+    fn open(&self) -> Self::Kernel;
+
+    /// Removes every kpng object and installation from the kernel (a fresh machine).
+    fn wipe(&self);
+
+    /// A write the kernel refuses.
+    fn poison(&self) -> (Key<Self>, Value<Self>);
+
+    /// An object no service renders, as another process could add.
+    fn foreign(&self) -> (Key<Self>, Value<Self>);
+
+    /// Another value for the object at `key`, as another process could write.
+    fn changed(&self, key: &Key<Self>, value: &Value<Self>) -> Value<Self>;
+
+    /// What the kernel holds, in a form that history must not change: positions that
+    /// depend on the order of events (endpoint slots) forgotten. By default every object
+    /// as debug text, sorted.
+    fn canonical(&self, objects: &HashMap<Key<Self>, Value<Self>>) -> Vec<String> {
+        let mut out: Vec<String> = objects.iter().map(|(k, v)| format!("{k:?} = {v:?}")).collect();
+        out.sort();
+        out
+    }
+}
+
+/// A subject's backend over its kernel, which can be made to refuse commits.
+pub type Tested<S> = Reconciler<<S as Subject>::Render, Faulty<<S as Subject>::Kernel>>;
+
+/// A new backend (a new process) over the subject's kernel.
+pub fn start<S: Subject>(subject: &S) -> Tested<S> {
+    let kernel = Faulty::new(subject.open(), subject.poison());
+    Reconciler::new(subject.name(), subject.render(), kernel)
+}
+
+/// What the kernel holds, read back.
+pub fn contents<S: Subject>(subject: &S) -> HashMap<Key<S>, Value<S>> {
+    subject.open().read().ok().flatten().unwrap_or_default()
+}
+
+/// Writes `plan` as another process would.
+fn tamper<S: Subject>(subject: &S, plan: Plan<Key<S>, Value<S>>) {
+    let mut after = contents(subject);
+    plan.apply_to(&mut after, None);
+    let committed = subject.open().commit(&plan, &after);
+    committed.unwrap_or_else(|e| panic!("{}: tampering was refused: {e}", subject.name()));
+}
+
+/// Applies `state` whole, as the runner does at a start and a retry.
+fn load<S: Subject>(subject: &S, backend: &mut Tested<S>, state: &LocalState) {
+    let applied = backend.apply(&ChangeSet::full(state));
+    applied.unwrap_or_else(|e| panic!("{}: a full state was refused: {e:?}", subject.name()));
+}
+
+/// Applies the change from `before` to `after`.
+fn change<S: Subject>(
+    backend: &mut Tested<S>,
+    before: &LocalState,
+    after: &LocalState,
+) -> Result<(), kpng_backend::BackendError> {
+    let ops = kpng_local::diff(before, after);
+    backend.apply(&ChangeSet::changes(&ops, after))
+}
+
+/// What a fresh load of `state` leaves in a wiped kernel.
+pub fn fresh<S: Subject>(subject: &S, state: &LocalState) -> Vec<String> {
+    subject.wipe();
+    load(subject, &mut start(subject), state);
+    subject.canonical(&contents(subject))
+}
+
+/// Runs every check, and `cases` random histories.
+pub fn run<S: Subject>(subject: &S, cases: u32) {
+    refused_commit_leaves_the_previous_state(subject);
+    restart_writes_nothing(subject);
+    drift_is_found_and_repaired(subject);
+    histories_end_as_a_fresh_load(subject, cases);
+    subject.wipe();
+}
+
+/// A refused commit leaves the kernel as the declared unit says; the retry repairs it.
+pub fn refused_commit_leaves_the_previous_state<S: Subject>(subject: &S) {
+    let name = subject.name();
+    let (a, b) = states::pair();
+    let expected = fresh(subject, &b);
+    subject.wipe();
+    let mut backend = start(subject);
+    load(subject, &mut backend, &a);
+    let before = contents(subject);
+    backend.kernel().arm(true);
+    let refused = change::<S>(&mut backend, &a, &b);
+    assert!(refused.is_err(), "{name}: a commit with a refused write succeeded");
+    let after = contents(subject);
+    match <S::Kernel as Kernel>::UNIT {
+        Unit::Plan => assert!(after == before, "{name}: a refused plan changed the kernel"),
+        Unit::Write => {
+            // Only writes of the refused plan were made: every object is as before, or as
+            // the plan wanted it (what the backend now counts as held).
+            let planned = backend.held();
+            for key in before.keys().chain(after.keys()).chain(planned.keys()) {
+                let now = after.get(key);
+                let kept = now == before.get(key) || now == planned.get(key);
+                assert!(kept, "{name}: {key:?} is {now:?}, in neither the old state nor the plan");
+            }
+        }
+    }
+    backend.kernel().arm(false);
+    load(subject, &mut backend, &b);
+    assert_eq!(subject.canonical(&contents(subject)), expected, "{name}: the retry did not repair");
+    assert_eq!(backend.verify().ok(), Some(true), "{name}: the retry left drift");
+}
+
+/// A new process over what the last one committed writes nothing.
+pub fn restart_writes_nothing<S: Subject>(subject: &S) {
+    let name = subject.name();
+    let (a, b) = states::pair();
+    subject.wipe();
+    let mut first = start(subject);
+    load(subject, &mut first, &a);
+    change::<S>(&mut first, &a, &b)
+        .unwrap_or_else(|e| panic!("{name}: a change was refused: {e:?}"));
+    drop(first);
+    let mut restarted = start(subject);
+    load(subject, &mut restarted, &b);
+    let writes = restarted.stats().writes.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(writes, 0, "{name}: a restart over a right kernel wrote {writes} objects");
+    assert_eq!(restarted.verify().ok(), Some(true), "{name}: a restart left drift");
+}
+
+/// Each kind of drift is found by a verification and repaired by the reset after it.
+pub fn drift_is_found_and_repaired<S: Subject>(subject: &S) {
+    let name = subject.name();
+    let (a, _) = states::pair();
+    let kinds = ["deleted", "changed", "foreign"];
+    for kind in kinds {
+        subject.wipe();
+        let mut backend = start(subject);
+        load(subject, &mut backend, &a);
+        let right = contents(subject);
+        let (key, value) = right
+            .iter()
+            .min_by_key(|(k, _)| *k)
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .unwrap_or_else(|| panic!("{name}: the sample state left the kernel empty"));
+        let plan = match kind {
+            "deleted" => Plan { upserts: vec![], deletes: vec![(key, value)] },
+            "changed" => {
+                let other = subject.changed(&key, &value);
+                Plan { upserts: vec![(key, Some(value), other)], deletes: vec![] }
+            }
+            _ => {
+                let (key, value) = subject.foreign();
+                Plan { upserts: vec![(key, None, value)], deletes: vec![] }
+            }
+        };
+        tamper(subject, plan);
+        assert_eq!(backend.verify().ok(), Some(false), "{name}: an object {kind} went unseen");
+        load(subject, &mut backend, &a);
+        assert!(contents(subject) == right, "{name}: an object {kind} was not repaired");
+        assert_eq!(backend.verify().ok(), Some(true), "{name}: drift remained after repair");
+    }
+}
+
+/// What happens between two states of a history.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// The change is applied.
+    Change,
+    /// The change's commit is refused; the runner retries with the whole state.
+    Refused,
+    /// The process restarts, then gets the whole state.
+    Restart,
+}
+
+fn arb_event() -> impl Strategy<Value = Event> {
+    prop_oneof![6 => Just(Event::Change), 1 => Just(Event::Refused), 1 => Just(Event::Restart)]
+}
+
+/// Random histories with refused commits and restarts end where a fresh load ends, and a
+/// restart after them writes nothing.
+pub fn histories_end_as_a_fresh_load<S: Subject>(subject: &S, cases: u32) {
+    let name = subject.name();
+    let config = ProptestConfig { cases, failure_persistence: None, ..ProptestConfig::default() };
+    let mut runner = proptest::test_runner::TestRunner::new(config);
+    let strategy = proptest::collection::vec((states::arb_step(), arb_event()), 1..24);
+    let result = runner.run(&strategy, |steps| {
+        subject.wipe();
+        let mut backend = start(subject);
+        let mut history = states::History::default();
+        let mut before = LocalState::default();
+        load(subject, &mut backend, &before);
+        for (mutations, event) in &steps {
+            let after = history.step(mutations);
+            match event {
+                Event::Change => change::<S>(&mut backend, &before, &after)
+                    .map_err(|e| TestCaseError::fail(format!("refused: {e:?}")))?,
+                Event::Refused => {
+                    backend.kernel().arm(true);
+                    let refused = change::<S>(&mut backend, &before, &after);
+                    backend.kernel().arm(false);
+                    // A change that writes nothing commits nothing, and so cannot fail.
+                    if refused.is_err() {
+                        load(subject, &mut backend, &after);
+                    }
+                }
+                Event::Restart => {
+                    backend = start(subject);
+                    load(subject, &mut backend, &after);
+                }
+            }
+            before = after;
+        }
+        let ended = subject.canonical(&contents(subject));
+        prop_assert!(backend.verify().ok() == Some(true), "{name}: the history left drift");
+        let mut restarted = start(subject);
+        load(subject, &mut restarted, &before);
+        let writes = restarted.stats().writes.load(std::sync::atomic::Ordering::Relaxed);
+        prop_assert_eq!(writes, 0, "{}: a restart after the history wrote", name);
+        prop_assert_eq!(ended, fresh(subject, &before), "{}: differs from a fresh load", name);
+        Ok(())
+    });
+    if let Err(failure) = result {
+        panic!("{name}: {failure}");
+    }
+}
