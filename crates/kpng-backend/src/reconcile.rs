@@ -69,7 +69,11 @@ pub trait Kernel: Send {
     /// What one [`commit`](Self::commit) applies at once.
     const UNIT: Unit;
 
-    /// What this kernel's commit is called in logs (`committed`, `written`, `restored`).
+    /// What a commit changes, as logs name it (`eBPF maps`, `nftables transaction`).
+    const WHAT: &'static str = "plan";
+
+    /// What a commit did, as logs say it after [`WHAT`](Self::WHAT) (`committed`,
+    /// `written`, `restored`).
     const APPLIED: &'static str = "committed";
 
     /// Every object kpng's part of the kernel holds, or `None` when nothing is installed
@@ -337,6 +341,11 @@ where
         &self.render
     }
 
+    /// The render, to configure.
+    pub fn render_mut(&mut self) -> &mut R {
+        &mut self.render
+    }
+
     /// Reads the kernel back, renders every service, and commits what differs.
     fn reset(&mut self, state: &LocalState) -> Result<Plan<R::Key, R::Value>, Failure<R, K>> {
         let held = self.kernel.read().map_err(ReconcileError::Read)?;
@@ -464,8 +473,8 @@ where
                     deleted = plan.deletes.len(),
                     objects = self.objects.held().len(),
                     took = ?start.elapsed(),
-                    "{}: plan {}",
-                    self.name,
+                    "{} {}",
+                    K::WHAT,
                     crate::backend::done(self.dry_run, K::APPLIED)
                 );
                 Ok(())

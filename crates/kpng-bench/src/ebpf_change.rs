@@ -71,7 +71,7 @@ pub fn run(services: usize, endpoints: usize, repeat: usize) -> anyhow::Result<C
     let nft_load_ms = start.elapsed().as_secs_f64() * 1000.0;
 
     let (mut ebpf_times, mut nft_times) = (Vec::new(), Vec::new());
-    let writes_before = ebpf.stats().map_writes.load(std::sync::atomic::Ordering::Relaxed);
+    let writes_before = ebpf.stats().writes.load(std::sync::atomic::Ordering::Relaxed);
     for add in [true, false] {
         for r in 0..repeat {
             let changes = endpoint_change(&mut model, services, r, add);
@@ -85,7 +85,7 @@ pub fn run(services: usize, endpoints: usize, repeat: usize) -> anyhow::Result<C
             nft_times.push(t.elapsed());
         }
     }
-    let writes = ebpf.stats().map_writes.load(std::sync::atomic::Ordering::Relaxed) - writes_before;
+    let writes = ebpf.stats().writes.load(std::sync::atomic::Ordering::Relaxed) - writes_before;
     kpng_nft::kernel::cleanup().context("removing the tables")?;
     Ok(ChangeRow {
         services,

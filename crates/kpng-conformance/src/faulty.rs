@@ -36,6 +36,7 @@ impl<K: Kernel> Kernel for Faulty<K> {
     type Error = K::Error;
 
     const UNIT: Unit = K::UNIT;
+    const WHAT: &'static str = K::WHAT;
     const APPLIED: &'static str = K::APPLIED;
 
     fn read(&mut self) -> Result<Option<HashMap<K::Key, K::Value>>, K::Error> {

@@ -63,8 +63,9 @@ pub trait Subject {
     /// An object no service renders, as another process could add.
     fn foreign(&self) -> (Key<Self>, Value<Self>);
 
-    /// Another value for the object at `key`, as another process could write.
-    fn changed(&self, key: &Key<Self>, value: &Value<Self>) -> Value<Self>;
+    /// Another value for the object at `key`, as another process could write; `None` for
+    /// a kind of object that has one value only (the suite changes another).
+    fn changed(&self, key: &Key<Self>, value: &Value<Self>) -> Option<Value<Self>>;
 
     /// What the kernel holds, in a form that history must not change: positions that
     /// depend on the order of events (endpoint slots) forgotten. By default every object
@@ -189,16 +190,21 @@ pub fn drift_is_found_and_repaired<S: Subject>(subject: &S) {
         let mut backend = start(subject);
         load(subject, &mut backend, &a);
         let right = contents(subject);
-        let (key, value) = right
-            .iter()
-            .min_by_key(|(k, _)| *k)
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .unwrap_or_else(|| panic!("{name}: the sample state left the kernel empty"));
+        let mut keys: Vec<&Key<S>> = right.keys().collect();
+        keys.sort();
+        let first = keys.first().unwrap_or_else(|| panic!("{name}: the sample left nothing"));
         let plan = match kind {
-            "deleted" => Plan { upserts: vec![], deletes: vec![(key, value)] },
+            "deleted" => {
+                let deleted = ((*first).clone(), right[*first].clone());
+                Plan { upserts: vec![], deletes: vec![deleted] }
+            }
             "changed" => {
-                let other = subject.changed(&key, &value);
-                Plan { upserts: vec![(key, Some(value), other)], deletes: vec![] }
+                let change = keys.iter().find_map(|k| {
+                    let value = &right[*k];
+                    Some(((*k).clone(), Some(value.clone()), subject.changed(k, value)?))
+                });
+                let change = change.unwrap_or_else(|| panic!("{name}: no object can change"));
+                Plan { upserts: vec![change], deletes: vec![] }
             }
             _ => {
                 let (key, value) = subject.foreign();

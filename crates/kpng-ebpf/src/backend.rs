@@ -1,30 +1,28 @@
-//! [`EbpfBackend`]: turns change sets into map writes.
+//! [`EbpfBackend`]: the eBPF dataplane as an instance of kpng's backend template
+//! ([`kpng_backend::reconcile`]): [`EbpfRender`] turns a service into map elements,
+//! [`EbpfKernel`] writes them through a [`Dataplane`] one element at a time in the order
+//! that keeps every reader consistent ([`Unit::Write`]), growing the maps when they no
+//! longer fit. The change loop, resets, verification and counters are the template's.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
 
+use kpng_backend::reconcile::{self, Kernel, Plan, Rank, Reconciler, Render, Unit, Wanted};
 use kpng_backend::{Backend, BackendError, ChangeSet, Target};
+use kpng_model::local::LocalServiceState;
 use kpng_model::{LocalState, NodePortAddresses, ServiceKey};
 
-use crate::dataplane::{Capacities, Dataplane, capacities_for};
+use crate::dataplane::{Batch, Capacities, Dataplane, capacities_for};
 use crate::error::EbpfError;
 use crate::maps::{Key, MapName, Value};
 use crate::render::{Slots, render_service, seed_slots};
-use crate::state::{Batch, MapState, Render, Wanted};
 
-/// Counters of the eBPF backend, shared with whoever reports them (metrics, benchmarks).
+/// Counters of the eBPF kernel beyond the template's ([`reconcile::Stats`]).
 #[derive(Debug, Default)]
 pub struct EbpfStats {
-    /// Change sets that wrote something.
-    pub updates: AtomicU64,
-    /// Element writes (upserts and deletions), growth copies included.
-    pub map_writes: AtomicU64,
     /// Times the maps were replaced by larger ones.
     pub grows: AtomicU64,
-    /// Failed change sets.
-    pub failures: AtomicU64,
     /// Programs found not running on their cgroup at the last check (detached behind
     /// kpng's back, or their cgroup created again), until attached again.
     pub unattached: AtomicU64,
@@ -32,24 +30,184 @@ pub struct EbpfStats {
     pub detachments: AtomicU64,
 }
 
-/// The eBPF backend: one map-write batch per change set, nothing at all when nothing
-/// changed.
-pub struct EbpfBackend {
-    dataplane: Box<dyn Dataplane>,
-    state: MapState,
+/// The render: a service into map elements. Its NodePort frontends yield to another
+/// service's address frontend on the same address and port (as nftables matches NodePorts
+/// after every service address).
+#[derive(Debug)]
+pub struct EbpfRender {
     /// Slots of each service's groups, kept so that positions stay stable.
     slots: HashMap<ServiceKey, Slots>,
-    /// Where the node accepts NodePorts, as its ENLS says.
-    nodeports: NodePortAddresses,
-    /// The installed maps' capacities, once installed.
-    capacities: Option<Capacities>,
-    stats: Arc<EbpfStats>,
-    /// Where a program found not running on the cgroup is reported until it runs again.
-    problems: kpng_backend::Problems,
-    /// `--dry-run`: map writes are printed, and the log says so.
-    dry_run: bool,
     /// How long an unconnected UDP socket's flow keeps its endpoint without sending.
     flow_seconds: u32,
+}
+
+impl Default for EbpfRender {
+    fn default() -> Self {
+        EbpfRender { slots: HashMap::new(), flow_seconds: crate::render::FLOW_SECONDS }
+    }
+}
+
+/// Rendering never fails.
+#[derive(Debug, thiserror::Error)]
+#[error("unreachable")]
+pub enum Never {}
+
+impl Rank for Key {
+    /// Maps in [`MapName::ALL`]'s order: endpoints before the groups that count them,
+    /// groups before the frontends that point at them.
+    fn rank(&self) -> u8 {
+        MapName::ALL.iter().position(|m| *m == self.map()).unwrap_or(0) as u8
+    }
+}
+
+impl Render for EbpfRender {
+    type Key = Key;
+    type Value = Value;
+    /// Where the node accepts NodePorts: every NodePort frontend moves with it.
+    type Facts = NodePortAddresses;
+    type Error = Never;
+
+    fn facts(&self, state: &LocalState) -> NodePortAddresses {
+        state.node.as_ref().map(|n| n.nodeport_addresses.clone()).unwrap_or_default()
+    }
+
+    fn service(
+        &mut self,
+        nodeports: &NodePortAddresses,
+        service: &LocalServiceState,
+        held: Option<&HashMap<Key, Value>>,
+    ) -> Result<Wanted<Key, Value>, Never> {
+        let key = &service.service.key;
+        let previous = match (self.slots.get(key), held) {
+            (Some(slots), _) => slots.clone(),
+            (None, Some(held)) => seed_slots(service, nodeports, |k| held.get(k).copied()),
+            (None, None) => Slots::new(),
+        };
+        let rendered = render_service(service, nodeports, &previous, self.flow_seconds);
+        self.slots.insert(key.clone(), rendered.slots);
+        Ok(Wanted { objects: rendered.elements, yielding: rendered.nodeports })
+    }
+
+    fn forget(&mut self, key: &ServiceKey) {
+        self.slots.remove(key);
+    }
+
+    fn reset(&mut self) {
+        self.slots.clear();
+    }
+
+    fn unsupported(
+        &self,
+        lb: &kpng_model::global::LoadBalancing,
+    ) -> Vec<(kpng_model::global::AnnotationKey, &'static str)> {
+        // None of the kube-nftlb settings has a translation here yet.
+        kpng_backend::unsupported::all_settings(lb)
+    }
+}
+
+/// The kernel: programs and maps behind a [`Dataplane`], written one element at a time,
+/// and grown (new maps filled, then programs swapped) when what they must hold no longer
+/// fits.
+pub struct EbpfKernel {
+    dataplane: Box<dyn Dataplane>,
+    /// The maps' capacities: as last read back, then as installed or grown.
+    capacities: Option<Capacities>,
+    stats: Arc<EbpfStats>,
+}
+
+impl EbpfKernel {
+    /// The kernel behind `dataplane`.
+    pub fn new(dataplane: Box<dyn Dataplane>) -> Self {
+        EbpfKernel { dataplane, capacities: None, stats: Arc::default() }
+    }
+}
+
+/// Elements per map.
+fn counts(elements: &HashMap<Key, Value>) -> BTreeMap<MapName, usize> {
+    let mut counts = BTreeMap::new();
+    for key in elements.keys() {
+        *counts.entry(key.map()).or_default() += 1;
+    }
+    counts
+}
+
+impl Kernel for EbpfKernel {
+    type Key = Key;
+    type Value = Value;
+    type Error = EbpfError;
+
+    const UNIT: Unit = Unit::Write;
+    const WHAT: &'static str = "eBPF maps";
+    const APPLIED: &'static str = "written";
+
+    fn read(&mut self) -> Result<Option<HashMap<Key, Value>>, EbpfError> {
+        let snapshot = self.dataplane.read()?;
+        Ok(snapshot.map(|s| {
+            self.capacities = Some(s.capacities);
+            s.elements
+        }))
+    }
+
+    fn prepare(&mut self, after: &HashMap<Key, Value>, installed: bool) -> Result<(), EbpfError> {
+        let capacities = match (installed, self.capacities.take()) {
+            (true, Some(read)) => read,
+            _ => capacities_for(&counts(after)),
+        };
+        self.dataplane.install(&capacities)?;
+        self.capacities = Some(capacities);
+        self.stats.unattached.store(0, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn commit(
+        &mut self,
+        plan: &Plan<Key, Value>,
+        after: &HashMap<Key, Value>,
+    ) -> Result<(), EbpfError> {
+        let counts = counts(after);
+        let capacities = self.capacities.clone().unwrap_or_default();
+        let full: Vec<MapName> = counts
+            .iter()
+            .filter(|(map, count)| **count > capacities.get(map).copied().unwrap_or(0) as usize)
+            .map(|(map, _)| *map)
+            .collect();
+        if full.is_empty() {
+            let batch = Batch {
+                upserts: plan.upserts.iter().map(|(k, _, v)| (*k, *v)).collect(),
+                deletes: plan.deletes.iter().map(|(k, _)| *k).collect(),
+            };
+            return self.dataplane.write(&batch);
+        }
+        let grown = capacities_for(&counts);
+        tracing::info!(
+            maps = ?full.iter().map(|m| m.object_name()).collect::<Vec<_>>(),
+            capacities = ?grown.iter().map(|(m, c)| (m.object_name(), *c)).collect::<Vec<_>>(),
+            "eBPF: growing maps (new maps filled, then programs swapped)"
+        );
+        self.dataplane.grow(&grown, after)?;
+        self.capacities = Some(grown);
+        self.stats.grows.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn faults(&mut self) -> Result<Vec<String>, EbpfError> {
+        if self.capacities.is_none() {
+            return Ok(Vec::new());
+        }
+        let unattached = self.dataplane.unattached()?;
+        self.stats.unattached.store(unattached.len() as u64, Ordering::Relaxed);
+        self.stats.detachments.fetch_add(unattached.len() as u64, Ordering::Relaxed);
+        if !unattached.is_empty() {
+            tracing::warn!(programs = ?unattached, "eBPF: programs detached behind kpng's back: attaching them again");
+        }
+        Ok(unattached.iter().map(|p| format!("{p} not running on the cgroup")).collect())
+    }
+}
+
+/// The eBPF backend: one ordered batch of map writes per change set, nothing at all when
+/// nothing changed.
+pub struct EbpfBackend {
+    inner: Reconciler<EbpfRender, EbpfKernel>,
     /// The connected UDP sockets of the cgroup, when the kernel is the target.
     sockets: Option<crate::ConnectedUdp>,
 }
@@ -82,7 +240,10 @@ impl EbpfBackend {
                 Box::new(crate::KernelDataplane::open(options)?)
             }
         };
-        Ok(EbpfBackend { dry_run, sockets, ..EbpfBackend::new(dataplane) })
+        let mut backend = EbpfBackend::new(dataplane);
+        backend.inner = backend.inner.with_dry_run(dry_run);
+        backend.sockets = sockets;
+        Ok(backend)
     }
 
     /// The connected UDP sockets the programs translate, for the cleanup that destroys
@@ -93,214 +254,65 @@ impl EbpfBackend {
 
     /// A backend writing to `dataplane`.
     pub fn new(dataplane: Box<dyn Dataplane>) -> Self {
-        EbpfBackend {
-            dataplane,
-            state: MapState::new(),
-            slots: HashMap::new(),
-            nodeports: NodePortAddresses::default(),
-            capacities: None,
-            stats: Arc::default(),
-            problems: kpng_backend::Problems::default(),
-            dry_run: false,
-            flow_seconds: crate::render::FLOW_SECONDS,
-            sockets: None,
-        }
+        let kernel = EbpfKernel::new(dataplane);
+        let inner = Reconciler::new(crate::NAME, EbpfRender::default(), kernel);
+        EbpfBackend { inner, sockets: None }
     }
 
     /// Unconnected UDP sockets' flows keep their endpoint until they have not sent for
     /// `timeout` (conntrack's UDP stream timeout on this node; default 120 s).
     pub fn with_udp_flow_timeout(mut self, timeout: std::time::Duration) -> Self {
-        self.flow_seconds = u32::try_from(timeout.as_secs()).unwrap_or(u32::MAX).max(1);
+        let seconds = u32::try_from(timeout.as_secs()).unwrap_or(u32::MAX).max(1);
+        self.inner.render_mut().flow_seconds = seconds;
         self
     }
 
     /// Reports programs found not running on their cgroup to `problems` (which `/readyz`
     /// lists) until they run again.
     pub fn with_problems(mut self, problems: kpng_backend::Problems) -> Self {
-        self.problems = problems;
+        self.inner = self.inner.with_problems(problems);
         self
     }
 
-    /// The backend's counters.
-    pub fn stats(&self) -> Arc<EbpfStats> {
-        self.stats.clone()
+    /// The template's counters.
+    pub fn stats(&self) -> Arc<reconcile::Stats> {
+        self.inner.stats()
+    }
+
+    /// The eBPF kernel's own counters.
+    pub fn ebpf_stats(&self) -> Arc<EbpfStats> {
+        self.inner.kernel().stats.clone()
     }
 
     /// What the maps hold, as far as the backend knows.
     pub fn held(&self) -> &HashMap<Key, Value> {
-        self.state.held()
+        self.inner.held()
     }
 
     /// The installed maps' capacities.
     pub fn capacities(&self) -> Option<&Capacities> {
-        self.capacities.as_ref()
+        self.inner.kernel().capacities.as_ref()
     }
-
-    fn render(
-        &mut self,
-        state: &LocalState,
-        key: &ServiceKey,
-        held: Option<&HashMap<Key, Value>>,
-    ) -> Render {
-        let Some(service) = state.services.get(key) else {
-            self.slots.remove(key);
-            return (key.clone(), None);
-        };
-        let previous = match (self.slots.get(key), held) {
-            (Some(slots), _) => slots.clone(),
-            (None, Some(held)) => seed_slots(service, &self.nodeports, |k| held.get(k).copied()),
-            (None, None) => Slots::new(),
-        };
-        let rendered = render_service(service, &self.nodeports, &previous, self.flow_seconds);
-        self.slots.insert(key.clone(), rendered.slots);
-        let wanted = Wanted { elements: rendered.elements, yielding: rendered.nodeports };
-        (key.clone(), Some(wanted))
-    }
-
-    /// A change set from scratch: read the maps back, render everything, write the
-    /// difference (growing the maps first when they are too small).
-    fn reset(&mut self, state: &LocalState) -> Result<Batch, EbpfError> {
-        let snapshot = self.dataplane.read()?;
-        let held = snapshot.as_ref().map(|s| s.elements.clone()).unwrap_or_default();
-        self.nodeports = nodeports_of(state);
-        self.slots.clear();
-        let mut keys: Vec<ServiceKey> = state.services.keys().cloned().collect();
-        keys.extend(self.state.services().cloned());
-        keys.sort();
-        keys.dedup();
-        let renders = keys.iter().map(|k| self.render(state, k, Some(&held))).collect();
-        let batch = self.state.replace_all(held, renders);
-        let capacities = match snapshot {
-            Some(snapshot) => snapshot.capacities,
-            None => capacities_for(&self.state.held_counts()),
-        };
-        self.dataplane.install(&capacities)?;
-        self.problems.clear(crate::NAME);
-        self.stats.unattached.store(0, Ordering::Relaxed);
-        self.capacities = Some(capacities);
-        self.commit(batch)
-    }
-
-    /// A change set after others: render the services it touches.
-    fn update(&mut self, changes: &ChangeSet<'_>) -> Result<Batch, EbpfError> {
-        let state = changes.state;
-        let (mut keys, node_changed) = changes.touched();
-        let nodeports = nodeports_of(state);
-        if node_changed && nodeports != self.nodeports {
-            // NodePort frontends of every service move.
-            self.nodeports = nodeports;
-            keys = state.services.keys().cloned().collect();
-            keys.extend(self.state.services().cloned());
-            keys.sort();
-            keys.dedup();
-        }
-        let renders = keys.iter().map(|k| self.render(state, k, None)).collect();
-        let batch = self.state.update(renders);
-        self.commit(batch)
-    }
-
-    /// Writes `batch`, or grows the maps when what they must hold no longer fits.
-    fn commit(&mut self, batch: Batch) -> Result<Batch, EbpfError> {
-        if batch.is_empty() {
-            return Ok(batch);
-        }
-        let counts = self.state.held_counts();
-        let capacities = self.capacities.clone().unwrap_or_default();
-        let full: Vec<MapName> = counts
-            .iter()
-            .filter(|(map, count)| **count > capacities.get(map).copied().unwrap_or(0) as usize)
-            .map(|(map, _)| *map)
-            .collect();
-        if full.is_empty() {
-            self.dataplane.write(&batch)?;
-            self.stats.map_writes.fetch_add(batch.len() as u64, Ordering::Relaxed);
-        } else {
-            let grown = capacities_for(&counts);
-            tracing::info!(
-                maps = ?full.iter().map(|m| m.object_name()).collect::<Vec<_>>(),
-                capacities = ?grown.iter().map(|(m, c)| (m.object_name(), *c)).collect::<Vec<_>>(),
-                "eBPF: growing maps (new maps filled, then programs swapped)"
-            );
-            self.dataplane.grow(&grown, self.state.held())?;
-            self.capacities = Some(grown);
-            self.stats.grows.fetch_add(1, Ordering::Relaxed);
-            self.stats.map_writes.fetch_add(self.state.held().len() as u64, Ordering::Relaxed);
-        }
-        self.stats.updates.fetch_add(1, Ordering::Relaxed);
-        Ok(batch)
-    }
-}
-
-/// Where the node accepts NodePorts, from its ENLS (none before the node is known).
-fn nodeports_of(state: &LocalState) -> NodePortAddresses {
-    state.node.as_ref().map(|n| n.nodeport_addresses.clone()).unwrap_or_default()
 }
 
 impl Backend for EbpfBackend {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
     fn unsupported(
         &self,
         lb: &kpng_model::global::LoadBalancing,
     ) -> Vec<(kpng_model::global::AnnotationKey, &'static str)> {
-        // None of the kube-nftlb settings has a translation here yet.
-        kpng_backend::unsupported::all_settings(lb)
-    }
-
-    fn name(&self) -> &'static str {
-        crate::NAME
+        self.inner.unsupported(lb)
     }
 
     fn apply(&mut self, changes: &ChangeSet<'_>) -> Result<(), BackendError> {
-        let start = Instant::now();
-        let result = match changes.is_reset() {
-            true => self.reset(changes.state),
-            false => self.update(changes),
-        };
-        match result {
-            Ok(batch) if batch.is_empty() => {
-                tracing::debug!(elements = self.state.held().len(), "eBPF: nothing to change");
-                Ok(())
-            }
-            Ok(batch) => {
-                tracing::info!(
-                    updated = batch.upserts.len(),
-                    deleted = batch.deletes.len(),
-                    elements = self.state.held().len(),
-                    took = ?start.elapsed(),
-                    "eBPF maps {}",
-                    kpng_backend::backend::done(self.dry_run, "written")
-                );
-                Ok(())
-            }
-            Err(error) => {
-                // Some writes may be in: the next change set is a reset, which reads the
-                // maps back and writes what differs.
-                self.stats.failures.fetch_add(1, Ordering::Relaxed);
-                Err(error.into_backend_error())
-            }
-        }
+        self.inner.apply(changes)
     }
 
     fn verify(&mut self) -> Result<bool, BackendError> {
-        if self.capacities.is_none() {
-            return Ok(true);
-        }
-        let unattached = self.dataplane.unattached().map_err(EbpfError::into_backend_error)?;
-        self.stats.unattached.store(unattached.len() as u64, Ordering::Relaxed);
-        if !unattached.is_empty() {
-            self.stats.detachments.fetch_add(unattached.len() as u64, Ordering::Relaxed);
-            let text = format!(
-                "to-ebpf: {} not running on the cgroup (attaching again)",
-                unattached.join(", ")
-            );
-            tracing::warn!(programs = ?unattached, "eBPF: programs detached behind kpng's back: attaching them again");
-            self.problems.report(crate::NAME, text);
-        }
-        let held =
-            self.dataplane.verify(self.state.held()).map_err(EbpfError::into_backend_error)?;
-        if !held {
-            tracing::warn!("eBPF: the maps no longer hold what kpng wrote");
-        }
-        Ok(held && unattached.is_empty())
+        self.inner.verify()
     }
 }
 

@@ -7,7 +7,27 @@ use std::io::Write;
 
 use crate::error::EbpfError;
 use crate::maps::{Key, MapName, Value};
-use crate::state::Batch;
+
+/// Map writes, in the order they must be made.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Batch {
+    /// Elements to create or replace, ordered by [`MapName::ALL`].
+    pub upserts: Vec<(Key, Value)>,
+    /// Elements to delete, after the upserts, in the reverse map order.
+    pub deletes: Vec<Key>,
+}
+
+impl Batch {
+    /// Whether the batch writes nothing.
+    pub fn is_empty(&self) -> bool {
+        self.upserts.is_empty() && self.deletes.is_empty()
+    }
+
+    /// The number of element writes (upserts and deletions).
+    pub fn len(&self) -> usize {
+        self.upserts.len() + self.deletes.len()
+    }
+}
 
 /// The number of entries each map can hold.
 pub type Capacities = BTreeMap<MapName, u32>;

@@ -19,12 +19,12 @@ use aya::programs::links::{CgroupAttachMode, FdLink};
 use aya::{Ebpf, EbpfLoader};
 
 use crate::batch;
+use crate::dataplane::Batch;
 use crate::dataplane::{Capacities, Dataplane, Snapshot};
 use crate::error::EbpfError;
 use crate::maps::{self, Key, LRU_MAPS, MapName, Value};
 use crate::pins::{self, PROGRAMS};
 use crate::query::ATTACH_TYPES;
-use crate::state::Batch;
 use crate::support;
 
 /// Where the programs go.

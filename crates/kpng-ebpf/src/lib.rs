@@ -40,9 +40,13 @@
 //! - [`maps`]: the maps' keys and values, and their byte layouts (mirroring the C structs).
 //! - [`render`]: pure ENLS → map elements, per service.
 //! - [`slots`]: stable slot assignment inside an endpoint group.
-//! - [`state`]: what each service wants, what the maps hold, and the ordered writes between.
-//! - [`backend`]: [`EbpfBackend`], the [`kpng_backend::Backend`] implementation.
-//! - [`dataplane`]: the [`Dataplane`] trait and [`MemoryDataplane`] (tests, `--dry-run`).
+//! - [`backend`]: where kpng's backend template ends and this backend begins:
+//!   [`EbpfBackend`] is the template's reconciler with [`backend::EbpfRender`] (a service
+//!   into map elements, NodePort frontends yielding) and [`backend::EbpfKernel`] (writes in
+//!   map order, one element at a time, maps grown when full). The owner-keyed table, the
+//!   change loop, resets, verification and counters are the template's.
+//! - [`dataplane`]: the [`Dataplane`] trait, its write [`dataplane::Batch`], and
+//!   [`MemoryDataplane`] (tests, `--dry-run`).
 //! - [`metrics`]: [`EbpfMetrics`], the counters for Prometheus.
 //! - [`kernel`]: [`KernelDataplane`], the real kernel through aya: load, attach, grow.
 //! - [`batch`]: batched map writes (one `bpf()` call per map and change set).
@@ -65,7 +69,6 @@ pub mod query;
 pub mod render;
 pub mod slots;
 pub mod sockets;
-pub mod state;
 pub mod support;
 
 pub use backend::{EbpfBackend, EbpfOptions, EbpfStats};

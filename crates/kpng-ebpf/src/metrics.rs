@@ -1,35 +1,40 @@
-//! [`EbpfMetrics`]: the backend's counters as Prometheus metrics.
+//! [`EbpfMetrics`]: the backend's counters as Prometheus metrics: the template's under
+//! `kpng_ebpf_` ([`reconcile::Stats`]), and the eBPF kernel's own.
 
 use std::sync::Arc;
+
+use kpng_backend::reconcile;
 
 use crate::backend::EbpfStats;
 
 /// The eBPF backend's counters, for the metrics registry.
 #[derive(Debug)]
-pub struct EbpfMetrics(pub Arc<EbpfStats>);
+pub struct EbpfMetrics {
+    /// The template's counters.
+    pub template: Arc<reconcile::Stats>,
+    /// The eBPF kernel's.
+    pub ebpf: Arc<EbpfStats>,
+}
+
+impl EbpfMetrics {
+    /// The metrics of `backend`.
+    pub fn of(backend: &crate::EbpfBackend) -> Self {
+        EbpfMetrics { template: backend.stats(), ebpf: backend.ebpf_stats() }
+    }
+}
 
 impl prometheus_client::collector::Collector for EbpfMetrics {
     fn encode(
         &self,
         mut encoder: prometheus_client::encoding::DescriptorEncoder,
     ) -> Result<(), std::fmt::Error> {
-        let stats = &self.0;
+        self.template.encode(&mut encoder, "ebpf")?;
+        let stats = &self.ebpf;
         let counters = [
-            ("kpng_ebpf_updates", "Change sets that wrote eBPF map elements.", &stats.updates),
-            (
-                "kpng_ebpf_map_writes",
-                "eBPF map element writes (updates and deletions, growth copies included).",
-                &stats.map_writes,
-            ),
             (
                 "kpng_ebpf_map_grows",
                 "Times the eBPF maps were replaced by larger ones.",
                 &stats.grows,
-            ),
-            (
-                "kpng_ebpf_update_failures",
-                "Change sets the eBPF backend failed to apply.",
-                &stats.failures,
             ),
             (
                 "kpng_ebpf_program_detachments",

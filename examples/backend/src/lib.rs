@@ -214,6 +214,7 @@ impl Kernel for FileKernel {
     type Error = FileError;
 
     const UNIT: Unit = Unit::Plan;
+    const WHAT: &'static str = "frontend table";
     const APPLIED: &'static str = "written";
 
     fn read(&mut self) -> Result<Option<HashMap<Frontend, Vec<SocketAddr>>>, FileError> {

@@ -53,8 +53,8 @@ impl Subject for File {
         foreign()
     }
 
-    fn changed(&self, _key: &Key<Self>, value: &Value<Self>) -> Value<Self> {
-        changed(value)
+    fn changed(&self, _key: &Key<Self>, value: &Value<Self>) -> Option<Value<Self>> {
+        Some(changed(value))
     }
 }
 
@@ -104,8 +104,8 @@ impl Subject for Memory {
         foreign()
     }
 
-    fn changed(&self, _key: &Key<Self>, value: &Value<Self>) -> Value<Self> {
-        changed(value)
+    fn changed(&self, _key: &Key<Self>, value: &Value<Self>) -> Option<Value<Self>> {
+        Some(changed(value))
     }
 }
 

@@ -11,7 +11,7 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::MemoryDataplane;
-use crate::dataplane::Snapshot;
+use crate::dataplane::{Batch, Snapshot};
 use crate::maps::{GroupId, Target};
 
 /// The maps with slot positions forgotten: groups' endpoint sets instead of slots.
@@ -68,9 +68,9 @@ proptest! {
             before = after;
         }
         // Nothing changed: nothing written.
-        let writes = incremental.stats().map_writes.load(Ordering::Relaxed);
+        let writes = incremental.stats().writes.load(Ordering::Relaxed);
         incremental.apply(&ChangeSet::changes(&[], &before)).unwrap();
-        prop_assert_eq!(incremental.stats().map_writes.load(Ordering::Relaxed), writes);
+        prop_assert_eq!(incremental.stats().writes.load(Ordering::Relaxed), writes);
 
         let mut fresh = EbpfBackend::new(Box::new(MemoryDataplane::new()));
         fresh.apply(&ChangeSet::full(&before)).unwrap();
@@ -83,7 +83,7 @@ proptest! {
         };
         let mut restarted = EbpfBackend::new(Box::new(MemoryDataplane::holding(held)));
         restarted.apply(&ChangeSet::full(&before)).unwrap();
-        prop_assert_eq!(restarted.stats().map_writes.load(Ordering::Relaxed), 0);
+        prop_assert_eq!(restarted.stats().writes.load(Ordering::Relaxed), 0);
         prop_assert_eq!(memory(&restarted), memory(&incremental));
     }
 }
@@ -109,7 +109,7 @@ fn maps_grow_when_the_cluster_outgrows_them() {
         state.services.insert(svc.service.key.clone(), svc);
     }
     backend.apply(&ChangeSet::changes(&ops, &state)).unwrap();
-    assert_eq!(backend.stats().grows.load(Ordering::Relaxed), 1);
+    assert_eq!(backend.ebpf_stats().grows.load(Ordering::Relaxed), 1);
     assert_eq!(backend.capacities().unwrap()[&MapName::Frontends], 4096);
     assert_eq!(backend.held().len(), 2200);
 }
@@ -163,7 +163,7 @@ fn a_detached_program_is_reported_until_attached_again() {
 
     detached.store(true, Ordering::Relaxed);
     assert!(!backend.verify().unwrap(), "a detached program is drift");
-    let stats = backend.stats();
+    let stats = backend.ebpf_stats();
     assert_eq!(stats.unattached.load(Ordering::Relaxed), 1);
     assert_eq!(stats.detachments.load(Ordering::Relaxed), 1);
     let listed = problems.list();

@@ -89,7 +89,7 @@ pub fn build_backends(
                     built.locks.push(InstanceLock::take("ebpf")?);
                 }
                 let backend = ebpf_backend(args, global)?.with_problems(problems.clone());
-                built.collectors.push(Box::new(kpng_ebpf::EbpfMetrics(backend.stats())));
+                built.collectors.push(Box::new(kpng_ebpf::EbpfMetrics::of(&backend)));
                 let sockets = backend.connected_udp();
                 built.backends.push(Box::new(backend));
                 if let Some(sockets) = sockets {
