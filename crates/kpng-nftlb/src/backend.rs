@@ -1,4 +1,7 @@
-//! [`NftlbBackend`]: change sets in, the fewest nftlb calls out.
+//! [`NftlbBackend`]: change sets in, the fewest nftlb calls out; an instance of kpng's
+//! backend template ([`kpng_backend::reconcile`]): [`NftlbRender`] turns a service into
+//! farms (objects keyed by farm name), [`NftlbKernel`] lists them back and commits a plan
+//! as nftlb calls.
 //!
 //! kpng owns the nftlb daemon it drives, as kube-nftlb does: at start (and whenever it
 //! does not know what nftlb holds: a refused call, drift) it lists nftlb's farms and makes
@@ -17,6 +20,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
+use kpng_backend::reconcile::{Kernel, Plan, Rank, Reconciler, Render, Unit, Wanted};
 use kpng_backend::{Backend, BackendError, ChangeSet};
 use kpng_model::local::LocalServiceState;
 use kpng_model::{LocalState, ServiceKey};
@@ -61,70 +65,111 @@ pub fn cleanup(api: &mut dyn Api) -> Result<Vec<String>, NftlbError> {
 /// The most farms created in one call.
 pub const CREATE_CHUNK: usize = 200;
 
-/// The nftlb backend.
-pub struct NftlbBackend {
-    api: Box<dyn Api>,
-    installed: Box<dyn Installed>,
-    /// What nftlb holds, when known.
-    farms: Option<BTreeMap<String, Farm>>,
-    /// The farms of each service.
-    by_service: HashMap<ServiceKey, Vec<String>>,
+/// The render: a service's farms, `dsr` farms with their link layer resolved.
+pub struct NftlbRender {
     /// Services whose unsupported features were logged.
     warned: BTreeSet<ServiceKey>,
-    /// Calls made, for tests and logs.
-    calls: u64,
     /// For `dsr` farms: the interface clients arrive on, and how backends are resolved.
     direct: Option<(String, Box<dyn LinkLayer>)>,
 }
 
-impl NftlbBackend {
-    /// A backend calling `api` and checking the kernel through `installed`.
-    pub fn new(api: Box<dyn Api>, installed: Box<dyn Installed>) -> NftlbBackend {
-        NftlbBackend {
-            api,
-            installed,
-            farms: None,
-            by_service: HashMap::new(),
-            warned: BTreeSet::new(),
-            calls: 0,
-            direct: None,
+impl NftlbRender {
+    fn warn_unsupported(&mut self, service: &LocalServiceState) {
+        let key = &service.service.key;
+        let what = unsupported(service);
+        if what.is_empty() {
+            self.warned.remove(key);
+        } else if self.warned.insert(key.clone()) {
+            tracing::warn!(service = %key, unsupported = %what.join(", "), "to-nftlb proxies the cluster IPs only; these are not enforced");
         }
     }
+}
 
-    /// Services with `mode: dsr` get `dsr` farms hooked on `iface`, the interface clients
-    /// arrive on, their backends resolved by `links` (without it they are `snat` farms,
-    /// and the mode is reported unsupported).
-    pub fn with_direct_return(mut self, iface: String, links: Box<dyn LinkLayer>) -> Self {
-        self.direct = Some((iface, links));
-        self
-    }
+/// A farm's name orders nothing: farms are independent.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct FarmName(pub String);
 
-    /// The farms of `service`, `dsr` farms with their link layer resolved.
-    fn farms_of(&mut self, service: &LocalServiceState) -> Result<Vec<Farm>, NftlbError> {
+impl Rank for FarmName {}
+
+impl Render for NftlbRender {
+    type Key = FarmName;
+    type Value = Farm;
+    type Facts = ();
+    type Error = NftlbError;
+
+    fn facts(&self, _state: &LocalState) {}
+
+    fn service(
+        &mut self,
+        _facts: &(),
+        service: &LocalServiceState,
+        _held: Option<&HashMap<FarmName, Farm>>,
+    ) -> Result<Wanted<FarmName, Farm>, NftlbError> {
+        self.warn_unsupported(service);
         let mut farms = farms_of(service, self.direct.is_some());
-        let Some((iface, links)) = self.direct.as_mut() else { return Ok(farms) };
-        for farm in farms.iter_mut().filter(|f| f.vip.mode == "dsr" && !f.backends.is_empty()) {
-            let ips: Vec<IpAddr> =
-                farm.backends.values().filter_map(|b| b.ip_addr.parse().ok()).collect();
-            let resolved = links
-                .resolve(&ips)
-                .map_err(|why| NftlbError::LinkLayer { farm: farm.name.clone(), why })?;
-            let backends = farm
-                .backends
-                .values()
-                .filter_map(|b| {
-                    let ip: IpAddr = b.ip_addr.parse().ok()?;
-                    Some((b.name.clone(), resolved.macs.get(&ip)?.clone()))
-                })
-                .collect();
-            farm.direct = Some(Direct {
-                iface: iface.clone(),
-                oface: resolved.oface,
-                ether_addr: resolved.oface_mac,
-                backends,
-            });
+        if let Some((iface, links)) = self.direct.as_mut() {
+            for farm in farms.iter_mut().filter(|f| f.vip.mode == "dsr" && !f.backends.is_empty()) {
+                resolve(farm, iface, &mut **links)?;
+            }
         }
-        Ok(farms)
+        Ok(Wanted::objects(farms.into_iter().map(|f| (FarmName(f.name.clone()), f))))
+    }
+
+    fn forget(&mut self, key: &ServiceKey) {
+        self.warned.remove(key);
+    }
+
+    fn unsupported(&self, lb: &LoadBalancing) -> Vec<(AnnotationKey, &'static str)> {
+        // Direct server return needs the interface clients arrive on. nftlb's stateless
+        // DNAT keeps the service port (no target port) and takes replies only on the
+        // backends' interface.
+        match lb.mode {
+            Some(NatMode::Dsr) if self.direct.is_some() => Vec::new(),
+            Some(mode @ (NatMode::StatelessDnat | NatMode::Dsr)) => {
+                vec![(AnnotationKey::Mode, mode.as_str())]
+            }
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// Fills a `dsr` farm's link layer: `iface`, and its backends' addresses from `links`.
+fn resolve(farm: &mut Farm, iface: &str, links: &mut dyn LinkLayer) -> Result<(), NftlbError> {
+    let ips: Vec<IpAddr> = farm.backends.values().filter_map(|b| b.ip_addr.parse().ok()).collect();
+    let resolved = links
+        .resolve(&ips)
+        .map_err(|why| NftlbError::LinkLayer { farm: farm.name.clone(), why })?;
+    let backends = farm
+        .backends
+        .values()
+        .filter_map(|b| {
+            let ip: IpAddr = b.ip_addr.parse().ok()?;
+            Some((b.name.clone(), resolved.macs.get(&ip)?.clone()))
+        })
+        .collect();
+    farm.direct = Some(Direct {
+        iface: iface.to_string(),
+        oface: resolved.oface,
+        ether_addr: resolved.oface_mac,
+        backends,
+    });
+    Ok(())
+}
+
+/// The kernel: nftlb's farms, listed back and changed by calls. nftlb applies each call on
+/// its own, so a plan is applied a farm at a time ([`Unit::Write`]); after the calls, every
+/// farm created or changed is checked in the kernel.
+pub struct NftlbKernel {
+    api: Box<dyn Api>,
+    installed: Box<dyn Installed>,
+    /// Calls made, for tests and logs.
+    calls: u64,
+}
+
+impl NftlbKernel {
+    /// The daemon behind `api`, its kernel checked through `installed`.
+    pub fn new(api: Box<dyn Api>, installed: Box<dyn Installed>) -> Self {
+        NftlbKernel { api, installed, calls: 0 }
     }
 
     /// Calls made so far.
@@ -137,22 +182,8 @@ impl NftlbBackend {
         self.api.call(method, path, body).map(drop)
     }
 
-    fn warn_unsupported(&mut self, state: &LocalState, key: &ServiceKey) {
-        let Some(service) = state.services.get(key) else {
-            self.warned.remove(key);
-            return;
-        };
-        let what = unsupported(service);
-        if what.is_empty() {
-            self.warned.remove(key);
-        } else if self.warned.insert(key.clone()) {
-            tracing::warn!(service = %key, unsupported = %what.join(", "), "to-nftlb proxies the cluster IPs only; these are not enforced");
-        }
-    }
-
-    /// Brings farm `name` from `old` to `new` but for its creation, which is returned for
-    /// [`Self::sync`] to send with the others; returns too whether the kernel must be
-    /// checked.
+    /// Brings farm `name` from `old` to `new` but for its creation, which is returned to
+    /// be sent with the others; returns too whether the kernel must be checked.
     fn converge<'f>(
         &mut self,
         old: Option<&Farm>,
@@ -193,29 +224,46 @@ impl NftlbBackend {
             }
         }
     }
+}
 
-    /// Makes nftlb hold `wanted` in place of `have` (farm names of both); checks the kernel.
-    /// New farms go in calls of up to [`CREATE_CHUNK`]: nftlb's cost per call grows with
-    /// what it holds, so a start or a burst of new services costs few calls.
-    fn sync(
+impl Kernel for NftlbKernel {
+    type Key = FarmName;
+    type Value = Farm;
+    type Error = NftlbError;
+
+    const UNIT: Unit = Unit::Write;
+    const WHAT: &'static str = "nftlb farms";
+    const APPLIED: &'static str = "updated";
+
+    fn read(&mut self) -> Result<Option<HashMap<FarmName, Farm>>, NftlbError> {
+        let farms = list_farms(&mut *self.api)?;
+        Ok(Some(farms.into_iter().map(|(name, farm)| (FarmName(name), farm)).collect()))
+    }
+
+    /// Farms go first, then farms are changed, and new farms come in calls of up to
+    /// [`CREATE_CHUNK`] (nftlb's cost per call grows with what it holds, so a start or a
+    /// burst of new services costs few calls); then the kernel is checked.
+    fn commit(
         &mut self,
-        have: &BTreeMap<String, Farm>,
-        wanted: &BTreeMap<String, Farm>,
-    ) -> Result<usize, NftlbError> {
-        let names: BTreeSet<&String> = have.keys().chain(wanted.keys()).collect();
+        plan: &Plan<FarmName, Farm>,
+        _after: &HashMap<FarmName, Farm>,
+    ) -> Result<(), NftlbError> {
+        for (_, old) in &plan.deletes {
+            self.converge(Some(old), None)?;
+        }
         let mut check = Vec::new();
         let mut create = Vec::new();
-        let before = self.calls;
-        for name in names {
-            let (created, changed) = self.converge(have.get(name), wanted.get(name))?;
-            create.extend(created);
-            if changed {
-                check.extend(wanted.get(name).filter(|f| !f.backends.is_empty()));
+        for (_, old, new) in &plan.upserts {
+            match self.converge(old.as_ref(), Some(new))? {
+                (Some(created), _) => create.push(created),
+                (None, true) if !new.backends.is_empty() => check.push(new),
+                (None, _) => {}
             }
         }
         for chunk in create.chunks(CREATE_CHUNK) {
             self.call("POST", "/farms", &create_body(chunk))?;
         }
+        check.extend(create.iter().filter(|f| !f.backends.is_empty()));
         let chains = match check.is_empty() {
             true => BTreeMap::new(),
             false => self.installed.chains(&check)?,
@@ -225,104 +273,57 @@ impl NftlbBackend {
                 return Err(NftlbError::NotInstalled { farm: farm.name.clone(), what });
             }
         }
-        Ok((self.calls - before) as usize)
+        Ok(())
+    }
+}
+
+/// The nftlb backend.
+pub struct NftlbBackend {
+    inner: Reconciler<NftlbRender, NftlbKernel>,
+}
+
+impl NftlbBackend {
+    /// A backend calling `api` and checking the kernel through `installed`.
+    pub fn new(api: Box<dyn Api>, installed: Box<dyn Installed>) -> NftlbBackend {
+        let render = NftlbRender { warned: BTreeSet::new(), direct: None };
+        let kernel = NftlbKernel::new(api, installed);
+        NftlbBackend { inner: Reconciler::new(crate::NAME, render, kernel) }
     }
 
-    fn all_farms(&mut self, state: &LocalState) -> Result<BTreeMap<String, Farm>, NftlbError> {
-        self.by_service.clear();
-        let mut wanted = BTreeMap::new();
-        for (key, service) in &state.services {
-            self.warn_unsupported(state, key);
-            let farms = self.farms_of(service)?;
-            self.by_service.insert(key.clone(), farms.iter().map(|f| f.name.clone()).collect());
-            wanted.extend(farms.into_iter().map(|f| (f.name.clone(), f)));
-        }
-        Ok(wanted)
+    /// Services with `mode: dsr` get `dsr` farms hooked on `iface`, the interface clients
+    /// arrive on, their backends resolved by `links` (without it they are `snat` farms,
+    /// and the mode is reported unsupported).
+    pub fn with_direct_return(mut self, iface: String, links: Box<dyn LinkLayer>) -> Self {
+        self.inner.render_mut().direct = Some((iface, links));
+        self
     }
 
-    fn apply_inner(&mut self, changes: &ChangeSet<'_>) -> Result<usize, NftlbError> {
-        let state = changes.state;
-        let known = self.farms.take().filter(|_| !changes.is_reset());
-        let Some(mut farms) = known else {
-            let have = list_farms(&mut *self.api)?;
-            let wanted = self.all_farms(state)?;
-            let calls = self.sync(&have, &wanted)?;
-            self.farms = Some(wanted);
-            return Ok(calls);
-        };
-        let (keys, _) = changes.touched();
-        let mut have = BTreeMap::new();
-        let mut wanted = BTreeMap::new();
-        for key in &keys {
-            self.warn_unsupported(state, key);
-            for name in self.by_service.remove(key).unwrap_or_default() {
-                if let Some(farm) = farms.remove(&name) {
-                    have.insert(name, farm);
-                }
-            }
-            if let Some(service) = state.services.get(key) {
-                let new = self.farms_of(service)?;
-                self.by_service.insert(key.clone(), new.iter().map(|f| f.name.clone()).collect());
-                wanted.extend(new.into_iter().map(|f| (f.name.clone(), f)));
-            }
-        }
-        let calls = self.sync(&have, &wanted)?;
-        farms.extend(wanted);
-        self.farms = Some(farms);
-        Ok(calls)
+    /// Calls made so far.
+    pub fn calls(&self) -> u64 {
+        self.inner.kernel().calls()
+    }
+
+    /// The template's counters.
+    pub fn stats(&self) -> std::sync::Arc<kpng_backend::reconcile::Stats> {
+        self.inner.stats()
     }
 }
 
 impl Backend for NftlbBackend {
     fn name(&self) -> &'static str {
-        crate::NAME
+        self.inner.name()
     }
 
     fn unsupported(&self, lb: &LoadBalancing) -> Vec<(AnnotationKey, &'static str)> {
-        // Direct server return needs the interface clients arrive on. nftlb's stateless
-        // DNAT keeps the service port (no target port) and takes replies only on the
-        // backends' interface.
-        match lb.mode {
-            Some(NatMode::Dsr) if self.direct.is_some() => Vec::new(),
-            Some(mode @ (NatMode::StatelessDnat | NatMode::Dsr)) => {
-                vec![(AnnotationKey::Mode, mode.as_str())]
-            }
-            _ => Vec::new(),
-        }
+        self.inner.unsupported(lb)
     }
 
     fn apply(&mut self, changes: &ChangeSet<'_>) -> Result<(), BackendError> {
-        let start = std::time::Instant::now();
-        match self.apply_inner(changes) {
-            Ok(0) => Ok(()),
-            Ok(calls) => {
-                let farms = self.farms.as_ref().map_or(0, BTreeMap::len);
-                tracing::info!(calls, farms, took = ?start.elapsed(), "nftlb farms updated");
-                Ok(())
-            }
-            Err(error) => {
-                // Some calls may have been applied: list the farms before the next change.
-                self.farms = None;
-                Err(error.into_backend_error())
-            }
-        }
+        self.inner.apply(changes)
     }
 
     fn verify(&mut self) -> Result<bool, BackendError> {
-        let Some(farms) = &self.farms else { return Ok(true) };
-        let listed = list_farms(&mut *self.api).map_err(NftlbError::into_backend_error)?;
-        if &listed == farms {
-            return Ok(true);
-        }
-        let differs = farms
-            .keys()
-            .chain(listed.keys())
-            .find(|name| farms.get(*name) != listed.get(*name))
-            .cloned()
-            .unwrap_or_default();
-        tracing::warn!(farm = %differs, "nftlb's farms changed behind kpng's back; repairing");
-        self.farms = None;
-        Ok(false)
+        self.inner.verify()
     }
 }
 

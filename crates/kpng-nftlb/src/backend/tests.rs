@@ -62,6 +62,14 @@ impl Api for Fake {
                 let v: Value = serde_json::from_str(body).unwrap();
                 for farm in v["farms"].as_array().unwrap() {
                     let name = text(farm, "name");
+                    if name == POISON {
+                        return Err(NftlbError::Refused {
+                            method: method.into(),
+                            path: path.into(),
+                            status: "400".into(),
+                            body: "refused".into(),
+                        });
+                    }
                     if farm.get("family").is_some() {
                         let vip = serde_json::from_value(farm.clone()).unwrap();
                         d.farms.insert(
@@ -128,6 +136,9 @@ impl Installed for Fake {
             .collect())
     }
 }
+
+/// A farm name the in-memory nftlb refuses.
+const POISON: &str = "poison";
 
 fn backend(fake: &Fake) -> NftlbBackend {
     NftlbBackend::new(Box::new(fake.clone()), Box::new(fake.clone()))
@@ -426,4 +437,60 @@ fn dsr_farms_carry_the_link_layer_nftlb_needs() {
     let error = b.apply(&ChangeSet::changes(&diff(&after, &last), &last)).unwrap_err();
     let shown = kpng_backend::error_chain(&error);
     assert!(shown.contains("ns--s0--http") && shown.contains("10.1.0.9"), "{shown}");
+}
+
+/// The conformance suite over the in-memory nftlb.
+struct Conformance(Fake);
+
+impl Conformance {
+    /// A farm of the suite's sample states, under another name.
+    fn farm(name: &str) -> Farm {
+        let (_, b) = kpng_conformance::states::pair();
+        let service = b.services.values().next().expect("a sample service");
+        let mut farm = crate::farm::farms_of(service, false).remove(0);
+        farm.name = name.to_string();
+        farm
+    }
+}
+
+impl kpng_conformance::Subject for Conformance {
+    type Render = NftlbRender;
+    type Kernel = NftlbKernel;
+
+    fn name(&self) -> &'static str {
+        "to-nftlb over an nftlb in memory"
+    }
+
+    fn render(&self) -> NftlbRender {
+        NftlbRender { warned: BTreeSet::new(), direct: None }
+    }
+
+    fn open(&self) -> NftlbKernel {
+        NftlbKernel::new(Box::new(self.0.clone()), Box::new(self.0.clone()))
+    }
+
+    fn wipe(&self) {
+        *self.0.daemon() = Daemon::default();
+    }
+
+    fn poison(&self) -> (FarmName, Farm) {
+        (FarmName(POISON.into()), Conformance::farm(POISON))
+    }
+
+    fn foreign(&self) -> (FarmName, Farm) {
+        (FarmName("foreign".into()), Conformance::farm("foreign"))
+    }
+
+    fn changed(&self, _key: &FarmName, farm: &Farm) -> Option<Farm> {
+        let mut farm = farm.clone();
+        let mut extra = farm.backends.values().next()?.clone();
+        extra.name = "extra".into();
+        farm.backends.insert(extra.name.clone(), extra);
+        Some(farm)
+    }
+}
+
+#[test]
+fn nftlb_in_memory_conforms() {
+    kpng_conformance::run(&Conformance(Fake::default()), 64);
 }
