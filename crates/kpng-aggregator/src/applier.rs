@@ -105,7 +105,7 @@ impl Applier for NftApplier {
 }
 
 /// `table FAMILY NAME`, as `nft list tables` prints each table.
-fn parse_table_line(line: &str) -> Option<TableKey> {
+pub(crate) fn parse_table_line(line: &str) -> Option<TableKey> {
     let mut words = line.split_whitespace();
     let (Some("table"), Some(family), Some(name)) = (words.next(), words.next(), words.next())
     else {

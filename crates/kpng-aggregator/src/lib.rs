@@ -61,6 +61,8 @@
 //!   commits or rolls back.
 //! - [`applier`]: [`Applier`], with [`NftApplier`] (one `nft -f -` per batch, optionally
 //!   in a network namespace) and [`MemoryApplier`] (for tests).
+//! - [`libnft`]: [`LibNftApplier`], each batch committed in-process by libnftables (the
+//!   default; the crate's only unsafe code).
 //! - [`engine`]: [`Aggregator`]: producers, ownership, leases, adoption, and the batch.
 //! - [`bindings`]: which identity owns each producer name, saved in a file.
 //! - [`daemon`]: the task that owns the [`Aggregator`], paces batches with the runner's
@@ -74,6 +76,7 @@ pub mod changes;
 pub mod daemon;
 pub mod diff;
 pub mod engine;
+pub mod libnft;
 pub mod metrics;
 pub mod service;
 
@@ -81,6 +84,7 @@ pub use kpng_aggregator_client::{client, model, parse, rejection, updates, wire}
 
 pub use applier::{Applier, MemoryApplier, NftApplier, NftError};
 pub use engine::{Aggregator, Batch, Binding, Refusal, Rejection};
+pub use libnft::LibNftApplier;
 pub use model::{
     Chain, Family, ModelError, Publication, Set, SetKind, State, Table, TableKey, Update,
 };

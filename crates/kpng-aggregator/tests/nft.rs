@@ -1,20 +1,37 @@
-//! The aggregator against the real nft in a network namespace of its own: one transaction
-//! per batch, a bad producer isolated, and a restart that flushes nothing.
+//! The aggregator against the real kernel in a network namespace of its own, through each
+//! applier (libnftables in-process, and the `nft` command): one transaction per batch, a
+//! bad producer isolated, and a restart that flushes nothing.
 
 use std::time::{Duration, Instant};
 
 use kpng_aggregator::diff::Script;
 use kpng_aggregator::parse::parse;
-use kpng_aggregator::{Aggregator, Applier, NftApplier, NftError, Publication, TableKey, Update};
+use kpng_aggregator::{
+    Aggregator, Applier, LibNftApplier, NftApplier, NftError, Publication, TableKey, Update,
+};
 use kpng_testkit::netns::Netns;
 use kpng_testkit::privileged::require;
 
 const LEASE: Duration = Duration::from_secs(60);
 
-/// Counts the nft invocations that commit: each sends one netlink batch, one transaction.
+/// Counts the commits: each sends one netlink batch, one transaction.
 struct Counting {
-    nft: NftApplier,
+    nft: Box<dyn Applier>,
     transactions: usize,
+}
+
+/// The appliers every scenario runs with.
+const APPLIERS: [&str; 2] = ["libnftables", "nft"];
+
+impl Counting {
+    /// `kind`'s applier, programming `netns`.
+    fn new(kind: &str, netns: &Netns) -> Counting {
+        let nft: Box<dyn Applier> = match kind {
+            "libnftables" => Box::new(LibNftApplier::open(Some(netns.name())).unwrap()),
+            _ => Box::new(NftApplier::in_netns(netns.name())),
+        };
+        Counting { nft, transactions: 0 }
+    }
 }
 
 impl Applier for Counting {
@@ -58,8 +75,14 @@ fn two_producers_land_in_one_transaction_per_batch() {
     if !require("two_producers_land_in_one_transaction_per_batch", &["nft", "ip"]) {
         return;
     }
+    for kind in APPLIERS {
+        two_producers_land_in_one_transaction_per_batch_with(kind);
+    }
+}
+
+fn two_producers_land_in_one_transaction_per_batch_with(kind: &str) {
     let netns = Netns::new("agg2");
-    let mut applier = Counting { nft: NftApplier::in_netns(netns.name()), transactions: 0 };
+    let mut applier = Counting::new(kind, &netns);
     let mut aggregator = Aggregator::new(LEASE);
     let now = Instant::now();
     for name in ["a", "b"] {
@@ -91,8 +114,14 @@ fn a_bad_producer_is_isolated() {
     if !require("a_bad_producer_is_isolated", &["nft", "ip"]) {
         return;
     }
+    for kind in APPLIERS {
+        a_bad_producer_is_isolated_with(kind);
+    }
+}
+
+fn a_bad_producer_is_isolated_with(kind: &str) {
     let netns = Netns::new("aggbad");
-    let mut applier = Counting { nft: NftApplier::in_netns(netns.name()), transactions: 0 };
+    let mut applier = Counting::new(kind, &netns);
     let mut aggregator = Aggregator::new(LEASE);
     let now = Instant::now();
     for name in ["good", "bad"] {
@@ -122,8 +151,14 @@ fn a_restart_adopts_and_flushes_nothing() {
     if !require("a_restart_adopts_and_flushes_nothing", &["nft", "ip", "bash"]) {
         return;
     }
+    for kind in APPLIERS {
+        a_restart_adopts_and_flushes_nothing_with(kind);
+    }
+}
+
+fn a_restart_adopts_and_flushes_nothing_with(kind: &str) {
     let netns = Netns::new("aggrst");
-    let mut applier = Counting { nft: NftApplier::in_netns(netns.name()), transactions: 0 };
+    let mut applier = Counting::new(kind, &netns);
     let now = Instant::now();
     let mut first = Aggregator::new(LEASE);
     first.connect("fw", "uid:0").unwrap();

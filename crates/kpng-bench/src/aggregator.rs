@@ -1,10 +1,12 @@
 //! The nftables aggregator under load: N producers, each owning a table of its own (a base
 //! chain whose rule matches a set of addresses, as a firewall agent publishes), each making
 //! M updates a second (one address added, the oldest removed). Through one aggregator (in
-//! this process, on a unix socket, one `nft -f -` per batch) against each producer
-//! committing every update on its own (one `nft -f -` each, as producers without an
-//! aggregator do): kernel transactions and system calls per second, CPU, and the time from
-//! when an update was due to its acknowledgement (or to the producer's own commit).
+//! this process, on a unix socket, one transaction per batch) against each producer
+//! committing every update on its own (one transaction each, as producers without an
+//! aggregator do), both ways committing with an `nft -f -` process per transaction and with
+//! libnftables in-process: kernel transactions and system calls per second, CPU, and the
+//! time from when an update was due to its acknowledgement (or to the producer's own
+//! commit).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -14,8 +16,11 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use kpng_aggregator::client::{Ack, Publisher};
 use kpng_aggregator::daemon::{self, DaemonOptions};
+use kpng_aggregator::diff::Script;
 use kpng_aggregator::service::{MAX_UNACKNOWLEDGED, PublishService};
-use kpng_aggregator::{Aggregator, Chain, Family, NftApplier, Publication, Set, SetKind};
+use kpng_aggregator::{
+    Aggregator, Applier, Chain, Family, LibNftApplier, NftApplier, Publication, Set, SetKind,
+};
 use kpng_aggregator::{State, Table, TableKey, Update};
 use kpng_api::{Address, Security};
 use kpng_server::{ServeOptions, Served, ServerStats, serve_routes};
@@ -43,26 +48,61 @@ pub struct Run {
     pub latency: (f64, f64, f64),
 }
 
-/// One load, both ways.
+/// How transactions are committed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    /// An `nft -f -` process per transaction.
+    Process,
+    /// libnftables in this process.
+    Library,
+}
+
+impl Via {
+    /// Both ways.
+    pub const ALL: [Via; 2] = [Via::Process, Via::Library];
+
+    fn name(self) -> &'static str {
+        match self {
+            Via::Process => "nft",
+            Via::Library => "lib",
+        }
+    }
+
+    /// An applier committing this way.
+    fn applier(self) -> anyhow::Result<Box<dyn Applier>> {
+        Ok(match self {
+            Via::Process => Box::new(NftApplier::new()),
+            Via::Library => Box::new(LibNftApplier::open(None)?),
+        })
+    }
+}
+
+/// One load, both ways of committing, alone and aggregated.
 pub struct AggregatorRow {
     /// Producers.
     pub producers: usize,
     /// Updates per second and producer.
     pub rate: u64,
-    /// Each producer committing on its own.
-    pub alone: Run,
-    /// Through the aggregator.
-    pub aggregated: Run,
+    /// Each producer committing on its own, per way of committing.
+    pub alone: Vec<(Via, Run)>,
+    /// Through the aggregator, per way of committing.
+    pub aggregated: Vec<(Via, Run)>,
 }
 
 /// Runs `producers` producers at `rate` updates a second each for `seconds`, alone and
-/// through the aggregator.
+/// through the aggregator, committing each way.
 pub fn run(producers: usize, rate: u64, seconds: u64) -> anyhow::Result<AggregatorRow> {
-    let alone = alone(producers, rate, seconds).context("producers committing alone")?;
-    delete_tables(producers);
-    let aggregated = aggregated(producers, rate, seconds).context("through the aggregator")?;
-    delete_tables(producers);
-    Ok(AggregatorRow { producers, rate, alone, aggregated })
+    let mut row = AggregatorRow { producers, rate, alone: Vec::new(), aggregated: Vec::new() };
+    for via in Via::ALL {
+        let alone = alone(producers, rate, seconds, via).context("producers committing alone")?;
+        delete_tables(producers);
+        let aggregated =
+            aggregated(producers, rate, seconds, via).context("through the aggregator")?;
+        delete_tables(producers);
+        row.alone.push((via, alone));
+        row.aggregated.push((via, aggregated));
+    }
+    Ok(row)
 }
 
 fn table_name(producer: usize) -> String {
@@ -130,8 +170,9 @@ fn cpu() -> Duration {
     of(UsageWho::RUSAGE_SELF) + of(UsageWho::RUSAGE_CHILDREN)
 }
 
-/// Each producer on a thread of its own runs `nft -f -` for every update.
-fn alone(producers: usize, rate: u64, seconds: u64) -> anyhow::Result<Run> {
+/// Each producer on a thread of its own commits every update (an `nft -f -` each, or
+/// through a libnftables context of its own).
+fn alone(producers: usize, rate: u64, seconds: u64, via: Via) -> anyhow::Result<Run> {
     nft(&initial_script(producers))?;
     let mut counter = SyscallCounter::start()?;
     let (syscalls, cpu_before) = (counter.read()?, cpu());
@@ -141,6 +182,7 @@ fn alone(producers: usize, rate: u64, seconds: u64) -> anyhow::Result<Run> {
     let threads: Vec<_> = (0..producers)
         .map(|p| {
             std::thread::spawn(move || -> anyhow::Result<Vec<Duration>> {
+                let mut applier = via.applier()?;
                 let mut latencies = Vec::new();
                 let mut due = started;
                 for seq in 0.. {
@@ -152,11 +194,14 @@ fn alone(producers: usize, rate: u64, seconds: u64) -> anyhow::Result<Run> {
                     }
                     let table = table_name(p);
                     // What the aggregator's script holds for the same update, in its order.
-                    nft(&format!(
-                        "delete element ip {table} allowed {{ {} }}\nadd element ip {table} allowed {{ {} }}\n",
-                        address(p, seq),
-                        address(p, seq + INITIAL)
-                    ))?;
+                    let commands = vec![
+                        format!("delete element ip {table} allowed {{ {} }}", address(p, seq)),
+                        format!(
+                            "add element ip {table} allowed {{ {} }}",
+                            address(p, seq + INITIAL)
+                        ),
+                    ];
+                    applier.commit(&Script { commands })?;
                     latencies.push(due.elapsed());
                     due += period;
                 }
@@ -181,7 +226,8 @@ fn alone(producers: usize, rate: u64, seconds: u64) -> anyhow::Result<Run> {
 
 /// One aggregator in this process; each producer a task publishing its updates as they are
 /// due, without waiting for the previous one's acknowledgement.
-fn aggregated(producers: usize, rate: u64, seconds: u64) -> anyhow::Result<Run> {
+fn aggregated(producers: usize, rate: u64, seconds: u64, via: Via) -> anyhow::Result<Run> {
+    let applier = via.applier()?;
     let dir = tempfile::tempdir()?;
     let address: Address = format!("unix://{}", dir.path().join("aggregator.sock").display())
         .parse()
@@ -193,8 +239,7 @@ fn aggregated(producers: usize, rate: u64, seconds: u64) -> anyhow::Result<Run> 
     let run = runtime.block_on(async {
         let lease = Duration::from_secs(60);
         let options = DaemonOptions { lease, ..DaemonOptions::default() };
-        let (handle, _daemon) =
-            daemon::spawn(Aggregator::new(lease), Box::new(NftApplier::new()), options);
+        let (handle, _daemon) = daemon::spawn(Aggregator::new(lease), applier, options);
         let served = Served {
             routes: PublishService::routes(handle.clone(), MAX_UNACKNOWLEDGED),
             stats: Arc::new(ServerStats::default()),
@@ -355,10 +400,10 @@ pub fn print(rows: &[AggregatorRow]) {
         "nftables aggregator: N producers, each with a table of its own, each adding and removing one set element M times a second"
     );
     println!(
-        "(alone: each producer runs nft -f per update; aggregated: one aggregator, one nft -f per batch of everyone's updates)"
+        "(alone: each producer commits each update; aggregated: one aggregator, one transaction per batch of everyone's updates; via nft: an nft -f process per transaction, lib: libnftables in-process)"
     );
     println!(
-        "{:>9} {:>7} {:>10} | {:>7} {:>7} {:>11} {:>6} | {:>8} {:>8} {:>8}",
+        "{:>9} {:>7} {:>14} | {:>7} {:>7} {:>11} {:>6} | {:>8} {:>8} {:>8}",
         "producers",
         "each/s",
         "mode",
@@ -371,13 +416,18 @@ pub fn print(rows: &[AggregatorRow]) {
         "max(ms)"
     );
     for row in rows {
-        for (mode, run) in [("alone", &row.alone), ("aggregated", &row.aggregated)] {
+        let runs = row
+            .alone
+            .iter()
+            .map(|r| ("alone", r))
+            .chain(row.aggregated.iter().map(|r| ("aggregated", r)));
+        for (mode, (via, run)) in runs {
             let per_second = |n: u64| n as f64 / run.seconds.max(1e-9);
             println!(
-                "{:>9} {:>7} {:>10} | {:>7} {:>7.1} {:>11.0} {:>6.1} | {:>8.2} {:>8.2} {:>8.2}",
+                "{:>9} {:>7} {:>14} | {:>7} {:>7.1} {:>11.0} {:>6.1} | {:>8.2} {:>8.2} {:>8.2}",
                 row.producers,
                 row.rate,
-                mode,
+                format!("{mode} {}", via.name()),
                 run.updates,
                 per_second(run.transactions),
                 per_second(run.syscalls),
@@ -388,27 +438,48 @@ pub fn print(rows: &[AggregatorRow]) {
             );
         }
         let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
-        let (alone, aggregated) = (&row.alone, &row.aggregated);
-        println!(
-            "{:>9} {:>7} {:>10} | transactions {:.2}x, syscalls {:.2}x, cpu {:.2}x of alone; added latency p50 {:+.2} ms, p99 {:+.2} ms",
-            "",
-            "",
-            "ratio",
-            ratio(
-                aggregated.transactions as f64 / aggregated.seconds,
-                alone.transactions as f64 / alone.seconds
-            ),
-            ratio(
-                aggregated.syscalls as f64 / aggregated.seconds,
-                alone.syscalls as f64 / alone.seconds
-            ),
-            ratio(
-                aggregated.cpu.as_secs_f64() / aggregated.seconds,
-                alone.cpu.as_secs_f64() / alone.seconds
-            ),
-            aggregated.latency.0 - alone.latency.0,
-            aggregated.latency.1 - alone.latency.1
-        );
+        for ((via, alone), (_, aggregated)) in row.alone.iter().zip(&row.aggregated) {
+            println!(
+                "{:>9} {:>7} {:>14} | transactions {:.2}x, syscalls {:.2}x, cpu {:.2}x of alone; added latency p50 {:+.2} ms, p99 {:+.2} ms",
+                "",
+                "",
+                format!("ratio {}", via.name()),
+                ratio(
+                    aggregated.transactions as f64 / aggregated.seconds,
+                    alone.transactions as f64 / alone.seconds
+                ),
+                ratio(
+                    aggregated.syscalls as f64 / aggregated.seconds,
+                    alone.syscalls as f64 / alone.seconds
+                ),
+                ratio(
+                    aggregated.cpu.as_secs_f64() / aggregated.seconds,
+                    alone.cpu.as_secs_f64() / alone.seconds
+                ),
+                aggregated.latency.0 - alone.latency.0,
+                aggregated.latency.1 - alone.latency.1
+            );
+        }
+        let process = row.aggregated.iter().find(|(v, _)| *v == Via::Process);
+        let library = row.aggregated.iter().find(|(v, _)| *v == Via::Library);
+        if let (Some((_, process)), Some((_, library))) = (process, library) {
+            println!(
+                "{:>9} {:>7} {:>14} | aggregated via lib against via nft: p50 {:.2}x, p99 {:.2}x, cpu {:.2}x, syscalls {:.2}x",
+                "",
+                "",
+                "lib/nft",
+                ratio(library.latency.0, process.latency.0),
+                ratio(library.latency.1, process.latency.1),
+                ratio(
+                    library.cpu.as_secs_f64() / library.seconds,
+                    process.cpu.as_secs_f64() / process.seconds
+                ),
+                ratio(
+                    library.syscalls as f64 / library.seconds,
+                    process.syscalls as f64 / process.seconds
+                )
+            );
+        }
     }
 }
 

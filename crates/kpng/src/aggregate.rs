@@ -11,7 +11,7 @@ use kpng_aggregator::client::{Ack, Publisher};
 use kpng_aggregator::daemon::{self, DaemonOptions, Handle};
 use kpng_aggregator::service::PublishService;
 use kpng_aggregator::updates::updates;
-use kpng_aggregator::{Aggregator, Applier, NftApplier, Publication, State, Update};
+use kpng_aggregator::{Aggregator, Applier, LibNftApplier, NftApplier, Publication, State, Update};
 use kpng_server::{ServeOptions, Served, ServerStats, serve_routes};
 
 use crate::cli::{AggregateArgs, ConnRole, GlobalArgs, PublishArgs};
@@ -30,9 +30,18 @@ pub async fn run_aggregate(
     }
     let security = args.conn.checked(&args.listen, ConnRole::Server)?;
     let bindings = kpng_aggregator::bindings::load(&args.producer_bindings)?;
-    let mut applier: Box<dyn Applier> = match &args.netns {
-        Some(netns) => Box::new(NftApplier::in_netns(netns)),
-        None => Box::new(NftApplier::new()),
+    let mut applier: Box<dyn Applier> = match LibNftApplier::open(args.netns.as_deref()) {
+        Ok(applier) => {
+            tracing::info!("committing batches in-process with libnftables");
+            Box::new(applier)
+        }
+        Err(error) => {
+            tracing::warn!(%error, "libnftables unavailable: committing each batch with an nft process");
+            match &args.netns {
+                Some(netns) => Box::new(NftApplier::in_netns(netns)),
+                None => Box::new(NftApplier::new()),
+            }
+        }
     };
     let (applier, listed) = tokio::task::spawn_blocking(move || {
         let listed = applier.ruleset();
