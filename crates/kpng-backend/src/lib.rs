@@ -25,6 +25,10 @@
 //!   `/readyz`.
 //! - [`unsupported`]: load-balancing annotations a dataplane cannot enforce, logged once
 //!   per backend and service above the backends.
+//! - [`reconcile`]: the template a kernel backend is an instance of: a
+//!   [`reconcile::Render`] and a [`reconcile::Kernel`] are the backend's own; the
+//!   [`reconcile::Reconciler`] (change loop, owner-keyed table, ordered plans, resets,
+//!   verification, counters) is where the template ends and the backend begins.
 
 pub mod backend;
 pub mod endpoints;

@@ -40,7 +40,10 @@
 //! - [`client`]: nftlb's REST API over HTTP/1.1.
 //! - [`check`]: what the kernel holds of a farm.
 //! - [`link`]: where a `dsr` farm's backends are on the link layer.
-//! - [`backend`]: [`NftlbBackend`], the diff of farms into calls; [`cleanup`].
+//! - [`backend`]: where kpng's backend template ends and this backend begins:
+//!   [`NftlbBackend`] is the template's reconciler with [`backend::NftlbRender`] (a
+//!   service into farms) and [`backend::NftlbKernel`] (farms listed back, a plan as the
+//!   fewest calls, the kernel checked after); [`cleanup`].
 //! - [`mod@error`]: what can fail, [`NftlbError`].
 
 pub mod backend;
