@@ -2,7 +2,8 @@
 //! flagged `NLA_F_NESTED` and closed once their content is written; and read back, one
 //! nesting level at a time.
 
-const NLA_F_NESTED: u16 = 0x8000;
+/// `NLA_F_NESTED`: the attribute holds attributes.
+pub const NLA_F_NESTED: u16 = 0x8000;
 const NLA_TYPE_MASK: u16 = 0x3fff;
 
 /// Appends an attribute of `kind` with `payload`, padded to 4 bytes.

@@ -8,8 +8,9 @@
 //! - [`attr`]: netlink attributes, written and parsed.
 //! - [`message`]: message framing, netfilter families, and [`message::Batch`], the messages of
 //!   one nf_tables transaction.
-//! - [`nftables`]: typed nf_tables expressions, object messages (tables, chains, sets, rules,
-//!   elements) and dumps.
+//! - [`nftables`]: typed nf_tables expressions; one type per message (tables, chains, sets,
+//!   rules, elements, objects, generations) with its encoding and decoding, shared by the
+//!   batch builders and the dump reader, held to nft's own bytes by golden fixtures.
 //! - [`ctnetlink`]: conntrack entries: dump by destination, delete by tuple.
 //! - [`rtnetlink`]: the namespace's addresses, listed and watched.
 //! - [`sock_diag`]: a namespace's connected UDP sockets, dumped and destroyed.

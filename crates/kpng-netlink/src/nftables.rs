@@ -1,10 +1,13 @@
-//! nf_tables over netlink: typed expressions ([`expr`]), the messages that create, change
-//! and delete tables, chains, sets, rules and elements ([`objects`]), and dumps of what the
-//! kernel holds ([`dump`]). Numbers follow the kernel's uapi (`linux/netfilter/nf_tables.h`);
+//! nf_tables over netlink: typed expressions ([`expr`]); one type per message kpng sends
+//! or reads, with its encoding and decoding ([`messages`]); the builders that append
+//! messages creating, changing and deleting tables, chains, sets, rules and elements to a
+//! batch ([`objects`]); and dumps of what the kernel holds, decoded into the same message
+//! types ([`dump`]). Numbers follow the kernel's uapi (`linux/netfilter/nf_tables.h`);
 //! each is named where it is used.
 
 pub mod dump;
 pub mod expr;
+pub mod messages;
 pub mod objects;
 
 pub use expr::{Expr, Register, Verdict};

@@ -6,7 +6,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use ipnet::IpNet;
 use kpng_model::{Family, Protocol};
 use kpng_netlink::nftables::Verdict;
-use kpng_netlink::nftables::dump::DumpedElement;
+use kpng_netlink::nftables::messages::{ElementData, ElementMsg};
 
 use crate::objects::{Dest, Key, KeyKind, MapName, Value};
 
@@ -88,18 +88,18 @@ pub fn key(family: Family, map: MapName, bytes: &[u8], end: Option<&[u8]>) -> Op
 }
 
 /// Decodes one dumped element of `map`.
-pub fn element(family: Family, map: MapName, element: &DumpedElement) -> Option<(Key, Value)> {
+pub fn element(family: Family, map: MapName, element: &ElementMsg) -> Option<(Key, Value)> {
     let key = key(family, map, &element.key, element.key_end.as_deref())?;
-    let value = match (&element.verdict, &element.value) {
+    let value = match &element.data {
         // kpng's only verdict elements go to affinity chains.
-        (Some(Verdict::Goto(chain)), _) => {
+        Some(ElementData::Verdict(Verdict::Goto(chain))) => {
             Value::Affinity(u64::from_str_radix(chain.strip_prefix("aff_")?, 16).ok()?)
         }
-        (Some(_), _) => return None,
-        (None, Some(bytes)) => {
+        Some(ElementData::Verdict(_)) => return None,
+        Some(ElementData::Value(bytes)) => {
             Value::Endpoint(ip(family, bytes)?, port(bytes.get(addr_len(family)..)?)?)
         }
-        (None, None) => Value::None,
+        None => Value::None,
     };
     Some((key, value))
 }
@@ -134,12 +134,11 @@ mod tests {
             ),
         ];
         for (map, key, value) in cases {
-            let dumped = DumpedElement {
+            let dumped = ElementMsg {
                 key: key_bytes(&key, false).to_vec(),
                 key_end: matches!(key, Key::DestSource(..)).then(|| key_bytes(&key, true).to_vec()),
-                value: value_bytes(&value).map(|v| v.to_vec()),
-                verdict: None,
-                flags: 0,
+                data: value_bytes(&value).map(|v| ElementData::Value(v.to_vec())),
+                ..ElementMsg::default()
             };
             assert_eq!(element(Family::V6, map, &dumped), Some((key, value)), "{map}");
         }

@@ -208,9 +208,9 @@ impl NetlinkKernel {
         let mut to_read = Vec::new();
         for set in sets.iter().filter_map(|b| dump::set(b)).filter(|s| s.table == TABLE) {
             let shape = SetShape {
-                flags: set.flags & SHAPE_FLAGS,
-                key_type: set.key_type,
-                key_len: set.key_len,
+                flags: set.flags.unwrap_or(0) & SHAPE_FLAGS,
+                key_type: set.key_type.unwrap_or(0),
+                key_len: set.key_len.unwrap_or(0),
                 // The kernel reports a verdict map's data length; kpng sends none.
                 data: set.data.map(|(t, len)| {
                     (t, if t == kpng_netlink::nftables::objects::DATA_VERDICT { 0 } else { len })
@@ -229,10 +229,10 @@ impl NetlinkKernel {
         let chains = self.socket.dump(&dump::chains_request(pf, TABLE)).map_err(NftError::Read)?;
         // Chain dumps hold every table's chains.
         for chain in chains.iter().filter_map(|b| dump::chain(b)).filter(|c| c.table == TABLE) {
-            let hook = chain.hook.map(|(hook, priority)| HookShape {
+            let hook = chain.hook.map(|hook| HookShape {
                 kind: chain.chain_type.clone().unwrap_or_default(),
-                hook,
-                priority,
+                hook: hook.num,
+                priority: hook.priority,
             });
             present.chains.insert((family, chain.name), PresentChain { hook, rules: Vec::new() });
         }
@@ -245,8 +245,9 @@ impl NetlinkKernel {
         let rules =
             self.socket.dump(&dump::rules_request(pf, TABLE, None)).map_err(NftError::Read)?;
         for rule in rules.iter().filter_map(|b| dump::rule(b)).filter(|r| r.table == TABLE) {
+            let exprs = rule.known();
             if let Some(chain) = present.chains.get_mut(&(family, rule.chain)) {
-                chain.rules.push(rule.exprs);
+                chain.rules.push(exprs);
             }
         }
         Ok(())

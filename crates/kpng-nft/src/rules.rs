@@ -202,7 +202,7 @@ impl RuleBuilder {
     /// `<fields> @set` (or `!= @set`): the rule goes on only when the key is (not) a member.
     pub fn member(self, fields: &[Field], set: &str, invert: bool) -> Self {
         let (key, mut exprs) = self.load(fields);
-        exprs.push(Expr::Lookup { set: set.into(), sreg: 1, dreg: None, invert });
+        exprs.push(Expr::Lookup { set: set.into(), sreg: 1, dreg: None, invert, set_id: None });
         let op = if invert { "!= " } else { "" };
         self.say(format!("{key} {op}@{set}"), exprs)
     }
@@ -214,7 +214,13 @@ impl RuleBuilder {
             self.load(&[Field::Daddr, Field::L4Proto, Field::Dport, Field::Saddr]);
         let proto = register_at(addr_len(self.family));
         exprs.insert(2, Expr::Byteorder { sreg: proto, dreg: proto, hton: true, len: 1, size: 2 });
-        exprs.push(Expr::Lookup { set: set.into(), sreg: 1, dreg: None, invert: true });
+        exprs.push(Expr::Lookup {
+            set: set.into(),
+            sreg: 1,
+            dreg: None,
+            invert: true,
+            set_id: None,
+        });
         self.say(format!("{key} != @{set}"), exprs)
     }
 
@@ -257,7 +263,7 @@ impl RuleBuilder {
         if !bits.is_multiple_of(8) {
             let mask = ip_bytes(&net.netmask())[..bytes as usize].to_vec();
             let xor = vec![0; bytes as usize];
-            exprs.push(Expr::Bitwise { sreg: 1, dreg: 1, mask, xor });
+            exprs.push(Expr::Bitwise { sreg: 1, dreg: 1, mask, xor, op: Some(0) });
         }
         let op = if negate { CmpOp::Neq } else { CmpOp::Eq };
         exprs.push(Expr::Cmp { sreg: 1, op, data: network });
@@ -301,6 +307,7 @@ impl RuleBuilder {
                 dreg: 1,
                 mask: bit.to_ne_bytes().to_vec(),
                 xor: 0u32.to_ne_bytes().to_vec(),
+                op: Some(0),
             },
             Expr::Cmp { sreg: 1, op: CmpOp::Neq, data: 0u32.to_ne_bytes().to_vec() },
         ];
@@ -315,6 +322,7 @@ impl RuleBuilder {
                 dreg: 1,
                 mask: mask.to_ne_bytes().to_vec(),
                 xor: xor.to_ne_bytes().to_vec(),
+                op: Some(0),
             },
         ];
         exprs.extend(then);
@@ -427,7 +435,7 @@ impl RuleBuilder {
     /// `update @<set> { <fields> }`: remember the client's key in a dynamic set.
     pub fn remember(self, fields: &[Field], set: &str) -> Self {
         let (key, mut exprs) = self.load(fields);
-        exprs.push(Expr::DynsetUpdate { set: set.into(), sreg_key: 1 });
+        exprs.push(Expr::DynsetUpdate { set: set.into(), sreg_key: 1, set_id: None });
         self.say(format!("update @{set} {{ {key} }}"), exprs)
     }
 
@@ -546,7 +554,7 @@ impl RuleBuilder {
                 len: addr_len(family),
                 dreg: 1,
             },
-            Expr::DynsetUpdate { set: set.into(), sreg_key: 1 },
+            Expr::DynsetUpdate { set: set.into(), sreg_key: 1, set_id: None },
         ];
         self.say(format!("update @{set} {{ {ip} saddr }}"), exprs)
     }
@@ -576,7 +584,13 @@ impl RuleBuilder {
     /// Ends with `<fields> vmap @map`.
     pub fn vmap(self, fields: &[Field], map: &str) -> Rule {
         let (key, mut exprs) = self.load(fields);
-        exprs.push(Expr::Lookup { set: map.into(), sreg: 1, dreg: Some(0), invert: false });
+        exprs.push(Expr::Lookup {
+            set: map.into(),
+            sreg: 1,
+            dreg: Some(0),
+            invert: false,
+            set_id: None,
+        });
         self.say(format!("{key} vmap @{map}"), exprs).build()
     }
 
@@ -598,7 +612,13 @@ impl RuleBuilder {
     pub fn dnat_map(self, fields: &[Field], map: &str) -> Rule {
         let family = self.family;
         let (key, mut exprs) = self.load(fields);
-        exprs.push(Expr::Lookup { set: map.into(), sreg: 1, dreg: Some(1), invert: false });
+        exprs.push(Expr::Lookup {
+            set: map.into(),
+            sreg: 1,
+            dreg: Some(1),
+            invert: false,
+            set_id: None,
+        });
         exprs.push(Expr::Nat {
             kind: NatKind::Dnat,
             family: nfproto(family),

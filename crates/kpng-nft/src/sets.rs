@@ -98,7 +98,8 @@ pub fn declaration(map: MapName, family: Family) -> SetDecl {
             spec.key_type = concat(&[addr_type, INET_PROTO, INET_SERVICE, addr_type]);
             spec.key_len = 2 * addr_len + 8;
             spec.flags = SET_INTERVAL | SET_CONCAT;
-            spec.concat = vec![addr_len, 4, 4, addr_len];
+            // Each field's own length, as nft declares them (keys pad each to 4 bytes).
+            spec.concat = vec![addr_len, 1, 2, addr_len];
             format!("type {dest_text} . {addr_name}; flags interval;")
         }
     };

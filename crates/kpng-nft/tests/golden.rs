@@ -17,6 +17,7 @@ use kpng_model::global::{
 use kpng_model::{Family, GlobalModel, LocalState, Object, Protocol};
 use kpng_netlink::message::NETLINK_NETFILTER;
 use kpng_netlink::nftables::dump;
+use kpng_netlink::nftables::messages::{ChainMsg, SetMsg};
 use kpng_netlink::{NetlinkSocket, ProtoFamily};
 use kpng_nft::{DryRunKernel, NetlinkKernel, NftBackend, NftOptions};
 use kpng_testkit::builders::{endpoint, node, service, slice};
@@ -133,8 +134,8 @@ impl Write for Captured {
 /// What the kernel holds of kpng's tables, raw.
 #[derive(Debug, PartialEq, Eq)]
 struct Held {
-    sets: BTreeMap<(u8, String), dump::DumpedSet>,
-    chains: BTreeMap<(u8, String), dump::DumpedChain>,
+    sets: BTreeMap<(u8, String), SetMsg>,
+    chains: BTreeMap<(u8, String), ChainMsg>,
     rules: BTreeMap<(u8, String), Vec<Vec<u8>>>,
     elements: BTreeMap<(u8, String), BTreeSet<String>>,
 }
@@ -149,7 +150,8 @@ fn read_back() -> Held {
     };
     for (n, family) in [(4u8, ProtoFamily::Ipv4), (6, ProtoFamily::Ipv6)] {
         for body in socket.dump(&dump::sets_request(family, "kpng")).unwrap() {
-            let set = dump::set(&body).unwrap();
+            // Handles number objects in the order they were made: not compared.
+            let set = SetMsg { handle: None, ..dump::set(&body).unwrap() };
             let mut elements = BTreeSet::new();
             for body in socket.dump(&dump::elements_request(family, "kpng", &set.name)).unwrap() {
                 elements.extend(dump::elements(&body).iter().map(|e| format!("{e:?}")));
@@ -158,7 +160,7 @@ fn read_back() -> Held {
             held.sets.insert((n, set.name.clone()), set);
         }
         for body in socket.dump(&dump::chains_request(family, "kpng")).unwrap() {
-            let chain = dump::chain(&body).unwrap();
+            let chain = ChainMsg { handle: None, ..dump::chain(&body).unwrap() };
             if chain.table != "kpng" {
                 continue;
             }
@@ -166,7 +168,10 @@ fn read_back() -> Held {
         }
         for body in socket.dump(&dump::rules_request(family, "kpng", None)).unwrap() {
             let rule = dump::rule(&body).unwrap();
-            held.rules.entry((n, rule.chain.clone())).or_default().push(rule.raw);
+            // The expressions as the kernel dumped them, not as decoded.
+            let attributes = kpng_netlink::attr::parse(&body[4..]);
+            let raw = kpng_netlink::attr::find(&attributes, 4).unwrap_or_default().to_vec();
+            held.rules.entry((n, rule.chain.clone())).or_default().push(raw);
         }
     }
     held

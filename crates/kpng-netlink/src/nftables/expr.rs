@@ -231,6 +231,9 @@ pub enum Expr {
         mask: Vec<u8>,
         /// The value xored in.
         xor: Vec<u8>,
+        /// `NFTA_BITWISE_OP`, when given (nft gives `NFT_BITWISE_BOOL`, 0, for a mark it
+        /// sets; kpng gives none, which means the same).
+        op: Option<u32>,
     },
     /// Converts `len` bytes of `size`-byte words between host and network order.
     Byteorder {
@@ -264,6 +267,9 @@ pub enum Expr {
         dreg: Option<Register>,
         /// Match when the key is *not* in the set.
         invert: bool,
+        /// The set's id when it is created in the same batch (nft names it both ways; kpng
+        /// by name only).
+        set_id: Option<u32>,
     },
     /// Load a constant into `dreg`.
     Immediate {
@@ -360,6 +366,8 @@ pub enum Expr {
         set: String,
         /// Source register of the key.
         sreg_key: Register,
+        /// The set's id when it is created in the same batch.
+        set_id: Option<u32>,
     },
     /// Keep the packet out of connection tracking (`notrack`, before conntrack sees it).
     Notrack,

@@ -1,77 +1,24 @@
 //! Messages that create, change and delete nf_tables objects, appended to a [`Batch`].
-//! Each message carries a description in nft syntax for error reports.
+//! Each message carries a description in nft syntax for error reports; its bytes are
+//! those of its type in [`super::messages`], which the dump reader decodes too.
 //!
-//! Kept in one file on purpose: one small builder per nf_tables message type, all of
+//! Kept in one file on purpose: one small builder per nf_tables message kind, all of
 //! the same shape.
 
-use crate::attr::{self, put_be32, put_be64, put_str};
+use crate::attr;
 use crate::message::{Batch, NLM_F_APPEND, NLM_F_CREATE, ProtoFamily};
-use crate::nftables::expr::{Expr, Verdict, encode_all};
-use crate::nftables::{NFTA_DATA_VALUE, NFTA_LIST_ELEM, msg};
-
-mod table {
-    pub const NAME: u16 = 1;
-    pub const FLAGS: u16 = 2;
-}
+use crate::nftables::expr::{Expr, Verdict};
+use crate::nftables::messages::{
+    ChainHook, ChainMsg, CtHelperData, ElementDataRef, ElementRef, ElementsMsg, Message, ObjMsg,
+    RuleExpr, RuleMsg, SetDesc, SetMsg, TableMsg,
+};
+use crate::nftables::msg;
 
 /// `NFT_TABLE_F_OWNER`: only the netlink socket that created the table may change it, and
 /// the table goes when that socket closes.
 pub const TABLE_OWNER: u32 = 0x2;
 
-mod chain {
-    pub const TABLE: u16 = 1;
-    pub const NAME: u16 = 3;
-    pub const HOOK: u16 = 4;
-    pub const POLICY: u16 = 5;
-    pub const TYPE: u16 = 7;
-    pub const HOOK_NUM: u16 = 1;
-    pub const HOOK_PRIORITY: u16 = 2;
-}
-
-mod rule {
-    pub const TABLE: u16 = 1;
-    pub const CHAIN: u16 = 2;
-    pub const EXPRESSIONS: u16 = 4;
-}
-
-mod set {
-    pub const TABLE: u16 = 1;
-    pub const NAME: u16 = 2;
-    pub const FLAGS: u16 = 3;
-    pub const KEY_TYPE: u16 = 4;
-    pub const KEY_LEN: u16 = 5;
-    pub const DATA_TYPE: u16 = 6;
-    pub const DATA_LEN: u16 = 7;
-    pub const DESC: u16 = 9;
-    pub const ID: u16 = 10;
-    pub const TIMEOUT: u16 = 11;
-    pub const USERDATA: u16 = 13;
-    pub const DESC_CONCAT: u16 = 2;
-    pub const FIELD_LEN: u16 = 1;
-}
-
-mod elem {
-    pub const LIST_TABLE: u16 = 1;
-    pub const LIST_SET: u16 = 2;
-    pub const LIST_ELEMENTS: u16 = 3;
-    pub const KEY: u16 = 1;
-    pub const DATA: u16 = 2;
-    pub const FLAGS: u16 = 3;
-    pub const KEY_END: u16 = 10;
-}
-
-mod obj {
-    pub const TABLE: u16 = 1;
-    pub const NAME: u16 = 2;
-    pub const TYPE: u16 = 3;
-    pub const DATA: u16 = 4;
-    pub const HELPER_NAME: u16 = 1;
-    pub const HELPER_L3PROTO: u16 = 2;
-    pub const HELPER_L4PROTO: u16 = 3;
-}
-
-/// `NFT_OBJECT_CT_HELPER`: the object type of a conntrack helper.
-pub const OBJECT_CT_HELPER: u32 = 3;
+pub use crate::nftables::messages::OBJECT_CT_HELPER;
 
 /// A `ct helper` object: the kernel's conntrack helper `helper` (`ftp`, `sip`, ...) for
 /// one transport protocol, which rules assign to connections by the object's name.
@@ -221,57 +168,56 @@ impl Table<'_> {
         format!("{} {}", self.family.keyword(), self.name)
     }
 
+    fn table_msg(&self, flags: Option<u32>) -> TableMsg {
+        TableMsg { name: self.name.to_string(), flags, userdata: None }
+    }
+
     /// Creates the table if it does not exist.
     pub fn add(&self, batch: &mut Batch) {
         let what = format!("add table {}", self.prefix());
-        batch.message(msg::NEWTABLE, NLM_F_CREATE, self.family, what, |b| {
-            put_str(b, table::NAME, self.name);
-        });
+        let message = self.table_msg(None);
+        batch.message(msg::NEWTABLE, NLM_F_CREATE, self.family, what, |b| message.encode(b));
     }
 
     /// Creates the table with `NFT_TABLE_F_*` flags.
     pub fn add_with_flags(&self, batch: &mut Batch, flags: u32) {
         let what = format!("add table {} {{ flags {flags:#x}; }}", self.prefix());
-        batch.message(msg::NEWTABLE, NLM_F_CREATE, self.family, what, |b| {
-            put_str(b, table::NAME, self.name);
-            put_be32(b, table::FLAGS, flags);
-        });
+        let message = self.table_msg(Some(flags));
+        batch.message(msg::NEWTABLE, NLM_F_CREATE, self.family, what, |b| message.encode(b));
     }
 
     /// Deletes the table and everything in it.
     pub fn delete(&self, batch: &mut Batch) {
         let what = format!("delete table {}", self.prefix());
-        batch.message(msg::DELTABLE, 0, self.family, what, |b| put_str(b, table::NAME, self.name));
+        let message = self.table_msg(None);
+        batch.message(msg::DELTABLE, 0, self.family, what, |b| message.encode(b));
+    }
+
+    fn chain_msg(&self, name: &str) -> ChainMsg {
+        ChainMsg { table: self.name.to_string(), name: name.to_string(), ..ChainMsg::default() }
     }
 
     /// Creates a chain (an existing one is kept as it is).
     pub fn add_chain(&self, batch: &mut Batch, spec: &ChainSpec) {
         let what = format!("add chain {} {}", self.prefix(), spec.name);
-        batch.message(msg::NEWCHAIN, NLM_F_CREATE, self.family, what, |b| {
-            put_str(b, chain::TABLE, self.name);
-            put_str(b, chain::NAME, &spec.name);
-            if let Some(hook) = &spec.hook {
-                attr::nested(b, chain::HOOK, |b| {
-                    put_be32(b, chain::HOOK_NUM, hook.num);
-                    put_be32(b, chain::HOOK_PRIORITY, hook.priority as u32);
-                });
-                put_be32(b, chain::POLICY, 1); // NF_ACCEPT
-                put_str(b, chain::TYPE, hook.chain_type);
-            }
-        });
-    }
-
-    fn chain_message(&self, batch: &mut Batch, kind: u16, verb: &str, name: &str) {
-        let what = format!("{verb} chain {} {name}", self.prefix());
-        batch.message(kind, 0, self.family, what, |b| {
-            put_str(b, chain::TABLE, self.name);
-            put_str(b, chain::NAME, name);
-        });
+        let mut message = self.chain_msg(&spec.name);
+        if let Some(hook) = &spec.hook {
+            message.chain_type = Some(hook.chain_type.to_string());
+            message.policy = Some(1); // NF_ACCEPT
+            message.hook = Some(ChainHook { num: hook.num, priority: hook.priority });
+        }
+        batch.message(msg::NEWCHAIN, NLM_F_CREATE, self.family, what, |b| message.encode(b));
     }
 
     /// Deletes a chain (it must hold no rule and no reference).
     pub fn delete_chain(&self, batch: &mut Batch, name: &str) {
-        self.chain_message(batch, msg::DELCHAIN, "delete", name);
+        let what = format!("delete chain {} {name}", self.prefix());
+        let message = self.chain_msg(name);
+        batch.message(msg::DELCHAIN, 0, self.family, what, |b| message.encode(b));
+    }
+
+    fn rule_msg(&self, chain: &str, exprs: Vec<RuleExpr>) -> RuleMsg {
+        RuleMsg { table: self.name.to_string(), chain: chain.to_string(), handle: None, exprs }
     }
 
     /// Removes every rule of a chain.
@@ -279,20 +225,21 @@ impl Table<'_> {
         // A rule deletion with a chain and no handle removes the chain's rules. Never send
         // it without the chain: that would flush the whole table.
         let what = format!("flush chain {} {name}", self.prefix());
-        batch.message(msg::DELRULE, 0, self.family, what, |b| {
-            put_str(b, rule::TABLE, self.name);
-            put_str(b, rule::CHAIN, name);
-        });
+        let message = self.rule_msg(name, Vec::new());
+        batch.message(msg::DELRULE, 0, self.family, what, |b| message.encode(b));
     }
 
     /// Appends a rule to a chain; `text` is the rule in nft syntax, for error reports.
     pub fn add_rule(&self, batch: &mut Batch, chain_name: &str, exprs: &[Expr], text: &str) {
         let what = format!("add rule {} {chain_name} {text}", self.prefix());
-        batch.message(msg::NEWRULE, NLM_F_CREATE | NLM_F_APPEND, self.family, what, |b| {
-            put_str(b, rule::TABLE, self.name);
-            put_str(b, rule::CHAIN, chain_name);
-            attr::nested(b, rule::EXPRESSIONS, |b| encode_all(exprs, b));
-        });
+        let exprs = exprs.iter().cloned().map(RuleExpr::Known).collect();
+        let message = self.rule_msg(chain_name, exprs);
+        let flags = NLM_F_CREATE | NLM_F_APPEND;
+        batch.message(msg::NEWRULE, flags, self.family, what, |b| message.encode(b));
+    }
+
+    fn set_msg(&self, name: &str) -> SetMsg {
+        SetMsg { table: self.name.to_string(), name: name.to_string(), ..SetMsg::default() }
     }
 
     /// Creates a set or map (an existing one with the same definition is kept with its
@@ -300,41 +247,23 @@ impl Table<'_> {
     pub fn add_set(&self, batch: &mut Batch, spec: &SetSpec, id: u32) {
         let kind = if spec.data.is_some() { "map" } else { "set" };
         let what = format!("add {kind} {} {}", self.prefix(), spec.name);
-        batch.message(msg::NEWSET, NLM_F_CREATE, self.family, what, |b| {
-            put_str(b, set::TABLE, self.name);
-            put_str(b, set::NAME, &spec.name);
-            let map = if spec.data.is_some() { SET_MAP } else { 0 };
-            put_be32(b, set::FLAGS, spec.flags | map);
-            put_be32(b, set::KEY_TYPE, spec.key_type);
-            put_be32(b, set::KEY_LEN, spec.key_len);
-            match spec.data {
-                None => {}
-                Some(SetData::Verdict) => {
-                    put_be32(b, set::DATA_TYPE, DATA_VERDICT);
-                    put_be32(b, set::DATA_LEN, 0);
-                }
-                Some(SetData::Value { type_id, len }) => {
-                    put_be32(b, set::DATA_TYPE, type_id);
-                    put_be32(b, set::DATA_LEN, len);
-                }
-            }
-            if !spec.concat.is_empty() {
-                attr::nested(b, set::DESC, |b| {
-                    attr::nested(b, set::DESC_CONCAT, |b| {
-                        for len in &spec.concat {
-                            attr::nested(b, NFTA_LIST_ELEM, |b| put_be32(b, set::FIELD_LEN, *len));
-                        }
-                    });
-                });
-            }
-            put_be32(b, set::ID, id);
-            if let Some(ms) = spec.timeout_ms {
-                put_be64(b, set::TIMEOUT, ms);
-            }
-            if !spec.userdata.is_empty() {
-                attr::put(b, set::USERDATA, &spec.userdata);
-            }
-        });
+        let map = if spec.data.is_some() { SET_MAP } else { 0 };
+        let message = SetMsg {
+            flags: Some(spec.flags | map),
+            key_type: Some(spec.key_type),
+            key_len: Some(spec.key_len),
+            data: spec.data.map(|d| match d {
+                SetData::Verdict => (DATA_VERDICT, 0),
+                SetData::Value { type_id, len } => (type_id, len),
+            }),
+            desc: (!spec.concat.is_empty())
+                .then(|| SetDesc { size: None, concat: spec.concat.clone() }),
+            id: Some(id),
+            timeout_ms: spec.timeout_ms,
+            userdata: (!spec.userdata.is_empty()).then(|| spec.userdata.clone()),
+            ..self.set_msg(&spec.name)
+        };
+        batch.message(msg::NEWSET, NLM_F_CREATE, self.family, what, |b| message.encode(b));
     }
 
     /// Creates a `ct helper` object (an existing one with the same definition is kept). The
@@ -349,44 +278,48 @@ impl Table<'_> {
             spec.helper,
             spec.l4proto
         );
-        batch.message(msg::NEWOBJ, NLM_F_CREATE, self.family, what, |b| {
-            put_str(b, obj::TABLE, self.name);
-            put_str(b, obj::NAME, &spec.name);
-            put_be32(b, obj::TYPE, OBJECT_CT_HELPER);
-            attr::nested(b, obj::DATA, |b| {
-                put_str(b, obj::HELPER_NAME, &spec.helper);
-                attr::put(b, obj::HELPER_L3PROTO, &u16::from(self.family.number()).to_be_bytes());
-                attr::put(b, obj::HELPER_L4PROTO, &[spec.l4proto]);
-            });
-        });
+        let helper = CtHelperData {
+            helper: spec.helper.clone(),
+            l3proto: Some(u16::from(self.family.number())),
+            l4proto: spec.l4proto,
+        };
+        let message = ObjMsg { helper: Some(helper), ..self.helper_msg(&spec.name) };
+        batch.message(msg::NEWOBJ, NLM_F_CREATE, self.family, what, |b| message.encode(b));
+    }
+
+    fn helper_msg(&self, name: &str) -> ObjMsg {
+        ObjMsg {
+            table: self.name.to_string(),
+            name: name.to_string(),
+            obj_type: OBJECT_CT_HELPER,
+            helper: None,
+            handle: None,
+        }
     }
 
     /// Deletes a `ct helper` object (no rule may refer to it).
     pub fn delete_ct_helper(&self, batch: &mut Batch, name: &str) {
         let what = format!("delete ct helper {} {name}", self.prefix());
-        batch.message(msg::DELOBJ, 0, self.family, what, |b| {
-            put_str(b, obj::TABLE, self.name);
-            put_str(b, obj::NAME, name);
-            put_be32(b, obj::TYPE, OBJECT_CT_HELPER);
-        });
+        let message = self.helper_msg(name);
+        batch.message(msg::DELOBJ, 0, self.family, what, |b| message.encode(b));
     }
 
     /// Deletes a set (nothing may refer to it).
     pub fn delete_set(&self, batch: &mut Batch, name: &str) {
         let what = format!("delete set {} {name}", self.prefix());
-        batch.message(msg::DELSET, 0, self.family, what, |b| {
-            put_str(b, set::TABLE, self.name);
-            put_str(b, set::NAME, name);
-        });
+        let message = self.set_msg(name);
+        batch.message(msg::DELSET, 0, self.family, what, |b| message.encode(b));
+    }
+
+    fn elements_msg(&self, set: &str) -> ElementsMsg {
+        ElementsMsg { table: self.name.to_string(), set: set.to_string(), ..ElementsMsg::default() }
     }
 
     /// Removes every element of a set.
     pub fn flush_set(&self, batch: &mut Batch, name: &str) {
         let what = format!("flush set {} {name}", self.prefix());
-        batch.message(msg::DELSETELEM, 0, self.family, what, |b| {
-            put_str(b, elem::LIST_TABLE, self.name);
-            put_str(b, elem::LIST_SET, name);
-        });
+        let message = self.elements_msg(name);
+        batch.message(msg::DELSETELEM, 0, self.family, what, |b| message.encode(b));
     }
 
     /// Adds (`add`) or deletes the elements of one set, each written by `write`, split into
@@ -407,21 +340,21 @@ impl Table<'_> {
             true => (msg::NEWSETELEM, NLM_F_CREATE, "add"),
             false => (msg::DELSETELEM, 0, "delete"),
         };
+        let header = self.elements_msg(set_name);
         let mut elements = elements.peekable();
         while let Some(first) = elements.peek() {
             let what =
                 format!("{verb} element {} {set_name} {{ {} }}", self.prefix(), describe(first));
             batch.message(kind, flags, self.family, what, |b| {
-                put_str(b, elem::LIST_TABLE, self.name);
-                put_str(b, elem::LIST_SET, set_name);
-                attr::nested(b, elem::LIST_ELEMENTS, |b| {
-                    let start = b.len();
-                    while b.len() - start < MAX_ELEMENTS_BYTES
-                        && let Some(element) = elements.next()
-                    {
-                        write(&element, &mut ElementSink { buf: b, with_data: add });
-                    }
-                });
+                header.encode_header(b);
+                let list = ElementsMsg::open_elements(b);
+                let start = b.len();
+                while b.len() - start < MAX_ELEMENTS_BYTES
+                    && let Some(element) = elements.next()
+                {
+                    write(&element, &mut ElementSink { buf: b, with_data: add });
+                }
+                attr::close(b, list);
             });
         }
     }
@@ -441,27 +374,24 @@ impl ElementSink<'_> {
 }
 
 fn write_element(buf: &mut Vec<u8>, element: &Element<'_>, with_data: bool) {
-    attr::nested(buf, NFTA_LIST_ELEM, |b| {
-        attr::nested(b, elem::KEY, |b| attr::put(b, NFTA_DATA_VALUE, element.key));
-        if let Some(end) = element.key_end {
-            attr::nested(b, elem::KEY_END, |b| attr::put(b, NFTA_DATA_VALUE, end));
+    let verdict;
+    let data = match element.data {
+        ElementData::None => None,
+        ElementData::Value(value) => Some(ElementDataRef::Value(value)),
+        ElementData::Goto(chain) => {
+            verdict = Verdict::Goto(chain.to_string());
+            Some(ElementDataRef::Verdict(&verdict))
         }
-        if element.flags != 0 {
-            put_be32(b, elem::FLAGS, element.flags);
-        }
-        if !with_data {
-            return;
-        }
-        match element.data {
-            ElementData::None => {}
-            ElementData::Value(value) => {
-                attr::nested(b, elem::DATA, |b| attr::put(b, NFTA_DATA_VALUE, value))
-            }
-            ElementData::Goto(chain) => {
-                attr::nested(b, elem::DATA, |b| Verdict::Goto(chain.to_string()).encode(b))
-            }
-        }
-    });
+    };
+    let element = ElementRef {
+        key: element.key,
+        key_end: element.key_end,
+        data,
+        flags: (element.flags != 0).then_some(element.flags),
+        timeout_ms: None,
+        expiration_ms: None,
+    };
+    element.encode(buf, with_data);
 }
 
 #[cfg(test)]
@@ -492,7 +422,7 @@ mod tests {
         let mut per_message = Vec::new();
         for message in &messages(&finished.bytes)[1..] {
             let attrs = attr::parse(message.netfilter_payload());
-            if let Some(list) = attr::find(&attrs, elem::LIST_ELEMENTS) {
+            if let Some(list) = attr::find(&attrs, 3) {
                 assert!(list.len() < 64 * 1024);
                 per_message.push(attr::parse(list).len());
             }

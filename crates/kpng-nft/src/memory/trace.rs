@@ -269,7 +269,7 @@ impl Vm<'_> {
             Expr::MetaSet { sreg, .. } => {
                 path.mark = u32::from_ne_bytes(read(path, *sreg, 4).try_into().unwrap_or_default())
             }
-            Expr::Bitwise { sreg, dreg, mask, xor } => {
+            Expr::Bitwise { sreg, dreg, mask, xor, .. } => {
                 let value: Vec<u8> = read(path, *sreg, mask.len())
                     .iter()
                     .zip(mask.iter().zip(xor))
@@ -290,7 +290,7 @@ impl Vm<'_> {
                     return Some(RuleEnd::NoMatch);
                 }
             }
-            Expr::Lookup { set, sreg, dreg, invert } => {
+            Expr::Lookup { set, sreg, dreg, invert, .. } => {
                 return self.lookup(set, *sreg, *dreg, *invert, path);
             }
             Expr::Immediate { dreg, data } => write(path, *dreg, data),

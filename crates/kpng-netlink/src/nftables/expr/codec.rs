@@ -19,6 +19,7 @@ mod attrs {
     pub const BITWISE_LEN: u16 = 3;
     pub const BITWISE_MASK: u16 = 4;
     pub const BITWISE_XOR: u16 = 5;
+    pub const BITWISE_OP: u16 = 6;
     pub const BYTEORDER_SREG: u16 = 1;
     pub const BYTEORDER_DREG: u16 = 2;
     pub const BYTEORDER_OP: u16 = 3;
@@ -30,6 +31,7 @@ mod attrs {
     pub const LOOKUP_SET: u16 = 1;
     pub const LOOKUP_SREG: u16 = 2;
     pub const LOOKUP_DREG: u16 = 3;
+    pub const LOOKUP_SET_ID: u16 = 4;
     pub const LOOKUP_FLAGS: u16 = 5;
     pub const LOOKUP_F_INV: u32 = 1;
     pub const IMMEDIATE_DREG: u16 = 1;
@@ -42,6 +44,7 @@ mod attrs {
     pub const NUMGEN_DREG: u16 = 1;
     pub const NUMGEN_MODULUS: u16 = 2;
     pub const NUMGEN_TYPE: u16 = 3;
+    pub const NUMGEN_OFFSET: u16 = 4;
     pub const NAT_TYPE: u16 = 1;
     pub const NAT_FAMILY: u16 = 2;
     pub const NAT_REG_ADDR_MIN: u16 = 3;
@@ -51,6 +54,7 @@ mod attrs {
     pub const REJECT_TYPE: u16 = 1;
     pub const REJECT_ICMP_CODE: u16 = 2;
     pub const DYNSET_SET_NAME: u16 = 1;
+    pub const DYNSET_SET_ID: u16 = 2;
     pub const DYNSET_OP: u16 = 3;
     pub const DYNSET_SREG_KEY: u16 = 4;
     pub const DYNSET_OP_UPDATE: u32 = 1;
@@ -110,16 +114,19 @@ impl Expr {
                     }
                 }
                 Expr::Meta { key, dreg } => {
-                    put_be32(b, META_DREG, *dreg);
                     put_be32(b, META_KEY, *key as u32);
+                    put_be32(b, META_DREG, *dreg);
                 }
                 Expr::MetaSet { key, sreg } => {
                     put_be32(b, META_KEY, *key as u32);
                     put_be32(b, META_SREG, *sreg);
                 }
-                Expr::Bitwise { sreg, dreg, mask, xor } => {
+                Expr::Bitwise { sreg, dreg, mask, xor, op } => {
                     put_be32(b, BITWISE_SREG, *sreg);
                     put_be32(b, BITWISE_DREG, *dreg);
+                    if let Some(op) = op {
+                        put_be32(b, BITWISE_OP, *op);
+                    }
                     put_be32(b, BITWISE_LEN, mask.len() as u32);
                     attr::nested(b, BITWISE_MASK, |b| attr::put(b, NFTA_DATA_VALUE, mask));
                     attr::nested(b, BITWISE_XOR, |b| attr::put(b, NFTA_DATA_VALUE, xor));
@@ -136,11 +143,14 @@ impl Expr {
                     put_be32(b, CMP_OP, *op as u32);
                     attr::nested(b, CMP_DATA, |b| attr::put(b, NFTA_DATA_VALUE, data));
                 }
-                Expr::Lookup { set, sreg, dreg, invert } => {
-                    put_str(b, LOOKUP_SET, set);
+                Expr::Lookup { set, sreg, dreg, invert, set_id } => {
                     put_be32(b, LOOKUP_SREG, *sreg);
                     if let Some(dreg) = dreg {
                         put_be32(b, LOOKUP_DREG, *dreg);
+                    }
+                    put_str(b, LOOKUP_SET, set);
+                    if let Some(id) = set_id {
+                        put_be32(b, LOOKUP_SET_ID, *id);
                     }
                     if *invert {
                         put_be32(b, LOOKUP_FLAGS, LOOKUP_F_INV);
@@ -155,18 +165,19 @@ impl Expr {
                     attr::nested(b, IMMEDIATE_DATA, |b| verdict.encode(b));
                 }
                 Expr::Ct { key, dreg } => {
-                    put_be32(b, CT_DREG, *dreg);
                     put_be32(b, CT_KEY, *key as u32);
+                    put_be32(b, CT_DREG, *dreg);
                 }
                 Expr::Fib { flags, result, dreg } => {
-                    put_be32(b, FIB_DREG, *dreg);
-                    put_be32(b, FIB_RESULT, *result);
                     put_be32(b, FIB_FLAGS, *flags);
+                    put_be32(b, FIB_RESULT, *result);
+                    put_be32(b, FIB_DREG, *dreg);
                 }
                 Expr::Numgen { dreg, modulus, random } => {
                     put_be32(b, NUMGEN_DREG, *dreg);
                     put_be32(b, NUMGEN_MODULUS, *modulus);
                     put_be32(b, NUMGEN_TYPE, u32::from(*random));
+                    put_be32(b, NUMGEN_OFFSET, 0);
                 }
                 Expr::Nat { kind, family, addr, proto, flags } => {
                     put_be32(b, NAT_TYPE, *kind as u32);
@@ -188,10 +199,13 @@ impl Expr {
                     put_be32(b, REJECT_TYPE, *kind);
                     attr::put(b, REJECT_ICMP_CODE, &[*code]);
                 }
-                Expr::DynsetUpdate { set, sreg_key } => {
-                    put_str(b, DYNSET_SET_NAME, set);
-                    put_be32(b, DYNSET_OP, DYNSET_OP_UPDATE);
+                Expr::DynsetUpdate { set, sreg_key, set_id } => {
                     put_be32(b, DYNSET_SREG_KEY, *sreg_key);
+                    put_be32(b, DYNSET_OP, DYNSET_OP_UPDATE);
+                    put_str(b, DYNSET_SET_NAME, set);
+                    if let Some(id) = set_id {
+                        put_be32(b, DYNSET_SET_ID, *id);
+                    }
                 }
                 Expr::Hash { sreg, dreg, len, modulus, seed } => match sreg {
                     Some(sreg) => {
@@ -285,6 +299,7 @@ fn decode_data(name: &str, a: &[(u16, &[u8])]) -> Option<Expr> {
             dreg: u(BITWISE_DREG)?,
             mask: value_of(attr::find(a, BITWISE_MASK))?,
             xor: value_of(attr::find(a, BITWISE_XOR))?,
+            op: u(BITWISE_OP),
         },
         "byteorder" => Expr::Byteorder {
             sreg: u(BYTEORDER_SREG)?,
@@ -303,6 +318,7 @@ fn decode_data(name: &str, a: &[(u16, &[u8])]) -> Option<Expr> {
             sreg: u(LOOKUP_SREG)?,
             dreg: u(LOOKUP_DREG),
             invert: u(LOOKUP_FLAGS).is_some_and(|f| f & LOOKUP_F_INV != 0),
+            set_id: u(LOOKUP_SET_ID),
         },
         "immediate" => {
             let dreg = u(IMMEDIATE_DREG)?;
@@ -342,6 +358,7 @@ fn decode_data(name: &str, a: &[(u16, &[u8])]) -> Option<Expr> {
         "dynset" if u(DYNSET_OP) == Some(DYNSET_OP_UPDATE) => Expr::DynsetUpdate {
             set: attr::string(attr::find(a, DYNSET_SET_NAME)?),
             sreg_key: u(DYNSET_SREG_KEY)?,
+            set_id: u(DYNSET_SET_ID),
         },
         "hash" => match u(HASH_TYPE)? {
             HASH_SYM => Expr::Hash {

@@ -37,7 +37,7 @@ impl fmt::Display for Expr {
             Expr::MetaSet { key, sreg } => {
                 write!(f, "meta set {} with reg {sreg}", meta_name(*key))
             }
-            Expr::Bitwise { sreg, dreg, mask, xor } => {
+            Expr::Bitwise { sreg, dreg, mask, xor, .. } => {
                 write!(f, "bitwise reg {dreg} = ( reg {sreg} & {} ) ^ {}", words(mask), words(xor))
             }
             Expr::Byteorder { sreg, dreg, hton, len, size } => {
@@ -48,7 +48,7 @@ impl fmt::Display for Expr {
                 let op = if *op == CmpOp::Eq { "eq" } else { "neq" };
                 write!(f, "cmp {op} reg {sreg} {}", words(data))
             }
-            Expr::Lookup { set, sreg, dreg, invert } => {
+            Expr::Lookup { set, sreg, dreg, invert, .. } => {
                 write!(f, "lookup reg {sreg} set {set}")?;
                 if let Some(dreg) = dreg {
                     write!(f, " dreg {dreg}")?;
@@ -94,7 +94,7 @@ impl fmt::Display for Expr {
                 _ => write!(f, "masq flags 0x{flags:x}"),
             },
             Expr::Reject { kind, code } => write!(f, "reject type {kind} code {code}"),
-            Expr::DynsetUpdate { set, sreg_key } => {
+            Expr::DynsetUpdate { set, sreg_key, .. } => {
                 write!(f, "dynset update reg_key {sreg_key} set {set}")
             }
             Expr::Hash { sreg: Some(sreg), dreg, len, modulus, seed } => {

@@ -43,6 +43,7 @@ fn all() -> Vec<(Expr, &'static str)> {
                 dreg: 1,
                 mask: 0xffff_bfffu32.to_ne_bytes().to_vec(),
                 xor: 0x4000u32.to_ne_bytes().to_vec(),
+                op: None,
             },
             "bitwise reg 1 = ( reg 1 & 0xffffbfff ) ^ 0x00004000",
         ),
@@ -52,11 +53,23 @@ fn all() -> Vec<(Expr, &'static str)> {
         ),
         (Expr::Cmp { sreg: 1, op: CmpOp::Neq, data: vec![0; 4] }, "cmp neq reg 1 0x00000000"),
         (
-            Expr::Lookup { set: "local_pods".into(), sreg: 1, dreg: None, invert: true },
+            Expr::Lookup {
+                set: "local_pods".into(),
+                sreg: 1,
+                dreg: None,
+                invert: true,
+                set_id: None,
+            },
             "lookup reg 1 set local_pods 0x1",
         ),
         (
-            Expr::Lookup { set: "cluster_backends".into(), sreg: 1, dreg: Some(1), invert: false },
+            Expr::Lookup {
+                set: "cluster_backends".into(),
+                sreg: 1,
+                dreg: Some(1),
+                invert: false,
+                set_id: None,
+            },
             "lookup reg 1 set cluster_backends dreg 1",
         ),
         (Expr::Immediate { dreg: 1, data: vec![10, 244, 0, 10] }, "immediate reg 1 0x0a00f40a"),
@@ -101,7 +114,7 @@ fn all() -> Vec<(Expr, &'static str)> {
         (Expr::Masq { flags: NAT_RANDOM_FULLY }, "masq flags 0x10"),
         (Expr::Reject { kind: REJECT_ICMP_UNREACH, code: 3 }, "reject type 0 code 3"),
         (
-            Expr::DynsetUpdate { set: "aff_0".into(), sreg_key: 1 },
+            Expr::DynsetUpdate { set: "aff_0".into(), sreg_key: 1, set_id: None },
             "dynset update reg_key 1 set aff_0",
         ),
     ]
