@@ -36,7 +36,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use kpng_model::global::{AnnotationKey, LoadBalancing};
+pub use kpng_model::global::{AnnotationKey, LoadBalancing};
 use kpng_model::local::LocalServiceState;
 use kpng_model::{LocalState, ServiceKey};
 
@@ -49,6 +49,38 @@ pub mod plan;
 pub use memory::MemoryKernel;
 pub use objects::{Objects, Owner, Wanted};
 pub use plan::{Plan, Rank, Unit};
+
+/// Implements [`Backend`] for a backend type that wraps a [`Reconciler`] in its field
+/// `$field` (to add constructors and accessors of its own): every method is the
+/// reconciler's. `delegate_backend!(EbpfBackend, inner);`
+#[macro_export]
+macro_rules! delegate_backend {
+    ($backend:ty, $field:ident) => {
+        impl $crate::Backend for $backend {
+            fn name(&self) -> &'static str {
+                $crate::Backend::name(&self.$field)
+            }
+
+            fn unsupported(
+                &self,
+                lb: &$crate::reconcile::LoadBalancing,
+            ) -> Vec<($crate::reconcile::AnnotationKey, &'static str)> {
+                $crate::Backend::unsupported(&self.$field, lb)
+            }
+
+            fn apply(
+                &mut self,
+                changes: &$crate::ChangeSet<'_>,
+            ) -> Result<(), $crate::BackendError> {
+                $crate::Backend::apply(&mut self.$field, changes)
+            }
+
+            fn verify(&mut self) -> Result<bool, $crate::BackendError> {
+                $crate::Backend::verify(&mut self.$field)
+            }
+        }
+    };
+}
 
 /// A verification reads the kernel back at least once in this many, even when its
 /// generation says nothing changed: a safety net, not the means.

@@ -8,8 +8,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use kpng_backend::Target;
 use kpng_backend::reconcile::{self, Kernel, Plan, Rank, Reconciler, Render, Unit, Wanted};
-use kpng_backend::{Backend, BackendError, ChangeSet, Target};
 use kpng_model::local::LocalServiceState;
 use kpng_model::{LocalState, NodePortAddresses, ServiceKey};
 
@@ -295,26 +295,7 @@ impl EbpfBackend {
     }
 }
 
-impl Backend for EbpfBackend {
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
-
-    fn unsupported(
-        &self,
-        lb: &kpng_model::global::LoadBalancing,
-    ) -> Vec<(kpng_model::global::AnnotationKey, &'static str)> {
-        self.inner.unsupported(lb)
-    }
-
-    fn apply(&mut self, changes: &ChangeSet<'_>) -> Result<(), BackendError> {
-        self.inner.apply(changes)
-    }
-
-    fn verify(&mut self) -> Result<bool, BackendError> {
-        self.inner.verify()
-    }
-}
+kpng_backend::delegate_backend!(EbpfBackend, inner);
 
 #[cfg(test)]
 mod tests;

@@ -7,7 +7,8 @@ use std::net::IpAddr;
 
 use kpng_model::Protocol;
 use kpng_netlink::Batch;
-use kpng_netlink::nftables::objects::{Element, ElementData, Table};
+use kpng_netlink::nftables::messages::{ElementDataRef, ElementRef};
+use kpng_netlink::nftables::objects::Table;
 
 use crate::objects::{Dest, Key, TABLE, Value, affinity_chain, proto_family};
 use crate::plan::{Command, Plan};
@@ -46,11 +47,12 @@ pub fn encode(plan: &Plan<'_>, batch: &mut Batch) {
                         _ => None,
                     };
                     let data = match (&data, &chain) {
-                        (_, Some(chain)) => ElementData::Goto(chain),
-                        (Some(bytes), None) => ElementData::Value(bytes),
-                        (None, None) => ElementData::None,
+                        (_, Some(chain)) => Some(ElementDataRef::Goto(chain)),
+                        (Some(bytes), None) => Some(ElementDataRef::Value(bytes)),
+                        (None, None) => None,
                     };
-                    sink.put(&Element { key: &key, key_end: end.as_deref(), data, flags: 0 });
+                    let key_end = end.as_deref();
+                    sink.put(&ElementRef { key: &key, key_end, data, ..ElementRef::default() });
                 });
             }
         }

@@ -21,7 +21,6 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
 use kpng_backend::reconcile::{Kernel, Plan, Rank, Reconciler, Render, Unit, Wanted};
-use kpng_backend::{Backend, BackendError, ChangeSet};
 use kpng_model::local::LocalServiceState;
 use kpng_model::{LocalState, ServiceKey};
 
@@ -309,23 +308,7 @@ impl NftlbBackend {
     }
 }
 
-impl Backend for NftlbBackend {
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
-
-    fn unsupported(&self, lb: &LoadBalancing) -> Vec<(AnnotationKey, &'static str)> {
-        self.inner.unsupported(lb)
-    }
-
-    fn apply(&mut self, changes: &ChangeSet<'_>) -> Result<(), BackendError> {
-        self.inner.apply(changes)
-    }
-
-    fn verify(&mut self) -> Result<bool, BackendError> {
-        self.inner.verify()
-    }
-}
+kpng_backend::delegate_backend!(NftlbBackend, inner);
 
 #[cfg(test)]
 mod tests;

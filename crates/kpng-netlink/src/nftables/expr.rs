@@ -52,22 +52,31 @@ mod verdict_code {
 const NFTA_VERDICT_CODE: u16 = 1;
 const NFTA_VERDICT_CHAIN: u16 = 2;
 
+fn encode_verdict(buf: &mut Vec<u8>, code: i32, chain: Option<&str>) {
+    attr::nested(buf, NFTA_DATA_VERDICT, |b| {
+        attr::put_be32(b, NFTA_VERDICT_CODE, code as u32);
+        if let Some(chain) = chain {
+            attr::put_str(b, NFTA_VERDICT_CHAIN, chain);
+        }
+    });
+}
+
 impl Verdict {
     /// Writes the verdict as `NFTA_DATA_VERDICT` (inside an `nft_data` nest).
     pub fn encode(&self, buf: &mut Vec<u8>) {
-        attr::nested(buf, NFTA_DATA_VERDICT, |b| {
-            let (code, chain) = match self {
-                Verdict::Accept => (verdict_code::ACCEPT, None),
-                Verdict::Drop => (verdict_code::DROP, None),
-                Verdict::Return => (verdict_code::RETURN, None),
-                Verdict::Jump(c) => (verdict_code::JUMP, Some(c)),
-                Verdict::Goto(c) => (verdict_code::GOTO, Some(c)),
-            };
-            attr::put_be32(b, NFTA_VERDICT_CODE, code as u32);
-            if let Some(chain) = chain {
-                attr::put_str(b, NFTA_VERDICT_CHAIN, chain);
-            }
-        });
+        let (code, chain) = match self {
+            Verdict::Accept => (verdict_code::ACCEPT, None),
+            Verdict::Drop => (verdict_code::DROP, None),
+            Verdict::Return => (verdict_code::RETURN, None),
+            Verdict::Jump(c) => (verdict_code::JUMP, Some(c.as_str())),
+            Verdict::Goto(c) => (verdict_code::GOTO, Some(c.as_str())),
+        };
+        encode_verdict(buf, code, chain);
+    }
+
+    /// Writes `goto <chain>` as [`Verdict::encode`] does, without owning the name.
+    pub fn encode_goto(buf: &mut Vec<u8>, chain: &str) {
+        encode_verdict(buf, verdict_code::GOTO, Some(chain));
     }
 
     /// Reads a verdict from the payload of `NFTA_DATA_VERDICT`.

@@ -450,11 +450,13 @@ pub enum ElementDataRef<'a> {
     Value(&'a [u8]),
     /// A verdict map's verdict.
     Verdict(&'a Verdict),
+    /// A verdict map's `goto <chain>`, the chain borrowed.
+    Goto(&'a str),
 }
 
 /// An element's parts, borrowed: what [`ElementMsg`] holds, for writers that stream
 /// elements without owning them. Both encode through [`ElementRef::encode`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ElementRef<'a> {
     /// The key.
     pub key: &'a [u8],
@@ -482,6 +484,9 @@ impl ElementRef<'_> {
                 (Some(ElementDataRef::Value(v)), true) => put_value(b, elem::DATA, v),
                 (Some(ElementDataRef::Verdict(v)), true) => {
                     attr::nested(b, elem::DATA, |b| v.encode(b))
+                }
+                (Some(ElementDataRef::Goto(chain)), true) => {
+                    attr::nested(b, elem::DATA, |b| Verdict::encode_goto(b, chain))
                 }
                 _ => {}
             }

@@ -7,10 +7,10 @@
 
 use crate::attr;
 use crate::message::{Batch, NLM_F_APPEND, NLM_F_CREATE, ProtoFamily};
-use crate::nftables::expr::{Expr, Verdict};
+use crate::nftables::expr::Expr;
 use crate::nftables::messages::{
-    ChainHook, ChainMsg, CtHelperData, ElementDataRef, ElementRef, ElementsMsg, Message, ObjMsg,
-    RuleExpr, RuleMsg, SetDesc, SetMsg, TableMsg,
+    ChainHook, ChainMsg, CtHelperData, ElementRef, ElementsMsg, Message, ObjMsg, RuleExpr, RuleMsg,
+    SetDesc, SetMsg, TableMsg,
 };
 use crate::nftables::msg;
 
@@ -124,30 +124,6 @@ pub struct SetSpec {
     pub concat: Vec<u32>,
     /// nft's description of the set (`NFTA_SET_USERDATA`): how `nft list` shows its types.
     pub userdata: Vec<u8>,
-}
-
-/// The data of one element.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ElementData<'a> {
-    /// A set element.
-    None,
-    /// A map value.
-    Value(&'a [u8]),
-    /// A verdict map's `goto <chain>`.
-    Goto(&'a str),
-}
-
-/// One element, as bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Element<'a> {
-    /// The key.
-    pub key: &'a [u8],
-    /// The last key of the range, for interval concatenations.
-    pub key_end: Option<&'a [u8]>,
-    /// The data (maps).
-    pub data: ElementData<'a>,
-    /// `ELEM_INTERVAL_END` for the closing element of a range in a plain interval set.
-    pub flags: u32,
 }
 
 /// Keep each message's element list well under the 64 KiB an attribute length can express
@@ -368,30 +344,9 @@ pub struct ElementSink<'b> {
 
 impl ElementSink<'_> {
     /// Writes one element (its data only when adding).
-    pub fn put(&mut self, element: &Element<'_>) {
-        write_element(self.buf, element, self.with_data);
+    pub fn put(&mut self, element: &ElementRef<'_>) {
+        element.encode(self.buf, self.with_data);
     }
-}
-
-fn write_element(buf: &mut Vec<u8>, element: &Element<'_>, with_data: bool) {
-    let verdict;
-    let data = match element.data {
-        ElementData::None => None,
-        ElementData::Value(value) => Some(ElementDataRef::Value(value)),
-        ElementData::Goto(chain) => {
-            verdict = Verdict::Goto(chain.to_string());
-            Some(ElementDataRef::Verdict(&verdict))
-        }
-    };
-    let element = ElementRef {
-        key: element.key,
-        key_end: element.key_end,
-        data,
-        flags: (element.flags != 0).then_some(element.flags),
-        timeout_ms: None,
-        expiration_ms: None,
-    };
-    element.encode(buf, with_data);
 }
 
 #[cfg(test)]
@@ -413,8 +368,8 @@ mod tests {
             |i, sink| {
                 let mut key = [0u8; 16];
                 key[12..].copy_from_slice(&i.to_ne_bytes());
-                let data = ElementData::Value(&value);
-                sink.put(&Element { key: &key, key_end: None, data, flags: 0 });
+                let data = Some(crate::nftables::messages::ElementDataRef::Value(&value));
+                sink.put(&ElementRef { key: &key, data, ..ElementRef::default() });
             },
         );
         assert!(batch.message_count() > 1, "3000 elements need more than one message");

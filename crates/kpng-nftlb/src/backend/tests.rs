@@ -3,6 +3,7 @@
 
 use std::sync::{Arc, Mutex};
 
+use kpng_backend::{Backend, ChangeSet};
 use kpng_local::{diff, project_node_state};
 use kpng_model::{GlobalModel, Object, Protocol};
 use kpng_testkit::builders::{endpoint, node, service, slice};
