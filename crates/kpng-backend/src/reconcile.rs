@@ -112,15 +112,17 @@ pub trait Kernel: Send {
     /// yet. Called at every reset and at verifications, never on the change path.
     fn read(&mut self) -> Result<Option<Held<Self>>, Self::Error>;
 
-    /// Called at every reset, before its plan is committed: installs or repairs what is not
-    /// an object (hooks, programs, tables sized for `after`, what the kernel will hold).
-    /// `installed` says whether [`read`](Self::read) found anything.
+    /// Called at every reset, before its `plan` is committed (even an empty one): installs
+    /// or repairs what is not an object (hooks, programs, tables sized for `after`, what the
+    /// kernel will hold once the plan is in). `installed` says whether
+    /// [`read`](Self::read) found anything.
     fn prepare(
         &mut self,
+        plan: &Plan<Self::Key, Self::Value>,
         after: &HashMap<Self::Key, Self::Value>,
         installed: bool,
     ) -> Result<(), Self::Error> {
-        let _ = (after, installed);
+        let _ = (plan, after, installed);
         Ok(())
     }
 
@@ -395,7 +397,8 @@ where
             renders.push((Owner::Service(key.clone()), Some(wanted)));
         }
         let plan = self.objects.replace_all(held, renders);
-        self.kernel.prepare(self.objects.held(), installed).map_err(ReconcileError::Prepare)?;
+        let prepared = self.kernel.prepare(&plan, self.objects.held(), installed);
+        prepared.map_err(ReconcileError::Prepare)?;
         self.problems.clear(self.name);
         self.commit(&plan)?;
         self.facts = Some(facts);

@@ -45,10 +45,11 @@ impl<K: Kernel> Kernel for Faulty<K> {
 
     fn prepare(
         &mut self,
+        plan: &Plan<K::Key, K::Value>,
         after: &HashMap<K::Key, K::Value>,
         installed: bool,
     ) -> Result<(), K::Error> {
-        self.inner.prepare(after, installed)
+        self.inner.prepare(plan, after, installed)
     }
 
     fn commit(

@@ -91,12 +91,19 @@ pub fn contents<S: Subject>(subject: &S) -> HashMap<Key<S>, Value<S>> {
     subject.open().read().ok().flatten().unwrap_or_default()
 }
 
-/// Writes `plan` as another process would.
+/// Writes `plan` as another process would: it opens the kernel, finds what is there,
+/// and commits.
 fn tamper<S: Subject>(subject: &S, plan: Plan<Key<S>, Value<S>>) {
-    let mut after = contents(subject);
+    let name = subject.name();
+    let mut kernel = subject.open();
+    let held = kernel.read().unwrap_or_else(|e| panic!("{name}: reading back failed: {e}"));
+    let installed = held.is_some();
+    let mut after = held.unwrap_or_default();
+    let prepared = kernel.prepare(&Plan::default(), &after, installed);
+    prepared.unwrap_or_else(|e| panic!("{name}: opening the kernel failed: {e}"));
     plan.apply_to(&mut after, None);
-    let committed = subject.open().commit(&plan, &after);
-    committed.unwrap_or_else(|e| panic!("{}: tampering was refused: {e}", subject.name()));
+    let committed = kernel.commit(&plan, &after);
+    committed.unwrap_or_else(|e| panic!("{name}: tampering was refused: {e}"));
 }
 
 /// Applies `state` whole, as the runner does at a start and a retry.

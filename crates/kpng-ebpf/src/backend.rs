@@ -112,14 +112,47 @@ pub struct EbpfKernel {
     dataplane: Box<dyn Dataplane>,
     /// The maps' capacities: as last read back, then as installed or grown.
     capacities: Option<Capacities>,
+    /// Elements per map, as last committed: counted whole at a reset, then moved by each
+    /// plan (a change must not count the maps).
+    counts: BTreeMap<MapName, usize>,
     stats: Arc<EbpfStats>,
 }
 
 impl EbpfKernel {
     /// The kernel behind `dataplane`.
     pub fn new(dataplane: Box<dyn Dataplane>) -> Self {
-        EbpfKernel { dataplane, capacities: None, stats: Arc::default() }
+        EbpfKernel { dataplane, capacities: None, counts: BTreeMap::new(), stats: Arc::default() }
     }
+}
+
+/// `counts` moved by what `plan` creates and deletes.
+fn counted(
+    mut counts: BTreeMap<MapName, usize>,
+    plan: &Plan<Key, Value>,
+) -> BTreeMap<MapName, usize> {
+    for (key, _, _) in plan.upserts.iter().filter(|(_, old, _)| old.is_none()) {
+        *counts.entry(key.map()).or_default() += 1;
+    }
+    for (key, _) in &plan.deletes {
+        let count = counts.entry(key.map()).or_default();
+        *count = count.saturating_sub(1);
+    }
+    counts
+}
+
+/// `counts` of a state after `plan`, taken back to before it.
+fn uncounted(
+    mut counts: BTreeMap<MapName, usize>,
+    plan: &Plan<Key, Value>,
+) -> BTreeMap<MapName, usize> {
+    for (key, _, _) in plan.upserts.iter().filter(|(_, old, _)| old.is_none()) {
+        let count = counts.entry(key.map()).or_default();
+        *count = count.saturating_sub(1);
+    }
+    for (key, _) in &plan.deletes {
+        *counts.entry(key.map()).or_default() += 1;
+    }
+    counts
 }
 
 /// Elements per map.
@@ -148,11 +181,19 @@ impl Kernel for EbpfKernel {
         }))
     }
 
-    fn prepare(&mut self, after: &HashMap<Key, Value>, installed: bool) -> Result<(), EbpfError> {
+    fn prepare(
+        &mut self,
+        plan: &Plan<Key, Value>,
+        after: &HashMap<Key, Value>,
+        installed: bool,
+    ) -> Result<(), EbpfError> {
+        let counts = counts(after);
         let capacities = match (installed, self.capacities.take()) {
             (true, Some(read)) => read,
-            _ => capacities_for(&counts(after)),
+            _ => capacities_for(&counts),
         };
+        // What the maps hold before the plan, which its commit counts in.
+        self.counts = uncounted(counts, plan);
         self.dataplane.install(&capacities)?;
         self.capacities = Some(capacities);
         self.stats.unattached.store(0, Ordering::Relaxed);
@@ -164,7 +205,7 @@ impl Kernel for EbpfKernel {
         plan: &Plan<Key, Value>,
         after: &HashMap<Key, Value>,
     ) -> Result<(), EbpfError> {
-        let counts = counts(after);
+        let counts = counted(std::mem::take(&mut self.counts), plan);
         let capacities = self.capacities.clone().unwrap_or_default();
         let full: Vec<MapName> = counts
             .iter()
@@ -176,7 +217,9 @@ impl Kernel for EbpfKernel {
                 upserts: plan.upserts.iter().map(|(k, _, v)| (*k, *v)).collect(),
                 deletes: plan.deletes.iter().map(|(k, _)| *k).collect(),
             };
-            return self.dataplane.write(&batch);
+            self.dataplane.write(&batch)?;
+            self.counts = counts;
+            return Ok(());
         }
         let grown = capacities_for(&counts);
         tracing::info!(
@@ -185,6 +228,7 @@ impl Kernel for EbpfKernel {
             "eBPF: growing maps (new maps filled, then programs swapped)"
         );
         self.dataplane.grow(&grown, after)?;
+        self.counts = counts;
         self.capacities = Some(grown);
         self.stats.grows.fetch_add(1, Ordering::Relaxed);
         Ok(())

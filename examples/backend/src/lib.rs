@@ -238,6 +238,7 @@ impl Kernel for FileKernel {
 
     fn prepare(
         &mut self,
+        _plan: &Plan<Frontend, Vec<SocketAddr>>,
         _after: &HashMap<Frontend, Vec<SocketAddr>>,
         installed: bool,
     ) -> Result<(), FileError> {

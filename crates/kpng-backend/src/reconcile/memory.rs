@@ -108,7 +108,12 @@ where
         Ok(self.objects())
     }
 
-    fn prepare(&mut self, _after: &HashMap<K, V>, _installed: bool) -> Result<(), Refused> {
+    fn prepare(
+        &mut self,
+        _plan: &Plan<K, V>,
+        _after: &HashMap<K, V>,
+        _installed: bool,
+    ) -> Result<(), Refused> {
         let mut inner = self.inner();
         if inner.objects.is_none() {
             inner.objects = Some(HashMap::new());
