@@ -28,6 +28,7 @@
 //! - [`plan`]: [`Plan`], [`Rank`] and [`Unit`].
 //! - [`objects`]: [`Objects`], the owner-keyed table, and [`Wanted`], one owner's render.
 //! - [`memory`]: [`MemoryKernel`], a kernel in memory (tests, examples, `--dry-run`).
+//! - [`generation`]: [`KnownGeneration`], when a verification may skip reading back.
 
 use std::collections::HashMap;
 use std::fmt::Debug;
@@ -42,10 +43,12 @@ use kpng_model::{LocalState, ServiceKey};
 
 use crate::{Backend, BackendError, ChangeSet, Problems};
 
+pub mod generation;
 pub mod memory;
 pub mod objects;
 pub mod plan;
 
+pub use generation::{FULL_READ_EVERY, KnownGeneration};
 pub use memory::MemoryKernel;
 pub use objects::{Objects, Owner, Wanted};
 pub use plan::{Plan, Rank, Unit};
@@ -81,10 +84,6 @@ macro_rules! delegate_backend {
         }
     };
 }
-
-/// A verification reads the kernel back at least once in this many, even when its
-/// generation says nothing changed: a safety net, not the means.
-pub const FULL_READ_EVERY: u32 = 60;
 
 /// Every object a kernel holds, by key.
 pub type Held<K> = HashMap<<K as Kernel>::Key, <K as Kernel>::Value>;
@@ -311,8 +310,7 @@ where
     stats: Arc<Stats>,
     problems: Problems,
     dry_run: bool,
-    known_generation: Option<u64>,
-    skipped: u32,
+    known: KnownGeneration,
 }
 
 type Failure<R, K> = ReconcileError<<R as Render>::Error, <K as Kernel>::Error>;
@@ -333,8 +331,7 @@ where
             stats: Arc::default(),
             problems: Problems::default(),
             dry_run: false,
-            known_generation: None,
-            skipped: 0,
+            known: KnownGeneration::default(),
         }
     }
 
@@ -447,14 +444,12 @@ where
         }
         // The generation before and after: one more means the commit was kpng's alone.
         let before = self.kernel.generation();
-        self.known_generation = None;
+        self.known.forget();
         self.kernel
             .commit(plan, self.objects.held())
             .map_err(|source| ReconcileError::Commit { writes: plan.len(), source })?;
         let after = self.kernel.generation();
-        if before.is_some_and(|b| after == Some(b.wrapping_add(1))) {
-            self.known_generation = after;
-        }
+        self.known.committed(before, after);
         self.stats.commits.fetch_add(1, Ordering::Relaxed);
         self.stats.writes.fetch_add(plan.len() as u64, Ordering::Relaxed);
         self.stats.objects.store(self.objects.held().len() as u64, Ordering::Relaxed);
@@ -517,7 +512,7 @@ where
             Err(error) => {
                 self.stats.failures.fetch_add(1, Ordering::Relaxed);
                 self.facts = None;
-                self.known_generation = None;
+                self.known.forget();
                 Err(self.backend_error(error))
             }
         }
@@ -537,13 +532,10 @@ where
             return Ok(false);
         }
         let before = self.kernel.generation();
-        if before.is_some() && before == self.known_generation && self.skipped + 1 < FULL_READ_EVERY
-        {
-            self.skipped += 1;
+        if self.known.may_skip(before) {
             self.stats.readbacks_skipped.fetch_add(1, Ordering::Relaxed);
             return Ok(true);
         }
-        self.skipped = 0;
         self.stats.readbacks.fetch_add(1, Ordering::Relaxed);
         let read = self.kernel.read().map_err(|e| self.backend_error(ReconcileError::Read(e)))?;
         let held = read.unwrap_or_default();
@@ -551,10 +543,10 @@ where
         if held == *expected {
             // Read back unchanged while the generation held: known from there on.
             let after = self.kernel.generation();
-            self.known_generation = before.filter(|_| after == before);
+            self.known.read_back(before, after);
             return Ok(true);
         }
-        self.known_generation = None;
+        self.known.forget();
         let missing: Vec<&R::Key> = expected.keys().filter(|k| !held.contains_key(k)).collect();
         let changed = expected.iter().filter(|(k, v)| held.get(*k).is_some_and(|h| h != *v));
         let changed: Vec<&R::Key> = changed.map(|(k, _)| k).collect();

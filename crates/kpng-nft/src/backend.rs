@@ -21,6 +21,7 @@ use std::sync::atomic::Ordering;
 
 use ipnet::IpNet;
 use kpng_backend::proxy::LocalDetection;
+use kpng_backend::reconcile::KnownGeneration;
 use kpng_backend::{Backend, BackendError, ChangeSet, Target};
 use kpng_model::global::{AnnotationKey, LoadBalancing, NatMode, Scheduler};
 use kpng_model::local::LocalServiceState;
@@ -126,18 +127,11 @@ pub struct NftBackend {
     stats: Arc<NftStats>,
     /// `--dry-run`: transactions are printed, and the log says so.
     dry_run: bool,
-    /// The ruleset generation that kpng's tables were last known right at: after kpng's
-    /// own commit (when no other transaction came between), or after a verification that
-    /// read them back unchanged. While the kernel's generation is still this one, nothing
-    /// can have changed them.
-    known_generation: Option<u32>,
-    /// Verifications skipped in a row; every [`FULL_READ_EVERY`]th reads back anyway.
-    skipped: u32,
+    /// The ruleset generation kpng's tables were last known right at (after kpng's own
+    /// commit, or a read-back that found them unchanged): while the kernel's generation is
+    /// still that one, nothing can have changed them.
+    known: KnownGeneration,
 }
-
-/// A verification reads kpng's tables back at least once in this many, even when the
-/// generation says nothing changed: a safety net, not the means.
-const FULL_READ_EVERY: u32 = 60;
 
 impl NftBackend {
     /// A backend with `options` that commits to `target`: the kernel over netlink, or the
@@ -169,8 +163,7 @@ impl NftBackend {
             group_hashes: HashMap::new(),
             stats: Arc::default(),
             dry_run: false,
-            known_generation: None,
-            skipped: 0,
+            known: KnownGeneration::default(),
         }
     }
 
@@ -369,15 +362,15 @@ impl NftBackend {
     }
 
     /// The kernel's ruleset generation, if it can say (a failure to ask is no failure).
-    fn generation(&mut self) -> Option<u32> {
-        self.kernel.generation().ok().flatten()
+    fn generation(&mut self) -> Option<u64> {
+        self.kernel.generation().ok().flatten().map(u64::from)
     }
 
     /// Commits `plan`; a `whole` one (planned from nothing) replaces kpng's tables.
     fn commit(&mut self, plan: &Plan<'_>, whole: bool) -> Result<(), NftError> {
         // The generation before and after: one more means the transaction was kpng's alone.
         let before = self.generation();
-        self.known_generation = None;
+        self.known.forget();
         let started = std::time::Instant::now();
         let result = match whole {
             true => self.kernel.replace(plan),
@@ -386,9 +379,7 @@ impl NftBackend {
         let took = started.elapsed();
         if result.is_ok() {
             let after = self.generation();
-            if before.is_some_and(|b| after == Some(b.wrapping_add(1))) {
-                self.known_generation = after;
-            }
+            self.known.committed(before, after);
         }
         if let Err(error) = result {
             self.stats.transaction_failures.fetch_add(1, Ordering::Relaxed);
@@ -506,13 +497,10 @@ impl Backend for NftBackend {
         }
         // No transaction since kpng's tables were known: nothing can have changed them.
         let before = self.generation();
-        if before.is_some() && before == self.known_generation && self.skipped + 1 < FULL_READ_EVERY
-        {
-            self.skipped += 1;
+        if self.known.may_skip(before) {
             self.stats.readbacks_skipped.fetch_add(1, Ordering::Relaxed);
             return Ok(true);
         }
-        self.skipped = 0;
         self.stats.readbacks.fetch_add(1, Ordering::Relaxed);
         let Some(contents) = self.kernel.read().map_err(NftError::into_backend)? else {
             return Ok(true);
@@ -525,10 +513,10 @@ impl Backend for NftBackend {
         if reconciled.is_empty() && same == held.len() && same == self.state.len() {
             // Read back whole and unchanged while the generation held: known from there on.
             let after = self.generation();
-            self.known_generation = before.filter(|_| after == before);
+            self.known.read_back(before, after);
             return Ok(true);
         }
-        self.known_generation = None;
+        self.known.forget();
         let missing = self.state.len().saturating_sub(same);
         let extra = held.len() - same;
         let shown: Vec<&str> = reconciled.reasons.iter().take(8).map(String::as_str).collect();
