@@ -23,6 +23,7 @@ use crate::model::TableKey;
 
 /// The library's file name.
 pub const LIBRARY: &str = "libnftables.so.1";
+const LIBRARY_C: &CStr = c"libnftables.so.1";
 
 /// `NFT_CTX_OUTPUT_STATELESS`: listings without counter values (`nft -s`).
 const OUTPUT_STATELESS: c_uint = 1 << 2;
@@ -63,19 +64,17 @@ fn dl_error() -> String {
 
 impl Library {
     fn load() -> Result<Library, String> {
-        let name = CString::new(LIBRARY).expect("no NUL in the library's name");
         // SAFETY: a NUL-terminated name; the handle is never closed, so the functions
         // resolved from it stay valid for the life of the process.
-        let handle = unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        let handle = unsafe { libc::dlopen(LIBRARY_C.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
         if handle.is_null() {
             return Err(format!("{LIBRARY} could not be loaded: {}", dl_error()));
         }
-        let symbol = |name: &str| -> Result<*mut c_void, String> {
-            let c = CString::new(name).expect("no NUL in a symbol's name");
+        let symbol = |name: &CStr| -> Result<*mut c_void, String> {
             // SAFETY: a valid handle and a NUL-terminated name.
-            let found = unsafe { libc::dlsym(handle, c.as_ptr()) };
+            let found = unsafe { libc::dlsym(handle, name.as_ptr()) };
             match found.is_null() {
-                true => Err(format!("{LIBRARY} has no {name}: {}", dl_error())),
+                true => Err(format!("{LIBRARY} has no {}: {}", name.to_string_lossy(), dl_error())),
                 false => Ok(found),
             }
         };
@@ -83,34 +82,34 @@ impl Library {
         // (libnftables.h) the field's type spells.
         unsafe {
             Ok(Library {
-                ctx_new: std::mem::transmute::<*mut c_void, CtxNew>(symbol("nft_ctx_new")?),
-                ctx_free: std::mem::transmute::<*mut c_void, CtxFree>(symbol("nft_ctx_free")?),
+                ctx_new: std::mem::transmute::<*mut c_void, CtxNew>(symbol(c"nft_ctx_new")?),
+                ctx_free: std::mem::transmute::<*mut c_void, CtxFree>(symbol(c"nft_ctx_free")?),
                 set_dry_run: std::mem::transmute::<*mut c_void, SetDryRun>(symbol(
-                    "nft_ctx_set_dry_run",
+                    c"nft_ctx_set_dry_run",
                 )?),
                 output_get_flags: std::mem::transmute::<*mut c_void, GetFlags>(symbol(
-                    "nft_ctx_output_get_flags",
+                    c"nft_ctx_output_get_flags",
                 )?),
                 output_set_flags: std::mem::transmute::<*mut c_void, SetFlags>(symbol(
-                    "nft_ctx_output_set_flags",
+                    c"nft_ctx_output_set_flags",
                 )?),
                 buffer_output: std::mem::transmute::<*mut c_void, Buffer>(symbol(
-                    "nft_ctx_buffer_output",
+                    c"nft_ctx_buffer_output",
                 )?),
                 get_output_buffer: std::mem::transmute::<*mut c_void, GetBuffer>(symbol(
-                    "nft_ctx_get_output_buffer",
+                    c"nft_ctx_get_output_buffer",
                 )?),
                 buffer_error: std::mem::transmute::<*mut c_void, Buffer>(symbol(
-                    "nft_ctx_buffer_error",
+                    c"nft_ctx_buffer_error",
                 )?),
                 get_error_buffer: std::mem::transmute::<*mut c_void, GetBuffer>(symbol(
-                    "nft_ctx_get_error_buffer",
+                    c"nft_ctx_get_error_buffer",
                 )?),
                 run_cmd_from_buffer: std::mem::transmute::<*mut c_void, RunCmd>(symbol(
-                    "nft_run_cmd_from_buffer",
+                    c"nft_run_cmd_from_buffer",
                 )?),
                 run_cmd_from_filename: std::mem::transmute::<*mut c_void, RunCmd>(symbol(
-                    "nft_run_cmd_from_filename",
+                    c"nft_run_cmd_from_filename",
                 )?),
             })
         }

@@ -47,11 +47,6 @@ impl Default for EbpfRender {
     }
 }
 
-/// Rendering never fails.
-#[derive(Debug, thiserror::Error)]
-#[error("unreachable")]
-pub enum Never {}
-
 impl Rank for Key {
     /// Maps in [`MapName::ALL`]'s order: endpoints before the groups that count them,
     /// groups before the frontends that point at them.
@@ -65,7 +60,7 @@ impl Render for EbpfRender {
     type Value = Value;
     /// Where the node accepts NodePorts: every NodePort frontend moves with it.
     type Facts = NodePortAddresses;
-    type Error = Never;
+    type Error = std::convert::Infallible; // rendering never fails
 
     fn facts(&self, state: &LocalState) -> NodePortAddresses {
         state.node.as_ref().map(|n| n.nodeport_addresses.clone()).unwrap_or_default()
@@ -76,7 +71,7 @@ impl Render for EbpfRender {
         nodeports: &NodePortAddresses,
         service: &LocalServiceState,
         held: Option<&HashMap<Key, Value>>,
-    ) -> Result<Wanted<Key, Value>, Never> {
+    ) -> Result<Wanted<Key, Value>, std::convert::Infallible> {
         let key = &service.service.key;
         let previous = match (self.slots.get(key), held) {
             (Some(slots), _) => slots.clone(),

@@ -55,16 +55,11 @@ impl Rank for Frontend {}
 #[derive(Debug, Default)]
 pub struct Table;
 
-/// The render never fails.
-#[derive(Debug, thiserror::Error)]
-#[error("unreachable")]
-pub enum Never {}
-
 impl Render for Table {
     type Key = Frontend;
     type Value = Vec<SocketAddr>;
     type Facts = ();
-    type Error = Never;
+    type Error = std::convert::Infallible; // rendering never fails
 
     fn facts(&self, _state: &LocalState) {}
 
@@ -73,7 +68,7 @@ impl Render for Table {
         _facts: &(),
         service: &LocalServiceState,
         _held: Option<&HashMap<Frontend, Vec<SocketAddr>>>,
-    ) -> Result<Wanted<Frontend, Vec<SocketAddr>>, Never> {
+    ) -> Result<Wanted<Frontend, Vec<SocketAddr>>, std::convert::Infallible> {
         let mut wanted = Wanted::default();
         let s = &service.service;
         for port in &s.ports {
