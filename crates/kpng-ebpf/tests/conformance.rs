@@ -1,60 +1,44 @@
-//! to-ebpf passes kpng's conformance suite over maps in memory that write one element at
-//! a time, as the kernel's maps do ([`Unit::Write`](kpng_backend::reconcile::Unit)).
+//! to-ebpf passes kpng's conformance suite, writing one element at a time as the kernel's
+//! maps do ([`Unit::Write`](kpng_backend::reconcile::Unit)): over maps in memory, and over
+//! the kernel's own maps (as root).
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use kpng_conformance::{Key as KeyOf, Subject, Value as ValueOf};
 use kpng_ebpf::backend::{EbpfKernel, EbpfRender};
 use kpng_ebpf::dataplane::{Batch, Capacities, Snapshot};
 use kpng_ebpf::maps::{Key, Value};
-use kpng_ebpf::{Dataplane, EbpfError};
+use kpng_ebpf::{Dataplane, EbpfError, MemoryDataplane};
 
 /// The cluster IP the maps refuse.
 const POISON: &str = "0.0.0.0";
 
-/// Maps shared by every opening, as pinned maps are.
-#[derive(Clone, Default)]
-struct Maps(Arc<Mutex<Option<Snapshot>>>);
-
-impl Maps {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Snapshot>> {
-        self.0.lock().unwrap()
-    }
+fn poison() -> Key {
+    Key::ClusterIp(POISON.parse().unwrap())
 }
 
-impl Dataplane for Maps {
+/// Maps that refuse the poison key where a batch reaches it: the writes before it are
+/// made, as when the kernel refuses an element part-way through a batch.
+struct Refusing<D>(D);
+
+impl<D: Dataplane> Dataplane for Refusing<D> {
     fn read(&mut self) -> Result<Option<Snapshot>, EbpfError> {
-        Ok(self.lock().clone())
+        self.0.read()
     }
 
     fn install(&mut self, capacities: &Capacities) -> Result<(), EbpfError> {
-        let mut maps = self.lock();
-        let maps = maps.get_or_insert_with(Snapshot::default);
-        maps.capacities = capacities.clone();
-        Ok(())
+        self.0.install(capacities)
     }
 
     fn write(&mut self, batch: &Batch) -> Result<(), EbpfError> {
-        let mut maps = self.lock();
-        let maps = maps.as_mut().ok_or(EbpfError::NotInstalled)?;
-        let poison = Key::ClusterIp(POISON.parse().unwrap());
-        for (key, value) in &batch.upserts {
-            if *key == poison {
-                return Err(EbpfError::MapFull { map: "kpng_cluster_ips", capacity: 0 });
-            }
-            let count = maps.elements.keys().filter(|k| k.map() == key.map()).count();
-            let capacity = maps.capacities.get(&key.map()).copied().unwrap_or(0) as usize;
-            if !maps.elements.contains_key(key) && count >= capacity {
-                let map = key.map().object_name();
-                return Err(EbpfError::MapFull { map, capacity });
-            }
-            maps.elements.insert(*key, *value);
-        }
-        for key in &batch.deletes {
-            maps.elements.remove(key);
-        }
-        Ok(())
+        let Some(at) = batch.upserts.iter().position(|(k, _)| *k == poison()) else {
+            return self.0.write(batch);
+        };
+        let before = Batch { upserts: batch.upserts[..at].to_vec(), deletes: Vec::new() };
+        self.0.write(&before)?;
+        Err(EbpfError::MapFull { map: "kpng_cluster_ips", capacity: 0 })
     }
 
     fn grow(
@@ -62,22 +46,78 @@ impl Dataplane for Maps {
         capacities: &Capacities,
         elements: &HashMap<Key, Value>,
     ) -> Result<(), EbpfError> {
-        let grown = Snapshot { elements: elements.clone(), capacities: capacities.clone() };
-        *self.lock() = Some(grown);
-        Ok(())
+        self.0.grow(capacities, elements)
+    }
+
+    fn unattached(&mut self) -> Result<Vec<&'static str>, EbpfError> {
+        self.0.unattached()
     }
 }
 
-struct Memory {
-    maps: Maps,
+/// Maps in memory shared by every opening, as pinned maps are.
+#[derive(Clone, Default)]
+struct Shared(Arc<Mutex<MemoryDataplane>>);
+
+impl Shared {
+    fn maps(&self) -> std::sync::MutexGuard<'_, MemoryDataplane> {
+        self.0.lock().unwrap()
+    }
 }
 
-impl Subject for Memory {
+impl Dataplane for Shared {
+    fn read(&mut self) -> Result<Option<Snapshot>, EbpfError> {
+        self.maps().read()
+    }
+
+    fn install(&mut self, capacities: &Capacities) -> Result<(), EbpfError> {
+        self.maps().install(capacities)
+    }
+
+    fn write(&mut self, batch: &Batch) -> Result<(), EbpfError> {
+        self.maps().write(batch)
+    }
+
+    fn grow(
+        &mut self,
+        capacities: &Capacities,
+        elements: &HashMap<Key, Value>,
+    ) -> Result<(), EbpfError> {
+        self.maps().grow(capacities, elements)
+    }
+}
+
+/// Where the maps are.
+enum Maps {
+    /// In memory.
+    Memory(Shared),
+    /// Pinned under a directory of the test's own, the programs attached to a cgroup of
+    /// its own (no process runs in it); both removed on drop.
+    Pinned { cgroup: PathBuf, pins: PathBuf },
+}
+
+impl Drop for Maps {
+    fn drop(&mut self) {
+        let Maps::Pinned { cgroup, pins } = self else { return };
+        let _ = kpng_ebpf::pins::cleanup(pins);
+        let _ = std::fs::remove_dir(&*pins);
+        for _ in 0..50 {
+            if std::fs::remove_dir(&*cgroup).is_ok() || !cgroup.exists() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+}
+
+impl Subject for Maps {
     type Render = EbpfRender;
     type Kernel = EbpfKernel;
 
     fn name(&self) -> &'static str {
-        "to-ebpf over maps in memory"
+        match self {
+            Maps::Memory(_) => "to-ebpf over maps in memory",
+            Maps::Pinned { .. } => "to-ebpf over the kernel's maps",
+        }
     }
 
     fn render(&self) -> EbpfRender {
@@ -85,15 +125,29 @@ impl Subject for Memory {
     }
 
     fn open(&self) -> EbpfKernel {
-        EbpfKernel::new(Box::new(self.maps.clone()))
+        match self {
+            Maps::Memory(shared) => EbpfKernel::new(Box::new(Refusing(shared.clone()))),
+            Maps::Pinned { cgroup, pins } => {
+                let options =
+                    kpng_ebpf::KernelOptions { cgroup: cgroup.clone(), pin_root: pins.clone() };
+                let dataplane =
+                    kpng_ebpf::KernelDataplane::open(options).expect("opening the maps");
+                EbpfKernel::new(Box::new(Refusing(dataplane)))
+            }
+        }
     }
 
     fn wipe(&self) {
-        *self.maps.lock() = None;
+        match self {
+            Maps::Memory(shared) => *shared.maps() = MemoryDataplane::new(),
+            Maps::Pinned { pins, .. } => {
+                kpng_ebpf::pins::cleanup(pins).expect("removing the test's pins");
+            }
+        }
     }
 
     fn poison(&self) -> (KeyOf<Self>, ValueOf<Self>) {
-        (Key::ClusterIp(POISON.parse().unwrap()), Value::Present)
+        (poison(), Value::Present)
     }
 
     fn foreign(&self) -> (KeyOf<Self>, ValueOf<Self>) {
@@ -129,103 +183,7 @@ impl Subject for Memory {
 
 #[test]
 fn ebpf_maps_in_memory_conform() {
-    kpng_conformance::run(&Memory { maps: Maps::default() }, 64);
-}
-
-/// The kernel's maps, refusing the poison key where a batch reaches it: the writes before
-/// it are made, as when the kernel refuses an element part-way through a batch.
-struct Refusing(kpng_ebpf::KernelDataplane);
-
-impl Dataplane for Refusing {
-    fn read(&mut self) -> Result<Option<Snapshot>, EbpfError> {
-        self.0.read()
-    }
-
-    fn install(&mut self, capacities: &Capacities) -> Result<(), EbpfError> {
-        self.0.install(capacities)
-    }
-
-    fn write(&mut self, batch: &Batch) -> Result<(), EbpfError> {
-        let poison = Key::ClusterIp(POISON.parse().unwrap());
-        let Some(at) = batch.upserts.iter().position(|(k, _)| *k == poison) else {
-            return self.0.write(batch);
-        };
-        let before = Batch { upserts: batch.upserts[..at].to_vec(), deletes: Vec::new() };
-        self.0.write(&before)?;
-        Err(EbpfError::MapFull { map: "kpng_cluster_ips", capacity: 0 })
-    }
-
-    fn grow(
-        &mut self,
-        capacities: &Capacities,
-        elements: &HashMap<Key, Value>,
-    ) -> Result<(), EbpfError> {
-        self.0.grow(capacities, elements)
-    }
-
-    fn unattached(&mut self) -> Result<Vec<&'static str>, EbpfError> {
-        self.0.unattached()
-    }
-}
-
-/// Programs attached to a cgroup of the test's own (no process runs in it), and maps
-/// pinned under a directory of its own; both removed on drop.
-struct Pinned {
-    cgroup: std::path::PathBuf,
-    pins: std::path::PathBuf,
-}
-
-impl Drop for Pinned {
-    fn drop(&mut self) {
-        let _ = kpng_ebpf::pins::cleanup(&self.pins);
-        let _ = std::fs::remove_dir(&self.pins);
-        for _ in 0..50 {
-            if std::fs::remove_dir(&self.cgroup).is_ok() || !self.cgroup.exists() {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
-    }
-}
-
-impl Subject for Pinned {
-    type Render = EbpfRender;
-    type Kernel = EbpfKernel;
-
-    fn name(&self) -> &'static str {
-        "to-ebpf over the kernel's maps"
-    }
-
-    fn render(&self) -> EbpfRender {
-        EbpfRender::default()
-    }
-
-    fn open(&self) -> EbpfKernel {
-        let options =
-            kpng_ebpf::KernelOptions { cgroup: self.cgroup.clone(), pin_root: self.pins.clone() };
-        let dataplane = kpng_ebpf::KernelDataplane::open(options).expect("opening the maps");
-        EbpfKernel::new(Box::new(Refusing(dataplane)))
-    }
-
-    fn wipe(&self) {
-        kpng_ebpf::pins::cleanup(&self.pins).expect("removing the test's pins");
-    }
-
-    fn poison(&self) -> (KeyOf<Self>, ValueOf<Self>) {
-        Memory { maps: Maps::default() }.poison()
-    }
-
-    fn foreign(&self) -> (KeyOf<Self>, ValueOf<Self>) {
-        Memory { maps: Maps::default() }.foreign()
-    }
-
-    fn changed(&self, key: &Key, value: &Value) -> Option<Value> {
-        Memory { maps: Maps::default() }.changed(key, value)
-    }
-
-    fn canonical(&self, objects: &HashMap<Key, Value>) -> Vec<String> {
-        Memory { maps: Maps::default() }.canonical(objects)
-    }
+    kpng_conformance::run(&Maps::Memory(Shared::default()), 64);
 }
 
 #[test]
@@ -234,9 +192,8 @@ fn ebpf_maps_in_the_kernel_conform() {
     if !kpng_testkit::privileged::require(test, &[]) {
         return;
     }
-    if let Err(error) =
-        kpng_ebpf::support::cgroup2_root().and_then(|_| kpng_ebpf::support::object().map(drop))
-    {
+    let available = kpng_ebpf::support::cgroup2_root().and_then(|_| kpng_ebpf::support::object());
+    if let Err(error) = available {
         kpng_testkit::privileged::skip(&format!(
             "{test} needs cgroup v2 and the BPF object: {error}"
         ));
@@ -245,6 +202,6 @@ fn ebpf_maps_in_the_kernel_conform() {
     let name = format!("kpng-conformance-{}", std::process::id());
     let cgroup = kpng_ebpf::support::cgroup2_root().unwrap().join(&name);
     std::fs::create_dir_all(&cgroup).expect("creating the test's cgroup");
-    let subject = Pinned { cgroup, pins: std::path::PathBuf::from("/sys/fs/bpf").join(name) };
-    kpng_conformance::run(&subject, 16);
+    let pins = PathBuf::from("/sys/fs/bpf").join(name);
+    kpng_conformance::run(&Maps::Pinned { cgroup, pins }, 16);
 }
