@@ -362,16 +362,6 @@ where
         &self.kernel
     }
 
-    /// The kernel, to change (tests tamper with it).
-    pub fn kernel_mut(&mut self) -> &mut K {
-        &mut self.kernel
-    }
-
-    /// The render.
-    pub fn render(&self) -> &R {
-        &self.render
-    }
-
     /// The render, to configure.
     pub fn render_mut(&mut self) -> &mut R {
         &mut self.render

@@ -23,11 +23,6 @@ impl<K: Kernel> Faulty<K> {
     pub fn arm(&self, armed: bool) {
         self.armed.store(armed, Ordering::Relaxed);
     }
-
-    /// The kernel underneath.
-    pub fn inner(&self) -> &K {
-        &self.inner
-    }
 }
 
 impl<K: Kernel> Kernel for Faulty<K> {

@@ -21,7 +21,6 @@ pub struct Refused {
 struct Inner<K, V> {
     objects: Option<HashMap<K, V>>,
     refused: BTreeSet<K>,
-    commits: u64,
     generation: u64,
 }
 
@@ -37,7 +36,7 @@ impl<K, V> Clone for MemoryKernel<K, V> {
 
 impl<K, V> Default for MemoryKernel<K, V> {
     fn default() -> Self {
-        let inner = Inner { objects: None, refused: BTreeSet::new(), commits: 0, generation: 0 };
+        let inner = Inner { objects: None, refused: BTreeSet::new(), generation: 0 };
         MemoryKernel(Arc::new(Mutex::new(inner)))
     }
 }
@@ -61,35 +60,9 @@ where
         self.inner().objects.clone()
     }
 
-    /// Plans committed so far.
-    pub fn commits(&self) -> u64 {
-        self.inner().commits
-    }
-
-    /// Every plan writing `key` is refused, until [`allow`](Self::allow)ed.
+    /// Every plan writing `key` is refused.
     pub fn refuse(&self, key: K) {
         self.inner().refused.insert(key);
-    }
-
-    /// Plans writing `key` are accepted again.
-    pub fn allow(&self, key: &K) {
-        self.inner().refused.remove(key);
-    }
-
-    /// Another process sets `key` (a change behind kpng's back).
-    pub fn set(&self, key: K, value: V) {
-        let mut inner = self.inner();
-        inner.objects.get_or_insert_default().insert(key, value);
-        inner.generation += 1;
-    }
-
-    /// Another process removes `key`.
-    pub fn remove(&self, key: &K) {
-        let mut inner = self.inner();
-        if let Some(objects) = inner.objects.as_mut() {
-            objects.remove(key);
-        }
-        inner.generation += 1;
     }
 }
 
@@ -130,7 +103,6 @@ where
             return Err(Refused { key: format!("{key:?}") });
         }
         plan.apply_to(inner.objects.get_or_insert_default(), None);
-        inner.commits += 1;
         inner.generation += 1;
         Ok(())
     }

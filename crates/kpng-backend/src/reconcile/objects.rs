@@ -97,11 +97,6 @@ where
         &self.held
     }
 
-    /// The value the kernel holds at `key`.
-    pub fn held_value(&self, key: &K) -> Option<&V> {
-        self.held.get(key)
-    }
-
     /// The services that want something.
     pub fn services(&self) -> impl Iterator<Item = &ServiceKey> {
         self.numbers.keys().filter_map(|o| match o {
@@ -288,7 +283,7 @@ mod tests {
             for render in order {
                 objects.update(vec![render]);
             }
-            assert_eq!(objects.held_value(&Key::B(30080)), Some(&1), "{address_first}");
+            assert_eq!(objects.held().get(&Key::B(30080)), Some(&1), "{address_first}");
             let gone = objects.update(vec![(svc("z-address"), None)]);
             assert_eq!(gone.upserts, vec![(Key::B(30080), Some(1), 2)]);
             let gone = objects.update(vec![(svc("a-nodeport"), None)]);

@@ -240,13 +240,6 @@ impl RuleMsg {
         };
         self.exprs.iter().map(known).collect()
     }
-
-    /// The expressions' attribute as bytes (what a comparison of two rules compares).
-    pub fn expression_bytes(&self) -> Vec<u8> {
-        let mut buf = Vec::new();
-        encode_exprs(&self.exprs, &mut buf);
-        buf
-    }
 }
 
 fn encode_exprs(exprs: &[RuleExpr], buf: &mut Vec<u8>) {
