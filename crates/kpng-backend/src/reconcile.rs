@@ -4,7 +4,8 @@
 //!
 //! The reconciler owns everything else, once for every dataplane:
 //! - the loop over the services a change set touched (every service when the node's facts
-//!   that shape them change);
+//!   that shape them change), then over the objects no one service owns that their renders
+//!   changed ([`Render::shared`]: a dispatch chain listing many services);
 //! - one owner-keyed table of what each service wants and what the kernel holds
 //!   ([`Objects`]), where two services wanting one key resolve the same way whatever the
 //!   order of events;
@@ -16,7 +17,8 @@
 //! - verification, once per sync period: faults beyond objects (a detached hook), then the
 //!   objects read back and compared; a kernel that counts its commits ([`Kernel::generation`])
 //!   is read back only when another process committed since kpng, and once in
-//!   [`FULL_READ_EVERY`] regardless;
+//!   [`FULL_READ_EVERY`] regardless; a kernel whose read-back is costly may read a part
+//!   most of the time ([`Kernel::sample`]);
 //! - the counters every backend reports ([`Stats`]), under the backend's prefix.
 //!
 //! Retrying with backoff is the runner's: a failed change set returns an error, and the
@@ -24,7 +26,7 @@
 //! reconciler whose commit failed treats its next change set as a reset whatever it says.
 //!
 //! # Layout
-//! - this file: [`Kernel`], [`Render`], [`Reconciler`], [`Stats`].
+//! - this file: [`Kernel`], [`Render`], [`Reconciler`], [`Stats`], [`Sample`].
 //! - [`plan`]: [`Plan`], [`Rank`] and [`Unit`].
 //! - [`objects`]: [`Objects`], the owner-keyed table, and [`Wanted`], one owner's render.
 //! - [`memory`]: [`MemoryKernel`], a kernel in memory (tests, examples, `--dry-run`).
@@ -133,6 +135,13 @@ pub trait Kernel: Send {
         after: &HashMap<Self::Key, Self::Value>,
     ) -> Result<(), Self::Error>;
 
+    /// What a verification reads back: everything by default ([`read`](Self::read)). A
+    /// kernel whose whole read-back is costly may read a part most of the time (the entry
+    /// points a flushed table breaks) and say which keys that part covers.
+    fn sample(&mut self) -> Result<Sample<Self>, Self::Error> {
+        Ok(Sample::Whole(self.read()?))
+    }
+
     /// A number the kernel moves at every commit by any process, when it has one (the
     /// nf_tables ruleset generation): while it stays where kpng's own commit left it,
     /// nothing can have changed kpng's objects.
@@ -151,6 +160,19 @@ pub trait Kernel: Send {
         let _ = error;
         false
     }
+}
+
+/// What a verification read back.
+pub enum Sample<K: Kernel + ?Sized> {
+    /// Everything, as [`Kernel::read`] returns it.
+    Whole(Option<Held<K>>),
+    /// The objects of the keys `covers` accepts, and no others.
+    Part {
+        /// What the kernel holds of them.
+        held: Held<K>,
+        /// Whether a key is among those read.
+        covers: fn(&K::Key) -> bool,
+    },
 }
 
 /// How services render into a backend's objects.
@@ -183,6 +205,16 @@ pub trait Render: Send {
         service: &LocalServiceState,
         held: Option<&HashMap<Self::Key, Self::Value>>,
     ) -> Result<Wanted<Self::Key, Self::Value>, Self::Error>;
+
+    /// Objects no one service owns, made from many services' renders (a chain that lists
+    /// the destinations of every service whose address ends in one byte). Called after the
+    /// services of each change set and reset have rendered (and after [`node`](Self::node)
+    /// when the facts changed): the objects that changed since the last call, `None` for
+    /// those gone. They are claimed by [`Owner::Shared`]. None by default.
+    fn shared(&mut self, facts: &Self::Facts) -> Vec<(Self::Key, Option<Self::Value>)> {
+        let _ = facts;
+        Vec::new()
+    }
 
     /// `key` is gone: forget what was kept for it.
     fn forget(&mut self, key: &ServiceKey) {
@@ -383,6 +415,8 @@ where
                 .map_err(|source| ReconcileError::Render { service: key.clone(), source })?;
             renders.push((Owner::Service(key.clone()), Some(wanted)));
         }
+        let shared = self.render.shared(&facts).into_iter().filter_map(|(k, v)| Some((k, v?)));
+        renders.push((Owner::Shared, Some(Wanted::objects(shared))));
         let plan = self.objects.replace_all(held, renders);
         let prepared = self.kernel.prepare(&plan, self.objects.held(), installed);
         prepared.map_err(ReconcileError::Prepare)?;
@@ -422,7 +456,8 @@ where
             };
             renders.push((Owner::Service(key), wanted));
         }
-        let plan = self.objects.update(renders);
+        let shared = self.render.shared(&facts);
+        let plan = self.objects.update_and_patch(renders, shared);
         self.commit(&plan)?;
         self.facts = Some(facts);
         Ok(plan)
@@ -476,11 +511,17 @@ where
 
     fn apply(&mut self, changes: &ChangeSet<'_>) -> Result<(), BackendError> {
         let start = Instant::now();
-        let result = match changes.is_reset() || self.facts.is_none() {
+        let reset = changes.is_reset() || self.facts.is_none();
+        let result = match reset {
             true => self.reset(changes.state),
             false => self.update(changes),
         };
         match result {
+            Ok(plan) if plan.is_empty() && reset => {
+                let objects = self.objects.held().len();
+                tracing::info!(backend = self.name, objects, "the kernel already holds this state");
+                Ok(())
+            }
             Ok(plan) if plan.is_empty() => {
                 let objects = self.objects.held().len();
                 tracing::debug!(backend = self.name, objects, "nothing to change");
@@ -527,20 +568,31 @@ where
             return Ok(true);
         }
         self.stats.readbacks.fetch_add(1, Ordering::Relaxed);
-        let read = self.kernel.read().map_err(|e| self.backend_error(ReconcileError::Read(e)))?;
-        let held = read.unwrap_or_default();
+        let sample =
+            self.kernel.sample().map_err(|e| self.backend_error(ReconcileError::Read(e)))?;
+        let (held, covers, whole): (_, fn(&R::Key) -> bool, _) = match sample {
+            Sample::Whole(read) => (read.unwrap_or_default(), |_| true, true),
+            Sample::Part { held, covers } => (held, covers, false),
+        };
         let expected = self.objects.held();
-        if held == *expected {
+        if whole && held == *expected {
             // Read back unchanged while the generation held: known from there on.
             let after = self.kernel.generation();
             self.known.read_back(before, after);
             return Ok(true);
         }
-        self.known.forget();
-        let missing: Vec<&R::Key> = expected.keys().filter(|k| !held.contains_key(k)).collect();
-        let changed = expected.iter().filter(|(k, v)| held.get(*k).is_some_and(|h| h != *v));
+        let covered = || expected.iter().filter(|(k, _)| covers(k));
+        let missing: Vec<&R::Key> =
+            covered().filter(|(k, _)| !held.contains_key(*k)).map(|(k, _)| k).collect();
+        let changed = covered().filter(|(k, v)| held.get(*k).is_some_and(|h| h != *v));
         let changed: Vec<&R::Key> = changed.map(|(k, _)| k).collect();
-        let foreign: Vec<&R::Key> = held.keys().filter(|k| !expected.contains_key(k)).collect();
+        let foreign: Vec<&R::Key> =
+            held.keys().filter(|k| covers(k) && !expected.contains_key(k)).collect();
+        if missing.is_empty() && changed.is_empty() && foreign.is_empty() {
+            // The part read back is as committed; what it did not cover is not known.
+            return Ok(true);
+        }
+        self.known.forget();
         let first = missing.iter().chain(&changed).chain(&foreign).next().map(|k| format!("{k:?}"));
         tracing::warn!(
             backend = self.name,

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use kpng_backend::reconcile::{Kernel, Plan, Unit};
+use kpng_backend::reconcile::{Kernel, Plan, Sample, Unit};
 
 /// A kernel whose commits fail while armed.
 pub struct Faulty<K: Kernel> {
@@ -59,6 +59,13 @@ impl<K: Kernel> Kernel for Faulty<K> {
         let (key, value) = self.poison.clone();
         poisoned.upserts.push((key, None, value));
         self.inner.commit(&poisoned, after)
+    }
+
+    fn sample(&mut self) -> Result<Sample<Self>, K::Error> {
+        Ok(match self.inner.sample()? {
+            Sample::Whole(held) => Sample::Whole(held),
+            Sample::Part { held, covers } => Sample::Part { held, covers },
+        })
     }
 
     fn generation(&mut self) -> Option<u64> {

@@ -7,7 +7,9 @@
 //! could change it. [`run`] then checks what the template promises:
 //! - a refused commit leaves the kernel as before, in the unit the kernel declares
 //!   ([`Unit::Plan`]: untouched; [`Unit::Write`]: the writes before the refused one,
-//!   made in the plan's order), and the runner's retry (the whole state) repairs it;
+//!   made in the plan's order; [`Unit::Group`]: the refused group untouched, every other
+//!   group as planned, so one IP family refused does not hold back the other), and the
+//!   runner's retry (the whole state) repairs it;
 //! - a restart over what the previous process committed writes nothing;
 //! - drift of each kind (an object deleted, changed, or a foreign one added) is found by
 //!   the next verification and repaired by the reset that follows;
@@ -23,7 +25,7 @@
 
 use std::collections::HashMap;
 
-use kpng_backend::reconcile::{Kernel, Plan, Reconciler, Render, Unit};
+use kpng_backend::reconcile::{Kernel, Plan, Rank, Reconciler, Render, Unit};
 use kpng_backend::{Backend, ChangeSet};
 use kpng_model::LocalState;
 use proptest::prelude::*;
@@ -162,6 +164,23 @@ pub fn refused_commit_leaves_the_previous_state<S: Subject>(subject: &S) {
                 let kept = now == before.get(key) || now == planned.get(key);
                 assert!(kept, "{name}: {key:?} is {now:?}, in neither the old state nor the plan");
             }
+        }
+        Unit::Group => {
+            // The poison's group is as before; every other group is as planned.
+            let refused = subject.poison().0.group();
+            let planned = backend.held();
+            let mut others = 0;
+            for key in before.keys().chain(after.keys()).chain(planned.keys()) {
+                let now = after.get(key);
+                if key.group() == refused {
+                    assert!(now == before.get(key), "{name}: {key:?} of the refused group changed");
+                } else {
+                    others += usize::from(before.get(key) != planned.get(key));
+                    let what = "of a group that was not refused is not as planned";
+                    assert!(now == planned.get(key), "{name}: {key:?} {what}");
+                }
+            }
+            assert!(others > 0, "{name}: the change wrote nothing outside the refused group");
         }
     }
     backend.kernel().arm(false);

@@ -45,12 +45,15 @@ impl<K: Ord, V> Wanted<K, V> {
 pub enum Owner {
     /// The node's own objects.
     Node,
+    /// Objects made from many services' renders ([`Render::shared`](super::Render::shared)),
+    /// whose claims come after the node's and before every service's.
+    Shared,
     /// A service's objects.
     Service(ServiceKey),
 }
 
 /// One owner's claim on a key. Fields compare in order: yielding claims last, then owners
-/// by number (the node is 0, services in the order of their first claim).
+/// by number (the node is 0, shared objects 1, services in the order of their first claim).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 struct Claim {
     yielding: bool,
@@ -71,7 +74,7 @@ impl<K, V> Default for Objects<K, V> {
     fn default() -> Self {
         Objects {
             numbers: HashMap::new(),
-            next: 1,
+            next: 2,
             wanted: HashMap::new(),
             claims: HashMap::new(),
             held: HashMap::new(),
@@ -101,7 +104,7 @@ where
     pub fn services(&self) -> impl Iterator<Item = &ServiceKey> {
         self.numbers.keys().filter_map(|o| match o {
             Owner::Service(key) => Some(key),
-            Owner::Node => None,
+            Owner::Node | Owner::Shared => None,
         })
     }
 
@@ -119,6 +122,51 @@ where
         self.plan(affected)
     }
 
+    /// [`update`](Self::update), and in the same plan, the shared objects that changed
+    /// (`None`: gone), claimed by [`Owner::Shared`].
+    pub fn update_and_patch(
+        &mut self,
+        renders: Vec<Render<K, V>>,
+        shared: Vec<(K, Option<V>)>,
+    ) -> Plan<K, V> {
+        let mut affected = self.claim(renders);
+        self.patch(Owner::Shared, shared, &mut affected);
+        self.plan(affected)
+    }
+
+    /// Changes some of `owner`'s objects, leaving its others; adds the keys whose value may
+    /// have changed to `affected`.
+    fn patch(&mut self, owner: Owner, changes: Vec<(K, Option<V>)>, affected: &mut BTreeSet<K>) {
+        if changes.is_empty() {
+            return;
+        }
+        let number = self.number(&owner);
+        let claim = Claim { yielding: false, owner: number };
+        let wanted = self.wanted.entry(number).or_default();
+        for (key, value) in changes {
+            let changed = match value {
+                Some(value) => wanted.objects.insert(key.clone(), value.clone()) != Some(value),
+                None => wanted.objects.remove(&key).is_some(),
+            };
+            if !changed {
+                continue;
+            }
+            let claims = self.claims.entry(key.clone()).or_default();
+            let at = claims.binary_search(&claim);
+            match (wanted.objects.contains_key(&key), at) {
+                (true, Err(at)) => claims.insert(at, claim),
+                (false, Ok(at)) => {
+                    claims.remove(at);
+                    if claims.is_empty() {
+                        self.claims.remove(&key);
+                    }
+                }
+                _ => {}
+            }
+            affected.insert(key);
+        }
+    }
+
     /// Starts over from `held` (what the kernel holds) and `renders` (every owner): the
     /// plan that leaves exactly the wanted objects.
     pub fn replace_all(&mut self, held: HashMap<K, V>, renders: Vec<Render<K, V>>) -> Plan<K, V> {
@@ -134,6 +182,7 @@ where
         }
         let n = match owner {
             Owner::Node => 0,
+            Owner::Shared => 1,
             Owner::Service(_) => {
                 self.next += 1;
                 self.next - 1
@@ -298,6 +347,28 @@ mod tests {
         objects.update(vec![(svc("a"), render(&[(Key::A(9), 1)]))]);
         let plan = objects.update(vec![(Owner::Node, render(&[(Key::A(9), 0)]))]);
         assert_eq!(plan.upserts, vec![(Key::A(9), Some(1), 0)]);
+    }
+
+    #[test]
+    fn shared_objects_are_patched_beside_services_and_give_way_to_the_node() {
+        let mut objects = Objects::new();
+        let plan = objects.update_and_patch(
+            vec![(svc("a"), render(&[(Key::A(1), 1)]))],
+            vec![(Key::B(1), Some(3)), (Key::B(2), Some(4))],
+        );
+        assert_eq!(plan.len(), 3);
+        // Patching one leaves the other; a service's claim comes after the shared one.
+        let plan = objects
+            .update_and_patch(vec![(svc("b"), render(&[(Key::B(2), 9)]))], vec![(Key::B(1), None)]);
+        assert_eq!(plan.deletes, vec![(Key::B(1), 3)]);
+        assert!(plan.upserts.is_empty(), "{plan:?}");
+        assert_eq!(objects.held().get(&Key::B(2)), Some(&4));
+        // The shared object goes: the service's claim is next.
+        let plan = objects.update_and_patch(Vec::new(), vec![(Key::B(2), None)]);
+        assert_eq!(plan.upserts, vec![(Key::B(2), Some(4), 9)]);
+        let plan = objects.update(vec![(Owner::Node, render(&[(Key::B(2), 0)]))]);
+        assert_eq!(plan.upserts, vec![(Key::B(2), Some(9), 0)]);
+        assert_eq!(objects.services().count(), 2);
     }
 
     #[test]

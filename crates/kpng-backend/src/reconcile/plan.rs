@@ -1,6 +1,6 @@
 //! [`Plan`]: the writes that bring a kernel from what it holds to what is wanted, in the
-//! order a reader may see them; [`Rank`], which gives that order; [`Unit`], what a kernel
-//! can commit at once.
+//! order a reader may see them; [`Rank`], which gives that order (and the groups a kernel
+//! commits apart); [`Unit`], what a kernel can commit at once.
 
 /// Where an object's kind stands in the order of writes: objects of a lower rank are
 /// created before those of a higher one and deleted after them, so a reader that sees an
@@ -9,6 +9,13 @@
 pub trait Rank {
     /// The object's rank.
     fn rank(&self) -> u8 {
+        0
+    }
+
+    /// The group the object falls in, for a kernel that commits group by group
+    /// ([`Unit::Group`]: one restore per IP family, say). By default every object is in
+    /// group 0.
+    fn group(&self) -> u8 {
         0
     }
 }
@@ -23,6 +30,10 @@ pub enum Unit {
     /// the refused one in, and a reader sees, at any moment, the kernel as before the plan
     /// with a prefix of its writes made; [`Rank`] keeps every such moment consistent.
     Write,
+    /// Group by group ([`Rank::group`]): each group is applied whole or not at all, and
+    /// every group is tried whatever befell another, so a refused commit leaves the groups
+    /// it refused as they were and the others as planned.
+    Group,
 }
 
 /// Writes that bring a kernel to what is wanted: upserts (with the value they replace, if
