@@ -74,9 +74,8 @@ impl Bench {
     }
 
     fn written(&self) -> u64 {
-        let stats = self.backend.stats();
-        let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
-        load(&stats.chains_written) + load(&stats.chains_deleted)
+        // Chains written or deleted (jumps from built-in chains are written at the start).
+        self.backend.template_stats().writes.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 
@@ -152,7 +151,7 @@ pub fn run(
     let after = bench.backend.stats().restores.load(std::sync::atomic::Ordering::Relaxed);
     anyhow::ensure!(before == after, "a change set without changes ran iptables-restore");
 
-    let chains = bench.backend.committed().len();
+    let chains = bench.backend.held().len();
     crate::dataplane::clear().context("removing the chains")?;
     let full_ms =
         crate::iptables::restore(&crate::iptables::ruleset(bench.projector.state()), reloads)?;

@@ -1,11 +1,10 @@
-//! [`IptablesBackend`]: change sets in, the smallest `iptables-restore --noflush` per family
-//! out.
+//! [`IptablesBackend`]: the template's reconciler over kpng's chains, committed by
+//! [`IptablesKernel`] as the smallest `iptables-restore --noflush` per family.
 //!
-//! A sync state machine of two states: `Unknown` (at start, after a refused restore, after
-//! drift was found) and `Synced` (what was committed is what the kernel holds). From
-//! `Unknown` every change set reads kpng's chains back and writes only the chains that
-//! differ (a restart over identical chains writes nothing); from `Synced` a change set
-//! renders the services it touches and writes the chains whose rules changed.
+//! The template reads kpng's chains back at every reset (so a restart over identical
+//! chains writes nothing) and renders only the services a change set touched. Each table's
+//! section of a restore is applied whole or not at all, and a refused section does not
+//! hold back the tables after it or the other family ([`Unit::Group`]).
 //!
 //! Verification (every `--sync-period`) reads back, at a cost that does not grow with the
 //! cluster, the entry chains (the fixed `KPNG-SERVICES`, `KPNG-FILTER`, ...) and the
@@ -21,16 +20,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use ipnet::IpNet;
+use kpng_backend::Target;
 use kpng_backend::proxy::LocalDetection;
-use kpng_backend::{Backend, BackendError, ChangeSet, Target};
-use kpng_model::{Family, LocalState};
+use kpng_backend::reconcile::{self, Held, Plan, Reconciler, Sample, Unit};
+use kpng_model::Family;
 
 use crate::error::IptablesError;
 use crate::kernel::{Kernel, Snapshot};
-use crate::names;
-use crate::render::{ChainKey, Context, Table};
-use crate::rule::Rule;
-use crate::state::{Desired, Plan, hooks, plan_chains};
+use crate::render::Table;
+use crate::state::{IptablesRender, Key, Restores, Rules};
 
 /// The backend's options.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,19 +70,13 @@ impl Default for IptablesOptions {
     }
 }
 
-/// Counters, shared with whoever reports them.
+/// The iptables kernel's own counters, shared with whoever reports them.
 #[derive(Debug, Default)]
 pub struct IptablesStats {
     /// Restores run (one per family with something to change).
     pub restores: AtomicU64,
     /// Refused restores.
     pub failures: AtomicU64,
-    /// Chains written (created or flushed and filled).
-    pub chains_written: AtomicU64,
-    /// Chains deleted.
-    pub chains_deleted: AtomicU64,
-    /// Verifications that found the kernel changed behind kpng's back.
-    pub drift: AtomicU64,
     /// By family (IPv4, IPv6) as kube-proxy reports them: refused restores of whole states,
     /// refused restores of changes, and by table (nat, filter) the rules kpng owns and the
     /// rules the last restore wrote.
@@ -118,14 +110,6 @@ fn table_index(table: Table) -> usize {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Sync {
-    /// What the kernel holds must be read back before anything is written.
-    Unknown,
-    /// The kernel holds what was committed.
-    Synced,
-}
-
 /// When verification next reads every chain back: after a read-back that took `t`, not
 /// before `(share - 1) * t` has passed, so read-backs take at most one part in `share` of
 /// the time.
@@ -149,18 +133,227 @@ impl FullReads {
     }
 }
 
-/// The iptables backend.
-pub struct IptablesBackend {
-    options: IptablesOptions,
-    kernel: Box<dyn Kernel>,
-    sync: Sync,
-    full_reads: FullReads,
-    desired: Desired,
-    committed: HashMap<ChainKey, Vec<Rule>>,
+/// kpng's chains in iptables, as the template's kernel: read back with `iptables-save`
+/// (or a stand-in [`Kernel`]), a plan committed as one `iptables-restore --noflush` per
+/// family with something to change.
+pub struct IptablesKernel {
+    inner: Box<dyn Kernel>,
     stats: Arc<IptablesStats>,
-    /// `--dry-run`: restore inputs are printed, and the log says so.
-    dry_run: bool,
+    batch_chains: usize,
+    full_reads: FullReads,
+    /// The next commit is a reset's (a whole state, for kube-proxy's failure counters).
+    whole: bool,
+    /// The entry chains committed, which verification lists every time.
+    entries: BTreeSet<(Family, Table, String)>,
 }
+
+impl IptablesKernel {
+    /// Commits through `inner`, written in restores of at most `batch_chains` chains, and
+    /// reads every chain back at most one part in `full_read_share` of the time.
+    pub fn new(inner: Box<dyn Kernel>, batch_chains: usize, full_read_share: u32) -> Self {
+        IptablesKernel {
+            inner,
+            stats: Arc::default(),
+            batch_chains,
+            full_reads: FullReads::new(full_read_share),
+            whole: false,
+            entries: BTreeSet::new(),
+        }
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> Arc<IptablesStats> {
+        self.stats.clone()
+    }
+
+    /// Runs `family`'s restores. When a section is refused, the sections after it (the
+    /// other table) are tried on their own, so a refused table holds back no other.
+    fn restore(&mut self, family: Family, restores: &Restores) -> Result<(), IptablesError> {
+        let texts = restores.restore_texts(family, self.batch_chains);
+        let single = texts.len() == 1;
+        for text in texts {
+            self.stats.restores.fetch_add(1, Ordering::Relaxed);
+            let Err(error) = self.inner.restore(family, &text) else { continue };
+            self.refused(family);
+            // Where the refused section ends: the tables after it were not tried.
+            let after = match (&error, single) {
+                (IptablesError::Restore { line: Some(line), .. }, true) => {
+                    let sections = restores.sections(family);
+                    let mut end = 0;
+                    let at = sections.iter().position(|(_, text)| {
+                        end += text.lines().count();
+                        *line <= end
+                    });
+                    at.map(|at| sections[at + 1..].to_vec()).unwrap_or_default()
+                }
+                _ => Vec::new(),
+            };
+            for (_, text) in after {
+                self.stats.restores.fetch_add(1, Ordering::Relaxed);
+                if self.inner.restore(family, &text).is_err() {
+                    self.refused(family);
+                }
+            }
+            return Err(error);
+        }
+        Ok(())
+    }
+
+    fn refused(&self, family: Family) {
+        self.stats.failures.fetch_add(1, Ordering::Relaxed);
+        let counts = &self.stats.by_family[family_index(family)];
+        match self.whole {
+            true => counts.full_failures.fetch_add(1, Ordering::Relaxed),
+            false => counts.partial_failures.fetch_add(1, Ordering::Relaxed),
+        };
+    }
+
+    /// Moves kube-proxy's rule counts by a change's `plan` (a reset's are counted whole by
+    /// [`prepare`](reconcile::Kernel::prepare)).
+    fn count_rules(&self, plan: &Plan<Key, Rules>) {
+        let mut counts = [[0i64; 2]; 2];
+        let mut add = |key: &Key, n: usize, sign: i64| {
+            if let Key::Chain(family, table, _) = key {
+                counts[family_index(*family)][table_index(*table)] += sign * n as i64;
+            }
+        };
+        for (key, old, new) in &plan.upserts {
+            add(key, new.len(), 1);
+            add(key, old.as_ref().map_or(0, Rules::len), -1);
+        }
+        plan.deletes.iter().for_each(|(key, old)| add(key, old.len(), -1));
+        for (stats, counts) in self.stats.by_family.iter().zip(counts) {
+            for (rules, n) in stats.rules.iter().zip(counts) {
+                // Two's complement: adding a negative count subtracts it.
+                rules.fetch_add(n as u64, Ordering::Relaxed);
+            }
+        }
+    }
+
+    fn held_of(family: Family, snapshot: Snapshot, held: &mut Held<Self>) {
+        for ((table, chain), rules) in snapshot.chains {
+            held.insert(Key::Chain(family, table, chain), Rules::new(rules));
+        }
+        // kpng's jumps carry its comment; another's jump into kpng's chains is left alone
+        // (a chain it holds on to cannot be deleted: that restore is refused, and retried).
+        let kpngs = snapshot.hooks.into_iter().filter(|(_, _, rule)| rule.contains(KPNG_COMMENT));
+        for (table, builtin, rule) in kpngs {
+            held.insert(Key::Hook(family, table, builtin, rule), Rules::default());
+        }
+    }
+}
+
+/// What marks kpng's own jumps from built-in chains.
+const KPNG_COMMENT: &str = "-m comment --comment kpng ";
+
+/// An entry chain's family, table and name.
+fn entry_of(key: &Key) -> Option<(Family, Table, String)> {
+    match key {
+        Key::Chain(family, table, name) if key.is_entry() => {
+            Some((*family, *table, name.to_string()))
+        }
+        _ => None,
+    }
+}
+
+impl reconcile::Kernel for IptablesKernel {
+    type Key = Key;
+    type Value = Rules;
+    type Error = IptablesError;
+
+    const UNIT: Unit = Unit::Group;
+    const WHAT: &'static str = "iptables rules";
+    const APPLIED: &'static str = "restored";
+
+    fn read(&mut self) -> Result<Option<Held<Self>>, IptablesError> {
+        let started = Instant::now();
+        let mut held = HashMap::new();
+        for family in Family::ALL {
+            Self::held_of(family, self.inner.read(family)?, &mut held);
+        }
+        self.full_reads.done(started, Instant::now());
+        Ok((!held.is_empty()).then_some(held))
+    }
+
+    fn sample(&mut self) -> Result<Sample<Self>, IptablesError> {
+        if self.full_reads.due(Instant::now()) {
+            return Ok(Sample::Whole(self.read()?));
+        }
+        let mut held = HashMap::new();
+        for family in Family::ALL {
+            let listed: Vec<(Table, String)> = self
+                .entries
+                .iter()
+                .filter(|(f, _, _)| *f == family)
+                .map(|(_, table, chain)| (*table, chain.clone()))
+                .chain(crate::state::hooks().iter().map(|h| (h.table, h.builtin.to_string())))
+                .collect();
+            Self::held_of(family, self.inner.read_chains(family, &listed)?, &mut held);
+        }
+        Ok(Sample::Part { held, covers: Key::is_entry })
+    }
+
+    /// At each reset: counts and lists what the kernel will hold from `after`; the commit
+    /// that follows (if the plan writes anything) is a whole state's.
+    fn prepare(
+        &mut self,
+        plan: &Plan<Key, Rules>,
+        after: &Held<Self>,
+        _installed: bool,
+    ) -> Result<(), IptablesError> {
+        self.whole = !plan.is_empty();
+        self.entries = after.keys().filter_map(entry_of).collect();
+        let mut counts = [[0u64; 2]; 2];
+        for (key, rules) in after {
+            if let Key::Chain(family, table, _) = key {
+                counts[family_index(*family)][table_index(*table)] += rules.len() as u64;
+            }
+        }
+        for (stats, counts) in self.stats.by_family.iter().zip(counts) {
+            for (rules, n) in stats.rules.iter().zip(counts) {
+                rules.store(n, Ordering::Relaxed);
+            }
+        }
+        Ok(())
+    }
+
+    fn commit(
+        &mut self,
+        plan: &Plan<Key, Rules>,
+        _after: &Held<Self>,
+    ) -> Result<(), IptablesError> {
+        let restores = Restores::of(plan);
+        let mut refused = None;
+        for family in restores.families() {
+            if let Err(error) = self.restore(family, &restores) {
+                refused.get_or_insert(error);
+            }
+            for ((f, table), t) in restores.tables.iter().filter(|((f, _), _)| *f == family) {
+                let counts = &self.stats.by_family[family_index(*f)];
+                let written = t.rules_written() as u64;
+                counts.last_written[table_index(*table)].store(written, Ordering::Relaxed);
+            }
+        }
+        if !self.whole {
+            self.count_rules(plan);
+            self.entries.extend(plan.upserts.iter().filter_map(|(key, _, _)| entry_of(key)));
+            plan.deletes.iter().filter_map(|(key, _)| entry_of(key)).for_each(|e| {
+                self.entries.remove(&e);
+            });
+        }
+        self.whole = false;
+        refused.map_or(Ok(()), Err)
+    }
+}
+
+/// The iptables backend: [`IptablesRender`] and [`IptablesKernel`] in the template's
+/// reconciler.
+pub struct IptablesBackend {
+    inner: Reconciler<IptablesRender, IptablesKernel>,
+    stats: Arc<IptablesStats>,
+}
+
+kpng_backend::delegate_backend!(IptablesBackend, inner);
 
 impl IptablesBackend {
     /// A backend with `options` that writes to `target`: the kernel through `mode`'s
@@ -189,274 +382,32 @@ impl IptablesBackend {
                 Box::new(crate::CommandKernel::new(mode)?)
             }
         };
-        Ok(IptablesBackend { dry_run, ..IptablesBackend::new(options, kernel) })
+        let mut backend = IptablesBackend::new(options, kernel);
+        backend.inner = backend.inner.with_dry_run(dry_run);
+        Ok(backend)
     }
 
     /// A backend writing through `kernel`.
     pub fn new(options: IptablesOptions, kernel: Box<dyn Kernel>) -> Self {
-        let full_reads = FullReads::new(options.full_read_share);
-        IptablesBackend {
-            options,
-            kernel,
-            sync: Sync::Unknown,
-            full_reads,
-            desired: Desired::default(),
-            committed: HashMap::new(),
-            stats: Arc::default(),
-            dry_run: false,
-        }
+        let kernel = IptablesKernel::new(kernel, options.batch_chains, options.full_read_share);
+        let stats = kernel.stats();
+        let render = IptablesRender::new(options);
+        IptablesBackend { inner: Reconciler::new(crate::NAME, render, kernel), stats }
     }
 
-    /// The counters.
+    /// The iptables kernel's counters.
     pub fn stats(&self) -> Arc<IptablesStats> {
         self.stats.clone()
     }
 
-    /// What kpng committed, by chain.
-    pub fn committed(&self) -> &HashMap<ChainKey, Vec<Rule>> {
-        &self.committed
+    /// The template's counters.
+    pub fn template_stats(&self) -> Arc<reconcile::Stats> {
+        self.inner.stats()
     }
 
-    fn context(&self, state: &LocalState) -> Context {
-        let o = &self.options;
-        Context {
-            masquerade_all: o.masquerade_all,
-            masq_mark: 1 << o.masquerade_bit,
-            drop_mark: 1 << o.drop_bit,
-            local: o.local_detection.resolve(state.node.as_ref(), &o.cluster_cidrs),
-            node_ips: state.node.as_ref().map(|n| n.primary_ips.clone()).unwrap_or_default(),
-            localhost_nodeports: o.localhost_nodeports,
-        }
-    }
-
-    /// Reads the kernel back and writes whatever differs from `state`.
-    fn resync(&mut self, state: &LocalState) -> Result<Plan, IptablesError> {
-        self.desired = Desired::build(state, self.context(state));
-        let mut plan = Plan::default();
-        let started = Instant::now();
-        for family in Family::ALL {
-            let snapshot = self.kernel.read(family)?;
-            diff_snapshot(family, &snapshot, self.desired.chains(), &mut plan);
-        }
-        self.full_reads.done(started, Instant::now());
-        self.commit(&plan, false)?;
-        self.committed = self.desired.chains().clone();
-        self.recount_rules();
-        self.sync = Sync::Synced;
-        if plan.is_empty() {
-            tracing::info!(
-                chains = self.committed.len(),
-                "iptables: the kernel already holds this state"
-            );
-        }
-        Ok(plan)
-    }
-
-    fn update(&mut self, changes: &ChangeSet<'_>) -> Result<Plan, IptablesError> {
-        let state = changes.state;
-        let (keys, node_changed) = changes.touched();
-        let mut touched = BTreeSet::new();
-        let ctx = self.context(state);
-        let renew = node_changed
-            && (&ctx, &crate::state::NodeFacts::of(state))
-                != (self.desired.context().0, self.desired.context().1);
-        if renew {
-            self.desired.renew(state, ctx, &mut touched);
-        } else {
-            self.desired.update(state, &keys, &mut touched);
-        }
-        let plan = plan_chains(self.desired.chains(), &self.committed, &touched);
-        self.commit(&plan, true)?;
-        for key in &touched {
-            let old = match self.desired.chains().get(key) {
-                Some(rules) => self.committed.insert(key.clone(), rules.clone()),
-                None => self.committed.remove(key),
-            };
-            let new = self.committed.get(key).map_or(0, Vec::len);
-            self.count_rules(key, old.map_or(0, |r| r.len()), new);
-        }
-        Ok(plan)
-    }
-
-    /// Runs one restore per family with something to change. A family whose restore is
-    /// refused does not hold back the other: both are tried, and the first refusal is the
-    /// error.
-    fn commit(&mut self, plan: &Plan, partial: bool) -> Result<(), IptablesError> {
-        let mut refused = None;
-        for family in plan.families() {
-            let counts = &self.stats.by_family[family_index(family)];
-            for text in plan.restore_texts(family, self.options.batch_chains) {
-                self.stats.restores.fetch_add(1, Ordering::Relaxed);
-                if let Err(error) = self.kernel.restore(family, &text) {
-                    self.stats.failures.fetch_add(1, Ordering::Relaxed);
-                    match partial {
-                        true => counts.partial_failures.fetch_add(1, Ordering::Relaxed),
-                        false => counts.full_failures.fetch_add(1, Ordering::Relaxed),
-                    };
-                    refused.get_or_insert(error);
-                    break;
-                }
-            }
-            for ((f, table), t) in plan.tables.iter().filter(|((f, _), _)| *f == family) {
-                let written: usize = t.write.values().map(Vec::len).sum();
-                let counts = &self.stats.by_family[family_index(*f)];
-                counts.last_written[table_index(*table)].store(written as u64, Ordering::Relaxed);
-            }
-        }
-        if let Some(error) = refused {
-            return Err(error);
-        }
-        let (written, deleted) = plan.counts();
-        self.stats.chains_written.fetch_add(written as u64, Ordering::Relaxed);
-        self.stats.chains_deleted.fetch_add(deleted as u64, Ordering::Relaxed);
-        Ok(())
-    }
-
-    /// Moves the count of rules kpng owns (kube-proxy's metrics) by one chain's change:
-    /// per-change work stays proportional to the change.
-    fn count_rules(&self, (family, table, _): &ChainKey, old: usize, new: usize) {
-        let rules = &self.stats.by_family[family_index(*family)].rules[table_index(*table)];
-        rules.fetch_add(new as u64, Ordering::Relaxed);
-        rules.fetch_sub(old as u64, Ordering::Relaxed);
-    }
-
-    /// Counts the rules kpng owns afresh, after a whole state (a change adjusts them).
-    fn recount_rules(&self) {
-        let mut counts = [[0u64; 2]; 2];
-        for ((family, table, _), rules) in &self.committed {
-            counts[family_index(*family)][table_index(*table)] += rules.len() as u64;
-        }
-        for (stats, counts) in self.stats.by_family.iter().zip(counts) {
-            for (rules, n) in stats.rules.iter().zip(counts) {
-                rules.store(n, Ordering::Relaxed);
-            }
-        }
-    }
-
-    /// The first difference between the kernel and what was committed, if any: in every
-    /// chain when `full`, else in the entry chains and the jumps into them.
-    fn drift(&mut self, full: bool) -> Result<Option<String>, IptablesError> {
-        let hooks = hooks();
-        for family in Family::ALL {
-            let mut plan = Plan::default();
-            if full {
-                let snapshot = self.kernel.read(family)?;
-                diff_snapshot(family, &snapshot, &self.committed, &mut plan);
-            } else {
-                let entry: HashMap<ChainKey, Vec<Rule>> = names::entry_chains()
-                    .into_iter()
-                    .flat_map(|chain| Table::ALL.map(|table| (family, table, chain.clone())))
-                    .filter_map(|key| Some((key.clone(), self.committed.get(&key)?.clone())))
-                    .collect();
-                let listed: Vec<(Table, String)> = entry
-                    .keys()
-                    .map(|(_, table, chain)| (*table, chain.to_string()))
-                    .chain(hooks.iter().map(|hook| (hook.table, hook.builtin.to_string())))
-                    .collect();
-                let snapshot = self.kernel.read_chains(family, &listed)?;
-                diff_snapshot(family, &snapshot, &entry, &mut plan);
-            }
-            if let Some(((f, table), t)) = plan.tables.iter().find(|(_, t)| !t.is_empty()) {
-                let what = match (t.write.keys().next(), t.delete.iter().next(), t.hooks.first()) {
-                    (Some(c), _, _) => format!("chain {c} differs"),
-                    (_, Some(c), _) => format!("chain {c} is foreign"),
-                    (_, _, Some(h)) => format!("the jump from {} is missing", h.builtin),
-                    _ => String::new(),
-                };
-                return Ok(Some(format!("{f} {}: {what}", table.as_str())));
-            }
-        }
-        Ok(None)
-    }
-}
-
-/// Adds to `plan` what makes `snapshot` (one family) hold `desired`'s chains of that family.
-fn diff_snapshot(
-    family: Family,
-    snapshot: &Snapshot,
-    desired: &HashMap<ChainKey, Vec<Rule>>,
-    plan: &mut Plan,
-) {
-    for ((f, table, chain), rules) in desired.iter().filter(|((f, _, _), _)| *f == family) {
-        let key = (*f, *table, chain.clone());
-        let same = snapshot.chains.get(&(*table, chain.clone())).is_some_and(|have| {
-            have.len() == rules.len() && have.iter().zip(rules).all(|(h, r)| *h == r.to_string())
-        });
-        if !same {
-            plan.write(&key, rules.clone());
-        }
-    }
-    for (table, chain) in snapshot.chains.keys() {
-        if !desired.contains_key(&(family, *table, chain.clone())) {
-            plan.delete(&(family, *table, chain.clone()));
-        }
-    }
-    for hook in hooks() {
-        let present = (hook.table, hook.builtin.to_string(), hook.rule.to_string());
-        if !snapshot.hooks.contains(&present) {
-            plan.hook(family, hook);
-        }
-    }
-}
-
-impl Backend for IptablesBackend {
-    fn unsupported(
-        &self,
-        lb: &kpng_model::global::LoadBalancing,
-    ) -> Vec<(kpng_model::global::AnnotationKey, &'static str)> {
-        // None of the kube-nftlb settings has a translation here yet.
-        kpng_backend::unsupported::all_settings(lb)
-    }
-
-    fn name(&self) -> &'static str {
-        crate::NAME
-    }
-
-    fn apply(&mut self, changes: &ChangeSet<'_>) -> Result<(), BackendError> {
-        let start = Instant::now();
-        let result = match (changes.is_reset(), self.sync) {
-            (false, Sync::Synced) => self.update(changes),
-            _ => self.resync(changes.state),
-        };
-        match result {
-            Ok(plan) if plan.is_empty() => {
-                tracing::debug!(chains = self.committed.len(), "iptables: nothing to change");
-                Ok(())
-            }
-            Ok(plan) => {
-                let (written, deleted) = plan.counts();
-                let done = kpng_backend::backend::done(self.dry_run, "restored");
-                tracing::info!(written, deleted, chains = self.committed.len(), took = ?start.elapsed(), "iptables rules {done}");
-                Ok(())
-            }
-            Err(error) => {
-                // The refused table keeps its previous rules; read back before writing again.
-                self.sync = Sync::Unknown;
-                tracing::warn!(error = %kpng_backend::error_chain(&error), "iptables: restore refused");
-                Err(error.into_backend_error())
-            }
-        }
-    }
-
-    fn verify(&mut self) -> Result<bool, BackendError> {
-        if self.sync != Sync::Synced {
-            return Ok(true);
-        }
-        let started = Instant::now();
-        let full = self.full_reads.due(started);
-        let drift = self.drift(full).map_err(IptablesError::into_backend_error)?;
-        if full {
-            self.full_reads.done(started, Instant::now());
-        }
-        match drift {
-            None => Ok(true),
-            Some(what) => {
-                self.stats.drift.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(%what, "iptables: kpng's chains changed behind its back; repairing");
-                self.sync = Sync::Unknown;
-                Ok(false)
-            }
-        }
+    /// What kpng committed: its chains and hooks.
+    pub fn held(&self) -> &HashMap<Key, Rules> {
+        self.inner.held()
     }
 }
 

@@ -66,13 +66,20 @@
 //! - [`names`]: fixed chain names and hashed per-service and per-endpoint names.
 //! - [`render`]: pure ENLS service → its chains and dispatch entries.
 //! - [`dispatch`]: the sharded dispatch chains built from every service's entries.
-//! - [`state`]: the desired chains kept up to date per service, the fixed chains, the
-//!   jumps from built-in chains, and the plan (restore text) between two states.
+//! - [`state`]: the backend's half of the template: its objects ([`state::Key`]: a chain,
+//!   or a jump from a built-in chain; [`state::Rules`]), [`state::IptablesRender`] (each
+//!   service's own chains, and through [`Render::shared`](kpng_backend::reconcile::Render::shared)
+//!   the dispatch chains many services share), and the restore inputs of a plan.
 //! - [`kernel`]: the [`Kernel`] trait and [`CommandKernel`] (iptables-save/-restore of the
 //!   chosen variant), and cleanup.
 //! - [`leftovers`]: kube-proxy's chains, found and removed when kpng replaces it.
 //! - [`memory`]: [`MemoryKernel`], in-memory tables for tests and `--dry-run`.
-//! - [`backend`]: [`IptablesBackend`], its sync state machine and options.
+//! - [`backend`]: [`backend::IptablesKernel`], the template's kernel (a plan becomes one
+//!   restore per family; each table's section commits whole, and a refused one holds back
+//!   no other table or family: [`Unit::Group`](kpng_backend::reconcile::Unit)), and
+//!   [`IptablesBackend`], the template's reconciler with the two, and its options.
+//!   Everything else (the change loop, the owner-keyed table, the plan, resets, drift, the
+//!   counters) is the template's, in [`kpng_backend::reconcile`].
 //! - [`metrics`]: [`IptablesMetrics`], the counters for Prometheus.
 //! - [`error`]: the error type, [`IptablesError`].
 

@@ -1,19 +1,36 @@
-//! [`IptablesMetrics`]: the backend's counters ([`IptablesStats`]) as Prometheus metrics.
+//! [`IptablesMetrics`]: the backend's counters as Prometheus metrics: the template's under
+//! `kpng_iptables_` ([`reconcile::Stats`]), the restores ([`IptablesStats`]), and
+//! kube-proxy's iptables-mode series.
 
 use std::sync::Arc;
+
+use kpng_backend::reconcile;
 
 use crate::backend::IptablesStats;
 
 /// The iptables backend's counters as Prometheus metrics.
 #[derive(Debug)]
-pub struct IptablesMetrics(pub Arc<IptablesStats>);
+pub struct IptablesMetrics {
+    /// The template's counters.
+    pub template: Arc<reconcile::Stats>,
+    /// The restores'.
+    pub iptables: Arc<IptablesStats>,
+}
+
+impl IptablesMetrics {
+    /// The metrics of `backend`.
+    pub fn of(backend: &crate::IptablesBackend) -> Self {
+        IptablesMetrics { template: backend.template_stats(), iptables: backend.stats() }
+    }
+}
 
 impl prometheus_client::collector::Collector for IptablesMetrics {
     fn encode(
         &self,
         mut encoder: prometheus_client::encoding::DescriptorEncoder,
     ) -> Result<(), std::fmt::Error> {
-        let stats = &self.0;
+        self.template.encode(&mut encoder, "iptables")?;
+        let stats = &self.iptables;
         let counters = [
             (
                 "kpng_iptables_restores",
@@ -25,12 +42,6 @@ impl prometheus_client::collector::Collector for IptablesMetrics {
                 "iptables-restore runs that were refused.",
                 &stats.failures,
             ),
-            (
-                "kpng_iptables_chains_written",
-                "Chains created, or flushed and filled.",
-                &stats.chains_written,
-            ),
-            ("kpng_iptables_chains_deleted", "Chains deleted.", &stats.chains_deleted),
         ];
         kpng_backend::metrics::encode_counters(&mut encoder, &counters)?;
         kube_proxy_series(stats, &mut encoder)
@@ -99,13 +110,15 @@ mod tests {
 
     #[test]
     fn counters_are_exported_by_name() {
-        let stats = Arc::new(IptablesStats::default());
-        stats.restores.fetch_add(3, Ordering::Relaxed);
+        let metrics = IptablesMetrics { template: Arc::default(), iptables: Arc::default() };
+        metrics.iptables.restores.fetch_add(3, Ordering::Relaxed);
+        metrics.template.writes.fetch_add(5, Ordering::Relaxed);
         let mut registry = prometheus_client::registry::Registry::default();
-        registry.register_collector(Box::new(IptablesMetrics(stats)));
+        registry.register_collector(Box::new(metrics));
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
         assert!(text.contains("kpng_iptables_restores_total 3"), "{text}");
-        assert!(text.contains("kpng_iptables_chains_deleted_total 0"), "{text}");
+        assert!(text.contains("kpng_iptables_object_writes_total 5"), "{text}");
+        assert!(text.contains("kpng_iptables_restore_failures_total 0"), "{text}");
     }
 }

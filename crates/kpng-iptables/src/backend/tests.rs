@@ -1,15 +1,16 @@
 //! The backend over the in-memory kernel: any sequence of change sets, with refused
 //! restores and restarts, ends where a fresh load of the final state ends.
 
-use kpng_backend::ChangeSet;
+use kpng_backend::{Backend, ChangeSet};
 use kpng_local::{diff, project_node_state};
+use kpng_model::LocalState;
 use kpng_testkit::strategies::{Mutation, arb_mutation};
 use proptest::prelude::*;
 
 use super::*;
 use crate::MemoryKernel;
 use crate::kernel::Snapshot;
-use crate::render::Table;
+use crate::names;
 
 fn backend(kernel: &MemoryKernel) -> IptablesBackend {
     // Small batches, so that rebuilds go through several restores.

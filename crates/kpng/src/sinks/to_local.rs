@@ -55,7 +55,7 @@ pub fn build_backends(
                     built.locks.push(InstanceLock::take("iptables")?);
                 }
                 let backend = iptables_backend(args, global)?;
-                built.collectors.push(Box::new(kpng_iptables::IptablesMetrics(backend.stats())));
+                built.collectors.push(Box::new(kpng_iptables::IptablesMetrics::of(&backend)));
                 built.backends.push(Box::new(backend));
             }
             BackendCommand::ToNftlb(args) => {
