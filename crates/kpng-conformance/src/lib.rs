@@ -10,7 +10,9 @@
 //!   made in the plan's order; [`Unit::Group`]: the refused group untouched, every other
 //!   group as planned, so one IP family refused does not hold back the other), and the
 //!   runner's retry (the whole state) repairs it;
-//! - a restart over what the previous process committed writes nothing;
+//! - a restart over what the previous process committed writes nothing, and an upgrade
+//!   over what the previous release committed too ([`upgrade_writes_nothing`], with the
+//!   subject's fixture of that release's objects);
 //! - drift of each kind (an object deleted, changed, or a foreign one added) is found by
 //!   the next verification and repaired by the reset that follows;
 //! - random change histories, with refused commits and restarts among them, end where a
@@ -204,6 +206,35 @@ pub fn restart_writes_nothing<S: Subject>(subject: &S) {
     let writes = restarted.stats().writes.load(std::sync::atomic::Ordering::Relaxed);
     assert_eq!(writes, 0, "{name}: a restart over a right kernel wrote {writes} objects");
     assert_eq!(restarted.verify().ok(), Some(true), "{name}: a restart left drift");
+}
+
+/// An upgrade writes nothing: over what the previous release left in the kernel for the
+/// second state of [`states::pair`] (put there by `install`, from a fixture that release
+/// wrote), the current one loads that state without a write.
+pub fn upgrade_writes_nothing<S: Subject>(subject: &S, install: impl FnOnce()) {
+    let name = subject.name();
+    let (_, b) = states::pair();
+    subject.wipe();
+    install();
+    let before = contents(subject);
+    assert!(!before.is_empty(), "{name}: the previous release's objects are not in the kernel");
+    let mut upgraded = start(subject);
+    load(subject, &mut upgraded, &b);
+    let after = contents(subject);
+    let mut differ: Vec<String> = before
+        .iter()
+        .filter(|(k, v)| after.get(*k) != Some(*v))
+        .map(|(k, v)| format!("{k:?} was {v:?}, now {:?}", after.get(k)))
+        .chain(after.keys().filter(|k| !before.contains_key(*k)).map(|k| format!("{k:?} added")))
+        .collect();
+    differ.sort();
+    assert!(
+        differ.is_empty(),
+        "{name}: an upgrade rewrote what the previous release wrote: {differ:#?}"
+    );
+    let writes = upgraded.stats().writes.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(writes, 0, "{name}: an upgrade wrote {writes} objects");
+    subject.wipe();
 }
 
 /// Each kind of drift is found by a verification and repaired by the reset after it.

@@ -1,7 +1,8 @@
 //! to-iptables passes kpng's conformance suite, one table of one family at a time as
 //! `iptables-restore` commits them ([`Unit::Group`](kpng_backend::reconcile::Unit)): over
 //! tables in memory, and (as root, in a network namespace of the test's own) over the
-//! kernel's through `iptables-nft` and `iptables-legacy`.
+//! kernel's through `iptables-nft` and `iptables-legacy`; and an upgrade over the chains
+//! the previous release wrote (a fixture) writes nothing.
 
 use kpng_conformance::{Key as KeyOf, Subject, Value as ValueOf};
 use kpng_iptables::backend::IptablesKernel;
@@ -93,9 +94,70 @@ impl<T: Tables> Subject for Iptables<T> {
     }
 }
 
+/// What the previous release wrote for the suite's second state, as restore input per
+/// family: `KPNG_WRITE_FIXTURES=1` writes the current release's instead (when cutting one).
+const PREVIOUS: &str = "tests/fixtures/previous-release.save";
+
+/// The restore input that writes `snapshot` (a family's), hooks inserted as kpng does.
+fn restore_input(snapshot: &Snapshot) -> String {
+    let mut out = String::new();
+    for table in Table::ALL {
+        let chains = snapshot.chains.iter().filter(|((t, _), _)| *t == table);
+        out.push_str(&format!("*{}\n", table.as_str()));
+        for ((_, chain), _) in chains.clone() {
+            out.push_str(&format!(":{chain} - [0:0]\n"));
+        }
+        for (_, builtin, rule) in snapshot.hooks.iter().filter(|(t, _, _)| *t == table) {
+            out.push_str(&format!("-I {builtin} 1 {rule}\n"));
+        }
+        for ((_, chain), rules) in chains {
+            rules.iter().for_each(|rule| out.push_str(&format!("-A {chain} {rule}\n")));
+        }
+        out.push_str("COMMIT\n");
+    }
+    out
+}
+
+/// Each family's part of the fixture.
+fn previous_release() -> Vec<(Family, String)> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(PREVIOUS);
+    if std::env::var("KPNG_WRITE_FIXTURES").is_ok_and(|v| v == "1") {
+        let subject = Iptables(MemoryKernel::new());
+        let mut backend = kpng_conformance::start(&subject);
+        let (_, b) = kpng_conformance::states::pair();
+        kpng_backend::Backend::apply(&mut backend, &kpng_backend::ChangeSet::full(&b)).unwrap();
+        let text: String = Family::ALL
+            .into_iter()
+            .map(|f| format!("# {f:?}\n{}", restore_input(&subject.0.snapshot(f))))
+            .collect();
+        std::fs::write(&path, text).unwrap();
+    }
+    let text = std::fs::read_to_string(&path).unwrap();
+    let mut parts: Vec<(Family, String)> = Vec::new();
+    for line in text.lines() {
+        match line {
+            "# V4" => parts.push((Family::V4, String::new())),
+            "# V6" => parts.push((Family::V6, String::new())),
+            line => parts.last_mut().expect("a family first").1.push_str(&format!("{line}\n")),
+        }
+    }
+    parts
+}
+
+fn upgrade<T: Tables>(subject: &Iptables<T>) {
+    kpng_conformance::upgrade_writes_nothing(subject, || {
+        let mut kernel = subject.0.kernel();
+        for (family, input) in previous_release() {
+            kernel.restore(family, &input).expect("the previous release's chains restore");
+        }
+    });
+}
+
 #[test]
 fn to_iptables_passes_the_suite_in_memory() {
-    kpng_conformance::run(&Iptables(MemoryKernel::new()), 64);
+    let subject = Iptables(MemoryKernel::new());
+    kpng_conformance::run(&subject, 64);
+    upgrade(&subject);
 }
 
 /// Runs the suite over `mode`'s tables in a new network namespace of this thread (and the
@@ -106,6 +168,7 @@ fn on_the_kernel(test: &str, mode: Mode) {
     }
     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).expect("a network namespace");
     kpng_conformance::run(&Iptables(mode), 12);
+    upgrade(&Iptables(mode));
 }
 
 #[test]

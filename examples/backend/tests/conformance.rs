@@ -1,5 +1,5 @@
-//! The example backend passes kpng's conformance suite: over its file, and over the
-//! template's in-memory kernel.
+//! The example backend passes kpng's conformance suite: over its file (and an upgrade over
+//! the file the previous release wrote), and over the template's in-memory kernel.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -58,10 +58,22 @@ impl Subject for File {
     }
 }
 
+/// The file the previous release wrote for the suite's second state:
+/// `KPNG_WRITE_FIXTURES=1` writes the current release's instead (when cutting one).
+const PREVIOUS: &str = "tests/fixtures/previous-release.table";
+
 #[test]
 fn the_file_kernel_conforms() {
     let subject = File { dir: tempfile::tempdir().unwrap() };
     kpng_conformance::run(&subject, 48);
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(PREVIOUS);
+    if std::env::var("KPNG_WRITE_FIXTURES").is_ok_and(|v| v == "1") {
+        kpng_conformance::fresh(&subject, &kpng_conformance::states::pair().1);
+        std::fs::copy(subject.open().path(), &fixture).unwrap();
+    }
+    kpng_conformance::upgrade_writes_nothing(&subject, || {
+        std::fs::copy(&fixture, subject.open().path()).unwrap();
+    });
 }
 
 struct Memory {
