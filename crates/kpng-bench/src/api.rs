@@ -48,14 +48,7 @@ pub struct ApiRow {
 }
 
 fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        })
-        .unwrap_or(0)
+    crate::cold::status_kib(std::process::id(), "VmRSS:").unwrap_or(0)
 }
 
 /// The CPU time this process has used so far (user and system).

@@ -111,7 +111,8 @@ fn vm_hwm_kib(pid: u32) -> Option<u64> {
 }
 
 /// A `/proc/PID/status` field in kB.
-fn status_kib(pid: u32, field: &str) -> Option<u64> {
+/// A `/proc/PID/status` field in KiB (`VmRSS:`, `VmHWM:`).
+pub(crate) fn status_kib(pid: u32, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status
         .lines()

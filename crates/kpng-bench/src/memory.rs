@@ -35,12 +35,7 @@ pub fn kpng_binary() -> anyhow::Result<PathBuf> {
 }
 
 fn rss_kib(pid: u32) -> anyhow::Result<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .context("no VmRSS in /proc/PID/status")
+    crate::cold::status_kib(pid, "VmRSS:").context("no VmRSS in /proc/PID/status")
 }
 
 /// Runs kpng against a fake cluster of `services` × `endpoints` (0 services: the baseline).
