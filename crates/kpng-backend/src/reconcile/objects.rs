@@ -52,12 +52,90 @@ pub enum Owner {
     Service(ServiceKey),
 }
 
-/// One owner's claim on a key. Fields compare in order: yielding claims last, then owners
-/// by number (the node is 0, shared objects 1, services in the order of their first claim).
+/// One owner's claim on a key, packed in 32 bits: the owner's number, and the top bit set
+/// when the claim yields. Claims compare as numbers: yielding claims last, then owners by
+/// number (the node is 0, shared objects 1, services in the order of their first claim).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-struct Claim {
-    yielding: bool,
-    owner: u32,
+struct Claim(u32);
+
+const YIELDING: u32 = 1 << 31;
+
+impl Claim {
+    fn new(owner: u32, yielding: bool) -> Claim {
+        Claim(owner.min(YIELDING - 1) | if yielding { YIELDING } else { 0 })
+    }
+
+    fn owner(self) -> u32 {
+        self.0 & !YIELDING
+    }
+}
+
+/// The claims on one key, in order: almost always one, kept inline.
+#[derive(Debug, Clone)]
+enum Claims {
+    One(Claim),
+    Many(Box<[Claim]>),
+}
+
+impl Claims {
+    fn first(&self) -> Claim {
+        match self {
+            Claims::One(claim) => *claim,
+            Claims::Many(claims) => claims[0],
+        }
+    }
+
+    fn as_slice(&self) -> &[Claim] {
+        match self {
+            Claims::One(claim) => std::slice::from_ref(claim),
+            Claims::Many(claims) => claims,
+        }
+    }
+
+    /// Adds `claim`; false if it was there.
+    fn insert(&mut self, claim: Claim) -> bool {
+        let mut all = self.as_slice().to_vec();
+        let Err(at) = all.binary_search(&claim) else { return false };
+        all.insert(at, claim);
+        *self = Claims::Many(all.into_boxed_slice());
+        true
+    }
+
+    /// Removes `claim`; `None` when no claim is left.
+    fn remove(self, claim: Claim) -> Option<Claims> {
+        let mut all = self.as_slice().to_vec();
+        all.retain(|c| *c != claim);
+        match all.as_slice() {
+            [] => None,
+            [one] => Some(Claims::One(*one)),
+            _ => Some(Claims::Many(all.into_boxed_slice())),
+        }
+    }
+}
+
+/// One owner's objects as kept: sorted by key, without a tree's overhead.
+#[derive(Debug)]
+struct Kept<K, V> {
+    objects: Box<[(K, V)]>,
+    yielding: Box<[K]>,
+}
+
+impl<K: Ord, V> Kept<K, V> {
+    fn of(wanted: Wanted<K, V>) -> Kept<K, V> {
+        Kept {
+            objects: wanted.objects.into_iter().collect(),
+            yielding: wanted.yielding.into_iter().collect(),
+        }
+    }
+
+    fn get(&self, key: &K) -> Option<&V> {
+        let at = self.objects.binary_search_by(|(k, _)| k.cmp(key)).ok()?;
+        Some(&self.objects[at].1)
+    }
+
+    fn yields(&self, key: &K) -> bool {
+        self.yielding.binary_search(key).is_ok()
+    }
 }
 
 /// What every owner wants and what the kernel holds.
@@ -65,10 +143,16 @@ struct Claim {
 pub struct Objects<K, V> {
     numbers: HashMap<Owner, u32>,
     next: u32,
-    wanted: HashMap<u32, Wanted<K, V>>,
-    claims: HashMap<K, Vec<Claim>>,
+    /// What the node and each service want, by owner number.
+    wanted: HashMap<u32, Kept<K, V>>,
+    /// What [`Owner::Shared`] wants (patched a few objects at a time).
+    shared: BTreeMap<K, V>,
+    claims: HashMap<K, Claims>,
     held: HashMap<K, V>,
 }
+
+/// [`Owner::Shared`]'s number.
+const SHARED: u32 = 1;
 
 impl<K, V> Default for Objects<K, V> {
     fn default() -> Self {
@@ -76,6 +160,7 @@ impl<K, V> Default for Objects<K, V> {
             numbers: HashMap::new(),
             next: 2,
             wanted: HashMap::new(),
+            shared: BTreeMap::new(),
             claims: HashMap::new(),
             held: HashMap::new(),
         }
@@ -130,40 +215,54 @@ where
         shared: Vec<(K, Option<V>)>,
     ) -> Plan<K, V> {
         let mut affected = self.claim(renders);
-        self.patch(Owner::Shared, shared, &mut affected);
+        self.patch(shared, &mut affected);
         self.plan(affected)
     }
 
-    /// Changes some of `owner`'s objects, leaving its others; adds the keys whose value may
-    /// have changed to `affected`.
-    fn patch(&mut self, owner: Owner, changes: Vec<(K, Option<V>)>, affected: &mut BTreeSet<K>) {
+    /// Changes some of [`Owner::Shared`]'s objects, leaving its others; adds the keys whose
+    /// value may have changed to `affected`.
+    fn patch(&mut self, changes: Vec<(K, Option<V>)>, affected: &mut BTreeSet<K>) {
         if changes.is_empty() {
             return;
         }
-        let number = self.number(&owner);
-        let claim = Claim { yielding: false, owner: number };
-        let wanted = self.wanted.entry(number).or_default();
+        let number = self.number(&Owner::Shared);
+        let claim = Claim::new(number, false);
         for (key, value) in changes {
-            let changed = match value {
-                Some(value) => wanted.objects.insert(key.clone(), value.clone()) != Some(value),
-                None => wanted.objects.remove(&key).is_some(),
+            let (changed, wanted) = match value {
+                Some(value) => {
+                    (self.shared.insert(key.clone(), value.clone()) != Some(value), true)
+                }
+                None => (self.shared.remove(&key).is_some(), false),
             };
             if !changed {
                 continue;
             }
-            let claims = self.claims.entry(key.clone()).or_default();
-            let at = claims.binary_search(&claim);
-            match (wanted.objects.contains_key(&key), at) {
-                (true, Err(at)) => claims.insert(at, claim),
-                (false, Ok(at)) => {
-                    claims.remove(at);
-                    if claims.is_empty() {
-                        self.claims.remove(&key);
-                    }
-                }
-                _ => {}
+            if wanted {
+                self.add_claim(&key, claim);
+            } else {
+                self.drop_claim(&key, claim);
             }
             affected.insert(key);
+        }
+    }
+
+    /// Adds `claim` on `key`; false if it was there.
+    fn add_claim(&mut self, key: &K, claim: Claim) -> bool {
+        match self.claims.get_mut(key) {
+            Some(claims) => claims.insert(claim),
+            None => {
+                self.claims.insert(key.clone(), Claims::One(claim));
+                true
+            }
+        }
+    }
+
+    /// Removes `claim` from `key`.
+    fn drop_claim(&mut self, key: &K, claim: Claim) {
+        if let Some(claims) = self.claims.remove(key)
+            && let Some(left) = claims.remove(claim)
+        {
+            self.claims.insert(key.clone(), left);
         }
     }
 
@@ -182,7 +281,7 @@ where
         }
         let n = match owner {
             Owner::Node => 0,
-            Owner::Shared => 1,
+            Owner::Shared => SHARED,
             Owner::Service(_) => {
                 self.next += 1;
                 self.next - 1
@@ -192,8 +291,11 @@ where
         n
     }
 
-    fn value_of(&self, key: &K, claim: &Claim) -> Option<&V> {
-        self.wanted.get(&claim.owner)?.objects.get(key)
+    fn value_of(&self, key: &K, claim: Claim) -> Option<&V> {
+        match claim.owner() {
+            SHARED => self.shared.get(key),
+            owner => self.wanted.get(&owner)?.get(key),
+        }
     }
 
     /// Records what `renders` want; returns the keys whose value may have changed.
@@ -203,33 +305,30 @@ where
             if new.is_none() && !self.numbers.contains_key(&owner) {
                 continue;
             }
-            let number = self.number(&owner);
-            let old = self.wanted.remove(&number).unwrap_or_default();
-            let new = new.unwrap_or_default();
-            let claim_of = |wanted: &Wanted<K, V>, key: &K| Claim {
-                yielding: wanted.yielding.contains(key),
-                owner: number,
-            };
-            for key in old.objects.keys() {
-                let before = claim_of(&old, key);
-                if new.objects.contains_key(key) && claim_of(&new, key) == before {
-                    continue;
-                }
-                if let Some(claims) = self.claims.get_mut(key) {
-                    claims.retain(|c| *c != before);
-                    if claims.is_empty() {
-                        self.claims.remove(key);
-                    }
-                }
-                affected.insert(key.clone());
+            if owner == Owner::Shared {
+                let mut changes: Vec<(K, Option<V>)> =
+                    self.shared.keys().map(|k| (k.clone(), None)).collect();
+                changes.extend(new.into_iter().flat_map(|w| w.objects).map(|(k, v)| (k, Some(v))));
+                self.patch(changes, &mut affected);
+                continue;
             }
-            for (key, value) in &new.objects {
-                let claim = claim_of(&new, key);
-                let claims = self.claims.entry(key.clone()).or_default();
-                if let Err(at) = claims.binary_search(&claim) {
-                    claims.insert(at, claim);
+            let number = self.number(&owner);
+            let old = self.wanted.remove(&number);
+            let new = Kept::of(new.unwrap_or_default());
+            if let Some(old) = &old {
+                for (key, _) in old.objects.iter() {
+                    let before = Claim::new(number, old.yields(key));
+                    if new.get(key).is_some() && Claim::new(number, new.yields(key)) == before {
+                        continue;
+                    }
+                    self.drop_claim(key, before);
                     affected.insert(key.clone());
-                } else if old.objects.get(key) != Some(value) {
+                }
+            }
+            for (key, value) in new.objects.iter() {
+                let claim = Claim::new(number, new.yields(key));
+                let added = self.add_claim(key, claim);
+                if added || old.as_ref().and_then(|o| o.get(key)) != Some(value) {
                     affected.insert(key.clone());
                 }
             }
@@ -245,7 +344,7 @@ where
     fn plan(&mut self, keys: BTreeSet<K>) -> Plan<K, V> {
         let mut plan = Plan::default();
         for key in keys {
-            let wanted = self.claims.get(&key).and_then(|c| self.value_of(&key, c.first()?));
+            let wanted = self.claims.get(&key).and_then(|c| self.value_of(&key, c.first()));
             match (wanted.cloned(), self.held.get(&key)) {
                 (Some(value), Some(held)) if value == *held => {}
                 (Some(value), _) => {
