@@ -6,7 +6,8 @@
 //! - the loop over the services a change set touched (every service when the node's facts
 //!   that shape them change), then over the objects no one service owns that their renders
 //!   changed ([`Render::shared`]: a dispatch chain listing many services);
-//! - one owner-keyed table of what each service wants and what the kernel holds
+//! - one owner-keyed table of what each service wants and, derived from it (no copy), what
+//!   the kernel holds
 //!   ([`Objects`]), where two services wanting one key resolve the same way whatever the
 //!   order of events;
 //! - the plan of differences, ordered by [`Rank`] so that a reader never sees an object
@@ -120,7 +121,7 @@ pub trait Kernel: Send {
     fn prepare(
         &mut self,
         plan: &Plan<Self::Key, Self::Value>,
-        after: &HashMap<Self::Key, Self::Value>,
+        after: &Objects<Self::Key, Self::Value>,
         installed: bool,
     ) -> Result<(), Self::Error> {
         let _ = (plan, after, installed);
@@ -132,7 +133,7 @@ pub trait Kernel: Send {
     fn commit(
         &mut self,
         plan: &Plan<Self::Key, Self::Value>,
-        after: &HashMap<Self::Key, Self::Value>,
+        after: &Objects<Self::Key, Self::Value>,
     ) -> Result<(), Self::Error>;
 
     /// What a verification reads back: everything by default ([`read`](Self::read)). A
@@ -385,8 +386,8 @@ where
     }
 
     /// What the kernel holds, as far as the commits say.
-    pub fn held(&self) -> &HashMap<R::Key, R::Value> {
-        self.objects.held()
+    pub fn held(&self) -> &Objects<R::Key, R::Value> {
+        &self.objects
     }
 
     /// The kernel.
@@ -418,7 +419,7 @@ where
         let shared = self.render.shared(&facts).into_iter().filter_map(|(k, v)| Some((k, v?)));
         renders.push((Owner::Shared, Some(Wanted::objects(shared))));
         let plan = self.objects.replace_all(held, renders);
-        let prepared = self.kernel.prepare(&plan, self.objects.held(), installed);
+        let prepared = self.kernel.prepare(&plan, &self.objects, installed);
         prepared.map_err(ReconcileError::Prepare)?;
         self.problems.clear(self.name);
         self.commit(&plan)?;
@@ -471,13 +472,13 @@ where
         let before = self.kernel.generation();
         self.known.forget();
         self.kernel
-            .commit(plan, self.objects.held())
+            .commit(plan, &self.objects)
             .map_err(|source| ReconcileError::Commit { writes: plan.len(), source })?;
         let after = self.kernel.generation();
         self.known.committed(before, after);
         self.stats.commits.fetch_add(1, Ordering::Relaxed);
         self.stats.writes.fetch_add(plan.len() as u64, Ordering::Relaxed);
-        self.stats.objects.store(self.objects.held().len() as u64, Ordering::Relaxed);
+        self.stats.objects.store(self.objects.len() as u64, Ordering::Relaxed);
         Ok(())
     }
 
@@ -518,12 +519,12 @@ where
         };
         match result {
             Ok(plan) if plan.is_empty() && reset => {
-                let objects = self.objects.held().len();
+                let objects = self.objects.len();
                 tracing::info!(backend = self.name, objects, "the kernel already holds this state");
                 Ok(())
             }
             Ok(plan) if plan.is_empty() => {
-                let objects = self.objects.held().len();
+                let objects = self.objects.len();
                 tracing::debug!(backend = self.name, objects, "nothing to change");
                 Ok(())
             }
@@ -532,7 +533,7 @@ where
                     backend = self.name,
                     upserted = plan.upserts.len(),
                     deleted = plan.deletes.len(),
-                    objects = self.objects.held().len(),
+                    objects = self.objects.len(),
                     took = ?start.elapsed(),
                     "{} {}",
                     K::WHAT,
@@ -574,8 +575,11 @@ where
             Sample::Whole(read) => (read.unwrap_or_default(), |_| true, true),
             Sample::Part { held, covers } => (held, covers, false),
         };
-        let expected = self.objects.held();
-        if whole && held == *expected {
+        let expected = &self.objects;
+        if whole
+            && held.len() == expected.len()
+            && expected.iter().all(|(k, v)| held.get(k) == Some(v))
+        {
             // Read back unchanged while the generation held: known from there on.
             let after = self.kernel.generation();
             self.known.read_back(before, after);
@@ -587,7 +591,7 @@ where
         let changed = covered().filter(|(k, v)| held.get(*k).is_some_and(|h| h != *v));
         let changed: Vec<&R::Key> = changed.map(|(k, _)| k).collect();
         let foreign: Vec<&R::Key> =
-            held.keys().filter(|k| covers(k) && !expected.contains_key(k)).collect();
+            held.keys().filter(|k| covers(k) && expected.get(k).is_none()).collect();
         if missing.is_empty() && changed.is_empty() && foreign.is_empty() {
             // The part read back is as committed; what it did not cover is not known.
             return Ok(true);

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use kpng_backend::reconcile::{Kernel, Plan, Sample, Unit};
+use kpng_backend::reconcile::{Kernel, Objects, Plan, Sample, Unit};
 
 /// A kernel whose commits fail while armed.
 pub struct Faulty<K: Kernel> {
@@ -41,7 +41,7 @@ impl<K: Kernel> Kernel for Faulty<K> {
     fn prepare(
         &mut self,
         plan: &Plan<K::Key, K::Value>,
-        after: &HashMap<K::Key, K::Value>,
+        after: &Objects<K::Key, K::Value>,
         installed: bool,
     ) -> Result<(), K::Error> {
         self.inner.prepare(plan, after, installed)
@@ -50,7 +50,7 @@ impl<K: Kernel> Kernel for Faulty<K> {
     fn commit(
         &mut self,
         plan: &Plan<K::Key, K::Value>,
-        after: &HashMap<K::Key, K::Value>,
+        after: &Objects<K::Key, K::Value>,
     ) -> Result<(), K::Error> {
         if !self.armed.load(Ordering::Relaxed) {
             return self.inner.commit(plan, after);

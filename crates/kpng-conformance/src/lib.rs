@@ -27,7 +27,7 @@
 
 use std::collections::HashMap;
 
-use kpng_backend::reconcile::{Kernel, Plan, Rank, Reconciler, Render, Unit};
+use kpng_backend::reconcile::{Kernel, Objects, Plan, Rank, Reconciler, Render, Unit};
 use kpng_backend::{Backend, ChangeSet};
 use kpng_model::LocalState;
 use proptest::prelude::*;
@@ -103,10 +103,11 @@ fn tamper<S: Subject>(subject: &S, plan: Plan<Key<S>, Value<S>>) {
     let held = kernel.read().unwrap_or_else(|e| panic!("{name}: reading back failed: {e}"));
     let installed = held.is_some();
     let mut after = held.unwrap_or_default();
-    let prepared = kernel.prepare(&Plan::default(), &after, installed);
+    let found = Objects::of_node(after.clone());
+    let prepared = kernel.prepare(&Plan::default(), &found, installed);
     prepared.unwrap_or_else(|e| panic!("{name}: opening the kernel failed: {e}"));
     plan.apply_to(&mut after, None);
-    let committed = kernel.commit(&plan, &after);
+    let committed = kernel.commit(&plan, &Objects::of_node(after));
     committed.unwrap_or_else(|e| panic!("{name}: tampering was refused: {e}"));
 }
 
@@ -160,7 +161,7 @@ pub fn refused_commit_leaves_the_previous_state<S: Subject>(subject: &S) {
         Unit::Write => {
             // Only writes of the refused plan were made: every object is as before, or as
             // the plan wanted it (what the backend now counts as held).
-            let planned = backend.held();
+            let planned = backend.held().to_map();
             for key in before.keys().chain(after.keys()).chain(planned.keys()) {
                 let now = after.get(key);
                 let kept = now == before.get(key) || now == planned.get(key);
@@ -170,7 +171,7 @@ pub fn refused_commit_leaves_the_previous_state<S: Subject>(subject: &S) {
         Unit::Group => {
             // The poison's group is as before; every other group is as planned.
             let refused = subject.poison().0.group();
-            let planned = backend.held();
+            let planned = backend.held().to_map();
             let mut others = 0;
             for key in before.keys().chain(after.keys()).chain(planned.keys()) {
                 let now = after.get(key);

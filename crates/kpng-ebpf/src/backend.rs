@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use kpng_backend::Target;
-use kpng_backend::reconcile::{self, Kernel, Plan, Rank, Reconciler, Render, Unit, Wanted};
+use kpng_backend::reconcile::{
+    self, Kernel, Objects, Plan, Rank, Reconciler, Render, Unit, Wanted,
+};
 use kpng_model::local::LocalServiceState;
 use kpng_model::{LocalState, NodePortAddresses, ServiceKey};
 
@@ -151,9 +153,9 @@ fn uncounted(
 }
 
 /// Elements per map.
-fn counts(elements: &HashMap<Key, Value>) -> BTreeMap<MapName, usize> {
+fn counts(elements: &Objects<Key, Value>) -> BTreeMap<MapName, usize> {
     let mut counts = BTreeMap::new();
-    for key in elements.keys() {
+    for (key, _) in elements.iter() {
         *counts.entry(key.map()).or_default() += 1;
     }
     counts
@@ -179,7 +181,7 @@ impl Kernel for EbpfKernel {
     fn prepare(
         &mut self,
         plan: &Plan<Key, Value>,
-        after: &HashMap<Key, Value>,
+        after: &Objects<Key, Value>,
         installed: bool,
     ) -> Result<(), EbpfError> {
         let counts = counts(after);
@@ -198,7 +200,7 @@ impl Kernel for EbpfKernel {
     fn commit(
         &mut self,
         plan: &Plan<Key, Value>,
-        after: &HashMap<Key, Value>,
+        after: &Objects<Key, Value>,
     ) -> Result<(), EbpfError> {
         let counts = counted(std::mem::take(&mut self.counts), plan);
         let capacities = self.capacities.clone().unwrap_or_default();
@@ -222,7 +224,7 @@ impl Kernel for EbpfKernel {
             capacities = ?grown.iter().map(|(m, c)| (m.object_name(), *c)).collect::<Vec<_>>(),
             "eBPF: growing maps (new maps filled, then programs swapped)"
         );
-        self.dataplane.grow(&grown, after)?;
+        self.dataplane.grow(&grown, &after.to_map())?;
         self.counts = counts;
         self.capacities = Some(grown);
         self.stats.grows.fetch_add(1, Ordering::Relaxed);
@@ -324,7 +326,7 @@ impl EbpfBackend {
     }
 
     /// What the maps hold, as far as the backend knows.
-    pub fn held(&self) -> &HashMap<Key, Value> {
+    pub fn held(&self) -> &Objects<Key, Value> {
         self.inner.held()
     }
 

@@ -22,7 +22,7 @@ use std::time::Instant;
 use ipnet::IpNet;
 use kpng_backend::Target;
 use kpng_backend::proxy::LocalDetection;
-use kpng_backend::reconcile::{self, Held, Plan, Reconciler, Sample, Unit};
+use kpng_backend::reconcile::{self, Held, Objects, Plan, Reconciler, Sample, Unit};
 use kpng_model::Family;
 
 use crate::error::IptablesError;
@@ -298,13 +298,13 @@ impl reconcile::Kernel for IptablesKernel {
     fn prepare(
         &mut self,
         plan: &Plan<Key, Rules>,
-        after: &Held<Self>,
+        after: &Objects<Key, Rules>,
         _installed: bool,
     ) -> Result<(), IptablesError> {
         self.whole = !plan.is_empty();
-        self.entries = after.keys().filter_map(entry_of).collect();
+        self.entries = after.iter().filter_map(|(key, _)| entry_of(key)).collect();
         let mut counts = [[0u64; 2]; 2];
-        for (key, rules) in after {
+        for (key, rules) in after.iter() {
             if let Key::Chain(family, table, _) = key {
                 counts[family_index(*family)][table_index(*table)] += rules.len() as u64;
             }
@@ -320,7 +320,7 @@ impl reconcile::Kernel for IptablesKernel {
     fn commit(
         &mut self,
         plan: &Plan<Key, Rules>,
-        _after: &Held<Self>,
+        _after: &Objects<Key, Rules>,
     ) -> Result<(), IptablesError> {
         let restores = Restores::of(plan);
         let mut refused = None;
@@ -406,7 +406,7 @@ impl IptablesBackend {
     }
 
     /// What kpng committed: its chains and hooks.
-    pub fn held(&self) -> &HashMap<Key, Rules> {
+    pub fn held(&self) -> &Objects<Key, Rules> {
         self.inner.held()
     }
 }

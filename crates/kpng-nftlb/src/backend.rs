@@ -20,7 +20,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
-use kpng_backend::reconcile::{Kernel, Plan, Rank, Reconciler, Render, Unit, Wanted};
+use kpng_backend::reconcile::{Kernel, Objects, Plan, Rank, Reconciler, Render, Unit, Wanted};
 use kpng_model::local::LocalServiceState;
 use kpng_model::{LocalState, ServiceKey};
 
@@ -245,7 +245,7 @@ impl Kernel for NftlbKernel {
     fn commit(
         &mut self,
         plan: &Plan<FarmName, Farm>,
-        _after: &HashMap<FarmName, Farm>,
+        _after: &Objects<FarmName, Farm>,
     ) -> Result<(), NftlbError> {
         for (_, old) in &plan.deletes {
             self.converge(Some(old), None)?;

@@ -30,7 +30,7 @@ use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 
-use kpng_backend::reconcile::{Kernel, Plan, Rank, Reconciler, Render, Unit, Wanted};
+use kpng_backend::reconcile::{Kernel, Objects, Plan, Rank, Reconciler, Render, Unit, Wanted};
 use kpng_model::global::{AnnotationKey, LoadBalancing};
 use kpng_model::local::LocalServiceState;
 use kpng_model::{LocalState, Protocol};
@@ -234,7 +234,7 @@ impl Kernel for FileKernel {
     fn prepare(
         &mut self,
         _plan: &Plan<Frontend, Vec<SocketAddr>>,
-        _after: &HashMap<Frontend, Vec<SocketAddr>>,
+        _after: &Objects<Frontend, Vec<SocketAddr>>,
         installed: bool,
     ) -> Result<(), FileError> {
         match installed {
@@ -246,7 +246,7 @@ impl Kernel for FileKernel {
     fn commit(
         &mut self,
         plan: &Plan<Frontend, Vec<SocketAddr>>,
-        _after: &HashMap<Frontend, Vec<SocketAddr>>,
+        _after: &Objects<Frontend, Vec<SocketAddr>>,
     ) -> Result<(), FileError> {
         if let Some((frontend, _, _)) = plan.upserts.iter().find(|(f, _, _)| f.port == 0) {
             return Err(FileError::PortZero(frontend_text(frontend)));

@@ -7,7 +7,7 @@ use std::fmt::Debug;
 use std::hash::Hash;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::{Kernel, Plan, Rank, Unit};
+use super::{Kernel, Objects, Plan, Rank, Unit};
 
 /// Why the in-memory kernel refused a plan.
 #[derive(Debug, thiserror::Error)]
@@ -84,7 +84,7 @@ where
     fn prepare(
         &mut self,
         _plan: &Plan<K, V>,
-        _after: &HashMap<K, V>,
+        _after: &Objects<K, V>,
         _installed: bool,
     ) -> Result<(), Refused> {
         let mut inner = self.inner();
@@ -95,7 +95,7 @@ where
         Ok(())
     }
 
-    fn commit(&mut self, plan: &Plan<K, V>, _after: &HashMap<K, V>) -> Result<(), Refused> {
+    fn commit(&mut self, plan: &Plan<K, V>, _after: &Objects<K, V>) -> Result<(), Refused> {
         let mut inner = self.inner();
         let written =
             plan.upserts.iter().map(|(k, _, _)| k).chain(plan.deletes.iter().map(|(k, _)| k));

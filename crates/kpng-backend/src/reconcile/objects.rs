@@ -1,6 +1,12 @@
 //! [`Objects`]: what each owner wants in the kernel, what the kernel holds, and the plan
 //! between the two.
 //!
+//! What the kernel holds is not a copy: once a plan is committed it is, at every key, the
+//! value of the claim in force, so it is read from the owners' objects. A plan records the
+//! values it replaces as it is made. A failed commit is followed by a reset, which starts
+//! again from what the kernel really holds ([`Objects::replace_all`]). Each key costs its
+//! owner's copy of it and of its value, and one entry of claims (one claim kept inline).
+//!
 //! Each owner (the node, or a service) claims the keys of its render. Owners share a key
 //! when they want the same thing (a cluster IP listed once for two services). When they
 //! want different values, the claim that sorts first is in force: claims that yield (a
@@ -148,7 +154,6 @@ pub struct Objects<K, V> {
     /// What [`Owner::Shared`] wants (patched a few objects at a time).
     shared: BTreeMap<K, V>,
     claims: HashMap<K, Claims>,
-    held: HashMap<K, V>,
 }
 
 /// [`Owner::Shared`]'s number.
@@ -162,10 +167,12 @@ impl<K, V> Default for Objects<K, V> {
             wanted: HashMap::new(),
             shared: BTreeMap::new(),
             claims: HashMap::new(),
-            held: HashMap::new(),
         }
     }
 }
+
+/// The value in force at each key a change touches, before the change.
+type Before<K, V> = HashMap<K, Option<V>>;
 
 /// An owner's new wants, or `None` when it wants nothing any more.
 pub type Render<K, V> = (Owner, Option<Wanted<K, V>>);
@@ -180,9 +187,38 @@ where
         Self::default()
     }
 
-    /// What the kernel holds, as far as the plans committed say.
-    pub fn held(&self) -> &HashMap<K, V> {
-        &self.held
+    /// The value in force at `key`: the first claim's. Once a plan is committed, this is
+    /// what the kernel holds (no copy is kept: a failed commit is followed by a reset,
+    /// [`Objects::replace_all`], from what the kernel really holds).
+    pub fn get(&self, key: &K) -> Option<&V> {
+        self.value_of(key, self.claims.get(key)?.first())
+    }
+
+    /// How many keys are claimed.
+    pub fn len(&self) -> usize {
+        self.claims.len()
+    }
+
+    /// Whether nothing is claimed.
+    pub fn is_empty(&self) -> bool {
+        self.claims.is_empty()
+    }
+
+    /// Every key and the value in force, in no order.
+    pub fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
+        self.claims.iter().filter_map(|(k, c)| Some((k, self.value_of(k, c.first())?)))
+    }
+
+    /// Every key and the value in force, copied.
+    pub fn to_map(&self) -> HashMap<K, V> {
+        self.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+    }
+
+    /// Objects held by the node alone: `objects` as another process left them.
+    pub fn of_node(objects: HashMap<K, V>) -> Self {
+        let mut held = Objects::new();
+        held.claim(vec![(Owner::Node, Some(Wanted::objects(objects)))], None);
+        held
     }
 
     /// The services that want something.
@@ -193,18 +229,11 @@ where
         })
     }
 
-    /// Forgets every owner and takes `held` as what the kernel holds (read back at a
-    /// restart, or at a reset after a failure).
-    pub fn adopt(&mut self, held: HashMap<K, V>) {
-        *self = Objects { held, ..Objects::default() };
-    }
-
     /// Replaces what the given owners want and returns the plan that brings the kernel
     /// there. The plan counts as held from now on: a failed commit is followed by a reset
     /// ([`Objects::replace_all`]) with what the kernel really holds.
     pub fn update(&mut self, renders: Vec<Render<K, V>>) -> Plan<K, V> {
-        let affected = self.claim(renders);
-        self.plan(affected)
+        self.update_and_patch(renders, Vec::new())
     }
 
     /// [`update`](Self::update), and in the same plan, the shared objects that changed
@@ -214,20 +243,24 @@ where
         renders: Vec<Render<K, V>>,
         shared: Vec<(K, Option<V>)>,
     ) -> Plan<K, V> {
-        let mut affected = self.claim(renders);
-        self.patch(shared, &mut affected);
-        self.plan(affected)
+        let mut before = HashMap::new();
+        self.claim(renders, Some(&mut before));
+        self.patch(shared, Some(&mut before));
+        self.plan(before)
     }
 
-    /// Changes some of [`Owner::Shared`]'s objects, leaving its others; adds the keys whose
-    /// value may have changed to `affected`.
-    fn patch(&mut self, changes: Vec<(K, Option<V>)>, affected: &mut BTreeSet<K>) {
+    /// Changes some of [`Owner::Shared`]'s objects, leaving its others; records in
+    /// `before` the value in force before the first change of each key it touches.
+    fn patch(&mut self, changes: Vec<(K, Option<V>)>, mut before: Option<&mut Before<K, V>>) {
         if changes.is_empty() {
             return;
         }
         let number = self.number(&Owner::Shared);
         let claim = Claim::new(number, false);
         for (key, value) in changes {
+            if let Some(before) = before.as_deref_mut() {
+                self.note(&key, before);
+            }
             let (changed, wanted) = match value {
                 Some(value) => {
                     (self.shared.insert(key.clone(), value.clone()) != Some(value), true)
@@ -242,7 +275,13 @@ where
             } else {
                 self.drop_claim(&key, claim);
             }
-            affected.insert(key);
+        }
+    }
+
+    /// Records the value in force at `key`, unless recorded already.
+    fn note(&self, key: &K, before: &mut Before<K, V>) {
+        if !before.contains_key(key) {
+            before.insert(key.clone(), self.get(key).cloned());
         }
     }
 
@@ -269,10 +308,27 @@ where
     /// Starts over from `held` (what the kernel holds) and `renders` (every owner): the
     /// plan that leaves exactly the wanted objects.
     pub fn replace_all(&mut self, held: HashMap<K, V>, renders: Vec<Render<K, V>>) -> Plan<K, V> {
-        self.adopt(held);
-        self.claim(renders);
-        let keys: BTreeSet<K> = self.held.keys().chain(self.claims.keys()).cloned().collect();
-        self.plan(keys)
+        *self = Objects::default();
+        self.claim(renders, None);
+        let mut keys: Vec<&K> = held.keys().chain(self.claims.keys()).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        let mut plan = Plan::default();
+        for key in keys {
+            self.plan_key(key, held.get(key), &mut plan);
+        }
+        plan.order();
+        plan
+    }
+
+    /// Adds to `plan` what brings `key` from `old` to the value in force.
+    fn plan_key(&self, key: &K, old: Option<&V>, plan: &mut Plan<K, V>) {
+        match (self.get(key), old) {
+            (Some(new), Some(old)) if new == old => {}
+            (Some(new), old) => plan.upserts.push((key.clone(), old.cloned(), new.clone())),
+            (None, Some(old)) => plan.deletes.push((key.clone(), old.clone())),
+            (None, None) => {}
+        }
     }
 
     fn number(&mut self, owner: &Owner) -> u32 {
@@ -298,9 +354,9 @@ where
         }
     }
 
-    /// Records what `renders` want; returns the keys whose value may have changed.
-    fn claim(&mut self, renders: Vec<Render<K, V>>) -> BTreeSet<K> {
-        let mut affected = BTreeSet::new();
+    /// Records what `renders` want; records in `before` the value in force before the
+    /// first change of each key they touch.
+    fn claim(&mut self, renders: Vec<Render<K, V>>, mut before: Option<&mut Before<K, V>>) {
         for (owner, new) in renders {
             if new.is_none() && !self.numbers.contains_key(&owner) {
                 continue;
@@ -309,28 +365,36 @@ where
                 let mut changes: Vec<(K, Option<V>)> =
                     self.shared.keys().map(|k| (k.clone(), None)).collect();
                 changes.extend(new.into_iter().flat_map(|w| w.objects).map(|(k, v)| (k, Some(v))));
-                self.patch(changes, &mut affected);
+                self.patch(changes, before.as_deref_mut());
                 continue;
             }
             let number = self.number(&owner);
-            let old = self.wanted.remove(&number);
             let new = Kept::of(new.unwrap_or_default());
-            if let Some(old) = &old {
-                for (key, _) in old.objects.iter() {
-                    let before = Claim::new(number, old.yields(key));
-                    if new.get(key).is_some() && Claim::new(number, new.yields(key)) == before {
-                        continue;
+            if let Some(before) = before.as_deref_mut() {
+                if let Some(old) = self.wanted.get(&number) {
+                    for (key, value) in old.objects.iter() {
+                        let kept =
+                            new.get(key) == Some(value) && new.yields(key) == old.yields(key);
+                        if !kept {
+                            self.note(key, before);
+                        }
                     }
-                    self.drop_claim(key, before);
-                    affected.insert(key.clone());
+                }
+                for (key, _) in new.objects.iter() {
+                    self.note(key, before);
                 }
             }
-            for (key, value) in new.objects.iter() {
-                let claim = Claim::new(number, new.yields(key));
-                let added = self.add_claim(key, claim);
-                if added || old.as_ref().and_then(|o| o.get(key)) != Some(value) {
-                    affected.insert(key.clone());
+            let old = self.wanted.remove(&number);
+            if let Some(old) = &old {
+                for (key, _) in old.objects.iter() {
+                    let claim = Claim::new(number, old.yields(key));
+                    if new.get(key).is_none() || Claim::new(number, new.yields(key)) != claim {
+                        self.drop_claim(key, claim);
+                    }
                 }
+            }
+            for (key, _) in new.objects.iter() {
+                self.add_claim(key, Claim::new(number, new.yields(key)));
             }
             if new.objects.is_empty() {
                 self.numbers.remove(&owner);
@@ -338,26 +402,16 @@ where
                 self.wanted.insert(number, new);
             }
         }
-        affected
     }
 
-    fn plan(&mut self, keys: BTreeSet<K>) -> Plan<K, V> {
+    /// The plan that brings each key of `before` from its value there to the value in
+    /// force.
+    fn plan(&self, before: Before<K, V>) -> Plan<K, V> {
+        let mut before: Vec<(K, Option<V>)> = before.into_iter().collect();
+        before.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         let mut plan = Plan::default();
-        for key in keys {
-            let wanted = self.claims.get(&key).and_then(|c| self.value_of(&key, c.first()));
-            match (wanted.cloned(), self.held.get(&key)) {
-                (Some(value), Some(held)) if value == *held => {}
-                (Some(value), _) => {
-                    let old = self.held.insert(key.clone(), value.clone());
-                    plan.upserts.push((key, old, value));
-                }
-                (None, Some(_)) => {
-                    if let Some(old) = self.held.remove(&key) {
-                        plan.deletes.push((key, old));
-                    }
-                }
-                (None, None) => {}
-            }
+        for (key, old) in &before {
+            self.plan_key(key, old.as_ref(), &mut plan);
         }
         plan.order();
         plan
@@ -403,7 +457,7 @@ mod tests {
         let all = [(Key::B(80), 1), (Key::A(1), 7)];
         assert_eq!(objects.update(vec![(svc("a"), render(&all))]).len(), 2);
         assert!(objects.update(vec![(svc("a"), render(&all))]).is_empty());
-        let held = objects.held().clone();
+        let held = objects.to_map();
         assert!(objects.replace_all(held, vec![(svc("a"), render(&all))]).is_empty());
     }
 
@@ -431,12 +485,12 @@ mod tests {
             for render in order {
                 objects.update(vec![render]);
             }
-            assert_eq!(objects.held().get(&Key::B(30080)), Some(&1), "{address_first}");
+            assert_eq!(objects.get(&Key::B(30080)), Some(&1), "{address_first}");
             let gone = objects.update(vec![(svc("z-address"), None)]);
             assert_eq!(gone.upserts, vec![(Key::B(30080), Some(1), 2)]);
             let gone = objects.update(vec![(svc("a-nodeport"), None)]);
             assert_eq!(gone.deletes, vec![(Key::B(30080), 2)]);
-            assert!(objects.held().is_empty());
+            assert!(objects.is_empty());
         }
     }
 
@@ -461,7 +515,7 @@ mod tests {
             .update_and_patch(vec![(svc("b"), render(&[(Key::B(2), 9)]))], vec![(Key::B(1), None)]);
         assert_eq!(plan.deletes, vec![(Key::B(1), 3)]);
         assert!(plan.upserts.is_empty(), "{plan:?}");
-        assert_eq!(objects.held().get(&Key::B(2)), Some(&4));
+        assert_eq!(objects.get(&Key::B(2)), Some(&4));
         // The shared object goes: the service's claim is next.
         let plan = objects.update_and_patch(Vec::new(), vec![(Key::B(2), None)]);
         assert_eq!(plan.upserts, vec![(Key::B(2), Some(4), 9)]);

@@ -26,7 +26,7 @@ fn normalized(elements: &HashMap<Key, Value>) -> BTreeSet<(Key, Value)> {
 }
 
 fn memory(backend: &EbpfBackend) -> HashMap<Key, Value> {
-    backend.held().clone()
+    backend.held().to_map()
 }
 
 /// Slots `0..count` of every group are filled, and nothing else is.
@@ -64,7 +64,7 @@ proptest! {
             let after = project_node_state(&model, "n0");
             let ops = diff(&before, &after);
             incremental.apply(&ChangeSet::changes(&ops, &after)).unwrap();
-            prop_assert!(slots_are_dense(incremental.held()));
+            prop_assert!(slots_are_dense(&incremental.held().to_map()));
             before = after;
         }
         // Nothing changed: nothing written.
