@@ -150,6 +150,13 @@ pub trait Kernel: Send {
         None
     }
 
+    /// How many steps of [`generation`](Self::generation) the last successful commit made
+    /// (one nf_tables transaction each): one by default; `iptables-nft-restore` commits
+    /// each table's section as a transaction of its own.
+    fn transactions(&self) -> u64 {
+        1
+    }
+
     /// What is wrong beyond the objects (a program detached behind kpng's back), checked at
     /// each verification; the next reset's [`prepare`](Self::prepare) repairs it.
     fn faults(&mut self) -> Result<Vec<String>, Self::Error> {
@@ -475,7 +482,7 @@ where
             .commit(plan, &self.objects)
             .map_err(|source| ReconcileError::Commit { writes: plan.len(), source })?;
         let after = self.kernel.generation();
-        self.known.committed(before, after);
+        self.known.committed(before, after, self.kernel.transactions());
         self.stats.commits.fetch_add(1, Ordering::Relaxed);
         self.stats.writes.fetch_add(plan.len() as u64, Ordering::Relaxed);
         self.stats.objects.store(self.objects.len() as u64, Ordering::Relaxed);

@@ -72,6 +72,10 @@ impl<K: Kernel> Kernel for Faulty<K> {
         self.inner.generation()
     }
 
+    fn transactions(&self) -> u64 {
+        self.inner.transactions()
+    }
+
     fn faults(&mut self) -> Result<Vec<String>, K::Error> {
         self.inner.faults()
     }

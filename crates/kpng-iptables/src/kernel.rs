@@ -85,6 +85,28 @@ pub trait Kernel: Send {
     /// Applies `input` (an `iptables-restore --noflush` text) to `family`. Each table's
     /// section commits whole or not at all.
     fn restore(&mut self, family: Family, input: &str) -> Result<(), IptablesError>;
+
+    /// A number every committed table section moves by one (and every other process's
+    /// commit moves too), when the variant has one: the nf_tables ruleset generation of
+    /// `iptables-nft`. `iptables-legacy` has none.
+    fn generation(&mut self) -> Option<u64> {
+        None
+    }
+}
+
+/// The network namespace's nf_tables ruleset generation, or `None` when it cannot be read.
+fn nft_generation() -> Option<u64> {
+    use kpng_netlink::nftables::dump;
+    let socket =
+        kpng_netlink::socket::NetlinkSocket::open(kpng_netlink::message::NETLINK_NETFILTER);
+    let body = socket.and_then(|mut s| s.get(&dump::generation_request()));
+    match body {
+        Ok(body) => dump::generation(&body).map(u64::from),
+        Err(error) => {
+            tracing::debug!(%error, "the nf_tables generation could not be read");
+            None
+        }
+    }
 }
 
 /// Which iptables variant to drive (`--iptables-mode`).
@@ -288,6 +310,13 @@ pub fn failed_line(stderr: &str) -> Option<usize> {
 impl Kernel for CommandKernel {
     fn read(&mut self, family: Family) -> Result<Snapshot, IptablesError> {
         CommandKernel::read(self, family)
+    }
+
+    fn generation(&mut self) -> Option<u64> {
+        match self.legacy {
+            true => None,
+            false => nft_generation(),
+        }
     }
 
     fn read_chains(

@@ -22,6 +22,9 @@ struct Inner {
     /// Fail this many restores of one family from now.
     family_failures: BTreeMap<Family, usize>,
     restores: usize,
+    /// Table sections committed, by kpng or by [`MemoryKernel::set_snapshot`]: the
+    /// generation of `iptables-nft`'s tables.
+    generation: u64,
 }
 
 /// In-memory tables. Clones share them, so a test keeps a handle on what a backend holds.
@@ -57,7 +60,9 @@ impl MemoryKernel {
 
     /// Replaces what `family` holds (someone else changed the tables).
     pub fn set_snapshot(&self, family: Family, snapshot: Snapshot) {
-        self.lock().families.insert(family, snapshot);
+        let mut inner = self.lock();
+        inner.families.insert(family, snapshot);
+        inner.generation += 1;
     }
 
     /// Makes the next `n` restores fail.
@@ -140,6 +145,10 @@ impl Kernel for MemoryKernel {
         Ok(self.snapshot(family))
     }
 
+    fn generation(&mut self) -> Option<u64> {
+        Some(self.lock().generation)
+    }
+
     fn restore(&mut self, family: Family, input: &str) -> Result<(), IptablesError> {
         if let Some(printer) = &self.printer {
             let mut out = printer.lock().unwrap_or_else(|e| e.into_inner());
@@ -166,7 +175,8 @@ impl Kernel for MemoryKernel {
         {
             return Err(IptablesError::Injected(format!("restore {restores} refused")));
         }
-        let tables = inner.families.entry(family).or_default();
+        let Inner { families, generation, .. } = &mut *inner;
+        let tables = families.entry(family).or_default();
         let mut section: Option<(Table, Vec<(usize, &str)>)> = None;
         for (i, line) in input.lines().enumerate() {
             let n = i + 1;
@@ -191,6 +201,7 @@ impl Kernel for MemoryKernel {
                         stderr: why,
                     }
                 })?;
+                *generation += 1;
             } else if let Some((_, lines)) = section.as_mut() {
                 lines.push((n, line));
             }

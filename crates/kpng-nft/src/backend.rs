@@ -379,7 +379,7 @@ impl NftBackend {
         let took = started.elapsed();
         if result.is_ok() {
             let after = self.generation();
-            self.known.committed(before, after);
+            self.known.committed(before, after, 1);
         }
         if let Err(error) = result {
             self.stats.transaction_failures.fetch_add(1, Ordering::Relaxed);

@@ -21,10 +21,12 @@ impl KnownGeneration {
         self.known = None;
     }
 
-    /// kpng's own commit ended between generations `before` and `after`: exactly one more
-    /// means no other commit came between, and the objects are known right at `after`.
-    pub fn committed(&mut self, before: Option<u64>, after: Option<u64>) {
-        self.known = after.filter(|a| before.is_some_and(|b| *a == b.wrapping_add(1)));
+    /// kpng's own commit, of `transactions` kernel transactions, ended between generations
+    /// `before` and `after`: exactly that many more means no other commit came between, and
+    /// the objects are known right at `after`.
+    pub fn committed(&mut self, before: Option<u64>, after: Option<u64>, transactions: u64) {
+        let expected = before.map(|b| b.wrapping_add(transactions));
+        self.known = after.filter(|a| expected == Some(*a));
     }
 
     /// Whether a verification at generation `now` may skip reading back; counts the skip,
@@ -53,10 +55,12 @@ mod tests {
     fn only_kpngs_own_commit_or_a_clean_read_makes_the_generation_known() {
         let mut known = KnownGeneration::default();
         assert!(!known.may_skip(Some(5)), "nothing known yet");
-        known.committed(Some(5), Some(7));
+        known.committed(Some(5), Some(7), 1);
         assert!(!known.may_skip(Some(7)), "another commit came between");
-        known.committed(Some(7), Some(8));
+        known.committed(Some(7), Some(8), 1);
         assert!(known.may_skip(Some(8)));
+        known.committed(Some(8), Some(10), 2);
+        assert!(known.may_skip(Some(10)), "kpng's own two transactions");
         assert!(!known.may_skip(Some(9)), "another process committed since");
         known.read_back(Some(9), Some(10));
         assert!(!known.may_skip(Some(10)), "a commit came during the read");
@@ -70,7 +74,7 @@ mod tests {
     #[test]
     fn one_verification_in_sixty_reads_back_anyway() {
         let mut known = KnownGeneration::default();
-        known.committed(Some(1), Some(2));
+        known.committed(Some(1), Some(2), 1);
         let skipped = (0..FULL_READ_EVERY).filter(|_| known.may_skip(Some(2))).count();
         assert_eq!(skipped, FULL_READ_EVERY as usize - 1);
         assert!(known.may_skip(Some(2)), "counting starts again after a read-back");

@@ -11,6 +11,7 @@ use super::*;
 use crate::MemoryKernel;
 use crate::kernel::Snapshot;
 use crate::names;
+use crate::render::Table;
 
 fn backend(kernel: &MemoryKernel) -> IptablesBackend {
     // Small batches, so that rebuilds go through several restores.
@@ -219,6 +220,8 @@ struct SlowReads {
     delay: std::time::Duration,
     full: Arc<AtomicU64>,
     listed: Arc<AtomicU64>,
+    /// Whether the tables count their commits (iptables-nft's do).
+    generations: bool,
 }
 
 impl Kernel for SlowReads {
@@ -240,6 +243,10 @@ impl Kernel for SlowReads {
     fn restore(&mut self, family: Family, input: &str) -> Result<(), IptablesError> {
         self.kernel.restore(family, input)
     }
+
+    fn generation(&mut self) -> Option<u64> {
+        self.generations.then(|| self.kernel.generation()).flatten()
+    }
 }
 
 #[test]
@@ -252,6 +259,7 @@ fn verification_reads_the_entry_chains_always_and_every_chain_at_most_one_percen
         delay: std::time::Duration::from_millis(5),
         full: full.clone(),
         listed: listed.clone(),
+        generations: false,
     };
     let options = IptablesOptions {
         cluster_cidrs: vec!["10.0.0.0/8".parse().unwrap()],
@@ -311,4 +319,36 @@ fn full_reads_are_spaced_by_their_share_of_the_time() {
     let mut always = FullReads::new(1);
     always.done(t0, t0 + took);
     assert!(always.due(t0 + took));
+}
+
+#[test]
+fn verification_reads_nothing_while_the_generation_is_kpngs() {
+    let state = one_service(&["10.96.0.7", "fd00:96::7"]);
+    let kernel = MemoryKernel::new();
+    let (full, listed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let counting = SlowReads {
+        kernel: kernel.clone(),
+        delay: std::time::Duration::ZERO,
+        full: full.clone(),
+        listed: listed.clone(),
+        generations: true,
+    };
+    let mut b = IptablesBackend::new(IptablesOptions::default(), Box::new(counting));
+    b.apply(&ChangeSet::full(&state)).unwrap();
+    // Both families' restores, four table sections: the generation moved by kpng alone.
+    let reads = || full.load(Ordering::Relaxed) + listed.load(Ordering::Relaxed);
+    let after_load = reads();
+    for _ in 0..5 {
+        assert!(b.verify().unwrap());
+    }
+    assert_eq!(reads(), after_load, "nothing read back");
+    let skipped = b.template_stats().readbacks_skipped.load(Ordering::Relaxed);
+    assert_eq!(skipped, 5);
+
+    // Another process commits (here: flushes a leaf): the next verification reads.
+    let mut damaged = kernel.snapshot(Family::V4);
+    damaged.chains.get_mut(&(Table::Nat, names::shard2("SH", 7))).unwrap().clear();
+    kernel.set_snapshot(Family::V4, damaged);
+    let _ = b.verify().unwrap();
+    assert!(reads() > after_load, "read back after another's commit");
 }

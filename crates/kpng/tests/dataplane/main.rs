@@ -137,6 +137,7 @@ on_every_dataplane!(ebpf, crate::harness::Dataplane::ebpf();
 
 on_every_dataplane!(iptables, crate::harness::Dataplane::Iptables;
     parity::service_proxy_name_selects_the_services_kpng_proxies,
+    repair::idle_verifications_read_nothing_back_until_another_transaction,
     chains::a_refused_restore_is_retried_and_the_chains_rebuilt,
     chains::a_flushed_chain_is_repaired_at_the_next_verification,
     chains::deleted_and_foreign_rules_are_repaired,

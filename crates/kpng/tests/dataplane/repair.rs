@@ -304,9 +304,10 @@ pub fn detached_programs_and_a_recreated_cgroup_are_attached_again(dp: Dataplane
     translated("after a restart over a detached link", &kpng.log());
 }
 
-/// While the ruleset generation is still the one kpng's tables were known at, a
-/// verification reads nothing back; another process's transaction makes the next one read
-/// kpng's tables back (and find them intact).
+/// While the ruleset generation is still the one kpng's tables (or, with `to-iptables`,
+/// its iptables-nft chains) were known at, a verification reads nothing back; another
+/// process's transaction makes the next one read kpng's objects back (and find them
+/// intact).
 pub fn idle_verifications_read_nothing_back_until_another_transaction(dp: Dataplane) {
     let mut cluster = Cluster::new();
     cluster.add_pod("web-a", true, 10, &[8080]);
@@ -327,8 +328,12 @@ pub fn idle_verifications_read_nothing_back_until_another_transaction(dp: Datapl
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or(0)
     };
-    let skipped = "kpng_nft_verification_readbacks_skipped_total";
-    let readbacks = "kpng_nft_verification_readbacks_total";
+    let prefix = match dp {
+        Dataplane::Iptables => "kpng_iptables",
+        _ => "kpng_nft",
+    };
+    let skipped = &format!("{prefix}_verification_readbacks_skipped_total");
+    let readbacks = &format!("{prefix}_verification_readbacks_total");
     let repairs = "kpng_drift_repairs_total";
     wait_until("idle verifications skip", || metric(skipped) >= 3);
     let (read_before, skipped_before) = (metric(readbacks), metric(skipped));
