@@ -26,6 +26,8 @@ pub struct ChangeRow {
     /// eBPF: the bench's resident set grown by the load (KiB), first in the process: what
     /// the backend keeps, and what the allocator kept of the load's own work.
     pub ebpf_kib: u64,
+    /// eBPF: the process's peak resident set above the resident set before the load (KiB).
+    pub ebpf_peak_kib: u64,
     /// eBPF: one endpoint added or removed, p50 and p99 (µs).
     pub ebpf: (f64, f64),
     /// eBPF: map writes per change (mean).
@@ -60,11 +62,15 @@ pub fn run(services: usize, endpoints: usize, repeat: usize) -> anyhow::Result<C
     let attachment = Attachment::new("changes")?;
     let mut ebpf = attachment.backend()?;
     let rss = || crate::cold::status_kib(std::process::id(), "VmRSS:").unwrap_or(0);
+    let hwm = || crate::cold::status_kib(std::process::id(), "VmHWM:").unwrap_or(0);
     let before = rss();
     let start = Instant::now();
     ebpf.apply(&ChangeSet::full(projector.state())).context("loading the eBPF maps")?;
     let ebpf_load_ms = start.elapsed().as_secs_f64() * 1000.0;
     let ebpf_kib = rss().saturating_sub(before);
+    // The peak over the load, above the resident set before it (the high-water mark may
+    // predate the load: then the load's own peak is not seen, and this is a lower bound).
+    let ebpf_peak_kib = hwm().saturating_sub(before);
     let elements = ebpf.held().len();
 
     kpng_nft::kernel::cleanup().context("removing earlier tables")?;
@@ -99,6 +105,7 @@ pub fn run(services: usize, endpoints: usize, repeat: usize) -> anyhow::Result<C
         ebpf_load_ms,
         nft_load_ms,
         ebpf_kib,
+        ebpf_peak_kib,
         ebpf: micros(&mut ebpf_times),
         writes: writes as f64 / ebpf_times.len().max(1) as f64,
         nft: micros(&mut nft_times),
@@ -111,12 +118,13 @@ pub fn print(rows: &[ChangeRow]) {
         "ebpf changes: one endpoint added or removed, applied to the kernel (eBPF map writes vs one nftables transaction)"
     );
     println!(
-        "{:>8} {:>9} | {:>10} {:>10} | {:>9} | {:>9} {:>9} {:>7} | {:>9} {:>9} | {:>9}",
+        "{:>8} {:>9} | {:>10} {:>10} | {:>9} {:>9} | {:>9} {:>9} {:>7} | {:>9} {:>9} | {:>9}",
         "services",
         "elements",
         "load ebpf",
         "load nft",
         "mem ebpf",
+        "peak ebpf",
         "ebpf p50",
         "ebpf p99",
         "writes",
@@ -127,12 +135,13 @@ pub fn print(rows: &[ChangeRow]) {
     for row in rows {
         let ratio = if row.ebpf.0 > 0.0 { row.nft.0 / row.ebpf.0 } else { 0.0 };
         println!(
-            "{:>8} {:>9} | {:>8.1}ms {:>8.1}ms | {:>6.1}MiB | {:>7.1}µs {:>7.1}µs {:>7.1} | {:>7.1}µs {:>7.1}µs | {:>9.2}",
+            "{:>8} {:>9} | {:>8.1}ms {:>8.1}ms | {:>6.1}MiB {:>6.1}MiB | {:>7.1}µs {:>7.1}µs {:>7.1} | {:>7.1}µs {:>7.1}µs | {:>9.2}",
             row.services,
             row.elements,
             row.ebpf_load_ms,
             row.nft_load_ms,
             row.ebpf_kib as f64 / 1024.0,
+            row.ebpf_peak_kib as f64 / 1024.0,
             row.ebpf.0,
             row.ebpf.1,
             row.writes,
@@ -142,6 +151,6 @@ pub fn print(rows: &[ChangeRow]) {
         );
     }
     println!(
-        "* from the change set to the last map write (ebpf) or the committed transaction (nft); mem ebpf: the bench's resident set grown by the eBPF load, the first in the process (what the backend keeps); writes: map element writes per change"
+        "* from the change set to the last map write (ebpf) or the committed transaction (nft); mem ebpf: the bench's resident set grown by the eBPF load, the first in the process (what the backend keeps); peak ebpf: the peak resident set over it, above the resident set before it; writes: map element writes per change"
     );
 }
