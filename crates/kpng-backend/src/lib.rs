@@ -23,6 +23,8 @@
 //!   and Local sets), read from the node state the same way for every dataplane.
 //! - [`problems`]: what a backend found wrong with its dataplane and is repairing, for
 //!   `/readyz`.
+//! - [`slots`]: stable slots of endpoints in a group (one endpoint change moves one or
+//!   two), for the dataplanes that pick `random mod n`.
 //! - [`unsupported`]: load-balancing annotations a dataplane cannot enforce, logged once
 //!   per backend and service above the backends.
 //! - [`reconcile`]: the template a kernel backend is an instance of: a
@@ -37,6 +39,7 @@ pub mod pace;
 pub mod problems;
 pub mod proxy;
 pub mod reconcile;
+pub mod slots;
 pub mod unsupported;
 
 pub use backend::{Backend, BackendError, ChangeSet, Target, error_chain};

@@ -39,7 +39,6 @@
 //! # Layout
 //! - [`maps`]: the maps' keys and values, and their byte layouts (mirroring the C structs).
 //! - [`render`]: pure ENLS → map elements, per service.
-//! - [`slots`]: stable slot assignment inside an endpoint group.
 //! - [`backend`]: where kpng's backend template ends and this backend begins:
 //!   [`EbpfBackend`] is the template's reconciler with [`backend::EbpfRender`] (a service
 //!   into map elements, NodePort frontends yielding) and [`backend::EbpfKernel`] (writes in
@@ -67,7 +66,6 @@ pub mod metrics;
 pub mod pins;
 pub mod query;
 pub mod render;
-pub mod slots;
 pub mod sockets;
 pub mod support;
 

@@ -37,7 +37,7 @@ use kpng_model::local::{LocalServicePort, LocalServiceState};
 use kpng_model::{Family, NodePortAddresses, Protocol, ServiceKey};
 
 use crate::maps::{Empty, Frontend, GroupId, Key, Target, Value};
-use crate::slots::assign_slots;
+use kpng_backend::slots::assign_slots;
 
 /// The slots each group of a service holds.
 pub type Slots = BTreeMap<GroupId, Vec<Target>>;

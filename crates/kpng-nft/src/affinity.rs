@@ -81,7 +81,7 @@ use crate::objects::{Dest, affinity_chain, affinity_slot};
 use kpng_netlink::nftables::Verdict;
 
 use crate::rules::{Field, Rule, RuleBuilder, protocol_keyword, protocol_number};
-use crate::slots::Target;
+use kpng_backend::slots::Target;
 
 /// The priority of a stateless group's base chains: before conntrack (-200), as `raw`.
 pub const STATELESS_PRIORITY: i32 = -300;

@@ -20,7 +20,7 @@ use crate::objects::{ElementId, MapName, TABLE, Value, parse_affinity_slot, prot
 use crate::plan::Plan;
 use crate::reconcile::{HookShape, Present, PresentChain, SHAPE_FLAGS, SetShape};
 use crate::rules::RuleBuilder;
-use crate::slots::Target;
+use kpng_backend::slots::Target;
 
 /// Where transactions go: the kernel, a printer for `--dry-run`, or an in-memory table.
 pub trait Kernel: Send {

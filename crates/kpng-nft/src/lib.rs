@@ -93,7 +93,6 @@
 //! - [`sets`]: set and map declarations (text and netlink).
 //! - [`skeleton`]: the static part of each table, for the options in force.
 //! - [`render`]: pure ENLS → elements, per service and for the node.
-//! - [`slots`]: stable slot assignment for the backends maps.
 //! - [`affinity`]: groups of ClientIP affinity and annotated services (the only per-service
 //!   chains) and their policy.
 //! - [`state`]: the committed elements (packed: an IPv4 element's id in 16 bytes), their
@@ -130,7 +129,6 @@ pub mod render;
 pub mod rules;
 pub mod sets;
 pub mod skeleton;
-pub mod slots;
 pub mod state;
 pub mod stats;
 pub mod text;

@@ -14,7 +14,7 @@ use crate::affinity::{AffinityGroup, GroupPolicy, Stateless};
 use crate::objects::{
     Dest, ElementId, GroupKey, Key, MapName, PickKind, SetKind, TREE_BITS, TREE_COUNTS, Value,
 };
-use crate::slots::{Target, assign_slots, assign_sticky_slots};
+use kpng_backend::slots::{Target, assign_slots, assign_sticky_slots};
 
 /// The slots a service's endpoints occupy, per group. Holes (`None`) only in affinity
 /// groups, where endpoints never move.

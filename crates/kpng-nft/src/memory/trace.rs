@@ -20,7 +20,7 @@ use super::MemoryTables;
 use crate::encode::{key_bytes, value_bytes};
 use crate::objects::{Key, Value, affinity_chain};
 use crate::rules::protocol_number;
-use crate::slots::Target;
+use kpng_backend::slots::Target;
 
 /// The first packet of a new connection.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,7 +1,8 @@
-//! Stable slot assignment: which endpoint sits at which index of a pick map.
+//! Stable slot assignment: which endpoint sits at which index of a group, for every
+//! dataplane that picks `random mod n` among slots `0..n` (nftables' pick maps, the eBPF
+//! programs' backend map).
 //!
-//! A pick rule chooses `numgen random mod n`, so a set of `n` endpoints occupies slots
-//! `0..n` ([`assign_slots`]). When the set changes, endpoints that stay keep their slot, new
+//! A set of `n` endpoints occupies slots `0..n` ([`assign_slots`]). When the set changes, endpoints that stay keep their slot, new
 //! ones fill the holes left by removed ones, and only if the set shrank do the last ones
 //! move into the remaining holes. An endpoint change thus rewrites one or two slots, not the
 //! whole list.
@@ -11,10 +12,8 @@
 //! endpoints first.
 
 use std::collections::BTreeSet;
-use std::net::IpAddr;
 
-/// An endpoint address and port.
-pub type Target = (IpAddr, u16);
+pub use crate::endpoints::Target;
 
 /// The slots for `current`, keeping the positions of `previous` where possible.
 pub fn assign_slots(previous: &[Target], current: &BTreeSet<Target>) -> Vec<Target> {
@@ -74,6 +73,8 @@ pub fn assign_sticky_slots(
 
 #[cfg(test)]
 mod tests {
+    use std::net::IpAddr;
+
     use super::*;
 
     fn t(n: u8) -> Target {
