@@ -17,17 +17,8 @@ pub use crate::endpoints::Target;
 
 /// The slots for `current`, keeping the positions of `previous` where possible.
 pub fn assign_slots(previous: &[Target], current: &BTreeSet<Target>) -> Vec<Target> {
-    let mut slots: Vec<Option<Target>> =
-        previous.iter().map(|t| current.contains(t).then_some(*t)).collect();
-    let kept: BTreeSet<Target> = slots.iter().flatten().copied().collect();
-    let mut new = current.iter().filter(|t| !kept.contains(*t)).copied();
-    for slot in slots.iter_mut().filter(|s| s.is_none()) {
-        match new.next() {
-            Some(t) => *slot = Some(t),
-            None => break,
-        }
-    }
-    slots.extend(new.map(Some));
+    let previous: Vec<Option<Target>> = previous.iter().copied().map(Some).collect();
+    let mut slots = assign_sticky_slots(&previous, current);
     // Compact: move the last occupied slots into the remaining holes.
     let mut i = 0;
     while i < slots.len() {
@@ -40,9 +31,6 @@ pub fn assign_slots(previous: &[Target], current: &BTreeSet<Target>) -> Vec<Targ
             }
         }
         i += 1;
-    }
-    while slots.last().is_some_and(Option::is_none) {
-        slots.pop();
     }
     slots.into_iter().flatten().collect()
 }
