@@ -1,9 +1,43 @@
 //! Proxy facts every dataplane shares, decided once above the backends: how traffic from
-//! this node's pods is recognised. (The service CIDRs in force are part of the node state:
-//! `LocalNode::service_cidrs`.)
+//! this node's pods is recognised, and which sources a load-balancer IP admits. (The
+//! service CIDRs in force are part of the node state: `LocalNode::service_cidrs`.)
+
+use std::net::IpAddr;
 
 use ipnet::IpNet;
-use kpng_model::LocalNode;
+use kpng_model::local::LocalService;
+use kpng_model::{Family, LocalNode};
+
+/// The sources a service's load-balancer IPs of one family admit
+/// (`loadBalancerSourceRanges`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceRanges {
+    /// The ranges of the family, as given.
+    pub ranges: Vec<IpNet>,
+    /// Whether one of them holds an address of this node: traffic that the node's own
+    /// load-balancer IPs forward (hairpinned through the node) is then admitted too, as
+    /// upstream admits the load-balancer IPs as sources.
+    pub node_in_range: bool,
+}
+
+impl SourceRanges {
+    /// `service`'s ranges of `family`, for a node of addresses `node_ips`.
+    pub fn of(service: &LocalService, family: Family, node_ips: &[IpAddr]) -> SourceRanges {
+        let ranges: Vec<IpNet> = service
+            .load_balancer_source_ranges
+            .iter()
+            .copied()
+            .filter(|r| Family::of_net(r) == family)
+            .collect();
+        let node_in_range = node_ips.iter().any(|ip| ranges.iter().any(|r| r.contains(ip)));
+        SourceRanges { ranges, node_in_range }
+    }
+
+    /// Whether the load-balancer IPs are firewalled at all.
+    pub fn any(&self) -> bool {
+        !self.ranges.is_empty()
+    }
+}
 
 /// How traffic from this node's pods is recognised (kube-proxy's `--detect-local-mode`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
@@ -89,5 +123,34 @@ mod tests {
             resolve(LocalDetection::InterfaceNamePrefix("veth".into()), &[]),
             LocalTraffic::InterfacePrefix("veth".into())
         );
+    }
+
+    #[test]
+    fn source_ranges_are_per_family_and_know_when_they_hold_the_node() {
+        let service = LocalService {
+            key: kpng_model::ServiceKey::new("a", "lb"),
+            service_type: kpng_model::global::ServiceType::LoadBalancer,
+            cluster_ips: vec![],
+            external_ips: vec![],
+            load_balancer_ips: vec![],
+            load_balancer_source_ranges: vec![
+                "192.0.2.0/24".parse().unwrap(),
+                "2001:db8::/32".parse().unwrap(),
+            ],
+            ports: vec![],
+            affinity_timeout_seconds: None,
+            internal_local: false,
+            external_local: false,
+            health_check_node_port: None,
+            load_balancing: Default::default(),
+        };
+        let node: Vec<IpAddr> = vec!["192.0.2.7".parse().unwrap()];
+        let v4 = SourceRanges::of(&service, Family::V4, &node);
+        assert_eq!(v4.ranges, vec!["192.0.2.0/24".parse::<IpNet>().unwrap()]);
+        assert!(v4.any() && v4.node_in_range);
+        let v6 = SourceRanges::of(&service, Family::V6, &node);
+        assert_eq!(v6.ranges.len(), 1);
+        assert!(!v6.node_in_range, "the node has no address in the IPv6 range");
+        assert!(!SourceRanges::of(&service, Family::V4, &[]).node_in_range);
     }
 }

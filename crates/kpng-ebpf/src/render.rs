@@ -33,6 +33,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use kpng_backend::endpoints::port_sets;
+use kpng_backend::proxy::SourceRanges;
 use kpng_model::local::{LocalServicePort, LocalServiceState};
 use kpng_model::{Family, NodePortAddresses, Protocol, ServiceKey};
 
@@ -171,8 +172,7 @@ pub fn render_service(
     for family in Family::ALL {
         let Some(cluster_ip) = svc.cluster_ip(family) else { continue };
         out.elements.insert(Key::ClusterIp(cluster_ip), Value::Present);
-        let firewalled =
-            svc.load_balancer_source_ranges.iter().any(|r| Family::of_net(r) == family);
+        let firewalled = SourceRanges::of(svc, family, &[]).any();
         let lb_ips = of_family(&svc.load_balancer_ips, family).filter(|_| !firewalled);
         let addresses = Addresses {
             family,

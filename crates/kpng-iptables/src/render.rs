@@ -9,8 +9,7 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use ipnet::IpNet;
-use kpng_backend::proxy::LocalTraffic;
+use kpng_backend::proxy::{LocalTraffic, SourceRanges};
 use kpng_model::local::{LocalServicePort, LocalServiceState};
 use kpng_model::{Family, Protocol, ServiceKey};
 
@@ -327,18 +326,14 @@ fn render_port(
         }
         out.chain(Table::Nat, ext_chain.clone(), rules);
     }
-    let ranges: Vec<IpNet> = svc
-        .load_balancer_source_ranges
-        .iter()
-        .copied()
-        .filter(|r| Family::of_net(r) == family)
-        .collect();
+    let sources = SourceRanges::of(svc, family, &out.ctx.node_ips);
     let lb_ips: Vec<IpAddr> = of_family(&svc.load_balancer_ips, family);
-    let firewalled = !ranges.is_empty() && !cluster.is_empty();
+    let firewalled = sources.any() && !cluster.is_empty();
     if firewalled {
+        let ranges = sources.ranges.iter();
         let mut rules: Vec<Rule> =
-            ranges.iter().map(|r| Rule::jump(&ext_chain).src(Addr::Net(r.trunc()))).collect();
-        if out.ctx.node_ips.iter().any(|ip| ranges.iter().any(|r| r.contains(ip))) {
+            ranges.map(|r| Rule::jump(&ext_chain).src(Addr::Net(r.trunc()))).collect();
+        if sources.node_in_range {
             rules.extend(lb_ips.iter().map(|ip| Rule::jump(&ext_chain).src(Addr::host(*ip))));
         }
         rules.push(Rule::jump(&names::mark_drop()));

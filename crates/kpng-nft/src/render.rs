@@ -6,6 +6,7 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 use kpng_backend::endpoints::port_sets;
+use kpng_backend::proxy::SourceRanges;
 use kpng_model::global::{NatMode, PersistenceKey, Scheduler};
 use kpng_model::local::{LocalService, LocalServiceState};
 use kpng_model::{Family, LocalNode, ServiceKey};
@@ -346,14 +347,8 @@ fn render_port(
         }
         external(out, svc.external_local, key, &cluster_slots, &local_slots, has_endpoints);
     }
-    let ranges: Vec<IpNet> = svc
-        .load_balancer_source_ranges
-        .iter()
-        .copied()
-        .filter(|r| Family::of_net(r) == family)
-        .collect();
+    let SourceRanges { ranges, node_in_range } = SourceRanges::of(svc, family, &node.node_ips);
     if !ranges.is_empty() {
-        let node_in_range = node.node_ips.iter().any(|ip| ranges.iter().any(|r| r.contains(ip)));
         for ip in lb_ips.iter().filter(|ip| held(ip)) {
             let dest = Dest { ip: *ip, protocol: port.protocol, port: port.port };
             out.member(MapName::FirewallDests, Key::Dest(dest));
