@@ -583,10 +583,12 @@ where
             Sample::Part { held, covers } => (held, covers, false),
         };
         let expected = &self.objects;
-        if whole
-            && held.len() == expected.len()
-            && expected.iter().all(|(k, v)| held.get(k) == Some(v))
-        {
+        let mut count = 0;
+        let same = expected.iter().all(|(k, v)| {
+            count += 1;
+            held.get(k) == Some(v)
+        });
+        if whole && same && count == held.len() {
             // Read back unchanged while the generation held: known from there on.
             let after = self.kernel.generation();
             self.known.read_back(before, after);

@@ -5,7 +5,8 @@
 //! value of the claim in force, so it is read from the owners' objects. A plan records the
 //! values it replaces as it is made. A failed commit is followed by a reset, which starts
 //! again from what the kernel really holds ([`Objects::replace_all`]). Each key costs its
-//! owner's copy of it and of its value, and one entry of claims (one claim kept inline).
+//! owner's copy of it and of its value, and one entry of claims filed under the key's 64-bit
+//! fingerprint (one claim kept inline), not a second copy of the key.
 //!
 //! Each owner (the node, or a service) claims the keys of its render. Owners share a key
 //! when they want the same thing (a cluster IP listed once for two services). When they
@@ -18,7 +19,7 @@
 //! one algorithm.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::hash::Hash;
+use std::hash::{Hash, Hasher};
 
 use kpng_model::ServiceKey;
 
@@ -74,9 +75,14 @@ impl Claim {
     fn owner(self) -> u32 {
         self.0 & !YIELDING
     }
+
+    fn yielding(self) -> bool {
+        self.0 & YIELDING != 0
+    }
 }
 
-/// The claims on one key, in order: almost always one, kept inline.
+/// The claims filed under one fingerprint, in order: almost always one, kept inline. The
+/// same claim may be there twice, when one owner wants two keys of one fingerprint.
 #[derive(Debug, Clone)]
 enum Claims {
     One(Claim),
@@ -84,13 +90,6 @@ enum Claims {
 }
 
 impl Claims {
-    fn first(&self) -> Claim {
-        match self {
-            Claims::One(claim) => *claim,
-            Claims::Many(claims) => claims[0],
-        }
-    }
-
     fn as_slice(&self) -> &[Claim] {
         match self {
             Claims::One(claim) => std::slice::from_ref(claim),
@@ -98,19 +97,20 @@ impl Claims {
         }
     }
 
-    /// Adds `claim`; false if it was there.
-    fn insert(&mut self, claim: Claim) -> bool {
+    /// Adds `claim` after those that sort before it or equal it.
+    fn insert(&mut self, claim: Claim) {
         let mut all = self.as_slice().to_vec();
-        let Err(at) = all.binary_search(&claim) else { return false };
+        let at = all.partition_point(|c| *c <= claim);
         all.insert(at, claim);
         *self = Claims::Many(all.into_boxed_slice());
-        true
     }
 
-    /// Removes `claim`; `None` when no claim is left.
+    /// Removes one `claim`; `None` when no claim is left.
     fn remove(self, claim: Claim) -> Option<Claims> {
         let mut all = self.as_slice().to_vec();
-        all.retain(|c| *c != claim);
+        if let Some(at) = all.iter().position(|c| *c == claim) {
+            all.remove(at);
+        }
         match all.as_slice() {
             [] => None,
             [one] => Some(Claims::One(*one)),
@@ -118,6 +118,38 @@ impl Claims {
         }
     }
 }
+
+/// A key's 64-bit fingerprint. Claims are filed under it rather than under a second copy
+/// of the key: two keys of one fingerprint share a list of claims, and each resolves to the
+/// first claim whose owner wants that very key, so a collision costs time, never a wrong
+/// value.
+fn fingerprint<K: Hash>(key: &K) -> u64 {
+    let mut hasher = std::hash::DefaultHasher::new();
+    key.hash(&mut hasher);
+    hasher.finish()
+}
+
+/// A hasher for keys that are fingerprints already.
+#[derive(Default)]
+struct Fingerprints(u64);
+
+impl std::hash::Hasher for Fingerprints {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for byte in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*byte);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+type ClaimMap = HashMap<u64, Claims, std::hash::BuildHasherDefault<Fingerprints>>;
 
 /// One owner's objects as kept: sorted by key, without a tree's overhead.
 #[derive(Debug)]
@@ -153,7 +185,8 @@ pub struct Objects<K, V> {
     wanted: HashMap<u32, Kept<K, V>>,
     /// What [`Owner::Shared`] wants (patched a few objects at a time).
     shared: BTreeMap<K, V>,
-    claims: HashMap<K, Claims>,
+    /// The claims on each key, by the key's fingerprint.
+    claims: ClaimMap,
 }
 
 /// [`Owner::Shared`]'s number.
@@ -166,7 +199,7 @@ impl<K, V> Default for Objects<K, V> {
             next: 2,
             wanted: HashMap::new(),
             shared: BTreeMap::new(),
-            claims: HashMap::new(),
+            claims: ClaimMap::default(),
         }
     }
 }
@@ -191,10 +224,18 @@ where
     /// what the kernel holds (no copy is kept: a failed commit is followed by a reset,
     /// [`Objects::replace_all`], from what the kernel really holds).
     pub fn get(&self, key: &K) -> Option<&V> {
-        self.value_of(key, self.claims.get(key)?.first())
+        let claims = self.claims.get(&fingerprint(key))?;
+        claims.as_slice().iter().find_map(|claim| self.value_of(key, *claim))
     }
 
-    /// How many keys are claimed.
+    /// The owner whose claim is in force at `key`.
+    fn winner(&self, key: &K) -> Option<u32> {
+        let claims = self.claims.get(&fingerprint(key))?;
+        let claim = claims.as_slice().iter().find(|c| self.value_of(key, **c).is_some())?;
+        Some(claim.owner())
+    }
+
+    /// How many keys are claimed (two keys of one fingerprint count once).
     pub fn len(&self) -> usize {
         self.claims.len()
     }
@@ -206,7 +247,10 @@ where
 
     /// Every key and the value in force, in no order.
     pub fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
-        self.claims.iter().filter_map(|(k, c)| Some((k, self.value_of(k, c.first())?)))
+        let owned =
+            self.wanted.iter().flat_map(|(n, kept)| kept.objects.iter().map(|(k, v)| (*n, k, v)));
+        let shared = self.shared.iter().map(|(k, v)| (SHARED, k, v));
+        owned.chain(shared).filter(|(n, k, _)| self.winner(k) == Some(*n)).map(|(_, k, v)| (k, v))
     }
 
     /// Every key and the value in force, copied.
@@ -261,19 +305,18 @@ where
             if let Some(before) = before.as_deref_mut() {
                 self.note(&key, before);
             }
-            let (changed, wanted) = match value {
+            match value {
+                // A new key is claimed; a new value for a claimed one keeps its claim.
                 Some(value) => {
-                    (self.shared.insert(key.clone(), value.clone()) != Some(value), true)
+                    if self.shared.insert(key.clone(), value).is_none() {
+                        self.add_claim(&key, claim);
+                    }
                 }
-                None => (self.shared.remove(&key).is_some(), false),
-            };
-            if !changed {
-                continue;
-            }
-            if wanted {
-                self.add_claim(&key, claim);
-            } else {
-                self.drop_claim(&key, claim);
+                None => {
+                    if self.shared.remove(&key).is_some() {
+                        self.drop_claim(&key, claim);
+                    }
+                }
             }
         }
     }
@@ -285,23 +328,25 @@ where
         }
     }
 
-    /// Adds `claim` on `key`; false if it was there.
-    fn add_claim(&mut self, key: &K, claim: Claim) -> bool {
-        match self.claims.get_mut(key) {
-            Some(claims) => claims.insert(claim),
-            None => {
-                self.claims.insert(key.clone(), Claims::One(claim));
-                true
+    /// Adds `claim` on `key`.
+    fn add_claim(&mut self, key: &K, claim: Claim) {
+        match self.claims.entry(fingerprint(key)) {
+            std::collections::hash_map::Entry::Occupied(mut claims) => {
+                claims.get_mut().insert(claim)
+            }
+            std::collections::hash_map::Entry::Vacant(vacant) => {
+                vacant.insert(Claims::One(claim));
             }
         }
     }
 
     /// Removes `claim` from `key`.
     fn drop_claim(&mut self, key: &K, claim: Claim) {
-        if let Some(claims) = self.claims.remove(key)
+        let print = fingerprint(key);
+        if let Some(claims) = self.claims.remove(&print)
             && let Some(left) = claims.remove(claim)
         {
-            self.claims.insert(key.clone(), left);
+            self.claims.insert(print, left);
         }
     }
 
@@ -310,7 +355,8 @@ where
     pub fn replace_all(&mut self, held: HashMap<K, V>, renders: Vec<Render<K, V>>) -> Plan<K, V> {
         *self = Objects::default();
         self.claim(renders, None);
-        let mut keys: Vec<&K> = held.keys().chain(self.claims.keys()).collect();
+        let claimed = self.wanted.values().flat_map(|kept| kept.objects.iter().map(|(k, _)| k));
+        let mut keys: Vec<&K> = held.keys().chain(claimed).chain(self.shared.keys()).collect();
         keys.sort_unstable();
         keys.dedup();
         let mut plan = Plan::default();
@@ -347,10 +393,15 @@ where
         n
     }
 
+    /// The value `claim`'s owner wants at `key`, if that claim is its claim on `key` (and
+    /// not on another key of the same fingerprint).
     fn value_of(&self, key: &K, claim: Claim) -> Option<&V> {
         match claim.owner() {
-            SHARED => self.shared.get(key),
-            owner => self.wanted.get(&owner)?.get(key),
+            SHARED => self.shared.get(key).filter(|_| !claim.yielding()),
+            owner => {
+                let kept = self.wanted.get(&owner)?;
+                kept.get(key).filter(|_| kept.yields(key) == claim.yielding())
+            }
         }
     }
 
@@ -394,7 +445,13 @@ where
                 }
             }
             for (key, _) in new.objects.iter() {
-                self.add_claim(key, Claim::new(number, new.yields(key)));
+                let claim = Claim::new(number, new.yields(key));
+                let had = old.as_ref().is_some_and(|old| {
+                    old.get(key).is_some() && Claim::new(number, old.yields(key)) == claim
+                });
+                if !had {
+                    self.add_claim(key, claim);
+                }
             }
             if new.objects.is_empty() {
                 self.numbers.remove(&owner);
@@ -544,5 +601,46 @@ mod tests {
             objects.replace_all(held, vec![(svc("a"), render(&[(Key::A(1), 1), (Key::B(1), 6)]))]);
         assert_eq!(plan.upserts, vec![(Key::B(1), Some(5), 6)]);
         assert_eq!(plan.deletes, vec![(Key::A(2), 1)]);
+    }
+
+    /// A key whose fingerprints all collide: its hash writes nothing of the key.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+    struct Same(u16);
+
+    impl std::hash::Hash for Same {
+        fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+            state.write_u8(0);
+        }
+    }
+
+    impl Rank for Same {}
+
+    #[test]
+    fn keys_of_one_fingerprint_keep_their_own_claims_and_values() {
+        let mut objects: Objects<Same, u32> = Objects::new();
+        let wanted = |objects: &[(Same, u32)], yielding: &[Same]| {
+            Some(Wanted {
+                objects: objects.iter().copied().collect(),
+                yielding: yielding.iter().copied().collect(),
+            })
+        };
+        // One owner wants two keys of one fingerprint, another a third, yielding.
+        objects.update(vec![(svc("a"), wanted(&[(Same(1), 10), (Same(2), 20)], &[]))]);
+        objects.update(vec![(svc("b"), wanted(&[(Same(3), 30), (Same(1), 11)], &[Same(1)]))]);
+        assert_eq!(objects.get(&Same(1)), Some(&10), "a's claim does not yield");
+        assert_eq!((objects.get(&Same(2)), objects.get(&Same(3))), (Some(&20), Some(&30)));
+        let mut all: Vec<(Same, u32)> = objects.iter().map(|(k, v)| (*k, *v)).collect();
+        all.sort();
+        assert_eq!(all, [(Same(1), 10), (Same(2), 20), (Same(3), 30)]);
+        // a lets go of key 1 only: b's yielding claim is in force; key 2 stays a's.
+        let plan = objects.update(vec![(svc("a"), wanted(&[(Same(2), 20)], &[]))]);
+        assert_eq!(plan.upserts, vec![(Same(1), Some(10), 11)]);
+        assert_eq!(objects.get(&Same(2)), Some(&20));
+        let plan = objects.update(vec![(svc("b"), None)]);
+        assert_eq!(plan.deletes, vec![(Same(1), 11), (Same(3), 30)]);
+        assert_eq!(objects.iter().count(), 1);
+        let plan = objects.update(vec![(svc("a"), None)]);
+        assert_eq!(plan.deletes, vec![(Same(2), 20)]);
+        assert!(objects.is_empty());
     }
 }
