@@ -69,7 +69,8 @@ const YIELDING: u32 = 1 << 31;
 
 impl Claim {
     fn new(owner: u32, yielding: bool) -> Claim {
-        Claim(owner.min(YIELDING - 1) | if yielding { YIELDING } else { 0 })
+        // The highest owner number is never used: its yielding claim is [`MANY`].
+        Claim(owner.min(YIELDING - 2) | if yielding { YIELDING } else { 0 })
     }
 
     fn owner(self) -> u32 {
@@ -81,43 +82,9 @@ impl Claim {
     }
 }
 
-/// The claims filed under one fingerprint, in order: almost always one, kept inline. The
-/// same claim may be there twice, when one owner wants two keys of one fingerprint.
-#[derive(Debug, Clone)]
-enum Claims {
-    One(Claim),
-    Many(Box<[Claim]>),
-}
-
-impl Claims {
-    fn as_slice(&self) -> &[Claim] {
-        match self {
-            Claims::One(claim) => std::slice::from_ref(claim),
-            Claims::Many(claims) => claims,
-        }
-    }
-
-    /// Adds `claim` after those that sort before it or equal it.
-    fn insert(&mut self, claim: Claim) {
-        let mut all = self.as_slice().to_vec();
-        let at = all.partition_point(|c| *c <= claim);
-        all.insert(at, claim);
-        *self = Claims::Many(all.into_boxed_slice());
-    }
-
-    /// Removes one `claim`; `None` when no claim is left.
-    fn remove(self, claim: Claim) -> Option<Claims> {
-        let mut all = self.as_slice().to_vec();
-        if let Some(at) = all.iter().position(|c| *c == claim) {
-            all.remove(at);
-        }
-        match all.as_slice() {
-            [] => None,
-            [one] => Some(Claims::One(*one)),
-            _ => Some(Claims::Many(all.into_boxed_slice())),
-        }
-    }
-}
+/// Filed in place of a claim when a fingerprint has two or more: they are in
+/// [`Objects::many`].
+const MANY: Claim = Claim(u32::MAX);
 
 /// A key's 64-bit fingerprint. Claims are filed under it rather than under a second copy
 /// of the key: two keys of one fingerprint share a list of claims, and each resolves to the
@@ -149,7 +116,7 @@ impl std::hash::Hasher for Fingerprints {
     }
 }
 
-type ClaimMap = HashMap<u64, Claims, std::hash::BuildHasherDefault<Fingerprints>>;
+type ByPrint<T> = HashMap<u64, T, std::hash::BuildHasherDefault<Fingerprints>>;
 
 /// One owner's objects as kept: sorted by key, without a tree's overhead.
 #[derive(Debug)]
@@ -185,8 +152,11 @@ pub struct Objects<K, V> {
     wanted: HashMap<u32, Kept<K, V>>,
     /// What [`Owner::Shared`] wants (patched a few objects at a time).
     shared: BTreeMap<K, V>,
-    /// The claims on each key, by the key's fingerprint.
-    claims: ClaimMap,
+    /// The claim on each key, by the key's fingerprint ([`MANY`] when it has more).
+    claims: ByPrint<Claim>,
+    /// The claims of the fingerprints that have two or more, in order (one owner may claim
+    /// two keys of one fingerprint: the same claim is then there twice).
+    many: ByPrint<Vec<Claim>>,
 }
 
 /// [`Owner::Shared`]'s number.
@@ -199,7 +169,8 @@ impl<K, V> Default for Objects<K, V> {
             next: 2,
             wanted: HashMap::new(),
             shared: BTreeMap::new(),
-            claims: ClaimMap::default(),
+            claims: ByPrint::default(),
+            many: ByPrint::default(),
         }
     }
 }
@@ -224,14 +195,13 @@ where
     /// what the kernel holds (no copy is kept: a failed commit is followed by a reset,
     /// [`Objects::replace_all`], from what the kernel really holds).
     pub fn get(&self, key: &K) -> Option<&V> {
-        let claims = self.claims.get(&fingerprint(key))?;
-        claims.as_slice().iter().find_map(|claim| self.value_of(key, *claim))
+        self.claims_of(fingerprint(key)).iter().find_map(|claim| self.value_of(key, *claim))
     }
 
     /// The owner whose claim is in force at `key`.
     fn winner(&self, key: &K) -> Option<u32> {
-        let claims = self.claims.get(&fingerprint(key))?;
-        let claim = claims.as_slice().iter().find(|c| self.value_of(key, **c).is_some())?;
+        let claims = self.claims_of(fingerprint(key));
+        let claim = claims.iter().find(|c| self.value_of(key, **c).is_some())?;
         Some(claim.owner())
     }
 
@@ -328,25 +298,56 @@ where
         }
     }
 
-    /// Adds `claim` on `key`.
-    fn add_claim(&mut self, key: &K, claim: Claim) {
-        match self.claims.entry(fingerprint(key)) {
-            std::collections::hash_map::Entry::Occupied(mut claims) => {
-                claims.get_mut().insert(claim)
-            }
-            std::collections::hash_map::Entry::Vacant(vacant) => {
-                vacant.insert(Claims::One(claim));
-            }
+    /// The claims filed under `print`, in order.
+    fn claims_of(&self, print: u64) -> &[Claim] {
+        match self.claims.get(&print) {
+            None => &[],
+            Some(&MANY) => self.many.get(&print).map_or(&[], Vec::as_slice),
+            Some(claim) => std::slice::from_ref(claim),
         }
     }
 
-    /// Removes `claim` from `key`.
+    /// Adds `claim` on `key`, after the claims that sort before it or equal it.
+    fn add_claim(&mut self, key: &K, claim: Claim) {
+        let print = fingerprint(key);
+        let mut all = match self.claims.insert(print, MANY) {
+            None => {
+                self.claims.insert(print, claim);
+                return;
+            }
+            Some(MANY) => self.many.remove(&print).unwrap_or_default(),
+            Some(one) => vec![one],
+        };
+        let at = all.partition_point(|c| *c <= claim);
+        all.insert(at, claim);
+        self.many.insert(print, all);
+    }
+
+    /// Removes one `claim` from `key`.
     fn drop_claim(&mut self, key: &K, claim: Claim) {
         let print = fingerprint(key);
-        if let Some(claims) = self.claims.remove(&print)
-            && let Some(left) = claims.remove(claim)
-        {
-            self.claims.insert(print, left);
+        match self.claims.get(&print) {
+            Some(&MANY) => {
+                let mut all = self.many.remove(&print).unwrap_or_default();
+                if let Some(at) = all.iter().position(|c| *c == claim) {
+                    all.remove(at);
+                }
+                match all.as_slice() {
+                    [] => {
+                        self.claims.remove(&print);
+                    }
+                    [one] => {
+                        self.claims.insert(print, *one);
+                    }
+                    _ => {
+                        self.many.insert(print, all);
+                    }
+                }
+            }
+            Some(one) if *one == claim => {
+                self.claims.remove(&print);
+            }
+            _ => {}
         }
     }
 
