@@ -34,8 +34,8 @@ pub fn port_sets(
 
 #[cfg(test)]
 mod tests {
+    use kpng_model::Endpoints;
     use kpng_model::local::{EndpointPort, LocalEndpoint};
-    use kpng_model::{Endpoints, LocalService};
 
     use super::*;
 
@@ -62,20 +62,7 @@ mod tests {
         ]
         .into_iter()
         .collect();
-        let service = LocalService {
-            key: kpng_model::ServiceKey::new("a", "b"),
-            service_type: kpng_model::global::ServiceType::ClusterIP,
-            cluster_ips: vec![],
-            external_ips: vec![],
-            load_balancer_ips: vec![],
-            load_balancer_source_ranges: vec![],
-            ports: vec![],
-            affinity_timeout_seconds: None,
-            internal_local: false,
-            external_local: false,
-            health_check_node_port: None,
-            load_balancing: Default::default(),
-        };
+        let service = crate::bare_service("a", "b");
         let state = LocalServiceState { service, endpoints };
         let (cluster, local) = port_sets(&state, Family::V4, "p", Protocol::Tcp);
         let ip = |s: &str| (s.parse().unwrap(), 8080);

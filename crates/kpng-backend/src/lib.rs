@@ -42,5 +42,24 @@ pub mod reconcile;
 pub mod slots;
 pub mod unsupported;
 
+/// A bare ClusterIP service for the tests to fill in.
+#[cfg(test)]
+pub(crate) fn bare_service(namespace: &str, name: &str) -> kpng_model::local::LocalService {
+    kpng_model::local::LocalService {
+        key: kpng_model::ServiceKey::new(namespace, name),
+        service_type: kpng_model::global::ServiceType::ClusterIP,
+        cluster_ips: vec![],
+        external_ips: vec![],
+        load_balancer_ips: vec![],
+        load_balancer_source_ranges: vec![],
+        ports: vec![],
+        affinity_timeout_seconds: None,
+        internal_local: false,
+        external_local: false,
+        health_check_node_port: None,
+        load_balancing: Default::default(),
+    }
+}
+
 pub use backend::{Backend, BackendError, ChangeSet, Target, error_chain};
 pub use problems::Problems;

@@ -128,21 +128,12 @@ mod tests {
     #[test]
     fn source_ranges_are_per_family_and_know_when_they_hold_the_node() {
         let service = LocalService {
-            key: kpng_model::ServiceKey::new("a", "lb"),
             service_type: kpng_model::global::ServiceType::LoadBalancer,
-            cluster_ips: vec![],
-            external_ips: vec![],
-            load_balancer_ips: vec![],
             load_balancer_source_ranges: vec![
                 "192.0.2.0/24".parse().unwrap(),
                 "2001:db8::/32".parse().unwrap(),
             ],
-            ports: vec![],
-            affinity_timeout_seconds: None,
-            internal_local: false,
-            external_local: false,
-            health_check_node_port: None,
-            load_balancing: Default::default(),
+            ..crate::bare_service("a", "lb")
         };
         let node: Vec<IpAddr> = vec!["192.0.2.7".parse().unwrap()];
         let v4 = SourceRanges::of(&service, Family::V4, &node);

@@ -64,7 +64,7 @@ pub fn all_settings(lb: &LoadBalancing) -> Vec<(AnnotationKey, &'static str)> {
 
 #[cfg(test)]
 mod tests {
-    use kpng_model::global::{Helper, LoadBalancing, ServiceType};
+    use kpng_model::global::{Helper, LoadBalancing};
     use kpng_model::local::{LocalService, LocalServiceState};
     use kpng_model::{LocalState, Op};
 
@@ -88,18 +88,8 @@ mod tests {
 
     fn state(helper: Option<Helper>) -> LocalState {
         let service = LocalService {
-            key: ServiceKey::new("ns", "ftp"),
-            service_type: ServiceType::ClusterIP,
-            cluster_ips: vec![],
-            external_ips: vec![],
-            load_balancer_ips: vec![],
-            load_balancer_source_ranges: vec![],
-            ports: vec![],
-            affinity_timeout_seconds: None,
-            internal_local: false,
-            external_local: false,
-            health_check_node_port: None,
             load_balancing: LoadBalancing { helper, ..LoadBalancing::default() },
+            ..crate::bare_service("ns", "ftp")
         };
         let mut state = LocalState::default();
         let endpoints = Default::default();
