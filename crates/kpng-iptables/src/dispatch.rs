@@ -153,11 +153,6 @@ impl Dispatch {
         }
         upper
     }
-
-    /// Every leaf key.
-    pub fn leaf_keys(&self) -> impl Iterator<Item = &LeafKey> {
-        self.leaves.keys()
-    }
 }
 
 /// The chains above the leaves of one family's table.

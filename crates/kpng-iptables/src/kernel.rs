@@ -96,12 +96,12 @@ pub trait Kernel: Send {
 
 /// The network namespace's nf_tables ruleset generation, or `None` when it cannot be read.
 fn nft_generation() -> Option<u64> {
-    use kpng_netlink::nftables::dump;
-    let socket =
-        kpng_netlink::socket::NetlinkSocket::open(kpng_netlink::message::NETLINK_NETFILTER);
-    let body = socket.and_then(|mut s| s.get(&dump::generation_request()));
-    match body {
-        Ok(body) => dump::generation(&body).map(u64::from),
+    use kpng_netlink::message::NETLINK_NETFILTER;
+    use kpng_netlink::socket::NetlinkSocket;
+    let read = NetlinkSocket::open(NETLINK_NETFILTER)
+        .and_then(|mut socket| kpng_netlink::nftables::dump::read_generation(&mut socket));
+    match read {
+        Ok(generation) => generation.map(u64::from),
         Err(error) => {
             tracing::debug!(%error, "the nf_tables generation could not be read");
             None

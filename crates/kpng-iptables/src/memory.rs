@@ -3,7 +3,7 @@
 //! deletions of referenced chains refused), with injected failures; used by tests and, with
 //! a printer, by `--dry-run`.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
@@ -208,9 +208,4 @@ impl Kernel for MemoryKernel {
         }
         Ok(())
     }
-}
-
-/// The chains `snapshot` holds, by name, for comparisons in tests.
-pub fn chain_names(snapshot: &Snapshot) -> BTreeSet<String> {
-    snapshot.chains.keys().map(|(t, c)| format!("{}/{c}", t.as_str())).collect()
 }

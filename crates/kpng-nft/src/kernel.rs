@@ -335,8 +335,7 @@ impl Kernel for NetlinkKernel {
     }
 
     fn generation(&mut self) -> Result<Option<u32>, NftError> {
-        let body = self.socket.get(&dump::generation_request()).map_err(NftError::Read)?;
-        Ok(dump::generation(&body))
+        dump::read_generation(&mut self.socket).map_err(NftError::Read)
     }
 
     fn read_unless_stale(

@@ -31,6 +31,13 @@ pub fn generation(body: &[u8]) -> Option<u32> {
     GenMsg::decode(payload(body)).ok().map(|g| g.id)
 }
 
+/// Asks `socket`'s network namespace for its ruleset generation.
+pub fn read_generation(
+    socket: &mut crate::socket::NetlinkSocket,
+) -> Result<Option<u32>, crate::socket::NetlinkError> {
+    Ok(generation(&socket.get(&generation_request())?))
+}
+
 /// A dump of every table of `family`.
 pub fn tables_request(family: ProtoFamily) -> Vec<u8> {
     request(msg::GETTABLE, family, |_| {})
