@@ -422,36 +422,39 @@ where
             }
             let number = self.number(&owner);
             let new = Kept::of(new.unwrap_or_default());
+            // A key whose value and claim the owner keeps is not touched.
+            let same = |a: &Kept<K, V>, b: &Kept<K, V>, key: &K, value: &V| {
+                b.get(key) == Some(value) && b.yields(key) == a.yields(key)
+            };
             if let Some(before) = before.as_deref_mut() {
-                if let Some(old) = self.wanted.get(&number) {
-                    for (key, value) in old.objects.iter() {
-                        let kept =
-                            new.get(key) == Some(value) && new.yields(key) == old.yields(key);
-                        if !kept {
-                            self.note(key, before);
-                        }
+                let old = self.wanted.get(&number);
+                for (key, value) in old.iter().flat_map(|old| old.objects.iter()) {
+                    if old.is_some_and(|old| !same(old, &new, key, value)) {
+                        self.note(key, before);
                     }
                 }
-                for (key, _) in new.objects.iter() {
-                    self.note(key, before);
+                for (key, value) in new.objects.iter() {
+                    if !old.is_some_and(|old| same(&new, old, key, value)) {
+                        self.note(key, before);
+                    }
                 }
             }
             let old = self.wanted.remove(&number);
+            let claim_in = |kept: &Kept<K, V>, key: &K| {
+                kept.get(key).is_some().then(|| Claim::new(number, kept.yields(key)))
+            };
             if let Some(old) = &old {
                 for (key, _) in old.objects.iter() {
-                    let claim = Claim::new(number, old.yields(key));
-                    if new.get(key).is_none() || Claim::new(number, new.yields(key)) != claim {
-                        self.drop_claim(key, claim);
+                    let was = Claim::new(number, old.yields(key));
+                    if claim_in(&new, key) != Some(was) {
+                        self.drop_claim(key, was);
                     }
                 }
             }
             for (key, _) in new.objects.iter() {
-                let claim = Claim::new(number, new.yields(key));
-                let had = old.as_ref().is_some_and(|old| {
-                    old.get(key).is_some() && Claim::new(number, old.yields(key)) == claim
-                });
-                if !had {
-                    self.add_claim(key, claim);
+                let now = Claim::new(number, new.yields(key));
+                if old.as_ref().and_then(|old| claim_in(old, key)) != Some(now) {
+                    self.add_claim(key, now);
                 }
             }
             if new.objects.is_empty() {
