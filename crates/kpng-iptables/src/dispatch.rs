@@ -58,6 +58,12 @@ fn prefixes(table: Table) -> (&'static str, &'static str) {
     }
 }
 
+/// Every first-level shard chain a table may have (one per low nibble).
+pub fn first_level_chains(table: Table) -> impl Iterator<Item = ChainName> {
+    let (dest, _) = prefixes(table);
+    (0..16).map(move |nibble| names::shard1(dest, nibble))
+}
+
 /// The chain of a leaf.
 pub fn leaf_chain(table: Table, leaf: Leaf) -> ChainName {
     let (dest, nodeport) = prefixes(table);

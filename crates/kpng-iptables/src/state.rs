@@ -11,7 +11,7 @@ use kpng_backend::reconcile::{AnnotationKey, LoadBalancing, Plan, Rank, Render, 
 use kpng_model::local::LocalServiceState;
 use kpng_model::{Family, LocalState, NodePortAddresses, ServiceKey};
 
-use crate::dispatch::{Dispatch, LeafKey, leaf_chain};
+use crate::dispatch::{Dispatch, LeafKey, first_level_chains, leaf_chain};
 use crate::names::{self, ChainName};
 use crate::render::{ChainKey, Context, Entry, Table, render_service};
 use crate::rule::{Addr, Match, Rule, Target};
@@ -200,8 +200,6 @@ pub struct IptablesRender {
     touched: BTreeSet<LeafKey>,
     /// The facts the shared chains were last made with.
     shared_facts: Option<Facts>,
-    /// The first-level shard chains there are, which come and go with their leaves.
-    first_level: BTreeSet<ChainKey>,
 }
 
 impl IptablesRender {
@@ -282,22 +280,14 @@ impl Render for IptablesRender {
         }
         for (family, table) in tables {
             let chains = upper_chains(family, table, &facts.ctx, &facts.node, &self.dispatch);
-            let was: Vec<ChainKey> = self
-                .first_level
-                .iter()
-                .filter(|(f, t, _)| (*f, *t) == (family, table))
-                .cloned()
-                .collect();
-            for key in was {
-                self.first_level.remove(&key);
-                if !chains.iter().any(|(k, _)| *k == key) {
-                    changes.push((Key::chain(key), None));
+            // The first-level shards without a leaf now go (those that were never there
+            // are no change).
+            for name in first_level_chains(table) {
+                if !chains.iter().any(|((_, _, chain), _)| *chain == name) {
+                    changes.push((Key::Chain(family, table, name), None));
                 }
             }
             for (key, rules) in chains {
-                if is_first_level(&key.2) {
-                    self.first_level.insert(key.clone());
-                }
                 changes.push((Key::chain(key), Some(Rules::of(&rules))));
             }
         }
@@ -316,12 +306,6 @@ impl Render for IptablesRender {
         // None of the kube-nftlb settings has a translation here yet.
         kpng_backend::unsupported::all_settings(lb)
     }
-}
-
-fn is_first_level(name: &ChainName) -> bool {
-    let s = name.as_str();
-    (s.starts_with("KPNG-SH-") || s.starts_with("KPNG-FSH-"))
-        && s.rsplit('-').next().is_some_and(|t| t.len() == 1)
 }
 
 /// 127.0.0.0/8 or ::1.
