@@ -204,14 +204,14 @@ pub trait Render: Send {
         Wanted::default()
     }
 
-    /// One service's objects. At a reset, `held` is what the kernel held, so positions
-    /// (endpoint slots) can be kept; on a change it is `None` and the render's own memory
-    /// serves.
+    /// One service's objects. `held` is what the kernel holds (at a reset, what it read
+    /// back; on a change, what was committed), so positions (endpoint slots) can be kept
+    /// without the render remembering them.
     fn service(
         &mut self,
         facts: &Self::Facts,
         service: &LocalServiceState,
-        held: Option<&HashMap<Self::Key, Self::Value>>,
+        held: &dyn Lookup<Self::Key, Self::Value>,
     ) -> Result<Wanted<Self::Key, Self::Value>, Self::Error>;
 
     /// Objects no one service owns, made from many services' renders (a chain that lists
@@ -235,6 +235,24 @@ pub trait Render: Send {
     /// The kube-nftlb settings of a service this dataplane does not enforce
     /// ([`Backend::unsupported`]).
     fn unsupported(&self, lb: &LoadBalancing) -> Vec<(AnnotationKey, &'static str)>;
+}
+
+/// Objects by key: what a kernel holds, read back ([`Held`]) or as committed ([`Objects`]).
+pub trait Lookup<K, V> {
+    /// The value at `key`.
+    fn lookup(&self, key: &K) -> Option<&V>;
+}
+
+impl<K: Eq + Hash, V, S: std::hash::BuildHasher> Lookup<K, V> for HashMap<K, V, S> {
+    fn lookup(&self, key: &K) -> Option<&V> {
+        self.get(key)
+    }
+}
+
+impl<K: Clone + Ord + Hash + Rank, V: Clone + Eq> Lookup<K, V> for Objects<K, V> {
+    fn lookup(&self, key: &K) -> Option<&V> {
+        self.get(key)
+    }
 }
 
 /// The counters every reconciler keeps, shared with whoever reports them.
@@ -419,7 +437,7 @@ where
         for (key, service) in &state.services {
             let wanted = self
                 .render
-                .service(&facts, service, Some(&held))
+                .service(&facts, service, &held)
                 .map_err(|source| ReconcileError::Render { service: key.clone(), source })?;
             renders.push((Owner::Service(key.clone()), Some(wanted)));
         }
@@ -453,8 +471,10 @@ where
         for key in keys {
             let wanted = match state.services.get(&key) {
                 Some(service) => {
-                    Some(self.render.service(&facts, service, None).map_err(|source| {
-                        ReconcileError::Render { service: key.clone(), source }
+                    let wanted = self.render.service(&facts, service, &self.objects);
+                    Some(wanted.map_err(|source| ReconcileError::Render {
+                        service: key.clone(),
+                        source,
                     })?)
                 }
                 None => {

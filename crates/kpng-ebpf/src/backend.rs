@@ -72,13 +72,12 @@ impl Render for EbpfRender {
         &mut self,
         nodeports: &NodePortAddresses,
         service: &LocalServiceState,
-        held: Option<&HashMap<Key, Value>>,
+        held: &dyn kpng_backend::reconcile::Lookup<Key, Value>,
     ) -> Result<Wanted<Key, Value>, std::convert::Infallible> {
         let key = &service.service.key;
-        let previous = match (self.slots.get(key), held) {
-            (Some(slots), _) => slots.clone(),
-            (None, Some(held)) => seed_slots(service, nodeports, |k| held.get(k).copied()),
-            (None, None) => Slots::new(),
+        let previous = match self.slots.get(key) {
+            Some(slots) => slots.clone(),
+            None => seed_slots(service, nodeports, |k| held.lookup(k).copied()),
         };
         let rendered = render_service(service, nodeports, &previous, self.flow_seconds);
         self.slots.insert(key.clone(), rendered.slots);

@@ -256,7 +256,7 @@ impl Render for IptablesRender {
         &mut self,
         facts: &Facts,
         service: &LocalServiceState,
-        _held: Option<&HashMap<Key, Rules>>,
+        _held: &dyn kpng_backend::reconcile::Lookup<Key, Rules>,
     ) -> Result<Wanted<Key, Rules>, Infallible> {
         let rules = render_service(service, &facts.ctx);
         self.file(&service.service.key, Some(rules.entries));

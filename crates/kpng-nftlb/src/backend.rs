@@ -102,7 +102,7 @@ impl Render for NftlbRender {
         &mut self,
         _facts: &(),
         service: &LocalServiceState,
-        _held: Option<&HashMap<FarmName, Farm>>,
+        _held: &dyn kpng_backend::reconcile::Lookup<FarmName, Farm>,
     ) -> Result<Wanted<FarmName, Farm>, NftlbError> {
         self.warn_unsupported(service);
         let mut farms = farms_of(service, self.direct.is_some());

@@ -67,7 +67,7 @@ impl Render for Table {
         &mut self,
         _facts: &(),
         service: &LocalServiceState,
-        _held: Option<&HashMap<Frontend, Vec<SocketAddr>>>,
+        _held: &dyn kpng_backend::reconcile::Lookup<Frontend, Vec<SocketAddr>>,
     ) -> Result<Wanted<Frontend, Vec<SocketAddr>>, std::convert::Infallible> {
         let mut wanted = Wanted::default();
         let s = &service.service;
