@@ -33,6 +33,9 @@ pub enum NftError {
     /// The aggregator did not commit a transaction; nothing of it is in force.
     #[error("the nftables aggregator did not commit the transaction: {0}")]
     Aggregator(String),
+    /// A plan asked for an object kpng cannot declare (a bug: nothing was applied).
+    #[error("a plan cannot be written: {0}")]
+    Plan(String),
     /// The dry run's output cannot be written.
     #[error("writing the dry run")]
     Output(#[source] std::io::Error),

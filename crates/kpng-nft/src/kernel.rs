@@ -102,7 +102,7 @@ impl KernelContents {
 }
 
 /// The address and port a slot rule DNATs to (its two immediates).
-fn dnat_target(rule: &[Option<Expr>]) -> Option<Target> {
+pub(crate) fn dnat_target(rule: &[Option<Expr>]) -> Option<Target> {
     let mut immediates = rule.iter().filter_map(|e| match e {
         Some(Expr::Immediate { data, .. }) => Some(data.as_slice()),
         _ => None,

@@ -1,4 +1,4 @@
-//! Elements as [`super::TableState`] keeps them: half a million at 30,000 services, so
+//! Elements as [`crate::state::TableState`] and [`crate::entry`] keep them: half a million at 30,000 services, so
 //! each byte counts. An IPv4 element's id (every key of an IPv4 table but the rare sets
 //! of counts beyond the pick tree) packs into 15 bytes inline; any other id is
 //! allocated once, shared by its set and its owner. Values keep the endpoint's address
@@ -15,7 +15,7 @@ use crate::objects::{Dest, ElementId, Key, MapName, PickKind, TREE_BITS, Value};
 /// An element's id, packed: 16 bytes for IPv4 elements instead of the 52 of an
 /// [`ElementId`].
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub(super) enum PackedId {
+pub(crate) enum PackedId {
     /// An IPv4 element: its set's code, the key's shape, then the key's fields.
     V4([u8; 15]),
     /// Any other element, shared: the set's entry and the owner's list hold one copy.
@@ -24,10 +24,14 @@ pub(super) enum PackedId {
 
 /// An element's value, packed (20 bytes instead of 24).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum PackedValue {
+pub enum PackedValue {
+    /// A set element: no value.
     None,
+    /// An IPv4 endpoint and port.
     V4(Ipv4Addr, u16),
+    /// An IPv6 endpoint and port.
     V6(Ipv6Addr, u16),
+    /// An affinity group's hash, in two halves (so the value aligns on 4 bytes).
     Affinity([u32; 2]),
 }
 
@@ -65,31 +69,40 @@ const SHAPE_DEST_SOURCE: u8 = 6;
 
 impl PackedId {
     /// Packs `id`.
-    pub(super) fn new(id: &ElementId) -> PackedId {
-        if id.family == Family::V4
-            && let Some(code) = map_code(id.map)
-        {
-            let mut out = Writer { bytes: [0; 15], at: 0 };
-            out.byte(code);
-            if out.key(&id.key) {
-                return PackedId::V4(out.bytes);
-            }
+    pub(crate) fn new(id: &ElementId) -> PackedId {
+        match pack_v4(id) {
+            Some(bytes) => PackedId::V4(bytes),
+            None => PackedId::Other(Arc::new(*id)),
         }
-        PackedId::Other(Arc::new(*id))
     }
 
     /// The id it packs.
-    pub(super) fn id(&self) -> ElementId {
+    pub(crate) fn id(&self) -> ElementId {
         match self {
             PackedId::Other(id) => **id,
-            PackedId::V4(bytes) => {
-                let mut input = Reader { bytes, at: 0 };
-                let map = map_of(input.byte());
-                let key = input.key();
-                ElementId { family: Family::V4, map, key }
-            }
+            PackedId::V4(bytes) => unpack_v4(bytes),
         }
     }
+}
+
+/// The 15 bytes an IPv4 element's id packs into, when it does (every id of an IPv4 table
+/// but those of count sets beyond the pick tree).
+pub(crate) fn pack_v4(id: &ElementId) -> Option<[u8; 15]> {
+    if id.family != Family::V4 {
+        return None;
+    }
+    let code = map_code(id.map)?;
+    let mut out = Writer { bytes: [0; 15], at: 0 };
+    out.byte(code);
+    out.key(&id.key).then_some(out.bytes)
+}
+
+/// The id [`pack_v4`] packed.
+pub(crate) fn unpack_v4(bytes: &[u8; 15]) -> ElementId {
+    let mut input = Reader { bytes, at: 0 };
+    let map = map_of(input.byte());
+    let key = input.key();
+    ElementId { family: Family::V4, map, key }
 }
 
 /// The set's code in a packed id: the fixed sets, then the pick tree's bit sets.
@@ -380,6 +393,6 @@ mod tests {
     fn packed_ids_and_values_are_small() {
         assert_eq!(size_of::<PackedId>(), 16);
         assert_eq!(size_of::<PackedValue>(), 20);
-        assert_eq!(size_of::<super::super::Holder>(), 24);
+        assert_eq!(size_of::<crate::state::Holder>(), 24);
     }
 }

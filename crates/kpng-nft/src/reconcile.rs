@@ -167,7 +167,7 @@ impl Reconciled {
     }
 }
 
-fn same_rules(wanted: &[Rule], present: &[PresentRule]) -> bool {
+pub(crate) fn same_rules(wanted: &[Rule], present: &[PresentRule]) -> bool {
     wanted.len() == present.len()
         && wanted.iter().zip(present).all(|(w, p)| {
             w.exprs.len() == p.len()

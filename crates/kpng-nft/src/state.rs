@@ -12,10 +12,9 @@ use kpng_model::Family;
 
 use crate::objects::{ElementId, MapName, Value};
 
-mod packed;
 mod table;
 
-use packed::{PackedId, PackedValue};
+use crate::packed::{PackedId, PackedValue};
 use table::Table;
 
 /// Who asked for an element. When owners disagree on a value, the lowest wins.
@@ -70,7 +69,7 @@ const CONTESTED: u32 = u32::MAX;
 
 /// One element: its only owner (or [`CONTESTED`]) and its effective value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Holder {
+pub(crate) struct Holder {
     owner: u32,
     value: PackedValue,
 }

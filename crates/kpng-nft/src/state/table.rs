@@ -8,7 +8,7 @@ use std::collections::hash_map::Entry;
 use rustc_hash::FxHashMap as HashMap;
 
 use super::Holder;
-use super::packed::{PackedId, PackedValue};
+use crate::packed::{PackedId, PackedValue};
 
 /// The elements of one set or map, each with its holder.
 #[derive(Debug, Clone)]

@@ -1,0 +1,292 @@
+//! [`EntryKey`] and [`EntryValue`]: one object of kpng's tables as the backend template
+//! keeps it ([`kpng_backend::reconcile::Objects`]): an element (half a million at 30,000
+//! services, so packed: an IPv4 element's key in 16 bytes), or a layout object (a table,
+//! set, chain or `ct helper`, a few hundred at most).
+//!
+//! A layout object's value is what kpng declares ([`LayoutValue::Set`],
+//! [`LayoutValue::Chain`]) or what the kernel reports of it ([`LayoutValue::Shape`],
+//! [`LayoutValue::Rules`]); two values are equal when the kernel cannot tell them apart
+//! (a set's flags and types, a chain's hook and its rules' expressions), so a restart
+//! over tables that are right finds every object equal and writes nothing.
+
+use std::fmt;
+use std::sync::Arc;
+
+use kpng_backend::reconcile::Rank;
+use kpng_model::Family;
+use kpng_netlink::nftables::ChainSpec;
+use kpng_netlink::nftables::objects::CtHelperSpec;
+
+use crate::objects::{ElementId, MapName, Value};
+use crate::packed::{PackedValue, pack_v4, unpack_v4};
+use crate::reconcile::{PresentChain, SetShape, WantedSet, hook_shape, same_rules};
+use crate::rules::Rule;
+
+/// A layout object by family and name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum LayoutName {
+    /// The family's table.
+    Table(Family),
+    /// A set or map.
+    Set(Family, String),
+    /// A chain.
+    Chain(Family, String),
+    /// A `ct helper` object.
+    Helper(Family, String),
+}
+
+impl LayoutName {
+    /// The family's table it is in.
+    pub fn family(&self) -> Family {
+        match self {
+            LayoutName::Table(family)
+            | LayoutName::Set(family, _)
+            | LayoutName::Chain(family, _)
+            | LayoutName::Helper(family, _) => *family,
+        }
+    }
+}
+
+/// The key of one object of kpng's tables.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum EntryKey {
+    /// An IPv4 element, packed (see [`crate::packed`]).
+    V4([u8; 15]),
+    /// Any other element.
+    Element(Arc<ElementId>),
+    /// A table, set, chain or `ct helper`.
+    Layout(Arc<LayoutName>),
+}
+
+impl EntryKey {
+    /// The key of element `id`.
+    pub fn element(id: &ElementId) -> EntryKey {
+        match pack_v4(id) {
+            Some(bytes) => EntryKey::V4(bytes),
+            None => EntryKey::Element(Arc::new(*id)),
+        }
+    }
+
+    /// The key of a layout object.
+    pub fn layout(name: LayoutName) -> EntryKey {
+        EntryKey::Layout(Arc::new(name))
+    }
+
+    /// The element it is the key of, if it is one.
+    pub fn as_element(&self) -> Option<ElementId> {
+        match self {
+            EntryKey::V4(bytes) => Some(unpack_v4(bytes)),
+            EntryKey::Element(id) => Some(**id),
+            EntryKey::Layout(_) => None,
+        }
+    }
+
+    /// The layout object it is the key of, if it is one.
+    pub fn as_layout(&self) -> Option<&LayoutName> {
+        match self {
+            EntryKey::Layout(name) => Some(name),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Debug for EntryKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.as_element(), self.as_layout()) {
+            (Some(id), _) => {
+                write!(f, "{} {} {:?}", crate::objects::table_family(id.family), id.map, id.key)
+            }
+            (_, Some(name)) => write!(f, "{name:?}"),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Layout objects before elements (a set before its elements, a chain before the verdict
+/// that jumps to it), and deleted after them; among elements, those a packet reaches only
+/// through others (endpoints, the pick tree's bits, masquerade and firewall facts) before
+/// the entries that lead packets to them ([`is_entry`]). A cold start split into several
+/// transactions commits in this order, so no destination is reachable before all it needs
+/// is in.
+impl Rank for EntryKey {
+    fn rank(&self) -> u8 {
+        match self {
+            EntryKey::Layout(name) => match **name {
+                LayoutName::Table(_) => 0,
+                LayoutName::Set(..) | LayoutName::Helper(..) => 1,
+                LayoutName::Chain(..) => 2,
+            },
+            element => match element.as_element().is_some_and(|id| is_entry(id.map)) {
+                false => 3,
+                true => 4,
+            },
+        }
+    }
+}
+
+/// Whether elements of `map` lead packets of a destination somewhere (a pick, an affinity
+/// chain, a drop or reject): those come last.
+pub fn is_entry(map: MapName) -> bool {
+    use MapName::*;
+    matches!(
+        map,
+        ClusterDests
+            | LocalDests
+            | ExternalLocalDests
+            | NodePortClusterDests
+            | NodePortLocalDests
+            | RejectDests
+            | DropDests
+            | RejectNodePorts
+            | DropNodePorts
+            | AffinityCluster
+            | AffinityLocal
+            | AffinityNodePortCluster
+            | AffinityNodePortLocal
+    )
+}
+
+/// A layout object's value: as kpng declares it, or as the kernel reports it.
+#[derive(Debug, Clone)]
+pub enum LayoutValue {
+    /// A table.
+    Table,
+    /// A set kpng declares.
+    Set(WantedSet),
+    /// A set as the kernel reports it.
+    Shape(SetShape),
+    /// A chain kpng declares, with its rules.
+    Chain(ChainSpec, Vec<Rule>),
+    /// A chain as the kernel reports it.
+    Rules(PresentChain),
+    /// A `ct helper` object.
+    Helper(CtHelperSpec),
+}
+
+impl LayoutValue {
+    /// The set's shape, for a set.
+    pub fn shape(&self) -> Option<SetShape> {
+        match self {
+            LayoutValue::Set(set) => Some(SetShape::of(&set.decl)),
+            LayoutValue::Shape(shape) => Some(shape.clone()),
+            _ => None,
+        }
+    }
+
+    /// The chain as the kernel reports it, for a chain.
+    pub fn present_chain(&self) -> Option<PresentChain> {
+        match self {
+            LayoutValue::Chain(spec, rules) => Some(PresentChain {
+                hook: hook_shape(&spec.hook),
+                rules: rules.iter().map(|r| r.exprs.iter().cloned().map(Some).collect()).collect(),
+            }),
+            LayoutValue::Rules(chain) => Some(chain.clone()),
+            _ => None,
+        }
+    }
+}
+
+/// Equal when the kernel cannot tell them apart.
+impl PartialEq for LayoutValue {
+    fn eq(&self, other: &Self) -> bool {
+        use LayoutValue::*;
+        match (self, other) {
+            (Table, Table) => true,
+            (Helper(a), Helper(b)) => a == b,
+            (Set(_) | Shape(_), Set(_) | Shape(_)) => self.shape() == other.shape(),
+            (Chain(spec, rules), Rules(present)) | (Rules(present), Chain(spec, rules)) => {
+                present.hook == hook_shape(&spec.hook) && same_rules(rules, &present.rules)
+            }
+            (Chain(a, ra), Chain(b, rb)) => {
+                hook_shape(&a.hook) == hook_shape(&b.hook)
+                    && ra.len() == rb.len()
+                    && ra.iter().zip(rb).all(|(x, y)| {
+                        x.exprs.len() == y.exprs.len()
+                            && x.exprs
+                                .iter()
+                                .zip(&y.exprs)
+                                .all(|(p, q)| p.canonical() == q.canonical())
+                    })
+            }
+            (Rules(a), Rules(b)) => a == b,
+            _ => false,
+        }
+    }
+}
+
+impl Eq for LayoutValue {}
+
+/// The value of one object of kpng's tables.
+#[derive(Clone, PartialEq, Eq)]
+pub enum EntryValue {
+    /// An element's value, packed.
+    Element(PackedValue),
+    /// A layout object's.
+    Layout(Arc<LayoutValue>),
+}
+
+impl EntryValue {
+    /// The value of an element.
+    pub fn element(value: Value) -> EntryValue {
+        EntryValue::Element(value.into())
+    }
+
+    /// The value of a layout object.
+    pub fn layout(value: LayoutValue) -> EntryValue {
+        EntryValue::Layout(Arc::new(value))
+    }
+
+    /// The element value, for an element.
+    pub fn as_element(&self) -> Option<Value> {
+        match self {
+            EntryValue::Element(value) => Some((*value).into()),
+            EntryValue::Layout(_) => None,
+        }
+    }
+
+    /// The layout value, for a layout object.
+    pub fn as_layout(&self) -> Option<&LayoutValue> {
+        match self {
+            EntryValue::Layout(value) => Some(value),
+            EntryValue::Element(_) => None,
+        }
+    }
+}
+
+impl fmt::Debug for EntryValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EntryValue::Element(value) => write!(f, "{:?}", Value::from(*value)),
+            EntryValue::Layout(value) => write!(f, "{value:?}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::objects::{Dest, Key};
+    use kpng_model::Protocol;
+
+    #[test]
+    fn element_keys_come_back_and_ipv4_ones_are_inline() {
+        let dest = |ip: &str| Dest { ip: ip.parse().unwrap(), protocol: Protocol::Tcp, port: 80 };
+        for (family, ip) in [(Family::V4, "10.96.0.1"), (Family::V6, "fd00::1")] {
+            let id = ElementId { family, map: MapName::ClusterDests, key: Key::Dest(dest(ip)) };
+            let key = EntryKey::element(&id);
+            assert_eq!(key.as_element(), Some(id));
+            assert_eq!(matches!(key, EntryKey::V4(_)), family == Family::V4);
+        }
+        assert_eq!(size_of::<EntryKey>(), 16);
+        assert_eq!(size_of::<EntryValue>(), 24);
+    }
+
+    #[test]
+    fn a_declared_set_equals_the_shape_the_kernel_reports_and_not_another() {
+        let decl = crate::sets::declaration(MapName::ClusterDests, Family::V4);
+        let other = crate::sets::declaration(MapName::ClusterBackends, Family::V4);
+        let declared = LayoutValue::Set(WantedSet { decl: decl.clone(), forget_with: None });
+        assert_eq!(declared, LayoutValue::Shape(SetShape::of(&decl)));
+        assert_ne!(declared, LayoutValue::Shape(SetShape::of(&other)));
+    }
+}

@@ -1,0 +1,611 @@
+//! `to-nft` as an instance of kpng's backend template
+//! ([`kpng_backend::reconcile`]): [`NftRender`], how services render into the objects of
+//! kpng's tables ([`crate::entry`]), and [`Tables`], the template's kernel over any
+//! [`Kernel`] of this crate (netlink, dry run, memory, aggregator), which turns a plan of
+//! objects into one nf_tables transaction.
+//!
+//! Who owns what:
+//! - the node: each family's table, the skeleton (its sets, chains and rules for the
+//!   options in force) and the NodePort addresses;
+//! - a service: its elements, and the chains, slot sets and `ct helper` objects of its
+//!   affinity groups;
+//! - shared ([`Render::shared`]): the counts chains, whose rules list the endpoint counts
+//!   beyond the pick tree that any service uses, and those counts' sets. A count once used
+//!   keeps its set and rule until the next reset.
+
+use std::collections::{BTreeSet, HashMap};
+use std::convert::Infallible;
+
+use kpng_backend::reconcile::{Lookup, Rank, Render, Sample, Unit, Wanted};
+use kpng_backend::slots::Target;
+use kpng_model::global::{AnnotationKey, LoadBalancing, NatMode, Scheduler};
+use kpng_model::local::LocalServiceState;
+use kpng_model::{Family, LocalNode, LocalState, ServiceKey};
+
+use crate::backend::NftOptions;
+use crate::entry::{EntryKey, EntryValue, LayoutName, LayoutValue};
+use crate::error::NftError;
+use crate::kernel::{Kernel, KernelContents};
+use crate::layout::{LargeCount, Layout, groups_wanted};
+use crate::objects::{ElementId, GroupKey, MapName, PickKind, SetKind, affinity_slot};
+use crate::plan::{Command, Plan};
+use crate::reconcile::Wanted as LayoutWanted;
+use crate::reconcile::{Present, reconcile};
+use crate::render::{NodeFacts, Slots, group_policy, render_node, render_service, seed_slots};
+use crate::skeleton::SkeletonOptions;
+
+/// An object of kpng's tables, as the template keeps it.
+pub type Entry = (EntryKey, EntryValue);
+
+/// What of the node shapes kpng's tables.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NftFacts {
+    /// What shapes service elements.
+    pub node: NodeFacts,
+    /// What shapes the skeleton.
+    pub skeleton: SkeletonOptions,
+    /// The addresses NodePorts are accepted on.
+    pub nodeport_addresses: Vec<std::net::IpAddr>,
+}
+
+/// How services render into kpng's tables.
+#[derive(Debug, Clone)]
+pub struct NftRender {
+    options: NftOptions,
+    /// Whether `ct helper` objects can be created where the tables go.
+    helpers: bool,
+    /// The slots of services with groups of their own (they keep holes, which the
+    /// committed elements do not show); other services' slots are read from what the
+    /// kernel holds.
+    grouped: HashMap<ServiceKey, Slots>,
+    /// Endpoint counts beyond the pick tree in use since the last reset.
+    large: BTreeSet<LargeCount>,
+    /// The counts the counts chains were last returned with; `None` after a reset.
+    sent: Option<BTreeSet<LargeCount>>,
+}
+
+impl NftRender {
+    /// A render with `options`; `helpers` says whether `ct helper` objects can be created
+    /// where the tables go (not through an aggregator).
+    pub fn new(options: NftOptions, helpers: bool) -> Self {
+        NftRender { options, helpers, grouped: HashMap::new(), large: BTreeSet::new(), sent: None }
+    }
+
+    /// The options.
+    pub fn options(&self) -> &NftOptions {
+        &self.options
+    }
+
+    /// The skeleton's options for `node`.
+    fn skeleton_options(&self, node: Option<&LocalNode>) -> SkeletonOptions {
+        SkeletonOptions {
+            masquerade_all: self.options.masquerade_all,
+            local_detector: self.options.local_detection.resolve(node, &self.options.cluster_cidrs),
+            masquerade_bit: self.options.masquerade_bit,
+            nodeports_on_all_local: node
+                .map(|n| n.nodeport_addresses.all_local)
+                .unwrap_or_default(),
+            // The node state carries the ServiceCIDR objects' ranges and `--service-cidr`.
+            service_cidrs: node.map(|n| n.service_cidrs.clone()).unwrap_or_default(),
+        }
+    }
+
+    /// The counts chains and count sets of `families` and `kinds`, for the counts in use.
+    fn counts(&self, families: &BTreeSet<(Family, PickKind)>) -> Vec<Entry> {
+        let layout = Layout { large: self.large.clone(), ..Layout::default() };
+        let mut wanted = LayoutWanted::default();
+        for (family, kind) in families {
+            layout.add_counts(&mut wanted, std::iter::once(*kind), &[*family]);
+        }
+        layout_entries(wanted).collect()
+    }
+}
+
+/// The objects of `wanted` (tables, sets, chains, helpers) as entries.
+pub fn layout_entries(wanted: LayoutWanted) -> impl Iterator<Item = Entry> {
+    let tables = wanted.tables.into_iter().map(|f| (LayoutName::Table(f), LayoutValue::Table));
+    let sets = (wanted.sets.into_iter())
+        .map(|((f, name), set)| (LayoutName::Set(f, name), LayoutValue::Set(set)));
+    let chains = (wanted.chains.into_iter()).map(|((f, name), (spec, rules))| {
+        (LayoutName::Chain(f, name), LayoutValue::Chain(spec, rules))
+    });
+    let helpers = (wanted.helpers.into_iter())
+        .map(|((f, name), spec)| (LayoutName::Helper(f, name), LayoutValue::Helper(spec)));
+    let all = tables.chain(sets).chain(chains).chain(helpers);
+    all.map(|(name, value)| (EntryKey::layout(name), EntryValue::layout(value)))
+}
+
+/// An element as an entry.
+fn element_entry((id, value): &(ElementId, crate::objects::Value)) -> Entry {
+    (EntryKey::element(id), EntryValue::element(*value))
+}
+
+/// The slots of a group with slots of its own as `held` shows them: the endpoint each slot
+/// chain DNATs to, holes where a slot has no chain. A hole of more than [`HOLES`] slots in
+/// a row ends the search.
+fn held_group_slots(
+    held: &dyn Lookup<EntryKey, EntryValue>,
+    family: Family,
+    hash: u64,
+) -> Vec<Option<Target>> {
+    let mut slots = Vec::new();
+    let mut misses = 0;
+    for i in 0.. {
+        let name = LayoutName::Chain(family, affinity_slot(hash, i));
+        let chain = held.lookup(&EntryKey::layout(name));
+        let chain = chain.and_then(EntryValue::as_layout).and_then(LayoutValue::present_chain);
+        let target =
+            chain.and_then(|c| c.rules.first().and_then(|r| crate::kernel::dnat_target(r)));
+        match target {
+            Some(target) => {
+                slots.resize(i, None);
+                slots.push(Some(target));
+                misses = 0;
+            }
+            None if misses >= HOLES => break,
+            None => misses += 1,
+        }
+    }
+    slots
+}
+
+/// The longest run of holes a group's slots are searched past (see [`held_group_slots`]).
+const HOLES: usize = 16;
+
+/// A service's slots as `held` shows them: from the backends elements, and for groups of
+/// their own from their slot chains.
+fn held_slots(
+    service: &LocalServiceState,
+    held: &dyn Lookup<EntryKey, EntryValue>,
+    grouped: bool,
+) -> Slots {
+    let element = |id: &ElementId| held.lookup(&EntryKey::element(id))?.as_element();
+    let mut slots = seed_slots(service, element);
+    if !grouped {
+        return slots;
+    }
+    let svc = &service.service;
+    for family in Family::ALL.into_iter().filter(|f| svc.cluster_ip(*f).is_some()) {
+        for port in &svc.ports {
+            for kind in [SetKind::Cluster, SetKind::Local] {
+                let group =
+                    GroupKey { family, port: port.name.clone(), protocol: port.protocol, kind };
+                let found = held_group_slots(held, family, group.hash(&svc.key));
+                match found.is_empty() {
+                    true => slots.remove(&group),
+                    false => slots.insert(group, found),
+                };
+            }
+        }
+    }
+    slots
+}
+
+impl Render for NftRender {
+    type Key = EntryKey;
+    type Value = EntryValue;
+    type Facts = NftFacts;
+    type Error = Infallible; // rendering never fails
+
+    fn facts(&self, state: &LocalState) -> NftFacts {
+        let node = state.node.as_ref();
+        NftFacts {
+            node: NodeFacts {
+                without_helpers: !self.helpers,
+                ..NodeFacts::from_node(node, 1 << self.options.masquerade_bit)
+            },
+            skeleton: self.skeleton_options(node),
+            nodeport_addresses: node
+                .map(|n| n.nodeport_addresses.addresses.clone())
+                .unwrap_or_default(),
+        }
+    }
+
+    fn node(&mut self, facts: &NftFacts) -> Wanted<EntryKey, EntryValue> {
+        let layout = Layout { options: facts.skeleton.clone(), ..Layout::default() };
+        let mut wanted = LayoutWanted::default();
+        for family in Family::ALL {
+            layout.add_skeleton(&mut wanted, family);
+        }
+        // The counts chains are shared: the skeleton's rules jump to them.
+        wanted
+            .chains
+            .retain(|(_, name), _| !PickKind::ALL.iter().any(|k| k.counts_chain() == *name));
+        let elements = render_node(&facts.nodeport_addresses);
+        Wanted::objects(layout_entries(wanted).chain(elements.iter().map(element_entry)))
+    }
+
+    fn service(
+        &mut self,
+        facts: &NftFacts,
+        service: &LocalServiceState,
+        held: &dyn Lookup<EntryKey, EntryValue>,
+    ) -> Result<Wanted<EntryKey, EntryValue>, Infallible> {
+        let key = &service.service.key;
+        let grouped = group_policy(&service.service, &facts.node).is_some();
+        let previous = match self.grouped.get(key) {
+            Some(slots) => slots.clone(),
+            None => held_slots(service, held, grouped),
+        };
+        let rendered = render_service(service, &facts.node, &previous);
+        match grouped {
+            true => self.grouped.insert(key.clone(), rendered.slots),
+            false => self.grouped.remove(key),
+        };
+        for (id, _) in &rendered.elements {
+            if let MapName::Count(kind, count) = id.map {
+                self.large.insert(LargeCount { family: id.family, kind, count });
+            }
+        }
+        let groups = layout_entries(groups_wanted(&rendered.affinity));
+        Ok(Wanted::objects(rendered.elements.iter().map(element_entry).chain(groups)))
+    }
+
+    fn shared(&mut self, _: &NftFacts) -> Vec<(EntryKey, Option<EntryValue>)> {
+        let changed: BTreeSet<(Family, PickKind)> = match &self.sent {
+            None => Family::ALL.iter().flat_map(|f| PickKind::ALL.map(|k| (*f, k))).collect(),
+            Some(sent) => self.large.difference(sent).map(|l| (l.family, l.kind)).collect(),
+        };
+        if changed.is_empty() {
+            return Vec::new();
+        }
+        self.sent = Some(self.large.clone());
+        self.counts(&changed).into_iter().map(|(k, v)| (k, Some(v))).collect()
+    }
+
+    fn forget(&mut self, key: &ServiceKey) {
+        self.grouped.remove(key);
+    }
+
+    fn reset(&mut self) {
+        self.grouped.clear();
+        self.large.clear();
+        self.sent = None;
+    }
+
+    fn unsupported(&self, lb: &LoadBalancing) -> Vec<(AnnotationKey, &'static str)> {
+        let mut out = Vec::new();
+        let stateless = matches!(lb.mode, Some(NatMode::StatelessDnat | NatMode::Dsr));
+        if let Some(helper) = lb.helper.filter(|_| stateless || !self.helpers) {
+            out.push((AnnotationKey::Helper, helper.as_str()));
+        }
+        if stateless {
+            // Without conntrack there are no connections to log or to take turns, and
+            // every packet of a flow must hash the same way.
+            if let Some(log) = lb.log {
+                out.push((AnnotationKey::Log, log.as_str()));
+            }
+            if let Some(Scheduler::RoundRobin) = lb.scheduler {
+                out.push((AnnotationKey::Scheduler, Scheduler::RoundRobin.as_str()));
+            }
+        }
+        out
+    }
+}
+
+/// The template's kernel over one of this crate's [`Kernel`]s: a plan of objects becomes
+/// one nf_tables transaction, whose commands come in the order the kernel needs (tables,
+/// sets and chains created and rewritten, elements deleted, elements added, what goes
+/// deleted; see [`crate::reconcile`]).
+///
+/// A plan from nothing (a cold start: only additions) of more than
+/// [`NftOptions::cold_start_transaction`] elements is split: the layout and the first
+/// elements, then the rest, in transactions of about that many elements in the plan's
+/// order ([`EntryKey`]'s rank): every element a destination needs is in before the entry
+/// that leads packets to it, so a destination is reachable whole or not at all. The kernel
+/// inserts half a million elements faster in ten transactions than in one. A refused one
+/// leaves those before it in force; the reset that follows reads them back.
+///
+/// A kernel that takes whole tables (an aggregator, [`Kernel::publishes_whole`]) gets
+/// them whole at every reset, in [`prepare`](kpng_backend::reconcile::Kernel::prepare),
+/// and only changes after that; what it reads back only seeds endpoint positions, and it
+/// is not verified (the aggregator owns the tables).
+pub struct Tables {
+    kernel: Box<dyn Kernel>,
+    split: usize,
+    /// Transactions the last commit made.
+    transactions: u64,
+    /// A whole publication went out in this reset's `prepare`: its commit is in it.
+    published: bool,
+}
+
+impl Tables {
+    /// The template's kernel over `kernel`, splitting cold starts into transactions of
+    /// about `split` elements.
+    pub fn new(kernel: Box<dyn Kernel>, split: usize) -> Self {
+        Tables { kernel, split: split.max(1), transactions: 1, published: false }
+    }
+
+    /// The kernel underneath.
+    pub fn inner(&self) -> &dyn Kernel {
+        &*self.kernel
+    }
+
+    /// Whether `ct helper` objects can be created.
+    pub fn ct_helpers(&self) -> bool {
+        self.kernel.ct_helpers()
+    }
+}
+
+/// What the kernel read, as objects.
+pub fn held_of(contents: KernelContents) -> HashMap<EntryKey, EntryValue> {
+    let KernelContents { present, elements, .. } = contents;
+    let mut held = HashMap::with_capacity(elements.len() + present.chains.len() + 64);
+    let layout = |name, value| (EntryKey::layout(name), EntryValue::layout(value));
+    for family in present.tables {
+        held.extend([layout(LayoutName::Table(family), LayoutValue::Table)]);
+    }
+    for ((family, name), shape) in present.sets {
+        held.extend([layout(LayoutName::Set(family, name), LayoutValue::Shape(shape))]);
+    }
+    for ((family, name), chain) in present.chains {
+        held.extend([layout(LayoutName::Chain(family, name), LayoutValue::Rules(chain))]);
+    }
+    for ((family, name), spec) in present.helpers {
+        held.extend([layout(LayoutName::Helper(family, name), LayoutValue::Helper(spec))]);
+    }
+    held.extend(elements.iter().map(element_entry));
+    held
+}
+
+/// A plan of objects as the commands of transactions.
+struct Transaction {
+    before: Vec<(Family, Command<'static>)>,
+    deletes: Vec<(ElementId, crate::objects::Value)>,
+    adds: Vec<(ElementId, crate::objects::Value)>,
+    after: Vec<(Family, Command<'static>)>,
+}
+
+impl Transaction {
+    fn plan(&self) -> Plan<'_> {
+        let mut plan = Plan::new();
+        plan.commands.extend(self.before.iter().cloned());
+        plan.elements(false, &self.deletes);
+        plan.elements(true, &self.adds);
+        plan.commands.extend(self.after.iter().cloned());
+        plan
+    }
+}
+
+type ObjectPlan = kpng_backend::reconcile::Plan<EntryKey, EntryValue>;
+type Committed = kpng_backend::reconcile::Objects<EntryKey, EntryValue>;
+
+/// The layout objects of a plan as [`crate::reconcile`] compares them: what is wanted of
+/// those the plan writes, and what the kernel has of them.
+fn layout_of(plan: &ObjectPlan, after: &Committed) -> Result<(LayoutWanted, Present), NftError> {
+    let mut wanted = LayoutWanted::default();
+    let mut present = Present::default();
+    let declared = |name: &LayoutName, value: &EntryValue| {
+        let value = value.as_layout().ok_or_else(|| NftError::Plan(format!("{name:?}")))?;
+        Ok::<_, NftError>(value.clone())
+    };
+    let mut reshaped = false;
+    for (key, old, new) in &plan.upserts {
+        let Some(name) = key.as_layout() else { continue };
+        let new = declared(name, new)?;
+        if let Some(old) = old {
+            let old = declared(name, old)?;
+            reshaped |= matches!(name, LayoutName::Set(..) | LayoutName::Helper(..));
+            add_present(&mut present, name, &old);
+        }
+        add_wanted(&mut wanted, name, new)?;
+    }
+    for (key, old) in &plan.deletes {
+        let Some(name) = key.as_layout() else { continue };
+        add_present(&mut present, name, &declared(name, old)?);
+    }
+    // Tables the plan does not touch are there.
+    for family in Family::ALL {
+        let table = EntryKey::layout(LayoutName::Table(family));
+        let created = plan.upserts.iter().any(|(k, old, _)| *k == table && old.is_none());
+        if !created && after.get(&table).is_some() {
+            present.tables.insert(family);
+        }
+    }
+    if reshaped {
+        // A set or helper made again: every chain referring to it is rewritten, so the
+        // chains the plan does not touch are taken from what is committed.
+        for (key, value) in after.iter() {
+            let Some(name @ LayoutName::Chain(family, chain)) = key.as_layout() else { continue };
+            if !wanted.chains.contains_key(&(*family, chain.clone())) {
+                let value = declared(name, value)?;
+                add_present(&mut present, name, &value);
+                add_wanted(&mut wanted, name, value)?;
+            }
+        }
+    }
+    for (key, old, _) in &plan.upserts {
+        // A slot chain rewritten makes its set (of the same name) forget its clients.
+        let (Some(LayoutName::Chain(family, chain)), Some(_)) = (key.as_layout(), old) else {
+            continue;
+        };
+        let name = LayoutName::Set(*family, chain.clone());
+        let Some(value) = after.get(&EntryKey::layout(name.clone())) else { continue };
+        if !wanted.sets.contains_key(&(*family, chain.clone())) {
+            let value = declared(&name, value)?;
+            add_present(&mut present, &name, &value);
+            add_wanted(&mut wanted, &name, value)?;
+        }
+    }
+    Ok((wanted, present))
+}
+
+/// Adds what the kernel has of a layout object to `present`.
+fn add_present(present: &mut Present, name: &LayoutName, value: &LayoutValue) {
+    match (name, value) {
+        (LayoutName::Table(family), _) => {
+            present.tables.insert(*family);
+        }
+        (LayoutName::Set(family, set), value) => {
+            if let Some(shape) = value.shape() {
+                present.sets.insert((*family, set.clone()), shape);
+            }
+        }
+        (LayoutName::Chain(family, chain), value) => {
+            if let Some(held) = value.present_chain() {
+                present.chains.insert((*family, chain.clone()), held);
+            }
+        }
+        (LayoutName::Helper(family, helper), LayoutValue::Helper(spec)) => {
+            present.helpers.insert((*family, helper.clone()), spec.clone());
+        }
+        (LayoutName::Helper(..), _) => {}
+    }
+}
+
+/// Adds a layout object kpng declares to `wanted`.
+fn add_wanted(
+    wanted: &mut LayoutWanted,
+    name: &LayoutName,
+    value: LayoutValue,
+) -> Result<(), NftError> {
+    match (name, value) {
+        (LayoutName::Table(family), LayoutValue::Table) => {
+            wanted.tables.insert(*family);
+        }
+        (LayoutName::Set(family, set), LayoutValue::Set(declared)) => {
+            wanted.sets.insert((*family, set.clone()), declared);
+        }
+        (LayoutName::Chain(family, chain), LayoutValue::Chain(spec, rules)) => {
+            wanted.chains.insert((*family, chain.clone()), (spec, rules));
+        }
+        (LayoutName::Helper(family, helper), LayoutValue::Helper(spec)) => {
+            wanted.helpers.insert((*family, helper.clone()), spec);
+        }
+        (name, value) => {
+            return Err(NftError::Plan(format!("{name:?} cannot be created from {value:?}")));
+        }
+    }
+    Ok(())
+}
+
+/// The commands of `plan` over what `after` says is committed once it is in.
+fn transaction(plan: &ObjectPlan, after: &Committed) -> Result<Transaction, NftError> {
+    let (wanted, present) = layout_of(plan, after)?;
+    let reconciled = reconcile(&wanted, &present);
+    // Sets deleted or made again take their elements with them.
+    let deleted: BTreeSet<(Family, String)> =
+        present.sets.keys().filter(|n| !wanted.sets.contains_key(*n)).cloned().collect();
+    let gone = |id: &ElementId| {
+        let name = (id.family, id.map.name().into_owned());
+        deleted.contains(&name) || reconciled.emptied.contains(&name)
+    };
+    let element =
+        |key: &EntryKey, value: &EntryValue| Some((key.as_element()?, value.as_element()?));
+    let mut deletes = Vec::new();
+    let mut adds = Vec::new();
+    for (key, old, new) in &plan.upserts {
+        let Some((id, value)) = element(key, new) else { continue };
+        if let Some((_, old)) =
+            old.as_ref().and_then(|old| element(key, old)).filter(|(id, _)| !gone(id))
+        {
+            deletes.push((id, old));
+        }
+        adds.push((id, value));
+    }
+    for (key, old) in &plan.deletes {
+        if let Some((id, old)) = element(key, old).filter(|(id, _)| !gone(id)) {
+            deletes.push((id, old));
+        }
+    }
+    // A set made again over elements the plan keeps gets them back.
+    let remade: BTreeSet<&(Family, String)> =
+        reconciled.emptied.iter().filter(|n| present.sets.contains_key(*n)).collect();
+    if !remade.is_empty() {
+        let added: BTreeSet<ElementId> = adds.iter().map(|(id, _)| *id).collect();
+        for (key, value) in after.iter() {
+            let Some((id, value)) = element(key, value) else { continue };
+            if remade.contains(&(id.family, id.map.name().into_owned())) && !added.contains(&id) {
+                adds.push((id, value));
+            }
+        }
+    }
+    deletes.sort_unstable();
+    adds.sort_unstable();
+    log_reasons(&reconciled.reasons);
+    Ok(Transaction { before: reconciled.before, deletes, adds, after: reconciled.after })
+}
+
+fn log_reasons(reasons: &[String]) {
+    if reasons.is_empty() {
+        return;
+    }
+    let shown: Vec<&str> = reasons.iter().take(8).map(String::as_str).collect();
+    tracing::info!(
+        differences = reasons.len(),
+        first = %shown.join("; "),
+        "nftables: reconciled kpng's tables with the node state"
+    );
+}
+
+/// Whether `plan` only adds (a cold start over tables that hold nothing).
+fn from_nothing(plan: &ObjectPlan) -> bool {
+    plan.deletes.is_empty() && plan.upserts.iter().all(|(_, old, _)| old.is_none())
+}
+
+impl kpng_backend::reconcile::Kernel for Tables {
+    type Key = EntryKey;
+    type Value = EntryValue;
+    type Error = NftError;
+
+    const UNIT: Unit = Unit::Plan;
+    const WHAT: &'static str = "nftables transaction";
+
+    fn read(&mut self) -> Result<Option<HashMap<EntryKey, EntryValue>>, NftError> {
+        Ok(self.kernel.read()?.map(held_of))
+    }
+
+    fn prepare(&mut self, _: &ObjectPlan, after: &Committed, _: bool) -> Result<(), NftError> {
+        self.published = false;
+        if !self.kernel.publishes_whole() {
+            return Ok(());
+        }
+        let upserts = after.iter().map(|(k, v)| (k.clone(), None, v.clone())).collect();
+        let mut whole = ObjectPlan { upserts, deletes: Vec::new() };
+        whole.upserts.sort_by(|a, b| (a.0.rank(), &a.0).cmp(&(b.0.rank(), &b.0)));
+        let transaction = transaction(&whole, after)?;
+        self.kernel.replace(&transaction.plan())?;
+        self.published = true;
+        Ok(())
+    }
+
+    fn commit(&mut self, plan: &ObjectPlan, after: &Committed) -> Result<(), NftError> {
+        if std::mem::take(&mut self.published) {
+            // The whole tables just went out, this plan with them.
+            self.transactions = 1;
+            return Ok(());
+        }
+        let elements = plan.upserts.iter().filter(|(k, _, _)| k.as_layout().is_none()).count();
+        if !from_nothing(plan) || elements <= self.split {
+            self.transactions = 1;
+            return self.kernel.commit(&transaction(plan, after)?.plan());
+        }
+        // The layout (ranked first), then the elements, part by part, in rank order.
+        self.transactions = 0;
+        let layout = plan.upserts.len() - elements;
+        let (layout, elements) = plan.upserts.split_at(layout);
+        let parts = std::iter::once(layout).chain(elements.chunks(self.split));
+        for part in parts.filter(|part| !part.is_empty()) {
+            let part = ObjectPlan { upserts: part.to_vec(), deletes: Vec::new() };
+            self.kernel.commit(&transaction(&part, after)?.plan())?;
+            self.transactions += 1;
+        }
+        Ok(())
+    }
+
+    fn sample(&mut self) -> Result<Sample<Self>, NftError> {
+        match self.kernel.publishes_whole() {
+            // The aggregator owns the tables: nothing here to verify.
+            true => Ok(Sample::Part { held: HashMap::new(), covers: |_| false }),
+            false => Ok(Sample::Whole(self.read()?)),
+        }
+    }
+
+    fn generation(&mut self) -> Option<u64> {
+        self.kernel.generation().ok().flatten().map(u64::from)
+    }
+
+    fn transactions(&self) -> u64 {
+        self.transactions
+    }
+}
