@@ -415,6 +415,12 @@ where
         &self.objects
     }
 
+    /// Whether the reconciler knows what the kernel holds: a reset succeeded, and no
+    /// change set failed since.
+    pub fn in_sync(&self) -> bool {
+        self.facts.is_some()
+    }
+
     /// The kernel.
     pub fn kernel(&self) -> &K {
         &self.kernel

@@ -1,7 +1,7 @@
 //! The cold-start scenario with the whole pipeline: the real `kpng` binary (`kube` source
 //! against the fake API server, `to-local ... to-nft`) from process start to its first
-//! committed sync (the moment its log says the whole node state is committed, in one
-//! transaction or, over large empty tables, in several of whole services), with its peak
+//! committed sync (the moment its log says its first plan is committed: the whole node
+//! state, in one transaction or, over large empty tables, in several), with its peak
 //! resident set until then and its resident set once the sync has settled, over empty
 //! kpng tables.
 
@@ -57,7 +57,8 @@ pub fn run(services: usize, endpoints: usize) -> anyhow::Result<ColdRow> {
             use std::io::BufRead;
             let mut last = std::collections::VecDeque::new();
             for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
-                if line.contains("nftables: the node state is committed") {
+                // kpng starts with a reset: its first commit is the whole node state.
+                if line.contains("nftables transaction committed") {
                     let _ = committed_tx.send(Instant::now());
                 }
                 if last.len() == 20 {

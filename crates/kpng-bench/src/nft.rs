@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use kpng_local::NodeProjector;
 use kpng_model::{Changes, GlobalModel, Object, Touched};
+use kpng_nft::entry::LayoutName;
 use kpng_nft::{NftBackend, NftOptions};
 use kpng_runner::{Backend, ChangeSet};
 use kpng_testkit::generate::ClusterSpec;
@@ -71,7 +72,7 @@ impl Bench {
 
     /// Elements the backend holds.
     pub(crate) fn elements(&self) -> usize {
-        self.backend.state().len()
+        self.backend.element_count()
     }
 
     /// Applies one model change and pushes the resulting change set to the backend.
@@ -161,9 +162,14 @@ pub fn run(
     let delete = |b: &mut Bench, r| b.delete_service(r, endpoints);
     changes.push(measure(&mut bench, repeat, "service delete", delete)?);
 
-    let elements = bench.backend.state().len();
-    let chains = bench.backend.layout().wanted().chains.len();
-    let rules = bench.backend.layout().large.len();
+    let elements = bench.backend.element_count();
+    let chains = bench.backend.chains();
+    // Counts beyond the pick tree: one rule each in the counts chains.
+    let rules = (chains.iter())
+        .filter(|(name, _)| matches!(name, LayoutName::Chain(_, c) if c.ends_with("_counts")))
+        .map(|(_, rules)| rules)
+        .sum();
+    let chains = chains.len();
     let reload_ms = full_reload(&bench, reloads)?;
     let iptables_ms =
         crate::iptables::restore(&crate::iptables::ruleset(bench.projector.state()), reloads)?;

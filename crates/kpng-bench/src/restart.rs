@@ -60,7 +60,7 @@ pub fn run(stale: usize, kept: usize, endpoints: usize) -> anyhow::Result<Restar
     let row = RestartRow {
         stale,
         kept,
-        elements: (before, backend.state().len()),
+        elements: (before, backend.element_count()),
         total_ms,
         read_ms: probe.last_read().as_secs_f64() * 1000.0,
         kernel_ms: probe.last_commit().as_secs_f64() * 1000.0,

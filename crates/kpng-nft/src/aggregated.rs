@@ -262,7 +262,7 @@ pub fn translate(state: &mut State, plan: &Plan<'_>) -> Result<Vec<Update>, NftE
                 let name = map.name().into_owned();
                 let set = table.sets.get_mut(&name).ok_or_else(|| missing(&key, "set", &name))?;
                 let texts: Vec<String> =
-                    elements.iter().map(|(id, value)| element_text(&id.key, &value)).collect();
+                    elements.iter().map(|(id, value)| element_text(&id.key, value)).collect();
                 if *add {
                     set.elements.extend(texts.iter().cloned());
                     updates.push(Update::AddElements { table: key, set: name, elements: texts });

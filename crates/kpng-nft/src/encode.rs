@@ -36,24 +36,31 @@ pub fn encode(plan: &Plan<'_>, batch: &mut Batch) {
                 let describe = |(id, value): &(crate::objects::ElementId, Value)| {
                     if *add { element_text(&id.key, value) } else { key_text(&id.key) }
                 };
-                table.elements(batch, &map.name(), *add, elements.iter(), describe, |e, sink| {
-                    let (id, value) = e;
-                    let key = key_bytes(&id.key, false);
-                    let end =
-                        matches!(id.key, Key::DestSource(..)).then(|| key_bytes(&id.key, true));
-                    let data = value_bytes(value);
-                    let chain = match value {
-                        Value::Affinity(hash) => Some(affinity_chain(*hash)),
-                        _ => None,
-                    };
-                    let data = match (&data, &chain) {
-                        (_, Some(chain)) => Some(ElementDataRef::Goto(chain)),
-                        (Some(bytes), None) => Some(ElementDataRef::Value(bytes)),
-                        (None, None) => None,
-                    };
-                    let key_end = end.as_deref();
-                    sink.put(&ElementRef { key: &key, key_end, data, ..ElementRef::default() });
-                });
+                table.elements(
+                    batch,
+                    &map.name(),
+                    *add,
+                    elements.iter().copied(),
+                    describe,
+                    |e, sink| {
+                        let (id, value) = e;
+                        let key = key_bytes(&id.key, false);
+                        let end =
+                            matches!(id.key, Key::DestSource(..)).then(|| key_bytes(&id.key, true));
+                        let data = value_bytes(value);
+                        let chain = match value {
+                            Value::Affinity(hash) => Some(affinity_chain(*hash)),
+                            _ => None,
+                        };
+                        let data = match (&data, &chain) {
+                            (_, Some(chain)) => Some(ElementDataRef::Goto(chain)),
+                            (Some(bytes), None) => Some(ElementDataRef::Value(bytes)),
+                            (None, None) => None,
+                        };
+                        let key_end = end.as_deref();
+                        sink.put(&ElementRef { key: &key, key_end, data, ..ElementRef::default() });
+                    },
+                );
             }
         }
     }

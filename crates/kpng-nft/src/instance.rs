@@ -15,6 +15,9 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
 
 use kpng_backend::reconcile::{Lookup, Rank, Render, Sample, Unit, Wanted};
 use kpng_backend::slots::Target;
@@ -33,6 +36,7 @@ use crate::reconcile::Wanted as LayoutWanted;
 use crate::reconcile::{Present, reconcile};
 use crate::render::{NodeFacts, Slots, group_policy, render_node, render_service, seed_slots};
 use crate::skeleton::SkeletonOptions;
+use crate::stats::NftStats;
 
 /// An object of kpng's tables, as the template keeps it.
 pub type Entry = (EntryKey, EntryValue);
@@ -302,6 +306,7 @@ impl Render for NftRender {
 /// is not verified (the aggregator owns the tables).
 pub struct Tables {
     kernel: Box<dyn Kernel>,
+    stats: Arc<NftStats>,
     split: usize,
     /// Transactions the last commit made.
     transactions: u64,
@@ -311,9 +316,26 @@ pub struct Tables {
 
 impl Tables {
     /// The template's kernel over `kernel`, splitting cold starts into transactions of
-    /// about `split` elements.
-    pub fn new(kernel: Box<dyn Kernel>, split: usize) -> Self {
-        Tables { kernel, split: split.max(1), transactions: 1, published: false }
+    /// about `split` elements, counting its transactions in `stats`.
+    pub fn new(kernel: Box<dyn Kernel>, split: usize, stats: Arc<NftStats>) -> Self {
+        Tables { kernel, stats, split: split.max(1), transactions: 1, published: false }
+    }
+
+    /// Commits one transaction, counted.
+    fn send(&mut self, transaction: &Transaction, whole: bool) -> Result<(), NftError> {
+        let plan = transaction.plan();
+        let started = Instant::now();
+        let result = match whole {
+            true => self.kernel.replace(&plan),
+            false => self.kernel.commit(&plan),
+        };
+        if let Err(error) = result {
+            self.stats.transaction_failures.fetch_add(1, Ordering::Relaxed);
+            return Err(error);
+        }
+        let (adds, deletes) = (transaction.adds.len(), transaction.deletes.len());
+        self.stats.record_commit(adds, deletes, started.elapsed());
+        Ok(())
     }
 
     /// The kernel underneath.
@@ -538,6 +560,20 @@ fn log_reasons(reasons: &[String]) {
     );
 }
 
+/// Every object of `held` as `nft -f` input that builds the tables from nothing.
+pub fn ruleset(held: &Committed) -> String {
+    let mut whole = ObjectPlan {
+        upserts: held.iter().map(|(k, v)| (k.clone(), None, v.clone())).collect(),
+        deletes: Vec::new(),
+    };
+    whole.upserts.sort_by(|a, b| (a.0.rank(), &a.0).cmp(&(b.0.rank(), &b.0)));
+    let empty = Committed::new();
+    match transaction(&whole, &empty) {
+        Ok(transaction) => transaction.plan().text(),
+        Err(error) => format!("# {error}\n"),
+    }
+}
+
 /// Whether `plan` only adds (a cold start over tables that hold nothing).
 fn from_nothing(plan: &ObjectPlan) -> bool {
     plan.deletes.is_empty() && plan.upserts.iter().all(|(_, old, _)| old.is_none())
@@ -563,8 +599,7 @@ impl kpng_backend::reconcile::Kernel for Tables {
         let upserts = after.iter().map(|(k, v)| (k.clone(), None, v.clone())).collect();
         let mut whole = ObjectPlan { upserts, deletes: Vec::new() };
         whole.upserts.sort_by(|a, b| (a.0.rank(), &a.0).cmp(&(b.0.rank(), &b.0)));
-        let transaction = transaction(&whole, after)?;
-        self.kernel.replace(&transaction.plan())?;
+        self.send(&transaction(&whole, after)?, true)?;
         self.published = true;
         Ok(())
     }
@@ -578,7 +613,7 @@ impl kpng_backend::reconcile::Kernel for Tables {
         let elements = plan.upserts.iter().filter(|(k, _, _)| k.as_layout().is_none()).count();
         if !from_nothing(plan) || elements <= self.split {
             self.transactions = 1;
-            return self.kernel.commit(&transaction(plan, after)?.plan());
+            return self.send(&transaction(plan, after)?, false);
         }
         // The layout (ranked first), then the elements, part by part, in rank order.
         self.transactions = 0;
@@ -587,7 +622,7 @@ impl kpng_backend::reconcile::Kernel for Tables {
         let parts = std::iter::once(layout).chain(elements.chunks(self.split));
         for part in parts.filter(|part| !part.is_empty()) {
             let part = ObjectPlan { upserts: part.to_vec(), deletes: Vec::new() };
-            self.kernel.commit(&transaction(&part, after)?.plan())?;
+            self.send(&transaction(&part, after)?, false)?;
             self.transactions += 1;
         }
         Ok(())

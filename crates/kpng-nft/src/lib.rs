@@ -132,7 +132,6 @@ pub mod render;
 pub mod rules;
 pub mod sets;
 pub mod skeleton;
-pub mod state;
 pub mod stats;
 pub mod text;
 

@@ -1,26 +1,15 @@
-//! Elements as [`crate::state::TableState`] and [`crate::entry`] keep them: half a million at 30,000 services, so
-//! each byte counts. An IPv4 element's id (every key of an IPv4 table but the rare sets
-//! of counts beyond the pick tree) packs into 15 bytes inline; any other id is
-//! allocated once, shared by its set and its owner. Values keep the endpoint's address
-//! as the family needs it.
+//! Elements as [`crate::entry`] keeps them: half a million at 30,000 services, so each
+//! byte counts. An IPv4 element's id (every key of an IPv4 table but the rare sets of
+//! counts beyond the pick tree) packs into 15 bytes inline ([`pack_v4`]); an
+//! [`crate::entry::EntryKey`] allocates any other. Values keep the endpoint's address as
+//! the family needs it.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::sync::Arc;
 
 use ipnet::{IpNet, Ipv4Net};
 use kpng_model::{Family, Protocol};
 
 use crate::objects::{Dest, ElementId, Key, MapName, PickKind, TREE_BITS, Value};
-
-/// An element's id, packed: 16 bytes for IPv4 elements instead of the 52 of an
-/// [`ElementId`].
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub(crate) enum PackedId {
-    /// An IPv4 element: its set's code, the key's shape, then the key's fields.
-    V4([u8; 15]),
-    /// Any other element, shared: the set's entry and the owner's list hold one copy.
-    Other(Arc<ElementId>),
-}
 
 /// An element's value, packed (20 bytes instead of 24).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,24 +55,6 @@ const SHAPE_DEST_SLOT: u8 = 3;
 const SHAPE_NODEPORT_SLOT: u8 = 4;
 const SHAPE_ADDR_PAIR: u8 = 5;
 const SHAPE_DEST_SOURCE: u8 = 6;
-
-impl PackedId {
-    /// Packs `id`.
-    pub(crate) fn new(id: &ElementId) -> PackedId {
-        match pack_v4(id) {
-            Some(bytes) => PackedId::V4(bytes),
-            None => PackedId::Other(Arc::new(*id)),
-        }
-    }
-
-    /// The id it packs.
-    pub(crate) fn id(&self) -> ElementId {
-        match self {
-            PackedId::Other(id) => **id,
-            PackedId::V4(bytes) => unpack_v4(bytes),
-        }
-    }
-}
 
 /// The 15 bytes an IPv4 element's id packs into, when it does (every id of an IPv4 table
 /// but those of count sets beyond the pick tree).
@@ -368,13 +339,15 @@ mod tests {
             key in key(),
         ) {
             let id = ElementId { family, map, key };
-            let packed = PackedId::new(&id);
-            prop_assert_eq!(packed.id(), id);
+            let packed = pack_v4(&id);
+            if let Some(bytes) = &packed {
+                prop_assert_eq!(unpack_v4(bytes), id);
+            }
             // Packed inline exactly when the table is IPv4's, the set has a code and every
             // address of the key is IPv4.
             let inline =
                 family == Family::V4 && !matches!(map, MapName::Count(..)) && all_v4(&key);
-            prop_assert_eq!(matches!(packed, PackedId::V4(_)), inline);
+            prop_assert_eq!(packed.is_some(), inline);
         }
 
         #[test]
@@ -390,9 +363,7 @@ mod tests {
     }
 
     #[test]
-    fn packed_ids_and_values_are_small() {
-        assert_eq!(size_of::<PackedId>(), 16);
+    fn packed_values_are_small() {
         assert_eq!(size_of::<PackedValue>(), 20);
-        assert_eq!(size_of::<crate::state::Holder>(), 24);
     }
 }

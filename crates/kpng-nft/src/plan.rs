@@ -12,7 +12,6 @@ use kpng_netlink::nftables::objects::CtHelperSpec;
 use crate::objects::{ElementId, MapName, TABLE, Value, table_family};
 use crate::rules::Rule;
 use crate::sets::SetDecl;
-use crate::state::{SetElements, TableState};
 use crate::text::{element_text, key_text};
 
 /// One command of a transaction, in one family's table.
@@ -54,49 +53,8 @@ pub enum Command<'a> {
     },
 }
 
-/// The elements of an element command: a list, or a whole set of the committed state
-/// (a cold start adds every element kpng holds, and is encoded from where they are kept,
-/// without a copy).
-#[derive(Debug, Clone, Copy)]
-pub enum Elements<'a> {
-    /// These elements.
-    List(&'a [(ElementId, Value)]),
-    /// Every element of one set of the state.
-    Set(SetElements<'a>),
-}
-
-impl<'a> Elements<'a> {
-    /// How many there are.
-    pub fn len(&self) -> usize {
-        match self {
-            Elements::List(list) => list.len(),
-            Elements::Set(set) => set.len(),
-        }
-    }
-
-    /// Whether there is none.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Each element with its value.
-    pub fn iter(&self) -> impl Iterator<Item = (ElementId, Value)> + 'a {
-        let (list, set) = match *self {
-            Elements::List(list) => (Some(list.iter().copied()), None),
-            Elements::Set(set) => (None, Some(set.iter())),
-        };
-        list.into_iter().flatten().chain(set.into_iter().flatten())
-    }
-}
-
-/// Equal when they hold the same elements in the same order.
-impl PartialEq for Elements<'_> {
-    fn eq(&self, other: &Self) -> bool {
-        self.len() == other.len() && self.iter().eq(other.iter())
-    }
-}
-
-impl Eq for Elements<'_> {}
+/// The elements of an element command.
+pub type Elements<'a> = &'a [(ElementId, Value)];
 
 /// The commands of one transaction, in order.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -126,17 +84,8 @@ impl<'a> Plan<'a> {
                 .position(|(id, _)| id.family != first.family || id.map != first.map)
                 .unwrap_or(rest.len());
             let (head, tail) = rest.split_at(run);
-            let elements = Elements::List(head);
-            self.push(first.family, Command::Elements { add, map: first.map, elements });
+            self.push(first.family, Command::Elements { add, map: first.map, elements: head });
             rest = tail;
-        }
-    }
-
-    /// Appends an element command adding every element of `state`, set by set.
-    pub fn whole_state(&mut self, state: &'a TableState) {
-        for set in state.sets() {
-            let (family, map) = set.name();
-            self.push(family, Command::Elements { add: true, map, elements: Elements::Set(set) });
         }
     }
 
@@ -206,7 +155,7 @@ fn command_text(out: &mut String, family: Family, command: &Command<'_>) {
         Command::Elements { add, map, elements } => {
             let verb = if *add { "add" } else { "delete" };
             for (id, value) in elements.iter() {
-                let element = if *add { element_text(&id.key, &value) } else { key_text(&id.key) };
+                let element = if *add { element_text(&id.key, value) } else { key_text(&id.key) };
                 let _ = writeln!(out, "{verb} element {table} {map} {{ {element} }}");
             }
             Ok(())

@@ -1,9 +1,12 @@
-//! [`NftStats`]: the nftables backend's counters, and [`NftMetrics`], their Prometheus form.
+//! [`NftStats`]: the nftables transactions' counters, and [`NftMetrics`], the backend's
+//! counters as Prometheus metrics: the template's under `kpng_nft_`
+//! ([`reconcile::Stats`]), the transactions', and kube-proxy's nftables-mode series.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use kpng_backend::reconcile;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 
 /// Counters of the nftables backend, shared with whoever reports them (metrics).
@@ -23,10 +26,6 @@ pub struct NftStats {
     pub transaction_elements: Histogram,
     /// Clean-ups of another proxy's rules (kube-proxy's, when kpng replaces it) that failed.
     pub cleanup_failures: AtomicU64,
-    /// Verifications that read kpng's tables back.
-    pub readbacks: AtomicU64,
-    /// Verifications that read nothing back: no transaction was committed since kpng's.
-    pub readbacks_skipped: AtomicU64,
 }
 
 impl Default for NftStats {
@@ -41,8 +40,6 @@ impl Default for NftStats {
             // 1 to about 260,000 elements.
             transaction_elements: Histogram::new(exponential_buckets(1.0, 4.0, 10)),
             cleanup_failures: AtomicU64::default(),
-            readbacks: AtomicU64::default(),
-            readbacks_skipped: AtomicU64::default(),
         }
     }
 }
@@ -60,7 +57,19 @@ impl NftStats {
 
 /// The nftables backend's counters as Prometheus metrics.
 #[derive(Debug)]
-pub struct NftMetrics(pub Arc<NftStats>);
+pub struct NftMetrics {
+    /// The template's counters.
+    pub template: Arc<reconcile::Stats>,
+    /// The transactions'.
+    pub nft: Arc<NftStats>,
+}
+
+impl NftMetrics {
+    /// The metrics of `backend`.
+    pub fn of(backend: &crate::NftBackend) -> Self {
+        NftMetrics { template: backend.template_stats(), nft: backend.stats() }
+    }
+}
 
 impl prometheus_client::collector::Collector for NftMetrics {
     fn encode(
@@ -68,7 +77,8 @@ impl prometheus_client::collector::Collector for NftMetrics {
         mut encoder: prometheus_client::encoding::DescriptorEncoder,
     ) -> Result<(), std::fmt::Error> {
         use prometheus_client::encoding::EncodeMetric;
-        let stats = &self.0;
+        self.template.encode(&mut encoder, "nft")?;
+        let stats = &self.nft;
         let counters = [
             ("kpng_nft_transactions", "nftables transactions committed.", &stats.transactions),
             (
@@ -78,16 +88,6 @@ impl prometheus_client::collector::Collector for NftMetrics {
             ),
             ("kpng_nft_elements_added", "Set and map elements added.", &stats.elements_added),
             ("kpng_nft_elements_deleted", "Set and map elements deleted.", &stats.elements_deleted),
-            (
-                "kpng_nft_verification_readbacks",
-                "Verifications that read kpng's tables back from the kernel.",
-                &stats.readbacks,
-            ),
-            (
-                "kpng_nft_verification_readbacks_skipped",
-                "Verifications that read nothing back: the ruleset generation was still kpng's.",
-                &stats.readbacks_skipped,
-            ),
         ];
         kpng_backend::metrics::encode_counters(&mut encoder, &counters)?;
         let histograms = [

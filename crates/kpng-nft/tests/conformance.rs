@@ -51,7 +51,7 @@ impl Subject for Nft {
             Where::Memory(memory) => Box::new(memory.clone()),
             Where::Netlink => Box::new(NetlinkKernel::open().expect("netlink")),
         };
-        Tables::new(kernel, self.split)
+        Tables::new(kernel, self.split, Default::default())
     }
 
     fn wipe(&self) {

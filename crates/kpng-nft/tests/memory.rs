@@ -363,15 +363,6 @@ impl kpng_nft::Kernel for Counting {
         self.note(&contents);
         Ok(contents)
     }
-
-    fn read_unless_stale(
-        &mut self,
-        stale: &dyn Fn(usize) -> bool,
-    ) -> Result<Option<kpng_nft::KernelContents>, kpng_nft::NftError> {
-        let contents = self.inner.read_unless_stale(stale)?;
-        self.note(&contents);
-        Ok(contents)
-    }
 }
 
 impl Counting {
@@ -405,7 +396,7 @@ fn services_state(services: usize) -> LocalState {
 }
 
 #[test]
-fn a_restart_over_a_far_larger_table_flushes_what_is_stale() {
+fn a_restart_over_a_far_larger_table_deletes_the_rest_in_one_transaction() {
     let kernel = MemoryKernel::new();
     let mut backend = NftBackend::new(NftOptions::default(), Box::new(kernel.clone()));
     backend.apply(&ChangeSet::full(&services_state(600))).unwrap();
@@ -417,18 +408,15 @@ fn a_restart_over_a_far_larger_table_flushes_what_is_stale() {
         Counting { inner: kernel.clone(), last: last.clone(), read: std::sync::Arc::clone(&read) };
     let mut backend = NftBackend::new(NftOptions::default(), Box::new(counting));
     let small = services_state(20);
+    let commits = kernel.tables().commits;
     backend.apply(&ChangeSet::full(&small)).unwrap();
-    let (flushes, deletes) = *last.lock().unwrap();
-    assert!(flushes > 0, "the mostly stale sets are flushed");
-    assert_eq!(deletes, 0, "not deleted element by element");
-    // Only the cluster IPs were read: what the other sets held was going anyway.
-    let ids = read.lock().unwrap().clone();
-    assert_eq!(ids.len(), 600);
-    assert!(ids.iter().all(|id| id.map == MapName::ClusterIps));
+    assert_eq!(kernel.tables().commits, commits + 1, "one transaction");
+    let (_, deletes) = *last.lock().unwrap();
+    assert!(deletes > 580 * 4, "{deletes} elements deleted");
     check_against_fresh(&kernel, &small).unwrap();
     assert!(backend.verify().unwrap());
 
-    // A restart over a table that is not mostly stale reads it whole and changes nothing.
+    // A restart over a table that is right reads it whole and changes nothing.
     let counting =
         Counting { inner: kernel.clone(), last: last.clone(), read: std::sync::Arc::clone(&read) };
     *last.lock().unwrap() = (0, 0);
@@ -492,52 +480,69 @@ fn endpoints_keep_their_slots_across_changes() {
     assert_eq!(backends(&kernel), expected);
 }
 
-/// The memory kernel, recording the service address of each element every commit adds,
-/// and refusing the commit numbered `refuse` (from 1) once.
+/// The memory kernel, recording the elements each commit adds, and refusing the commit
+/// numbered `refuse` (from 1) once.
 struct Recording {
     inner: MemoryKernel,
-    commits: std::sync::Arc<std::sync::Mutex<Vec<Vec<IpAddr>>>>,
+    commits: std::sync::Arc<std::sync::Mutex<Vec<Vec<kpng_nft::objects::ElementId>>>>,
     refuse: Option<usize>,
 }
 
 impl kpng_nft::Kernel for Recording {
     fn commit(&mut self, plan: &kpng_nft::plan::Plan<'_>) -> Result<(), kpng_nft::NftError> {
-        use kpng_nft::plan::{Command, Elements};
+        use kpng_nft::plan::Command;
         let mut commits = self.commits.lock().unwrap();
         if self.refuse == Some(commits.len() + 1) {
             self.refuse = None;
             self.inner.tables().fail_commits = 1;
             return self.inner.commit(plan);
         }
-        let mut addresses = Vec::new();
+        let mut added = Vec::new();
         for (_, command) in &plan.commands {
-            if let Command::Elements { add: true, elements: Elements::List(list), .. } = command {
-                addresses.extend(list.iter().filter_map(|(id, _)| match id.key {
-                    Key::Addr(ip) if id.map == MapName::ClusterIps => Some(ip),
-                    Key::Dest(dest) | Key::DestSlot(dest, _) => Some(dest.ip),
-                    _ => None,
-                }));
+            if let Command::Elements { add: true, elements, .. } = command {
+                added.extend(elements.iter().map(|(id, _)| id));
             }
         }
         self.inner.commit(plan)?;
-        commits.push(addresses);
+        commits.push(added);
         Ok(())
     }
 
     fn read(&mut self) -> Result<Option<kpng_nft::KernelContents>, kpng_nft::NftError> {
         self.inner.read()
     }
+}
 
-    fn read_unless_stale(
-        &mut self,
-        stale: &dyn Fn(usize) -> bool,
-    ) -> Result<Option<kpng_nft::KernelContents>, kpng_nft::NftError> {
-        self.inner.read_unless_stale(stale)
+/// The destination an element is about, if any.
+fn destination(id: &kpng_nft::objects::ElementId) -> Option<kpng_nft::objects::Dest> {
+    match id.key {
+        Key::Dest(dest) | Key::DestSlot(dest, _) | Key::DestSource(dest, _) => Some(dest),
+        _ => None,
+    }
+}
+
+/// Every destination is revealed (an entry element of it added) only in a transaction at
+/// or after the one that adds the last of the other elements it needs.
+fn revealed_whole(commits: &[Vec<kpng_nft::objects::ElementId>]) {
+    let mut needed: BTreeMap<kpng_nft::objects::Dest, usize> = BTreeMap::new();
+    for (n, added) in commits.iter().enumerate() {
+        for id in added.iter().filter(|id| !kpng_nft::entry::is_entry(id.map)) {
+            if let Some(dest) = destination(id) {
+                needed.insert(dest, n);
+            }
+        }
+    }
+    for (n, added) in commits.iter().enumerate() {
+        for id in added.iter().filter(|id| kpng_nft::entry::is_entry(id.map)) {
+            let Some(dest) = destination(id) else { continue };
+            let last = needed.get(&dest).copied().unwrap_or(0);
+            assert!(last <= n, "{dest:?} revealed in transaction {n}, completed in {last}");
+        }
     }
 }
 
 #[test]
-fn a_large_cold_start_commits_whole_services_in_several_transactions() {
+fn a_large_cold_start_reveals_each_destination_once_all_it_needs_is_in() {
     let state = services_state(40);
     let options = NftOptions { cold_start_transaction: 60, ..NftOptions::default() };
     let commits = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -547,20 +552,17 @@ fn a_large_cold_start_commits_whole_services_in_several_transactions() {
     backend.apply(&ChangeSet::full(&state)).unwrap();
     let commits = commits.lock().unwrap().clone();
     assert!(commits.len() >= 4, "{} transactions", commits.len());
-    // Every service (by cluster IP) has all its elements in one transaction.
-    let mut first_seen: BTreeMap<IpAddr, usize> = BTreeMap::new();
-    for (n, addresses) in commits.iter().enumerate() {
-        for ip in addresses {
-            assert_eq!(*first_seen.entry(*ip).or_insert(n), n, "{ip} in two transactions");
-        }
-    }
-    assert_eq!(first_seen.len(), 40);
+    // The layout first, then the elements, each destination's entries after all the rest.
+    assert!(commits[0].is_empty(), "the first transaction adds elements");
+    revealed_whole(&commits);
+    let revealed = commits.iter().flatten().filter(|id| id.map == MapName::ClusterDests);
+    assert_eq!(revealed.count(), 40);
     // The kernel ends as one transaction makes it; the backend is in sync with it.
     check_against_fresh(&kernel, &state).unwrap();
     assert!(backend.verify().unwrap());
 
-    // A refused transaction part way leaves the services before it in place; the next
-    // change set completes the table.
+    // A refused transaction part way leaves those before it in place; the next change set
+    // completes the table.
     let commits = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let kernel = MemoryKernel::new();
     let recording = Recording { inner: kernel.clone(), commits: commits.clone(), refuse: Some(3) };
@@ -575,11 +577,11 @@ fn a_large_cold_start_commits_whole_services_in_several_transactions() {
 }
 
 #[test]
-fn a_cold_start_run_brings_what_its_services_add_to_the_layout() {
+fn a_cold_start_creates_what_services_add_to_the_layout_first() {
     use kpng_model::global::SessionAffinity;
     use kpng_testkit::builders::{endpoint, service, slice};
     // The last services in key order need a count set beyond the pick tree and an affinity
-    // group: their run, not the first, must create them before adding their elements.
+    // group: they must be there before any element refers to them.
     let mut model = node_and_services(&[]);
     for i in 0..40 {
         let name = format!("s{i:02}");
@@ -613,11 +615,11 @@ fn a_cold_start_run_brings_what_its_services_add_to_the_layout() {
     let recording = Recording { inner: kernel.clone(), commits: commits.clone(), refuse: None };
     let mut backend = NftBackend::new(options, Box::new(recording));
     backend.apply(&ChangeSet::full(&state)).unwrap();
-    // The large services are last, in transactions of their own.
+    // Their count set and affinity chains are in the first transaction, with the rest of
+    // the layout, before any element.
     let commits = commits.lock().unwrap().clone();
-    let large: IpAddr = "10.96.0.39".parse().unwrap();
-    let at = commits.iter().position(|addresses| addresses.contains(&large));
-    assert!(at.is_some_and(|at| at >= 3), "{at:?} of {}", commits.len());
+    assert!(commits.len() >= 3 && commits[0].is_empty(), "{} transactions", commits.len());
+    revealed_whole(&commits);
     // The tables are those one transaction makes (tracing packets through hundreds of
     // endpoints is left to the smaller states).
     assert_eq!(canonical(&kernel.tables()), canonical(&fresh(&state).tables()));

@@ -47,7 +47,7 @@ pub fn build_backends(
                 }
                 let backend = nft_backend(args, global)?;
                 nft_stats = Some(backend.stats());
-                built.collectors.push(Box::new(kpng_nft::NftMetrics(backend.stats())));
+                built.collectors.push(Box::new(kpng_nft::NftMetrics::of(&backend)));
                 built.backends.push(Box::new(backend));
             }
             BackendCommand::ToIptables(args) => {
