@@ -629,11 +629,13 @@ impl kpng_backend::reconcile::Kernel for Tables {
     }
 
     fn sample(&mut self) -> Result<Sample<Self>, NftError> {
-        match self.kernel.publishes_whole() {
+        let nothing = || Sample::Part { held: HashMap::new(), covers: |_| false };
+        if self.kernel.publishes_whole() {
             // The aggregator owns the tables: nothing here to verify.
-            true => Ok(Sample::Part { held: HashMap::new(), covers: |_| false }),
-            false => Ok(Sample::Whole(self.read()?)),
+            return Ok(nothing());
         }
+        // A kernel that cannot say what it holds (a dry run) has nothing to verify either.
+        Ok(self.read()?.map_or_else(nothing, |held| Sample::Whole(Some(held))))
     }
 
     fn generation(&mut self) -> Option<u64> {

@@ -88,6 +88,16 @@
 //! ```
 //!
 //! # Layout
+//! `to-nft` is an instance of kpng's backend template
+//! ([`kpng_backend::reconcile`]): the template owns the change path, the table of what
+//! each service wants and what is committed, resets, verification and counters. The
+//! backend begins at [`instance`]: how services render into the objects of kpng's tables
+//! ([`NftRender`]) and how a plan of those objects becomes one nf_tables transaction
+//! ([`Tables`]).
+//! - [`entry`]: an object of the tables as the template keeps it: an element (packed, see
+//!   [`packed`]) or a layout object (table, set, chain, `ct helper`), and the order of
+//!   writes ([`entry::is_entry`]).
+//! - [`instance`]: [`NftRender`] and [`Tables`].
 //! - [`objects`]: names of sets and maps, element keys and values, group names.
 //! - [`rules`]: a rule as nft text and nf_tables expressions, built together.
 //! - [`sets`]: set and map declarations (text and netlink).
@@ -95,20 +105,18 @@
 //! - [`render`]: pure ENLS → elements, per service and for the node.
 //! - [`affinity`]: groups of ClientIP affinity and annotated services (the only per-service
 //!   chains) and their policy.
-//! - [`state`]: the committed elements (packed: an IPv4 element's id in 16 bytes), their
-//!   owners, and the difference of an update.
-//! - [`layout`]: the objects besides elements (skeleton, large counts, affinity groups).
-//! - [`reconcile`]: commands that bring the objects a table has to the objects it should
-//!   have, touching only what differs.
+//! - [`layout`]: the layout objects besides the skeleton (large counts, affinity groups).
+//! - [`reconcile`]: commands that bring the layout objects a table has to those it should
+//!   have, touching only what differs ([`Tables`] uses it for every plan).
 //! - [`plan`]: one transaction as typed commands, and its nft text.
 //! - [`encode`], [`decode`]: commands and elements as netlink bytes, and back.
-//! - [`kernel`]: the [`Kernel`] trait and [`NetlinkKernel`], the real kernel.
+//! - [`kernel`]: the [`Kernel`] trait (where transactions go) and [`NetlinkKernel`], the
+//!   real kernel.
 //! - [`dry_run`]: [`DryRunKernel`], which prints instead of applying.
 //! - [`aggregated`]: [`AggregatorKernel`], which publishes each transaction to an nftables
 //!   aggregator (`to-nft --aggregator`).
 //! - [`memory`]: [`MemoryKernel`], an in-memory table for tests that traces packets.
-//! - [`backend`]: [`NftBackend`], its sync state, and its options; `backend/resync.rs`, the
-//!   read-back and reconciliation with the whole state.
+//! - [`backend`]: [`NftBackend`] (the template's reconciler over the two) and its options.
 //! - [`stats`]: counters and metrics.
 //! - [`error`]: the backend's errors ([`NftError`]).
 
@@ -139,6 +147,7 @@ pub use aggregated::{AggregatorKernel, AggregatorTarget};
 pub use backend::{NftBackend, NftOptions, TableSync};
 pub use dry_run::DryRunKernel;
 pub use error::NftError;
+pub use instance::{NftRender, Tables};
 pub use kernel::{Kernel, KernelContents, NetlinkKernel, cleanup, remove_tables_named};
 pub use memory::MemoryKernel;
 pub use stats::{NftMetrics, NftStats};

@@ -1,6 +1,6 @@
 //! Elements as [`crate::entry`] keeps them: half a million at 30,000 services, so each
 //! byte counts. An IPv4 element's id (every key of an IPv4 table but the rare sets of
-//! counts beyond the pick tree) packs into 15 bytes inline ([`pack_v4`]); an
+//! counts beyond the pick tree) packs into 15 bytes inline (`pack_v4`); an
 //! [`crate::entry::EntryKey`] allocates any other. Values keep the endpoint's address as
 //! the family needs it.
 

@@ -1,6 +1,8 @@
 //! to-nft passes kpng's conformance suite, each plan one nf_tables transaction
 //! ([`Unit::Plan`](kpng_backend::reconcile::Unit)): over tables in memory, and (as root, in
-//! a network namespace of the test's own) over the kernel's, through netlink.
+//! a network namespace of the test's own) over the kernel's, through netlink, where an
+//! upgrade over the tables the previous release wrote (a fixture, loaded with `nft -f`)
+//! writes nothing.
 
 use std::collections::HashMap;
 
@@ -115,13 +117,42 @@ fn to_nft_passes_the_suite_in_memory() {
     }
 }
 
-/// Runs the suite over the kernel's tables in a new network namespace of this thread.
+/// What the previous release wrote for the suite's second state, as `nft -f` input:
+/// `KPNG_WRITE_FIXTURES=1` writes the current release's instead (when cutting one).
+const PREVIOUS: &str = "tests/fixtures/previous-release.nft";
+
+fn previous_release() -> std::path::PathBuf {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(PREVIOUS);
+    if std::env::var("KPNG_WRITE_FIXTURES").is_ok_and(|v| v == "1") {
+        let subject = Nft { at: Where::Memory(MemoryKernel::new()), split: 50_000 };
+        let mut backend = kpng_nft::NftBackend::new(
+            subject.render().options().clone(),
+            Box::new(MemoryKernel::new()),
+        );
+        let (_, b) = kpng_conformance::states::pair();
+        kpng_backend::Backend::apply(&mut backend, &kpng_backend::ChangeSet::full(&b)).unwrap();
+        std::fs::write(&path, backend.ruleset()).unwrap();
+    }
+    path
+}
+
+/// Runs the suite over the kernel's tables in a new network namespace of this thread
+/// (and the `nft` it runs).
 #[test]
 fn to_nft_passes_the_suite_on_the_kernel() {
     let test = "to_nft_passes_the_suite_on_the_kernel";
-    if !kpng_testkit::privileged::require(test, &[]) {
+    if !kpng_testkit::privileged::require(test, &["nft"]) {
         return;
     }
     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).expect("a network namespace");
-    kpng_conformance::run(&Nft { at: Where::Netlink, split: 16 }, 12);
+    let subject = Nft { at: Where::Netlink, split: 16 };
+    kpng_conformance::run(&subject, 12);
+    kpng_conformance::upgrade_writes_nothing(&subject, || {
+        let status = std::process::Command::new("nft")
+            .arg("-f")
+            .arg(previous_release())
+            .status()
+            .expect("nft runs");
+        assert!(status.success(), "the previous release's tables load");
+    });
 }

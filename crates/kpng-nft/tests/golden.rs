@@ -183,6 +183,9 @@ fn compare(options: NftOptions, nodeports: NodePortSelection, service_cidrs: &[I
     let mut dry = NftBackend::new(options.clone(), Box::new(DryRunKernel::new(out.clone())));
     dry.apply(&ChangeSet::full(&state)).unwrap();
     let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+    // A dry run has nothing to verify: no drift, nothing printed again.
+    assert!(dry.verify().unwrap());
+    assert_eq!(out.0.lock().unwrap().len(), text.len());
 
     let by_nft = Netns::new("gold-nft");
     let dir = tempfile::tempdir().unwrap();
