@@ -136,6 +136,24 @@ pub trait Kernel: Send {
         after: &Objects<Self::Key, Self::Value>,
     ) -> Result<(), Self::Error>;
 
+    /// Over a kernel that holds none of kpng's objects (a cold start), whether the reset
+    /// may commit in parts of about this many objects rather than one plan: the node's
+    /// and the shared objects first, then whole services as they render (each part with
+    /// the shared objects they change), each part through
+    /// [`commit_part`](Self::commit_part) on a thread of its own while the next renders.
+    /// A refused part leaves those before it in force; the reset that follows reads them
+    /// back. `None` (the default): one plan.
+    fn stream(&self) -> Option<usize> {
+        None
+    }
+
+    /// Commits one part of a streamed cold start ([`stream`](Self::stream)): additions
+    /// only, over the parts committed before it. By default a [`commit`](Self::commit)
+    /// whose `after` is not known (empty).
+    fn commit_part(&mut self, plan: &Plan<Self::Key, Self::Value>) -> Result<(), Self::Error> {
+        self.commit(plan, &Objects::new())
+    }
+
     /// What a verification reads back: everything by default ([`read`](Self::read)). A
     /// kernel whose whole read-back is costly may read a part most of the time (the entry
     /// points a flushed table breaks) and say which keys that part covers.
@@ -217,8 +235,9 @@ pub trait Render: Send {
     /// Objects no one service owns, made from many services' renders (a chain that lists
     /// the destinations of every service whose address ends in one byte). Called after the
     /// services of each change set and reset have rendered (and after [`node`](Self::node)
-    /// when the facts changed): the objects that changed since the last call, `None` for
-    /// those gone. They are claimed by [`Owner::Shared`]. None by default.
+    /// when the facts changed; in a streamed cold start, after the node and after each
+    /// part, see [`Kernel::stream`]): the objects that changed since the last call, `None`
+    /// for those gone. They are claimed by [`Owner::Shared`]. None by default.
     fn shared(&mut self, facts: &Self::Facts) -> Vec<(Self::Key, Option<Self::Value>)> {
         let _ = facts;
         Vec::new()
@@ -320,6 +339,28 @@ impl Stats {
             prometheus_client::metrics::MetricType::Gauge,
         )?;
         prometheus_client::encoding::EncodeMetric::encode(&gauge, metric)
+    }
+}
+
+/// What a reset or change wrote.
+#[derive(Debug, Clone, Copy, Default)]
+struct Written {
+    upserts: usize,
+    deletes: usize,
+}
+
+impl Written {
+    fn of<K: Rank, V>(plan: &Plan<K, V>) -> Written {
+        Written { upserts: plan.upserts.len(), deletes: plan.deletes.len() }
+    }
+
+    fn add<K: Rank, V>(&mut self, plan: &Plan<K, V>) {
+        self.upserts += plan.upserts.len();
+        self.deletes += plan.deletes.len();
+    }
+
+    fn is_empty(&self) -> bool {
+        self.upserts + self.deletes == 0
     }
 }
 
@@ -432,10 +473,13 @@ where
     }
 
     /// Reads the kernel back, renders every service, and commits what differs.
-    fn reset(&mut self, state: &LocalState) -> Result<Plan<R::Key, R::Value>, Failure<R, K>> {
+    fn reset(&mut self, state: &LocalState) -> Result<Written, Failure<R, K>> {
         let held = self.kernel.read().map_err(ReconcileError::Read)?;
         let installed = held.is_some();
         let held = held.unwrap_or_default();
+        if let (true, Some(part)) = (held.is_empty(), self.kernel.stream()) {
+            return self.cold_start(state, installed, part);
+        }
         let facts = self.render.facts(state);
         self.render.reset();
         let mut renders = Vec::with_capacity(state.services.len() + 1);
@@ -455,11 +499,93 @@ where
         self.problems.clear(self.name);
         self.commit(&plan)?;
         self.facts = Some(facts);
-        Ok(plan)
+        Ok(Written::of(&plan))
+    }
+
+    /// A reset over a kernel that holds nothing, in parts ([`Kernel::stream`]): this
+    /// thread renders and plans a part while another commits the one before.
+    fn cold_start(
+        &mut self,
+        state: &LocalState,
+        installed: bool,
+        part: usize,
+    ) -> Result<Written, Failure<R, K>> {
+        let empty = HashMap::new();
+        let facts = self.render.facts(state);
+        self.render.reset();
+        self.objects = Objects::new();
+        let node = vec![(Owner::Node, Some(self.render.node(&facts)))];
+        let first = self.objects.update_and_patch(node, self.render.shared(&facts));
+        let prepared = self.kernel.prepare(&first, &self.objects, installed);
+        prepared.map_err(ReconcileError::Prepare)?;
+        self.problems.clear(self.name);
+        let before = self.kernel.generation();
+        self.known.forget();
+        let mut written = Written::of(&first);
+        // No part waits in the channel: one commits while the next is planned.
+        let (sender, parts) = std::sync::mpsc::sync_channel::<Plan<R::Key, R::Value>>(0);
+        let (kernel, render, objects) = (&mut self.kernel, &mut self.render, &mut self.objects);
+        let span = tracing::Span::current();
+        let outcome = std::thread::scope(|scope| {
+            let committer = scope.spawn(move || {
+                let _span = span.enter();
+                let mut committed = 0u64;
+                for plan in parts {
+                    if plan.is_empty() {
+                        continue;
+                    }
+                    kernel.commit_part(&plan).map_err(|source| (plan.len(), source))?;
+                    committed += 1;
+                }
+                Ok::<u64, (usize, K::Error)>(committed)
+            });
+            let mut open = sender.send(first).is_ok();
+            let mut renders = Vec::new();
+            let mut size = 0;
+            let mut rendered = Ok(());
+            for (key, service) in &state.services {
+                if !open {
+                    break;
+                }
+                match render.service(&facts, service, &empty) {
+                    Ok(wanted) => {
+                        size += wanted.objects.len();
+                        renders.push((Owner::Service(key.clone()), Some(wanted)));
+                    }
+                    Err(source) => {
+                        rendered = Err(ReconcileError::Render { service: key.clone(), source });
+                        break;
+                    }
+                }
+                if size >= part {
+                    // With what the part's services add to the shared objects.
+                    let shared = render.shared(&facts);
+                    let plan = objects.update_and_patch(std::mem::take(&mut renders), shared);
+                    written.add(&plan);
+                    open = sender.send(plan).is_ok();
+                    size = 0;
+                }
+            }
+            if rendered.is_ok() && open {
+                let plan = objects.update_and_patch(renders, render.shared(&facts));
+                written.add(&plan);
+                let _ = sender.send(plan);
+            }
+            drop(sender);
+            let committed = committer.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+            rendered.map(|()| committed)
+        });
+        let committed =
+            outcome?.map_err(|(writes, source)| ReconcileError::Commit { writes, source })?;
+        let after = self.kernel.generation();
+        self.known.committed(before, after, committed);
+        self.count(&written);
+        self.facts = Some(facts);
+        Ok(written)
     }
 
     /// Renders the services a change set touched and commits what differs.
-    fn update(&mut self, changes: &ChangeSet<'_>) -> Result<Plan<R::Key, R::Value>, Failure<R, K>> {
+    fn update(&mut self, changes: &ChangeSet<'_>) -> Result<Written, Failure<R, K>> {
         let state = changes.state;
         let (mut keys, _) = changes.touched();
         let facts = self.render.facts(state);
@@ -494,7 +620,7 @@ where
         let plan = self.objects.update_and_patch(renders, shared);
         self.commit(&plan)?;
         self.facts = Some(facts);
-        Ok(plan)
+        Ok(Written::of(&plan))
     }
 
     fn commit(&mut self, plan: &Plan<R::Key, R::Value>) -> Result<(), Failure<R, K>> {
@@ -509,10 +635,16 @@ where
             .map_err(|source| ReconcileError::Commit { writes: plan.len(), source })?;
         let after = self.kernel.generation();
         self.known.committed(before, after, self.kernel.transactions());
-        self.stats.commits.fetch_add(1, Ordering::Relaxed);
-        self.stats.writes.fetch_add(plan.len() as u64, Ordering::Relaxed);
-        self.stats.objects.store(self.objects.len() as u64, Ordering::Relaxed);
+        self.count(&Written::of(plan));
         Ok(())
+    }
+
+    /// Counts a committed reset or change.
+    fn count(&self, written: &Written) {
+        self.stats.commits.fetch_add(1, Ordering::Relaxed);
+        let writes = written.upserts + written.deletes;
+        self.stats.writes.fetch_add(writes as u64, Ordering::Relaxed);
+        self.stats.objects.store(self.objects.len() as u64, Ordering::Relaxed);
     }
 
     fn backend_error(&self, error: Failure<R, K>) -> BackendError {
@@ -551,21 +683,21 @@ where
             false => self.update(changes),
         };
         match result {
-            Ok(plan) if plan.is_empty() && reset => {
+            Ok(written) if written.is_empty() && reset => {
                 let objects = self.objects.len();
                 tracing::info!(backend = self.name, objects, "the kernel already holds this state");
                 Ok(())
             }
-            Ok(plan) if plan.is_empty() => {
+            Ok(written) if written.is_empty() => {
                 let objects = self.objects.len();
                 tracing::debug!(backend = self.name, objects, "nothing to change");
                 Ok(())
             }
-            Ok(plan) => {
+            Ok(written) => {
                 tracing::info!(
                     backend = self.name,
-                    upserted = plan.upserts.len(),
-                    deleted = plan.deletes.len(),
+                    upserted = written.upserts,
+                    deleted = written.deletes,
                     objects = self.objects.len(),
                     took = ?start.elapsed(),
                     "{} {}",

@@ -23,6 +23,16 @@ impl<K: Kernel> Faulty<K> {
     pub fn arm(&self, armed: bool) {
         self.armed.store(armed, Ordering::Relaxed);
     }
+
+    /// `plan`, ending with the refused write while armed.
+    fn poisoned(&self, plan: &Plan<K::Key, K::Value>) -> Plan<K::Key, K::Value> {
+        let mut poisoned = plan.clone();
+        if self.armed.load(Ordering::Relaxed) {
+            let (key, value) = self.poison.clone();
+            poisoned.upserts.push((key, None, value));
+        }
+        poisoned
+    }
 }
 
 impl<K: Kernel> Kernel for Faulty<K> {
@@ -52,13 +62,15 @@ impl<K: Kernel> Kernel for Faulty<K> {
         plan: &Plan<K::Key, K::Value>,
         after: &Objects<K::Key, K::Value>,
     ) -> Result<(), K::Error> {
-        if !self.armed.load(Ordering::Relaxed) {
-            return self.inner.commit(plan, after);
-        }
-        let mut poisoned = plan.clone();
-        let (key, value) = self.poison.clone();
-        poisoned.upserts.push((key, None, value));
-        self.inner.commit(&poisoned, after)
+        self.inner.commit(&self.poisoned(plan), after)
+    }
+
+    fn stream(&self) -> Option<usize> {
+        self.inner.stream()
+    }
+
+    fn commit_part(&mut self, plan: &Plan<K::Key, K::Value>) -> Result<(), K::Error> {
+        self.inner.commit_part(&self.poisoned(plan))
     }
 
     fn sample(&mut self) -> Result<Sample<Self>, K::Error> {

@@ -10,6 +10,8 @@
 //!   made in the plan's order; [`Unit::Group`]: the refused group untouched, every other
 //!   group as planned, so one IP family refused does not hold back the other), and the
 //!   runner's retry (the whole state) repairs it;
+//! - a first load the kernel refuses (part way, for a kernel that streams it) is completed
+//!   by the retry;
 //! - a restart over what the previous process committed writes nothing, and an upgrade
 //!   over what the previous release committed too ([`upgrade_writes_nothing`], with the
 //!   subject's fixture of that release's objects);
@@ -137,6 +139,7 @@ pub fn fresh<S: Subject>(subject: &S, state: &LocalState) -> Vec<String> {
 /// Runs every check, and `cases` random histories.
 pub fn run<S: Subject>(subject: &S, cases: u32) {
     refused_commit_leaves_the_previous_state(subject);
+    refused_first_load_is_completed(subject);
     restart_writes_nothing(subject);
     drift_is_found_and_repaired(subject);
     histories_end_as_a_fresh_load(subject, cases);
@@ -189,6 +192,27 @@ pub fn refused_commit_leaves_the_previous_state<S: Subject>(subject: &S) {
     backend.kernel().arm(false);
     load(subject, &mut backend, &b);
     assert_eq!(subject.canonical(&contents(subject)), expected, "{name}: the retry did not repair");
+    assert_eq!(backend.verify().ok(), Some(true), "{name}: the retry left drift");
+}
+
+/// A first load over a wiped kernel (streamed in parts where the kernel allows,
+/// [`Kernel::stream`]) that the kernel refuses is completed by the retry.
+pub fn refused_first_load_is_completed<S: Subject>(subject: &S) {
+    let name = subject.name();
+    let (_, b) = states::pair();
+    let expected = fresh(subject, &b);
+    subject.wipe();
+    let mut backend = start(subject);
+    backend.kernel().arm(true);
+    let refused = backend.apply(&ChangeSet::full(&b));
+    assert!(refused.is_err(), "{name}: a first load with a refused write succeeded");
+    backend.kernel().arm(false);
+    load(subject, &mut backend, &b);
+    assert_eq!(
+        subject.canonical(&contents(subject)),
+        expected,
+        "{name}: the retry did not complete"
+    );
     assert_eq!(backend.verify().ok(), Some(true), "{name}: the retry left drift");
 }
 

@@ -17,7 +17,7 @@ use kpng_model::Family;
 use kpng_netlink::nftables::ChainSpec;
 use kpng_netlink::nftables::objects::CtHelperSpec;
 
-use crate::objects::{ElementId, MapName, Value};
+use crate::objects::{ElementId, Value};
 use crate::packed::{PackedValue, pack_v4, unpack_v4};
 use crate::reconcile::{PresentChain, SetShape, WantedSet, hook_shape, same_rules};
 use crate::rules::Rule;
@@ -103,11 +103,7 @@ impl fmt::Debug for EntryKey {
 }
 
 /// Layout objects before elements (a set before its elements, a chain before the verdict
-/// that jumps to it), and deleted after them; among elements, those a packet reaches only
-/// through others (endpoints, the pick tree's bits, masquerade and firewall facts) before
-/// the entries that lead packets to them ([`is_entry`]). A cold start split into several
-/// transactions commits in this order, so no destination is reachable before all it needs
-/// is in.
+/// that jumps to it), and deleted after them.
 impl Rank for EntryKey {
     fn rank(&self) -> u8 {
         match self {
@@ -116,34 +112,9 @@ impl Rank for EntryKey {
                 LayoutName::Set(..) | LayoutName::Helper(..) => 1,
                 LayoutName::Chain(..) => 2,
             },
-            element => match element.as_element().is_some_and(|id| is_entry(id.map)) {
-                false => 3,
-                true => 4,
-            },
+            _ => 3,
         }
     }
-}
-
-/// Whether elements of `map` lead packets of a destination somewhere (a pick, an affinity
-/// chain, a drop or reject): those come last.
-pub fn is_entry(map: MapName) -> bool {
-    use MapName::*;
-    matches!(
-        map,
-        ClusterDests
-            | LocalDests
-            | ExternalLocalDests
-            | NodePortClusterDests
-            | NodePortLocalDests
-            | RejectDests
-            | DropDests
-            | RejectNodePorts
-            | DropNodePorts
-            | AffinityCluster
-            | AffinityLocal
-            | AffinityNodePortCluster
-            | AffinityNodePortLocal
-    )
 }
 
 /// A layout object's value: as kpng declares it, or as the kernel reports it.
@@ -265,7 +236,7 @@ impl fmt::Debug for EntryValue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::objects::{Dest, Key};
+    use crate::objects::{Dest, Key, MapName};
     use kpng_model::Protocol;
 
     #[test]

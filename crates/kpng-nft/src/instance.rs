@@ -292,13 +292,14 @@ impl Render for NftRender {
 /// sets and chains created and rewritten, elements deleted, elements added, what goes
 /// deleted; see [`crate::reconcile`]).
 ///
-/// A plan from nothing (a cold start: only additions) of more than
-/// [`NftOptions::cold_start_transaction`] elements is split: the layout and the first
-/// elements, then the rest, in transactions of about that many elements in the plan's
-/// order ([`EntryKey`]'s rank): every element a destination needs is in before the entry
-/// that leads packets to it, so a destination is reachable whole or not at all. The kernel
-/// inserts half a million elements faster in ten transactions than in one. A refused one
-/// leaves those before it in force; the reset that follows reads them back.
+/// A cold start over tables that hold nothing is streamed
+/// ([`stream`](kpng_backend::reconcile::Kernel::stream)): the layout first, then whole
+/// services in transactions of about [`NftOptions::cold_start_transaction`] elements, each
+/// with what its services add to the layout (affinity groups, counts beyond the pick
+/// tree), committed while the next services render. The kernel inserts half a million
+/// elements faster in ten transactions than in one; each service is programmed
+/// atomically. A refused one leaves those before it in force; the reset that follows
+/// reads them back.
 ///
 /// A kernel that takes whole tables (an aggregator, [`Kernel::publishes_whole`]) gets
 /// them whole at every reset, in [`prepare`](kpng_backend::reconcile::Kernel::prepare),
@@ -308,8 +309,6 @@ pub struct Tables {
     kernel: Box<dyn Kernel>,
     stats: Arc<NftStats>,
     split: usize,
-    /// Transactions the last commit made.
-    transactions: u64,
     /// A whole publication went out in this reset's `prepare`: its commit is in it.
     published: bool,
 }
@@ -318,7 +317,7 @@ impl Tables {
     /// The template's kernel over `kernel`, splitting cold starts into transactions of
     /// about `split` elements, counting its transactions in `stats`.
     pub fn new(kernel: Box<dyn Kernel>, split: usize, stats: Arc<NftStats>) -> Self {
-        Tables { kernel, stats, split: split.max(1), transactions: 1, published: false }
+        Tables { kernel, stats, split: split.max(1), published: false }
     }
 
     /// Commits one transaction, counted.
@@ -574,11 +573,6 @@ pub fn ruleset(held: &Committed) -> String {
     }
 }
 
-/// Whether `plan` only adds (a cold start over tables that hold nothing).
-fn from_nothing(plan: &ObjectPlan) -> bool {
-    plan.deletes.is_empty() && plan.upserts.iter().all(|(_, old, _)| old.is_none())
-}
-
 impl kpng_backend::reconcile::Kernel for Tables {
     type Key = EntryKey;
     type Value = EntryValue;
@@ -607,25 +601,18 @@ impl kpng_backend::reconcile::Kernel for Tables {
     fn commit(&mut self, plan: &ObjectPlan, after: &Committed) -> Result<(), NftError> {
         if std::mem::take(&mut self.published) {
             // The whole tables just went out, this plan with them.
-            self.transactions = 1;
             return Ok(());
         }
-        let elements = plan.upserts.iter().filter(|(k, _, _)| k.as_layout().is_none()).count();
-        if !from_nothing(plan) || elements <= self.split {
-            self.transactions = 1;
-            return self.send(&transaction(plan, after)?, false);
-        }
-        // The layout (ranked first), then the elements, part by part, in rank order.
-        self.transactions = 0;
-        let layout = plan.upserts.len() - elements;
-        let (layout, elements) = plan.upserts.split_at(layout);
-        let parts = std::iter::once(layout).chain(elements.chunks(self.split));
-        for part in parts.filter(|part| !part.is_empty()) {
-            let part = ObjectPlan { upserts: part.to_vec(), deletes: Vec::new() };
-            self.send(&transaction(&part, after)?, false)?;
-            self.transactions += 1;
-        }
-        Ok(())
+        self.send(&transaction(plan, after)?, false)
+    }
+
+    /// Cold starts commit in parts, except to a kernel that takes whole tables.
+    fn stream(&self) -> Option<usize> {
+        (!self.kernel.publishes_whole()).then_some(self.split)
+    }
+
+    fn commit_part(&mut self, plan: &ObjectPlan) -> Result<(), NftError> {
+        self.send(&transaction(plan, &Committed::new())?, false)
     }
 
     fn sample(&mut self) -> Result<Sample<Self>, NftError> {
@@ -640,9 +627,5 @@ impl kpng_backend::reconcile::Kernel for Tables {
 
     fn generation(&mut self) -> Option<u64> {
         self.kernel.generation().ok().flatten().map(u64::from)
-    }
-
-    fn transactions(&self) -> u64 {
-        self.transactions
     }
 }

@@ -95,8 +95,7 @@
 //! ([`NftRender`]) and how a plan of those objects becomes one nf_tables transaction
 //! ([`Tables`]).
 //! - [`entry`]: an object of the tables as the template keeps it: an element (packed, see
-//!   [`packed`]) or a layout object (table, set, chain, `ct helper`), and the order of
-//!   writes ([`entry::is_entry`]).
+//!   [`packed`]) or a layout object (table, set, chain, `ct helper`).
 //! - [`instance`]: [`NftRender`] and [`Tables`].
 //! - [`objects`]: names of sets and maps, element keys and values, group names.
 //! - [`rules`]: a rule as nft text and nf_tables expressions, built together.

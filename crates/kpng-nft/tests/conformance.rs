@@ -90,7 +90,8 @@ impl Subject for Nft {
         }
     }
 
-    /// Endpoints by destination, whatever their slots.
+    /// Endpoints by destination, whatever their slots (in the backends maps, and in the
+    /// names of affinity groups' slot chains and sets).
     fn canonical(&self, objects: &HashMap<KeyOf<Self>, ValueOf<Self>>) -> Vec<String> {
         let mut out: Vec<String> = objects
             .iter()
@@ -102,7 +103,7 @@ impl Subject for Nft {
                     };
                     format!("{:?} {} {key} = {v:?}", id.family, id.map)
                 }
-                _ => format!("{k:?} = {v:?}"),
+                _ => without_slots(&format!("{k:?} = {v:?}")),
             })
             .collect();
         out.sort();
@@ -155,4 +156,29 @@ fn to_nft_passes_the_suite_on_the_kernel() {
             .expect("nft runs");
         assert!(status.success(), "the previous release's tables load");
     });
+}
+
+/// `text` with every affinity slot name (`aff_<16 hex digits>_<slot>`) without its slot.
+fn without_slots(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("aff_") {
+        let (before, name) = rest.split_at(at);
+        out.push_str(before);
+        let hex = name.get(4..20).filter(|h| h.chars().all(|c| c.is_ascii_hexdigit()));
+        let slot = name.get(20..).filter(|s| s.starts_with('_'));
+        match (hex, slot) {
+            (Some(hex), Some(slot)) => {
+                let digits = slot[1..].chars().take_while(char::is_ascii_digit).count();
+                out.push_str(&format!("aff_{hex}_N"));
+                rest = &name[21 + digits..];
+            }
+            _ => {
+                out.push_str("aff_");
+                rest = &name[4..];
+            }
+        }
+    }
+    out.push_str(rest);
+    out
 }

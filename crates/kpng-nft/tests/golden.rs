@@ -355,9 +355,9 @@ fn a_cold_start_in_transactions_of_whole_services_ends_as_one_run_makes_it() {
             backend.stats().transactions.load(std::sync::atomic::Ordering::Relaxed)
         })
     };
-    // In one transaction, or the layout first and then the elements in several.
+    // The skeleton goes first, then the elements: in one transaction, or in several.
     let (one, several) = (Netns::new("cold-one"), Netns::new("cold-several"));
-    assert_eq!(cold_start(&one, usize::MAX), 1);
+    assert_eq!(cold_start(&one, usize::MAX), 2);
     let transactions = cold_start(&several, 200);
     assert!(transactions >= 4, "{transactions} transactions");
     let (a, b) = (in_netns(&one, read_back), in_netns(&several, read_back));
