@@ -114,6 +114,13 @@ pub trait Kernel: Send {
     /// yet. Called at every reset and at verifications, never on the change path.
     fn read(&mut self) -> Result<Option<Held<Self>>, Self::Error>;
 
+    /// Called at every reset before [`read`](Self::read), with the node state the reset
+    /// brings the kernel to: a kernel whose read-back may skip what is going anyway (most
+    /// of a table after most services went) sizes it up here. Nothing by default.
+    fn resetting(&mut self, state: &LocalState) {
+        let _ = state;
+    }
+
     /// Called at every reset, before its `plan` is committed (even an empty one): installs
     /// or repairs what is not an object (hooks, programs, tables sized for `after`, what the
     /// kernel will hold once the plan is in). `installed` says whether
@@ -474,6 +481,7 @@ where
 
     /// Reads the kernel back, renders every service, and commits what differs.
     fn reset(&mut self, state: &LocalState) -> Result<Written, Failure<R, K>> {
+        self.kernel.resetting(state);
         let held = self.kernel.read().map_err(ReconcileError::Read)?;
         let installed = held.is_some();
         let held = held.unwrap_or_default();

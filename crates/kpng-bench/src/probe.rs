@@ -105,4 +105,14 @@ impl Kernel for ProbedKernel {
         *self.probe.last_read.lock().unwrap_or_else(|e| e.into_inner()) = start.elapsed();
         contents
     }
+
+    fn read_unless_stale(
+        &mut self,
+        stale: &dyn Fn(usize) -> bool,
+    ) -> Result<Option<KernelContents>, NftError> {
+        let start = Instant::now();
+        let contents = self.inner.read_unless_stale(stale);
+        *self.probe.last_read.lock().unwrap_or_else(|e| e.into_inner()) = start.elapsed();
+        contents
+    }
 }

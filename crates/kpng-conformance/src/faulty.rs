@@ -65,6 +65,10 @@ impl<K: Kernel> Kernel for Faulty<K> {
         self.inner.commit(&self.poisoned(plan), after)
     }
 
+    fn resetting(&mut self, state: &kpng_model::LocalState) {
+        self.inner.resetting(state);
+    }
+
     fn stream(&self) -> Option<usize> {
         self.inner.stream()
     }

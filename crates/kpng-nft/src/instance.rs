@@ -13,7 +13,7 @@
 //!   beyond the pick tree that any service uses, and those counts' sets. A count once used
 //!   keeps its set and rule until the next reset.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -301,6 +301,12 @@ impl Render for NftRender {
 /// atomically. A refused one leaves those before it in force; the reset that follows
 /// reads them back.
 ///
+/// At a reset, the cluster IPs are read first: when the table holds far more services than
+/// the state wants (at least [`FLUSH_AT`] more, and more than twice as many more), the
+/// other element sets are not read but flushed and refilled by the commit that follows; a
+/// set a plan empties likewise is flushed and refilled rather than emptied element by
+/// element.
+///
 /// A kernel that takes whole tables (an aggregator, [`Kernel::publishes_whole`]) gets
 /// them whole at every reset, in [`prepare`](kpng_backend::reconcile::Kernel::prepare),
 /// and only changes after that; what it reads back only seeds endpoint positions, and it
@@ -309,6 +315,11 @@ pub struct Tables {
     kernel: Box<dyn Kernel>,
     stats: Arc<NftStats>,
     split: usize,
+    /// The cluster IPs the reset under way wants, until its read-back.
+    expect: Option<usize>,
+    /// Element sets the last read-back skipped (mostly stale): the next commit flushes
+    /// them and adds what is wanted.
+    unread: BTreeSet<(Family, MapName)>,
     /// A whole publication went out in this reset's `prepare`: its commit is in it.
     published: bool,
 }
@@ -317,7 +328,14 @@ impl Tables {
     /// The template's kernel over `kernel`, splitting cold starts into transactions of
     /// about `split` elements, counting its transactions in `stats`.
     pub fn new(kernel: Box<dyn Kernel>, split: usize, stats: Arc<NftStats>) -> Self {
-        Tables { kernel, stats, split: split.max(1), published: false }
+        Tables {
+            kernel,
+            stats,
+            split: split.max(1),
+            expect: None,
+            unread: BTreeSet::new(),
+            published: false,
+        }
     }
 
     /// Commits one transaction, counted.
@@ -559,6 +577,17 @@ fn log_reasons(reasons: &[String]) {
     );
 }
 
+/// A set that loses at least this many elements, and more than twice as many as the state
+/// keeps, is flushed and refilled rather than read back and emptied element by element.
+pub const FLUSH_AT: usize = 256;
+
+/// Whether a table holding `held` cluster IPs, when the state wants `wanted`, is mostly
+/// stale (see [`FLUSH_AT`]).
+fn is_mostly_stale(held: usize, wanted: usize) -> bool {
+    let stale = held.saturating_sub(wanted);
+    stale >= FLUSH_AT && stale > 2 * wanted
+}
+
 /// Every object of `held` as `nft -f` input that builds the tables from nothing.
 pub fn ruleset(held: &Committed) -> String {
     let mut whole = ObjectPlan {
@@ -573,6 +602,63 @@ pub fn ruleset(held: &Committed) -> String {
     }
 }
 
+impl Tables {
+    /// `transaction` with the sets that mostly lose elements flushed first and refilled
+    /// with what they keep (from `after`), rather than emptied element by element: those
+    /// the last read skipped, and those the transaction takes at least [`FLUSH_AT`]
+    /// elements from, and more than twice as many as they keep. Sets the transaction
+    /// makes again or deletes are left to it.
+    fn flushing(&self, mut transaction: Transaction, after: &Committed) -> Transaction {
+        let mut losses: BTreeMap<(Family, MapName), usize> = BTreeMap::new();
+        for (id, _) in &transaction.deletes {
+            *losses.entry((id.family, id.map)).or_default() += 1;
+        }
+        losses.retain(|_, lost| *lost >= FLUSH_AT);
+        if self.unread.is_empty() && losses.is_empty() {
+            return transaction;
+        }
+        let mut kept: BTreeMap<(Family, MapName), Vec<(ElementId, crate::objects::Value)>> =
+            BTreeMap::new();
+        for (key, value) in after.iter() {
+            let (Some(id), Some(value)) = (key.as_element(), value.as_element()) else { continue };
+            if losses.contains_key(&(id.family, id.map))
+                || self.unread.contains(&(id.family, id.map))
+            {
+                kept.entry((id.family, id.map)).or_default().push((id, value));
+            }
+        }
+        let remade: BTreeSet<(Family, String)> = (transaction.before.iter())
+            .filter_map(|(f, c)| match c {
+                Command::AddSet(decl) => Some((*f, decl.spec.name.clone())),
+                _ => None,
+            })
+            .chain(transaction.after.iter().filter_map(|(f, c)| match c {
+                Command::DeleteSet(name) => Some((*f, name.clone())),
+                _ => None,
+            }))
+            .collect();
+        let heavy =
+            losses.iter().filter(|(set, lost)| **lost > 2 * kept.get(*set).map_or(0, Vec::len));
+        let flushed: BTreeSet<(Family, MapName)> = (heavy.map(|(set, _)| *set))
+            .chain(self.unread.iter().copied())
+            .filter(|(f, map)| !remade.contains(&(*f, map.name().into_owned())))
+            .collect();
+        if flushed.is_empty() {
+            return transaction;
+        }
+        transaction.deletes.retain(|(id, _)| !flushed.contains(&(id.family, id.map)));
+        let added: BTreeSet<ElementId> = transaction.adds.iter().map(|(id, _)| *id).collect();
+        for set in &flushed {
+            let refill = kept.remove(set).unwrap_or_default();
+            transaction.adds.extend(refill.into_iter().filter(|(id, _)| !added.contains(id)));
+            // After what creates or rewrites the layout, before any element.
+            transaction.before.push((set.0, Command::FlushSet(set.1.name().into_owned())));
+        }
+        transaction.adds.sort_unstable();
+        transaction
+    }
+}
+
 impl kpng_backend::reconcile::Kernel for Tables {
     type Key = EntryKey;
     type Value = EntryValue;
@@ -581,11 +667,41 @@ impl kpng_backend::reconcile::Kernel for Tables {
     const UNIT: Unit = Unit::Plan;
     const WHAT: &'static str = "nftables transaction";
 
-    fn read(&mut self) -> Result<Option<HashMap<EntryKey, EntryValue>>, NftError> {
-        Ok(self.kernel.read()?.map(held_of))
+    fn resetting(&mut self, state: &LocalState) {
+        let families = |s: &LocalServiceState| {
+            Family::ALL.iter().filter(|f| s.service.cluster_ip(**f).is_some()).count()
+        };
+        self.expect = Some(state.services.values().map(families).sum());
     }
 
-    fn prepare(&mut self, _: &ObjectPlan, after: &Committed, _: bool) -> Result<(), NftError> {
+    /// At a reset, the cluster IPs first: a table that holds far more services than the
+    /// reset wants (a restart after most of the cluster went) is not read element by
+    /// element only to delete them; its other element sets are flushed and refilled by the
+    /// commit that follows.
+    fn read(&mut self) -> Result<Option<HashMap<EntryKey, EntryValue>>, NftError> {
+        self.unread.clear();
+        let Some(wanted) = self.expect.take() else {
+            return Ok(self.kernel.read()?.map(held_of));
+        };
+        let stale = |held: usize| is_mostly_stale(held, wanted);
+        let contents = self.kernel.read_unless_stale(&stale)?;
+        self.unread = contents.as_ref().map(|c| c.unread.clone()).unwrap_or_default();
+        Ok(contents.map(held_of))
+    }
+
+    fn prepare(&mut self, plan: &ObjectPlan, after: &Committed, _: bool) -> Result<(), NftError> {
+        if plan.is_empty() && !self.unread.is_empty() {
+            // Nothing wanted in the sets not read: they only lose what is stale.
+            let empty = Transaction {
+                before: Vec::new(),
+                deletes: Vec::new(),
+                adds: Vec::new(),
+                after: Vec::new(),
+            };
+            let flushed = self.flushing(empty, after);
+            self.send(&flushed, false)?;
+            self.unread.clear();
+        }
         self.published = false;
         if !self.kernel.publishes_whole() {
             return Ok(());
@@ -603,7 +719,10 @@ impl kpng_backend::reconcile::Kernel for Tables {
             // The whole tables just went out, this plan with them.
             return Ok(());
         }
-        self.send(&transaction(plan, after)?, false)
+        let transaction = self.flushing(transaction(plan, after)?, after);
+        self.send(&transaction, false)?;
+        self.unread.clear();
+        Ok(())
     }
 
     /// Cold starts commit in parts, except to a kernel that takes whole tables.

@@ -2,6 +2,7 @@
 //! ([`KernelContents`]), and [`NetlinkKernel`], the real kernel: every transaction is one
 //! nf_tables netlink batch.
 
+use std::collections::BTreeSet;
 use std::net::IpAddr;
 
 use kpng_model::Family;
@@ -29,6 +30,19 @@ pub trait Kernel: Send {
     /// What kpng's tables hold now; `None` when the kernel cannot say (a dry run starts
     /// from nothing, an aggregator is told the whole state again).
     fn read(&mut self) -> Result<Option<KernelContents>, NftError>;
+
+    /// The same, but the cluster IPs held are read first and, when `stale` says so of
+    /// their number, no other set's elements are read (they are listed in
+    /// [`KernelContents::unread`]): a restart over a table that holds far more services
+    /// than the node state flushes those sets rather than reading what it would delete.
+    /// By default everything is read.
+    fn read_unless_stale(
+        &mut self,
+        stale: &dyn Fn(usize) -> bool,
+    ) -> Result<Option<KernelContents>, NftError> {
+        let _ = stale;
+        self.read()
+    }
 
     /// Applies a transaction planned from nothing, after [`read`](Self::read) said `None`
     /// or when the kernel [takes whole tables](Self::publishes_whole): the plan is the
@@ -64,6 +78,8 @@ pub struct KernelContents {
     pub present: Present,
     /// Every element of kpng's element sets (static sets and count sets) that was read.
     pub elements: Vec<(ElementId, Value)>,
+    /// Element sets whose elements were not read (see [`Kernel::read_unless_stale`]).
+    pub unread: BTreeSet<(Family, MapName)>,
 }
 
 /// The address and port a slot rule DNATs to (its two immediates).
@@ -155,12 +171,13 @@ impl NetlinkKernel {
         Ok(bodies.iter().filter_map(|b| dump::table_name(b)).collect())
     }
 
-    /// Reads `family`'s table: sets with their elements (not those of the affinity
-    /// groups' slot sets, which packets fill), chains, rules and helpers.
+    /// Reads `family`'s table: sets (with the elements of those `read_elements` accepts;
+    /// the others are listed unread), chains, rules and helpers.
     fn read_family(
         &mut self,
         family: Family,
         contents: &mut KernelContents,
+        read_elements: &dyn Fn(MapName) -> bool,
     ) -> Result<(), NftError> {
         if !self.tables(family)?.iter().any(|t| t == TABLE) {
             return Ok(());
@@ -182,8 +199,10 @@ impl NetlinkKernel {
                 timeout_ms: set.timeout_ms,
             };
             contents.present.sets.insert((family, set.name.clone()), shape);
-            if let Some(map) = MapName::parse(&set.name) {
-                to_read.push(map);
+            let Some(map) = MapName::parse(&set.name) else { continue };
+            match read_elements(map) {
+                true => to_read.push(map),
+                false => _ = contents.unread.insert((family, map)),
             }
         }
         self.read_sets(family, &to_read, &mut contents.elements)?;
@@ -291,13 +310,33 @@ impl Kernel for NetlinkKernel {
     fn read(&mut self) -> Result<Option<KernelContents>, NftError> {
         let mut contents = KernelContents::default();
         for family in Family::ALL {
-            self.read_family(family, &mut contents)?;
+            self.read_family(family, &mut contents, &|_| true)?;
         }
         Ok(Some(contents))
     }
 
     fn generation(&mut self) -> Result<Option<u32>, NftError> {
         dump::read_generation(&mut self.socket).map_err(NftError::Read)
+    }
+
+    fn read_unless_stale(
+        &mut self,
+        stale: &dyn Fn(usize) -> bool,
+    ) -> Result<Option<KernelContents>, NftError> {
+        let mut cluster_ips = Vec::new();
+        for family in Family::ALL {
+            if self.tables(family)?.iter().any(|t| t == TABLE) {
+                read_set(&mut self.socket, family, MapName::ClusterIps, &mut cluster_ips)?;
+            }
+        }
+        // The cluster IPs just read are not read again.
+        let stale = stale(cluster_ips.len());
+        let mut contents = KernelContents { elements: cluster_ips, ..KernelContents::default() };
+        for family in Family::ALL {
+            self.read_family(family, &mut contents, &|map| !stale && map != MapName::ClusterIps)?;
+        }
+        contents.unread.retain(|(_, map)| *map != MapName::ClusterIps);
+        Ok(Some(contents))
     }
 }
 

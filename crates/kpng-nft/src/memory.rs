@@ -291,7 +291,7 @@ impl MemoryTables {
             let chain = PresentChain { hook: chain.hook.clone(), rules: rules.collect() };
             present.chains.insert(name.clone(), chain);
         }
-        KernelContents { present, elements }
+        KernelContents { present, elements, unread: Default::default() }
     }
 
     /// Every element of kpng's element sets, sorted.
@@ -323,5 +323,26 @@ impl Kernel for MemoryKernel {
 
     fn read(&mut self) -> Result<Option<KernelContents>, NftError> {
         Ok(Some(self.tables().contents()))
+    }
+
+    /// As the netlink kernel reads: the cluster IPs first, and no other set's elements
+    /// when `stale` says so of their number.
+    fn read_unless_stale(
+        &mut self,
+        stale: &dyn Fn(usize) -> bool,
+    ) -> Result<Option<KernelContents>, NftError> {
+        let mut contents = self.tables().contents();
+        let is_cluster_ip = |id: &ElementId| id.map == MapName::ClusterIps;
+        if stale(contents.elements.iter().filter(|(id, _)| is_cluster_ip(id)).count()) {
+            contents.elements.retain(|(id, _)| is_cluster_ip(id));
+            contents.unread = contents
+                .present
+                .sets
+                .keys()
+                .filter_map(|(family, name)| Some((*family, MapName::parse(name)?)))
+                .filter(|(_, map)| *map != MapName::ClusterIps)
+                .collect();
+        }
+        Ok(Some(contents))
     }
 }
