@@ -136,10 +136,15 @@ impl GroupPolicy {
     }
 }
 
-/// The kernel's conntrack helper for `helper` on `protocol`, when it serves that protocol:
-/// H.323 is `RAS` over UDP and `Q.931` over TCP; the others have one name.
-pub fn kernel_helper(helper: Helper, protocol: Protocol) -> Option<&'static str> {
+/// The kernel's conntrack helper for `helper` on `protocol` in `family`, when it serves
+/// them: H.323 is `RAS` over UDP and `Q.931` over TCP; the others have one name. The
+/// kernel's IRC, NetBIOS name service, PPTP and SNMP helpers serve IPv4 only.
+pub fn kernel_helper(helper: Helper, protocol: Protocol, family: Family) -> Option<&'static str> {
     use Protocol::{Tcp, Udp};
+    let ipv4_only = matches!(helper, Helper::Irc | Helper::NetbiosNs | Helper::Pptp | Helper::Snmp);
+    if ipv4_only && family != Family::V4 {
+        return None;
+    }
     Some(match (helper, protocol) {
         (Helper::Amanda, Udp) => "amanda",
         (Helper::Ftp, Tcp) => "ftp",
@@ -158,8 +163,8 @@ pub fn kernel_helper(helper: Helper, protocol: Protocol) -> Option<&'static str>
 
 /// The `ct helper` object of `helper` on `protocol` in a table of `family`, named
 /// `helper_<name>_<protocol>` (`helper_ftp_tcp`).
-pub fn helper_object(helper: Helper, protocol: Protocol) -> Option<CtHelperSpec> {
-    let kernel = kernel_helper(helper, protocol)?;
+pub fn helper_object(helper: Helper, protocol: Protocol, family: Family) -> Option<CtHelperSpec> {
+    let kernel = kernel_helper(helper, protocol, family)?;
     let proto = protocol_number(protocol);
     let name = format!("helper_{}_{}", helper.as_str().replace('-', "_"), protocol_keyword(proto));
     Some(CtHelperSpec { name, helper: kernel.to_string(), l4proto: proto })
@@ -257,7 +262,7 @@ impl AffinityGroup {
     /// The `ct helper` object the group's connections get, if its helper serves its
     /// protocol.
     pub fn helper_object(&self) -> Option<CtHelperSpec> {
-        helper_object(self.policy.helper?, self.protocol)
+        helper_object(self.policy.helper?, self.protocol, self.family)
     }
 
     /// The rule of slot `i`'s chain; `None` for a hole.

@@ -457,3 +457,19 @@ fn direct_return_services_send_unchanged_copies_to_their_endpoints() {
     assert_eq!(rules(&format!("{entry}_prerouting")), [request.as_str()]);
     assert_eq!(rules(&format!("{entry}_output")), [format!("ct state != untracked {request}")]);
 }
+
+#[test]
+fn helpers_the_kernel_has_for_ipv4_only_are_not_made_in_ipv6_tables() {
+    use crate::affinity::helper_object;
+    for helper in [Helper::Irc, Helper::Pptp] {
+        assert!(helper_object(helper, Protocol::Tcp, Family::V4).is_some(), "{helper:?}");
+        assert!(helper_object(helper, Protocol::Tcp, Family::V6).is_none(), "{helper:?}");
+    }
+    for helper in [Helper::NetbiosNs, Helper::Snmp] {
+        assert!(helper_object(helper, Protocol::Udp, Family::V4).is_some(), "{helper:?}");
+        assert!(helper_object(helper, Protocol::Udp, Family::V6).is_none(), "{helper:?}");
+    }
+    for (helper, protocol) in [(Helper::Ftp, Protocol::Tcp), (Helper::Sip, Protocol::Udp)] {
+        assert!(helper_object(helper, protocol, Family::V6).is_some(), "{helper:?}");
+    }
+}
