@@ -48,7 +48,7 @@ pub struct ApiRow {
 }
 
 fn rss_kib() -> u64 {
-    crate::cold::status_kib(std::process::id(), "VmRSS:").unwrap_or(0)
+    crate::memory::status_kib(std::process::id(), "VmRSS:").unwrap_or(0)
 }
 
 /// The CPU time this process has used so far (user and system).

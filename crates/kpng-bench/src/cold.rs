@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use kpng_testkit::apiserver::FakeApiServer;
+
+use crate::memory::status_kib;
 use kpng_testkit::generate::{ClusterSpec, generate};
 
 /// One cold start.
@@ -109,16 +111,6 @@ const SETTLE: Duration = Duration::from_secs(1);
 /// The high-water mark of a process's resident set (KiB).
 fn vm_hwm_kib(pid: u32) -> Option<u64> {
     status_kib(pid, "VmHWM:")
-}
-
-/// A `/proc/PID/status` field in kB.
-/// A `/proc/PID/status` field in KiB (`VmRSS:`, `VmHWM:`).
-pub(crate) fn status_kib(pid: u32, field: &str) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
 }
 
 /// Prints the cold-start table.

@@ -61,8 +61,8 @@ pub fn run(services: usize, endpoints: usize, repeat: usize) -> anyhow::Result<C
 
     let attachment = Attachment::new("changes")?;
     let mut ebpf = attachment.backend()?;
-    let rss = || crate::cold::status_kib(std::process::id(), "VmRSS:").unwrap_or(0);
-    let hwm = || crate::cold::status_kib(std::process::id(), "VmHWM:").unwrap_or(0);
+    let rss = || crate::memory::status_kib(std::process::id(), "VmRSS:").unwrap_or(0);
+    let hwm = || crate::memory::status_kib(std::process::id(), "VmHWM:").unwrap_or(0);
     let before = rss();
     let start = Instant::now();
     ebpf.apply(&ChangeSet::full(projector.state())).context("loading the eBPF maps")?;

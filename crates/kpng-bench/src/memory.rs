@@ -35,7 +35,7 @@ pub fn kpng_binary() -> anyhow::Result<PathBuf> {
 }
 
 fn rss_kib(pid: u32) -> anyhow::Result<u64> {
-    crate::cold::status_kib(pid, "VmRSS:").context("no VmRSS in /proc/PID/status")
+    status_kib(pid, "VmRSS:").context("no VmRSS in /proc/PID/status")
 }
 
 /// Runs kpng against a fake cluster of `services` × `endpoints` (0 services: the baseline).
@@ -99,4 +99,13 @@ pub fn print(rows: &[MemoryRow]) {
             r.rss_kib as i64 - base as i64
         );
     }
+}
+
+/// A `/proc/PID/status` field in KiB (`VmRSS:`, `VmHWM:`).
+pub(crate) fn status_kib(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
 }

@@ -307,20 +307,6 @@ impl Cleanup {
     }
 }
 
-pub(super) fn target_family(target: &UdpTarget) -> Family {
-    match target {
-        UdpTarget::Dest(dest) => Family::of(&dest.ip()),
-        UdpTarget::NodePort(family, _) => *family,
-    }
-}
-
-pub(super) fn target_port(target: &UdpTarget) -> u16 {
-    match target {
-        UdpTarget::Dest(dest) => dest.port(),
-        UdpTarget::NodePort(_, port) => *port,
-    }
-}
-
 impl Backend for FlowCleaner {
     fn name(&self) -> &'static str {
         self.name

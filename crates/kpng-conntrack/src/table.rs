@@ -9,7 +9,6 @@ use kpng_netlink::ctnetlink;
 use kpng_netlink::message::NETLINK_NETFILTER;
 use kpng_netlink::{NetlinkError, NetlinkSocket, ProtoFamily};
 
-use super::cleaner::{target_family, target_port};
 use super::{Entry, UdpCheck, UdpTarget, stale};
 
 /// Why a cleanup failed.
@@ -178,5 +177,21 @@ impl<T: ConntrackTable> FlowTable for T {
 
     fn local_addresses(&mut self) -> Result<Vec<IpAddr>, FlowError> {
         Ok(ConntrackTable::local_addresses(self)?)
+    }
+}
+
+/// The family of a flow target.
+fn target_family(target: &UdpTarget) -> Family {
+    match target {
+        UdpTarget::Dest(dest) => Family::of(&dest.ip()),
+        UdpTarget::NodePort(family, _) => *family,
+    }
+}
+
+/// The port of a flow target.
+fn target_port(target: &UdpTarget) -> u16 {
+    match target {
+        UdpTarget::Dest(dest) => dest.port(),
+        UdpTarget::NodePort(_, port) => *port,
     }
 }

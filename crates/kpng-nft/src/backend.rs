@@ -11,55 +11,18 @@
 
 use std::sync::Arc;
 
-use ipnet::IpNet;
 use kpng_backend::Target;
 use kpng_backend::delegate_backend;
-use kpng_backend::proxy::LocalDetection;
 use kpng_backend::reconcile::{self, Objects, Reconciler};
 
 use crate::entry::{EntryKey, EntryValue, LayoutName, LayoutValue};
 use crate::error::NftError;
 use crate::instance::{NftRender, Tables};
 use crate::kernel::Kernel;
+use crate::options::NftOptions;
+
 use crate::objects::{ElementId, Value};
 use crate::stats::NftStats;
-
-/// Configuration of the nftables backend.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NftOptions {
-    /// Masquerade all traffic to cluster IPs (`--masquerade-all`).
-    pub masquerade_all: bool,
-    /// The packet-mark bit that flags connections for masquerading.
-    pub masquerade_bit: u8,
-    /// How traffic from local pods is recognised (`--detect-local-mode`).
-    pub local_detection: LocalDetection,
-    /// `--cluster-cidr`.
-    pub cluster_cidrs: Vec<IpNet>,
-    /// Over tables without an element (a cold start), the skeleton is committed first
-    /// (while the first services are rendered), then the elements of whole services in
-    /// transactions of about this many elements rather than in one: the kernel inserts
-    /// half a million elements a quarter faster in ten transactions than in one, each is
-    /// rendered and prepared while the one before commits, and kpng never lists the whole
-    /// table's elements at once. Each service is programmed atomically; services not yet committed
-    /// are simply not there yet, as before kpng started. A change, and a restart or a
-    /// repair over tables that hold elements, stay one transaction.
-    pub cold_start_transaction: usize,
-}
-
-/// The default [`NftOptions::cold_start_transaction`].
-const COLD_START_TRANSACTION: usize = 50_000;
-
-impl Default for NftOptions {
-    fn default() -> Self {
-        NftOptions {
-            masquerade_all: false,
-            masquerade_bit: 14,
-            local_detection: LocalDetection::Auto,
-            cluster_cidrs: Vec::new(),
-            cold_start_transaction: COLD_START_TRANSACTION,
-        }
-    }
-}
 
 /// Whether the backend knows what the kernel holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,8 +47,8 @@ impl NftBackend {
     pub fn open(options: NftOptions, target: Target) -> Result<Self, NftError> {
         let dry_run = target.is_dry_run();
         let kernel: Box<dyn Kernel> = match target {
-            Target::Kernel => Box::new(crate::NetlinkKernel::open()?),
-            Target::DryRun(out) => Box::new(crate::DryRunKernel::new(out)),
+            Target::Kernel => Box::new(crate::kernel::NetlinkKernel::open()?),
+            Target::DryRun(out) => Box::new(crate::dry_run::DryRunKernel::new(out)),
         };
         let NftBackend { inner, stats } = NftBackend::new(options, kernel);
         Ok(NftBackend { inner: inner.with_dry_run(dry_run), stats })

@@ -25,12 +25,12 @@ use kpng_model::global::{AnnotationKey, LoadBalancing, NatMode, Scheduler};
 use kpng_model::local::LocalServiceState;
 use kpng_model::{Family, LocalNode, LocalState, ServiceKey};
 
-use crate::backend::NftOptions;
 use crate::entry::{EntryKey, EntryValue, LayoutName, LayoutValue};
 use crate::error::NftError;
 use crate::kernel::{Kernel, KernelContents};
 use crate::layout::{LargeCount, Layout, groups_wanted};
 use crate::objects::{ElementId, GroupKey, MapName, PickKind, SetKind, affinity_slot};
+use crate::options::NftOptions;
 use crate::plan::{Command, Plan};
 use crate::reconcile::Wanted as LayoutWanted;
 use crate::reconcile::{Present, reconcile};

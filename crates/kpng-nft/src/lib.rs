@@ -115,8 +115,9 @@
 //! - [`aggregated`]: [`AggregatorKernel`], which publishes each transaction to an nftables
 //!   aggregator (`to-nft --aggregator`).
 //! - [`memory`]: [`MemoryKernel`], an in-memory table for tests that traces packets.
-//! - [`backend`]: [`NftBackend`] (the template's reconciler over the two) and its options.
-//! - [`stats`]: counters and metrics.
+//! - [`options`]: how the backend is configured ([`NftOptions`]).
+//! - [`backend`]: [`NftBackend`], the template's reconciler over the two.
+//! - [`stats`]: the transactions' counters; [`metrics`]: the backend's metrics.
 //! - [`error`]: the backend's errors ([`NftError`]).
 
 pub mod affinity;
@@ -131,7 +132,9 @@ pub mod instance;
 pub mod kernel;
 pub mod layout;
 pub mod memory;
+pub mod metrics;
 pub mod objects;
+pub mod options;
 pub mod packed;
 pub mod plan;
 pub mod reconcile;
@@ -143,10 +146,12 @@ pub mod stats;
 pub mod text;
 
 pub use aggregated::{AggregatorKernel, AggregatorTarget};
-pub use backend::{NftBackend, NftOptions, TableSync};
+pub use backend::{NftBackend, TableSync};
 pub use dry_run::DryRunKernel;
 pub use error::NftError;
 pub use instance::{NftRender, Tables};
 pub use kernel::{Kernel, KernelContents, NetlinkKernel, cleanup, remove_tables_named};
 pub use memory::MemoryKernel;
-pub use stats::{NftMetrics, NftStats};
+pub use metrics::NftMetrics;
+pub use options::NftOptions;
+pub use stats::NftStats;

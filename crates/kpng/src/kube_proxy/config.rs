@@ -235,7 +235,7 @@ pub fn defaulted(c: &Configuration) -> Configuration {
         *address = Some(match text.trim() {
             "" => format!("{ip}:{port}"),
             t if t.parse::<std::net::SocketAddr>().is_ok() => t.to_string(),
-            t => super::flags::join_host_port(&super::flags::host_of(t), port),
+            t => join_host_port(&host_of(t), port),
         });
     }
     c.bind_address = Some(bind);
@@ -383,6 +383,22 @@ fn object_at<'a>(
 
 fn first_line(text: &str) -> String {
     text.lines().next().unwrap_or_default().to_string()
+}
+
+/// The host part of `ip` or `ip:port` (`[v6]:port` too).
+pub fn host_of(address: &str) -> String {
+    if let Ok(socket) = address.parse::<std::net::SocketAddr>() {
+        return socket.ip().to_string();
+    }
+    address.trim_matches(['[', ']']).to_string()
+}
+
+/// `ip:port`, with brackets for IPv6.
+pub fn join_host_port(ip: &str, port: u16) -> String {
+    match ip.contains(':') {
+        true => format!("[{ip}]:{port}"),
+        false => format!("{ip}:{port}"),
+    }
 }
 
 #[cfg(test)]

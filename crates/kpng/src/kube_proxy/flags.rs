@@ -11,7 +11,7 @@
 
 use super::config::{
     ClientConnection, Configuration, Conntrack, DetectLocal, GoDuration, Iptables, Ipvs, Logging,
-    Nftables, parse_go_duration,
+    Nftables, host_of, join_host_port, parse_go_duration,
 };
 
 /// When a flag applies.
@@ -555,22 +555,6 @@ fn or_unserved(text: String, ip: &str) -> String {
 
 fn list(text: &str) -> Vec<String> {
     text.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect()
-}
-
-/// The host part of `ip` or `ip:port` (`[v6]:port` too).
-pub fn host_of(address: &str) -> String {
-    if let Ok(socket) = address.parse::<std::net::SocketAddr>() {
-        return socket.ip().to_string();
-    }
-    address.trim_matches(['[', ']']).to_string()
-}
-
-/// `ip:port`, with brackets for IPv6.
-pub fn join_host_port(ip: &str, port: u16) -> String {
-    match ip.contains(':') {
-        true => format!("[{ip}]:{port}"),
-        false => format!("{ip}:{port}"),
-    }
 }
 
 /// kube-proxy's `--help`, with what kpng does with each flag.
