@@ -710,7 +710,9 @@ impl kpng_backend::reconcile::Kernel for Tables {
         let mut whole = ObjectPlan { upserts, deletes: Vec::new() };
         whole.upserts.sort_by(|a, b| (a.0.rank(), &a.0).cmp(&(b.0.rank(), &b.0)));
         self.send(&transaction(&whole, after)?, true)?;
-        self.published = true;
+        // The reset's plan, if any, went out with it; a reset with nothing to write
+        // commits nothing, and the next change must not be taken for its plan.
+        self.published = !plan.is_empty();
         Ok(())
     }
 

@@ -655,3 +655,52 @@ fn a_cold_start_part_brings_what_its_services_add_to_the_layout() {
     assert_eq!(canonical(&kernel.tables()), canonical(&fresh(&state).tables()));
     assert!(backend.verify().unwrap());
 }
+
+/// The memory kernel as an aggregator is seen: it takes whole tables at every reset.
+struct Whole {
+    inner: MemoryKernel,
+    /// Whole publications and changes received.
+    received: std::sync::Arc<std::sync::Mutex<(usize, usize)>>,
+}
+
+impl kpng_nft::Kernel for Whole {
+    fn commit(&mut self, plan: &kpng_nft::plan::Plan<'_>) -> Result<(), kpng_nft::NftError> {
+        self.received.lock().unwrap().1 += 1;
+        self.inner.commit(plan)
+    }
+
+    fn replace(&mut self, plan: &kpng_nft::plan::Plan<'_>) -> Result<(), kpng_nft::NftError> {
+        self.received.lock().unwrap().0 += 1;
+        // A whole publication replaces what was there.
+        *self.inner.tables() = MemoryTables::default();
+        self.inner.commit(plan)
+    }
+
+    fn read(&mut self) -> Result<Option<kpng_nft::KernelContents>, kpng_nft::NftError> {
+        self.inner.read()
+    }
+
+    fn publishes_whole(&self) -> bool {
+        true
+    }
+}
+
+#[test]
+fn a_kernel_taking_whole_tables_gets_them_at_each_reset_and_every_change_after() {
+    let (before, after) = (services_state(3), services_state(4));
+    let kernel = MemoryKernel::new();
+    let received = std::sync::Arc::new(std::sync::Mutex::new((0, 0)));
+    let open = || Whole { inner: kernel.clone(), received: received.clone() };
+    let mut backend = NftBackend::new(NftOptions::default(), Box::new(open()));
+    backend.apply(&ChangeSet::full(&before)).unwrap();
+    assert_eq!(*received.lock().unwrap(), (1, 0), "the first load goes whole");
+    // A restart over what was published: the whole tables again, though nothing differs.
+    let mut backend = NftBackend::new(NftOptions::default(), Box::new(open()));
+    backend.apply(&ChangeSet::full(&before)).unwrap();
+    assert_eq!(*received.lock().unwrap(), (2, 0), "a restart publishes whole");
+    // The change after it is published as a change.
+    let ops = kpng_local::diff(&before, &after);
+    backend.apply(&ChangeSet::changes(&ops, &after)).unwrap();
+    assert_eq!(*received.lock().unwrap(), (2, 1), "the change after a restart went out");
+    check_against_fresh(&kernel, &after).unwrap();
+}
