@@ -165,20 +165,12 @@ impl PartialEq for LayoutValue {
             (Table, Table) => true,
             (Helper(a), Helper(b)) => a == b,
             (Set(_) | Shape(_), Set(_) | Shape(_)) => self.shape() == other.shape(),
-            (Chain(spec, rules), Rules(present)) | (Rules(present), Chain(spec, rules)) => {
-                present.hook == hook_shape(&spec.hook) && same_rules(rules, &present.rules)
-            }
-            (Chain(a, ra), Chain(b, rb)) => {
-                hook_shape(&a.hook) == hook_shape(&b.hook)
-                    && ra.len() == rb.len()
-                    && ra.iter().zip(rb).all(|(x, y)| {
-                        x.exprs.len() == y.exprs.len()
-                            && x.exprs
-                                .iter()
-                                .zip(&y.exprs)
-                                .all(|(p, q)| p.canonical() == q.canonical())
-                    })
-            }
+            // A declared chain against either form: its hook, and its rules compared as
+            // the kernel would report them.
+            (Chain(spec, rules), other @ (Chain(..) | Rules(_)))
+            | (other @ Rules(_), Chain(spec, rules)) => other
+                .present_chain()
+                .is_some_and(|c| c.hook == hook_shape(&spec.hook) && same_rules(rules, &c.rules)),
             (Rules(a), Rules(b)) => a == b,
             _ => false,
         }

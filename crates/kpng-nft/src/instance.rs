@@ -106,7 +106,7 @@ impl NftRender {
 }
 
 /// The objects of `wanted` (tables, sets, chains, helpers) as entries.
-pub fn layout_entries(wanted: LayoutWanted) -> impl Iterator<Item = Entry> {
+fn layout_entries(wanted: LayoutWanted) -> impl Iterator<Item = Entry> {
     let tables = wanted.tables.into_iter().map(|f| (LayoutName::Table(f), LayoutValue::Table));
     let sets = (wanted.sets.into_iter())
         .map(|((f, name), set)| (LayoutName::Set(f, name), LayoutValue::Set(set)));
@@ -354,20 +354,10 @@ impl Tables {
         self.stats.record_commit(adds, deletes, started.elapsed());
         Ok(())
     }
-
-    /// The kernel underneath.
-    pub fn inner(&self) -> &dyn Kernel {
-        &*self.kernel
-    }
-
-    /// Whether `ct helper` objects can be created.
-    pub fn ct_helpers(&self) -> bool {
-        self.kernel.ct_helpers()
-    }
 }
 
 /// What the kernel read, as objects.
-pub fn held_of(contents: KernelContents) -> HashMap<EntryKey, EntryValue> {
+fn held_of(contents: KernelContents) -> HashMap<EntryKey, EntryValue> {
     let KernelContents { present, elements, .. } = contents;
     let mut held = HashMap::with_capacity(elements.len() + present.chains.len() + 64);
     let layout = |name, value| (EntryKey::layout(name), EntryValue::layout(value));
@@ -588,15 +578,16 @@ fn is_mostly_stale(held: usize, wanted: usize) -> bool {
     stale >= FLUSH_AT && stale > 2 * wanted
 }
 
+/// The plan that writes every object of `held` into empty tables, in rank order.
+fn whole(held: &Committed) -> ObjectPlan {
+    let mut upserts: Vec<_> = held.iter().map(|(k, v)| (k.clone(), None, v.clone())).collect();
+    upserts.sort_by(|a, b| (a.0.rank(), &a.0).cmp(&(b.0.rank(), &b.0)));
+    ObjectPlan { upserts, deletes: Vec::new() }
+}
+
 /// Every object of `held` as `nft -f` input that builds the tables from nothing.
 pub fn ruleset(held: &Committed) -> String {
-    let mut whole = ObjectPlan {
-        upserts: held.iter().map(|(k, v)| (k.clone(), None, v.clone())).collect(),
-        deletes: Vec::new(),
-    };
-    whole.upserts.sort_by(|a, b| (a.0.rank(), &a.0).cmp(&(b.0.rank(), &b.0)));
-    let empty = Committed::new();
-    match transaction(&whole, &empty) {
+    match transaction(&whole(held), &Committed::new()) {
         Ok(transaction) => transaction.plan().text(),
         Err(error) => format!("# {error}\n"),
     }
@@ -706,10 +697,7 @@ impl kpng_backend::reconcile::Kernel for Tables {
         if !self.kernel.publishes_whole() {
             return Ok(());
         }
-        let upserts = after.iter().map(|(k, v)| (k.clone(), None, v.clone())).collect();
-        let mut whole = ObjectPlan { upserts, deletes: Vec::new() };
-        whole.upserts.sort_by(|a, b| (a.0.rank(), &a.0).cmp(&(b.0.rank(), &b.0)));
-        self.send(&transaction(&whole, after)?, true)?;
+        self.send(&transaction(&whole(after), after)?, true)?;
         // The reset's plan, if any, went out with it; a reset with nothing to write
         // commits nothing, and the next change must not be taken for its plan.
         self.published = !plan.is_empty();
