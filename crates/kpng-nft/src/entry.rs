@@ -202,7 +202,7 @@ impl EntryValue {
     /// The element value, for an element.
     pub fn as_element(&self) -> Option<Value> {
         match self {
-            EntryValue::Element(value) => Some((*value).into()),
+            EntryValue::Element(value) => Some(value.into()),
             EntryValue::Layout(_) => None,
         }
     }
@@ -219,7 +219,7 @@ impl EntryValue {
 impl fmt::Debug for EntryValue {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            EntryValue::Element(value) => write!(f, "{:?}", Value::from(*value)),
+            EntryValue::Element(value) => write!(f, "{:?}", Value::from(value)),
             EntryValue::Layout(value) => write!(f, "{value:?}"),
         }
     }
@@ -241,7 +241,7 @@ mod tests {
             assert_eq!(matches!(key, EntryKey::V4(_)), family == Family::V4);
         }
         assert_eq!(size_of::<EntryKey>(), 16);
-        assert_eq!(size_of::<EntryValue>(), 24);
+        assert_eq!(size_of::<EntryValue>(), 16);
     }
 
     #[test]

@@ -2,24 +2,26 @@
 //! byte counts. An IPv4 element's id (every key of an IPv4 table but the rare sets of
 //! counts beyond the pick tree) packs into 15 bytes inline (`pack_v4`); an
 //! [`crate::entry::EntryKey`] allocates any other. Values keep the endpoint's address as
-//! the family needs it.
+//! the family needs it: an IPv4 one inline, an IPv6 one (a few in a hundred) behind a
+//! pointer, so that a value takes 16 bytes.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
 
 use ipnet::{IpNet, Ipv4Net};
 use kpng_model::{Family, Protocol};
 
 use crate::objects::{Dest, ElementId, Key, MapName, PickKind, TREE_BITS, Value};
 
-/// An element's value, packed (20 bytes instead of 24).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// An element's value, packed (16 bytes instead of 24).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PackedValue {
     /// A set element: no value.
     None,
     /// An IPv4 endpoint and port.
     V4(Ipv4Addr, u16),
-    /// An IPv6 endpoint and port.
-    V6(Ipv6Addr, u16),
+    /// An IPv6 endpoint and port, out of line.
+    V6(Arc<(Ipv6Addr, u16)>),
     /// An affinity group's hash, in two halves (so the value aligns on 4 bytes).
     Affinity([u32; 2]),
 }
@@ -29,20 +31,20 @@ impl From<Value> for PackedValue {
         match value {
             Value::None => PackedValue::None,
             Value::Endpoint(IpAddr::V4(ip), port) => PackedValue::V4(ip, port),
-            Value::Endpoint(IpAddr::V6(ip), port) => PackedValue::V6(ip, port),
+            Value::Endpoint(IpAddr::V6(ip), port) => PackedValue::V6(Arc::new((ip, port))),
             Value::Affinity(hash) => PackedValue::Affinity([(hash >> 32) as u32, hash as u32]),
         }
     }
 }
 
-impl From<PackedValue> for Value {
-    fn from(value: PackedValue) -> Self {
+impl From<&PackedValue> for Value {
+    fn from(value: &PackedValue) -> Self {
         match value {
             PackedValue::None => Value::None,
-            PackedValue::V4(ip, port) => Value::Endpoint(IpAddr::V4(ip), port),
-            PackedValue::V6(ip, port) => Value::Endpoint(IpAddr::V6(ip), port),
+            PackedValue::V4(ip, port) => Value::Endpoint(IpAddr::V4(*ip), *port),
+            PackedValue::V6(v6) => Value::Endpoint(IpAddr::V6(v6.0), v6.1),
             PackedValue::Affinity([high, low]) => {
-                Value::Affinity((u64::from(high) << 32) | u64::from(low))
+                Value::Affinity((u64::from(*high) << 32) | u64::from(*low))
             }
         }
     }
@@ -358,12 +360,12 @@ mod tests {
                 any::<u64>().prop_map(Value::Affinity),
             ]
         ) {
-            prop_assert_eq!(Value::from(PackedValue::from(value)), value);
+            prop_assert_eq!(Value::from(&PackedValue::from(value)), value);
         }
     }
 
     #[test]
     fn packed_values_are_small() {
-        assert_eq!(size_of::<PackedValue>(), 20);
+        assert_eq!(size_of::<PackedValue>(), 16);
     }
 }
