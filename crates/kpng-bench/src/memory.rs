@@ -19,6 +19,8 @@ pub struct MemoryRow {
     pub endpoints: usize,
     /// Resident set after the first sync, in KiB.
     pub rss_kib: u64,
+    /// Peak resident set (VmHWM) up to then, in KiB.
+    pub peak_kib: u64,
 }
 
 /// The `kpng` binary next to this one.
@@ -73,11 +75,12 @@ pub fn run(services: usize, endpoints: usize) -> anyhow::Result<MemoryRow> {
     // Let allocations from the initial load settle.
     std::thread::sleep(Duration::from_millis(500));
     let rss = rss_kib(pid);
+    let peak = status_kib(pid, "VmHWM:").context("no VmHWM in /proc/PID/status");
     let _ = child.kill();
     let _ = child.wait();
     drop(server);
     anyhow::ensure!(synced, "kpng exited before its first sync");
-    Ok(MemoryRow { services, endpoints: endpoint_ops, rss_kib: rss? })
+    Ok(MemoryRow { services, endpoints: endpoint_ops, rss_kib: rss?, peak_kib: peak? })
 }
 
 /// Prints the memory table: each row against the first (the empty cluster).
@@ -86,19 +89,21 @@ pub fn print(rows: &[MemoryRow]) {
         "memory: kpng kube --server <fake> to-local --node node-0 to-json, after the first sync"
     );
     println!(
-        "{:>8} {:>15} | {:>10} {:>17}",
-        "services", "node endpoints", "rss(KiB)", "above empty(KiB)"
+        "{:>8} {:>15} | {:>10} {:>17} {:>15}",
+        "services", "node endpoints", "rss(KiB)", "above empty(KiB)", "peak rss(KiB)"
     );
     let base = rows.first().map_or(0, |r| r.rss_kib);
     for r in rows {
         println!(
-            "{:>8} {:>15} | {:>10} {:>17}",
+            "{:>8} {:>15} | {:>10} {:>17} {:>15}",
             r.services,
             r.endpoints,
             r.rss_kib,
-            r.rss_kib as i64 - base as i64
+            r.rss_kib as i64 - base as i64,
+            r.peak_kib
         );
     }
+    println!("* peak rss: the process's VmHWM when its resident set is read");
 }
 
 /// A `/proc/PID/status` field in KiB (`VmRSS:`, `VmHWM:`).

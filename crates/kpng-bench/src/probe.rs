@@ -1,5 +1,6 @@
 //! A kernel wrapper that records what the backend asks of the kernel: the last commit's
-//! duration, and the number of transactions and element operations.
+//! duration and size, the sum of every commit's (a streamed cold start commits in parts),
+//! and the number of transactions and element operations.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -16,6 +17,8 @@ pub struct Probe {
     /// Transactions so far and when the last one ended, published after each commit.
     committed: tokio::sync::watch::Sender<(u64, Option<Instant>)>,
     last_bytes: AtomicU64,
+    committing_ns: AtomicU64,
+    bytes: AtomicU64,
     transactions: AtomicU64,
     elements: AtomicU64,
 }
@@ -27,6 +30,8 @@ impl Default for Probe {
             last_read: Mutex::default(),
             committed: tokio::sync::watch::Sender::new((0, None)),
             last_bytes: AtomicU64::default(),
+            committing_ns: AtomicU64::default(),
+            bytes: AtomicU64::default(),
             transactions: AtomicU64::default(),
             elements: AtomicU64::default(),
         }
@@ -60,6 +65,12 @@ impl Probe {
         self.last_bytes.store(0, Ordering::Relaxed);
     }
 
+    /// The time spent in commits so far, and the netlink bytes they sent.
+    pub fn committed_so_far(&self) -> (Duration, u64) {
+        let ns = self.committing_ns.load(Ordering::Relaxed);
+        (Duration::from_nanos(ns), self.bytes.load(Ordering::Relaxed))
+    }
+
     /// Transactions committed so far.
     pub fn transactions(&self) -> u64 {
         self.transactions.load(Ordering::Relaxed)
@@ -89,8 +100,12 @@ impl Kernel for ProbedKernel {
     fn commit(&mut self, plan: &Plan<'_>) -> Result<(), NftError> {
         let (start, bytes) = (Instant::now(), self.inner.bytes_sent());
         let result = self.inner.commit(plan);
-        *self.probe.last_commit.lock().unwrap_or_else(|e| e.into_inner()) = start.elapsed();
-        self.probe.last_bytes.store(self.inner.bytes_sent() - bytes, Ordering::Relaxed);
+        let (took, sent) = (start.elapsed(), self.inner.bytes_sent() - bytes);
+        *self.probe.last_commit.lock().unwrap_or_else(|e| e.into_inner()) = took;
+        self.probe.last_bytes.store(sent, Ordering::Relaxed);
+        let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        self.probe.committing_ns.fetch_add(ns, Ordering::Relaxed);
+        self.probe.bytes.fetch_add(sent, Ordering::Relaxed);
         let count = self.probe.transactions.fetch_add(1, Ordering::Relaxed) + 1;
         self.probe.committed.send_replace((count, Some(Instant::now())));
         let (adds, deletes) = plan.element_count();

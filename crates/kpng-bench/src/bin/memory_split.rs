@@ -160,8 +160,9 @@ fn main() -> anyhow::Result<()> {
         });
         let model = model?;
         let (projector, state_step) = step(|| {
+            // As the runner projects the first sync: the whole state, without the ops.
             let mut projector = NodeProjector::new("node-0");
-            projector.update(&model, &Changes::All);
+            projector.refresh(&model, &Changes::All);
             projector
         });
         let state = projector.state();
