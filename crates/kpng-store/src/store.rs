@@ -31,8 +31,10 @@ struct Inner {
     log_entries: usize,
     /// The log answers "changes since R" for every R at or after this revision.
     log_base: Revision,
-    /// Kinds being (re)listed, with the objects seen so far.
-    listing: BTreeMap<Kind, BTreeSet<ObjectRef>>,
+    /// Kinds being (re)listed, with the objects seen so far; `None` for a list that began
+    /// with no object of its kind in the model (the first one): every object it leaves was
+    /// seen, so nothing is counted and nothing swept.
+    listing: BTreeMap<Kind, Option<BTreeSet<ObjectRef>>>,
     /// Kinds whose initial list completed.
     listed: BTreeSet<Kind>,
     /// Kinds that must complete a list before readers are released.
@@ -85,7 +87,7 @@ impl StoreWriter {
                     object_events += 1;
                     let kind = object.object_ref().kind();
                     by_kind.events[kind as usize] += 1;
-                    if let Some(listing) = inner.listing.get_mut(&object.object_ref().kind()) {
+                    if let Some(Some(listing)) = inner.listing.get_mut(&kind) {
                         listing.insert(object.object_ref());
                     }
                     if let Some(t) = inner.model.apply(object) {
@@ -97,7 +99,7 @@ impl StoreWriter {
                 SourceEvent::Deleted(key) => {
                     object_events += 1;
                     by_kind.events[key.kind() as usize] += 1;
-                    if let Some(listing) = inner.listing.get_mut(&key.kind()) {
+                    if let Some(Some(listing)) = inner.listing.get_mut(&key.kind()) {
                         listing.remove(&key);
                     }
                     if let Some(t) = inner.model.delete(&key) {
@@ -109,25 +111,35 @@ impl StoreWriter {
                 SourceEvent::Kept(key) => {
                     object_events += 1;
                     by_kind.events[key.kind() as usize] += 1;
-                    if let Some(listing) = inner.listing.get_mut(&key.kind()) {
+                    if let Some(Some(listing)) = inner.listing.get_mut(&key.kind()) {
                         listing.insert(key);
                     }
                 }
                 SourceEvent::ListStarted(kind) => {
-                    inner.listing.insert(kind, BTreeSet::new());
+                    let seen = (inner.model.len(kind) > 0).then(BTreeSet::new);
+                    inner.listing.insert(kind, seen);
                 }
                 SourceEvent::ListDone(kind) => {
-                    let seen = inner.listing.remove(&kind).unwrap_or_default();
-                    for key in inner.model.keys(kind) {
-                        if seen.contains(&key) {
-                            continue;
-                        }
+                    // Without a ListStarted, nothing was seen: everything goes.
+                    let swept = match inner.listing.remove(&kind) {
+                        Some(None) => Vec::new(),
+                        Some(Some(seen)) => inner
+                            .model
+                            .keys(kind)
+                            .into_iter()
+                            .filter(|k| !seen.contains(k))
+                            .collect(),
+                        None => inner.model.keys(kind),
+                    };
+                    for key in swept {
                         if let Some(t) = inner.model.delete(&key) {
                             changes += 1;
                             by_kind.changes[kind as usize] += 1;
                             touched.extend(t);
                         }
                     }
+                    // A list inserts in key order, which leaves tree nodes half full.
+                    inner.model.compact(kind);
                     inner.listed.insert(kind);
                 }
             }

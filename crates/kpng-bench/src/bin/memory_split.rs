@@ -22,7 +22,7 @@ use kpng_ebpf::maps::{Key, Value};
 use kpng_ebpf::{EbpfBackend, EbpfError};
 use kpng_iptables::{IptablesBackend, IptablesError, IptablesOptions};
 use kpng_local::NodeProjector;
-use kpng_model::{Changes, Family, GlobalModel};
+use kpng_model::{Changes, Family, GlobalModel, Kind};
 use kpng_testkit::generate::ClusterSpec;
 
 #[path = "../cluster.rs"]
@@ -155,6 +155,10 @@ fn main() -> anyhow::Result<()> {
             let mut model = GlobalModel::new();
             for object in cluster::objects(&spec)? {
                 model.apply(object);
+            }
+            // As the store does when each kind's list is done.
+            for kind in Kind::ALL {
+                model.compact(kind);
             }
             anyhow::Ok(model)
         });

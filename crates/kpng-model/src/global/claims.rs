@@ -148,6 +148,18 @@ impl Claims {
     pub fn claimants(&self, claim: &Claim) -> &[ServiceKey] {
         self.by_claim.get(claim).map(Claimants::as_slice).unwrap_or_default()
     }
+
+    /// Rebuilds the index with full tree nodes (see [`crate::GlobalModel::compact`]).
+    pub(crate) fn compact(&mut self) {
+        self.by_claim = compacted(std::mem::take(&mut self.by_claim));
+    }
+}
+
+/// `map` rebuilt from its entries in order: a tree built in one pass has full nodes, where
+/// one grown by inserting keys in ascending order (as lists return objects) leaves each
+/// node half full.
+pub(crate) fn compacted<K: Ord, V>(map: BTreeMap<K, V>) -> BTreeMap<K, V> {
+    map.into_iter().collect()
 }
 
 #[cfg(test)]
