@@ -57,6 +57,7 @@
 //! - [`nftlb`]: nftlb through its REST API, side by side with kpng.
 //! - [`ebpf`]: pod to cluster IP through eBPF, nftables and straight; the pod client.
 //! - [`ebpf_change`]: one endpoint change through eBPF and nftables.
+//! - [`idle`]: the `kpng` binary idle (its CPU), and its repair of foreign changes.
 //! - [`aggregator`]: producers through the nftables aggregator and alone.
 //! - [`syscalls`]: a system-call counter (perf, `raw_syscalls:sys_enter`).
 //! - [`probe`]: the netlink kernel, instrumented (commit time, transactions, elements).
@@ -71,6 +72,7 @@ mod cold;
 mod dataplane;
 mod ebpf;
 mod ebpf_change;
+mod idle;
 mod ipt_change;
 mod iptables;
 mod kube;
@@ -212,6 +214,14 @@ struct Cli {
     /// the default only).
     #[arg(long, value_delimiter = ',', default_value = "1s")]
     storm_min_sync_periods: Vec<String>,
+    /// Idle: cluster sizes (services) kpng is left idle over with its default flags, then
+    /// repairs two foreign changes, comma-separated (0 skips the scenario; needs the kpng
+    /// binary built); endpoints as --endpoints.
+    #[arg(long, value_delimiter = ',', default_value = "1000")]
+    idle_services: Vec<usize>,
+    /// Idle: seconds of idling timed per size (the default --sync-period is 30 s).
+    #[arg(long, default_value_t = 65)]
+    idle_seconds: u64,
     /// Aggregator: numbers of producers, comma-separated (0 skips the scenario).
     #[arg(long, value_delimiter = ',', default_value = "1,4,16")]
     aggregator_producers: Vec<usize>,
@@ -340,6 +350,14 @@ fn main() -> anyhow::Result<()> {
     if !storm_rows.is_empty() {
         println!();
         storm::print(&storm_rows);
+    }
+    let mut idle_rows = Vec::new();
+    for &services in cli.idle_services.iter().filter(|s| **s > 0) {
+        idle_rows.push(idle::run(services, cli.endpoints, cli.idle_seconds)?);
+    }
+    if !idle_rows.is_empty() {
+        println!();
+        idle::print(&idle_rows);
     }
     let mut nftlb_rows = Vec::new();
     for &services in cli.nftlb_services.iter().filter(|s| **s > 0) {

@@ -136,7 +136,7 @@ pub fn run(
 }
 
 /// Kills kpng when the scenario ends, however it ends.
-struct Killed(Child);
+pub(crate) struct Killed(pub(crate) Child);
 
 impl Drop for Killed {
     fn drop(&mut self) {
@@ -146,7 +146,7 @@ impl Drop for Killed {
 }
 
 /// Waits until kpng's /readyz answers 200 (its first sync is committed).
-fn wait_ready(child: &mut Child) -> anyhow::Result<()> {
+pub(crate) fn wait_ready(child: &mut Child) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(300);
     while Instant::now() < deadline {
         if let Some(status) = child.try_wait()? {
@@ -199,7 +199,7 @@ fn monitor(seen: Arc<Mutex<Seen>>, stop: Arc<AtomicBool>) -> anyhow::Result<()> 
 }
 
 /// A process's CPU time so far (user and system).
-fn cpu_time(pid: u32) -> anyhow::Result<Duration> {
+pub(crate) fn cpu_time(pid: u32) -> anyhow::Result<Duration> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     // Fields after the command name (which may hold spaces), from the state (field 3) on.
     let rest = stat.rsplit_once(')').map(|(_, r)| r).context("no command in /proc/PID/stat")?;

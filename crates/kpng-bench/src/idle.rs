@@ -1,0 +1,141 @@
+//! The idle scenario: the real `kpng` binary with its default flags (kube source to
+//! nftables, `--sync-period 30s`) over a generated cluster in which nothing changes. It
+//! reports kpng's CPU while idle, as a share of one core and per hour, and how long kpng
+//! takes to repair two foreign changes made with `nft`: one element deleted from a set, then
+//! one base chain flushed. While no other process commits, a verification reads nothing
+//! back (the ruleset generation is still kpng's); a foreign commit makes the next one read
+//! the tables back and repair them.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use kpng_testkit::apiserver::FakeApiServer;
+use kpng_testkit::generate::{ClusterSpec, generate, service_ip};
+
+use crate::storm::{Killed, cpu_time, wait_ready};
+
+/// One idle run.
+pub struct IdleRow {
+    /// Services in the cluster.
+    pub services: usize,
+    /// Seconds kpng was watched while nothing changed.
+    pub seconds: f64,
+    /// kpng's CPU over them (ms).
+    pub cpu_ms: f64,
+    /// A foreign deletion of one element to its repair (s).
+    pub element_repair_s: f64,
+    /// A foreign flush of a base chain to its repair (s).
+    pub chain_repair_s: f64,
+}
+
+/// Runs kpng idle over `services` × `endpoints` for `seconds`, then breaks its tables twice.
+pub fn run(services: usize, endpoints: usize, seconds: u64) -> anyhow::Result<IdleRow> {
+    let binary = crate::memory::kpng_binary()?;
+    let cleanup = Command::new(&binary).arg("cleanup").stderr(Stdio::null()).status()?;
+    anyhow::ensure!(cleanup.success(), "kpng cleanup failed before the idle run");
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
+    let server = runtime.block_on(FakeApiServer::start(Duration::from_secs(60)))?;
+    for object in generate(&ClusterSpec { services, endpoints, nodes: 3, zones: 2 }) {
+        server.apply(object);
+    }
+    let url = server.url();
+    let child = Command::new(&binary)
+        .args(["kube", "--server", url.as_str(), "to-local", "--node", "node-0", "to-nft"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .with_context(|| format!("cannot run {}", binary.display()))?;
+    let mut kpng = Killed(child);
+    wait_ready(&mut kpng.0)?;
+    // The start-up sync's rest and its first verification are not idling.
+    std::thread::sleep(Duration::from_secs(2));
+    let pid = kpng.0.id();
+    let (cpu_start, start) = (cpu_time(pid)?, Instant::now());
+    std::thread::sleep(Duration::from_secs(seconds));
+    let cpu_ms = (cpu_time(pid)? - cpu_start).as_secs_f64() * 1000.0;
+    let seconds = start.elapsed().as_secs_f64();
+
+    let ip = service_ip(0);
+    let element = format!("{{ {ip} }}");
+    let has_element = || nft(&["get", "element", "ip", "kpng", "cluster_ips", &element]);
+    anyhow::ensure!(has_element()?, "service 0's cluster IP {ip} is not in cluster_ips");
+    let element_repair_s = repair(
+        || nft(&["delete", "element", "ip", "kpng", "cluster_ips", &element]).map(|_| ()),
+        &has_element,
+    )?;
+    let jumps = || {
+        let out =
+            Command::new("nft").args(["list", "chain", "ip", "kpng", "nat_prerouting"]).output()?;
+        anyhow::Ok(String::from_utf8_lossy(&out.stdout).contains("jump services"))
+    };
+    anyhow::ensure!(jumps()?, "nat_prerouting does not jump to services");
+    let chain_repair_s =
+        repair(|| nft(&["flush", "chain", "ip", "kpng", "nat_prerouting"]).map(|_| ()), &jumps)?;
+    drop(kpng);
+    drop(server);
+    Ok(IdleRow { services, seconds, cpu_ms, element_repair_s, chain_repair_s })
+}
+
+/// Runs `nft ARGS`; whether it succeeded.
+fn nft(args: &[&str]) -> anyhow::Result<bool> {
+    let status = Command::new("nft")
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .context("cannot run nft")?;
+    Ok(status.success())
+}
+
+/// Breaks the tables with `break_it` and times how long until `repaired` holds again.
+fn repair(
+    break_it: impl Fn() -> anyhow::Result<()>,
+    repaired: &dyn Fn() -> anyhow::Result<bool>,
+) -> anyhow::Result<f64> {
+    break_it()?;
+    let start = Instant::now();
+    anyhow::ensure!(!repaired()?, "the foreign change did not take");
+    while !repaired()? {
+        anyhow::ensure!(
+            start.elapsed() < Duration::from_secs(120),
+            "kpng did not repair a foreign change within two minutes"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(start.elapsed().as_secs_f64())
+}
+
+/// Prints the idle table.
+pub fn print(rows: &[IdleRow]) {
+    println!(
+        "idle: kpng kube --server <fake> to-local --node node-0 to-nft (default --sync-period 30s), nothing changing"
+    );
+    println!(
+        "{:>8} {:>8} {:>9} {:>8} {:>12} | {:>17} {:>15}",
+        "services",
+        "idle(s)",
+        "cpu(ms)",
+        "core(%)",
+        "cpu/hour(s)",
+        "element repair(s)",
+        "chain repair(s)"
+    );
+    for r in rows {
+        let share = r.cpu_ms / (r.seconds * 1000.0);
+        println!(
+            "{:>8} {:>8.1} {:>9.1} {:>8.3} {:>12.1} | {:>17.2} {:>15.2}",
+            r.services,
+            r.seconds,
+            r.cpu_ms,
+            share * 100.0,
+            share * 3600.0,
+            r.element_repair_s,
+            r.chain_repair_s
+        );
+    }
+    println!(
+        "* repair: an `nft` command deletes service 0's cluster IP from cluster_ips (then flushes nat_prerouting) to the moment `nft` sees it back; a verification comes every --sync-period"
+    );
+}
