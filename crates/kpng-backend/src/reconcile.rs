@@ -417,6 +417,10 @@ where
     problems: Problems,
     dry_run: bool,
     known: KnownGeneration,
+    /// What a verification that found drift read back whole, and the generation it was
+    /// read at: the reset that repairs the drift starts from it rather than reading the
+    /// kernel again, unless anything committed since.
+    drifted: Option<(u64, Held<K>)>,
 }
 
 type Failure<R, K> = ReconcileError<<R as Render>::Error, <K as Kernel>::Error>;
@@ -438,6 +442,7 @@ where
             problems: Problems::default(),
             dry_run: false,
             known: KnownGeneration::default(),
+            drifted: None,
         }
     }
 
@@ -482,7 +487,12 @@ where
     /// Reads the kernel back, renders every service, and commits what differs.
     fn reset(&mut self, state: &LocalState) -> Result<Written, Failure<R, K>> {
         self.kernel.resetting(state);
-        let held = self.kernel.read().map_err(ReconcileError::Read)?;
+        let held = match self.drifted.take() {
+            // Read back by the verification that found the drift, and nothing committed
+            // since: at a large table, reading it twice doubled the time to repair.
+            Some((at, held)) if self.kernel.generation() == Some(at) => Some(held),
+            _ => self.kernel.read().map_err(ReconcileError::Read)?,
+        };
         let installed = held.is_some();
         let held = held.unwrap_or_default();
         if let (true, Some(part)) = (held.is_empty(), self.kernel.stream()) {
@@ -748,6 +758,7 @@ where
             Sample::Whole(read) => (read.unwrap_or_default(), |_| true, true),
             Sample::Part { held, covers } => (held, covers, false),
         };
+        self.drifted = None;
         let expected = &self.objects;
         let mut count = 0;
         let same = expected.iter().all(|(k, v)| {
@@ -773,11 +784,17 @@ where
         }
         self.known.forget();
         let first = missing.iter().chain(&changed).chain(&foreign).next().map(|k| format!("{k:?}"));
+        let counts = (missing.len(), changed.len(), foreign.len());
+        let after = self.kernel.generation();
+        if let (true, Some(at)) = (whole, before.filter(|at| after == Some(*at))) {
+            self.drifted = Some((at, held));
+        }
+        let (missing, changed, foreign) = counts;
         tracing::warn!(
             backend = self.name,
-            missing = missing.len(),
-            changed = changed.len(),
-            foreign = foreign.len(),
+            missing,
+            changed,
+            foreign,
             first = first.unwrap_or_default(),
             "the kernel no longer holds what kpng committed: repairing"
         );

@@ -730,6 +730,9 @@ impl kpng_backend::reconcile::Kernel for Tables {
             // The aggregator owns the tables: nothing here to verify.
             return Ok(nothing());
         }
+        // Everything, never the reset's shortcut over stale sets (a reset that started from
+        // a verification's read-back did not read, and left its expectation here).
+        self.expect = None;
         // A kernel that cannot say what it holds (a dry run) has nothing to verify either.
         Ok(self.read()?.map_or_else(nothing, |held| Sample::Whole(Some(held))))
     }

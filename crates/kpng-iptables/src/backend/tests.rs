@@ -352,3 +352,51 @@ fn verification_reads_nothing_while_the_generation_is_kpngs() {
     let _ = b.verify().unwrap();
     assert!(reads() > after_load, "read back after another's commit");
 }
+
+#[test]
+fn a_repair_starts_from_the_verifications_read_back_unless_something_committed_since() {
+    let state = one_service(&["10.96.0.7"]);
+    let kernel = MemoryKernel::new();
+    let (full, listed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let slow = SlowReads {
+        kernel: kernel.clone(),
+        delay: std::time::Duration::ZERO,
+        full: full.clone(),
+        listed,
+        generations: true,
+    };
+    let options = IptablesOptions {
+        cluster_cidrs: vec!["10.0.0.0/8".parse().unwrap()],
+        full_read_share: 1,
+        ..IptablesOptions::default()
+    };
+    let mut b = IptablesBackend::new(options, Box::new(slow));
+    b.apply(&ChangeSet::full(&state)).unwrap();
+    let good = kernel.snapshot(Family::V4);
+    let damage = || {
+        let mut damaged = good.clone();
+        damaged.chains.get_mut(&(Table::Nat, names::shard2("SH", 7))).unwrap().clear();
+        kernel.set_snapshot(Family::V4, damaged);
+    };
+
+    // Found by a whole read-back of both families; the repair reads nothing more.
+    damage();
+    let before = full.load(Ordering::Relaxed);
+    assert!(!b.verify().unwrap(), "the flushed leaf is seen");
+    assert_eq!(full.load(Ordering::Relaxed), before + 2);
+    b.apply(&ChangeSet::full(&state)).unwrap();
+    assert_eq!(full.load(Ordering::Relaxed), before + 2, "the repair read nothing again");
+    assert_eq!(kernel.snapshot(Family::V4), good, "repaired from the verification's read");
+    assert!(b.verify().unwrap());
+
+    // Another commit between the verification and the repair: the repair reads again.
+    damage();
+    assert!(!b.verify().unwrap());
+    let read = full.load(Ordering::Relaxed);
+    let mut worse = kernel.snapshot(Family::V4);
+    worse.chains.get_mut(&(Table::Nat, names::services())).unwrap().clear();
+    kernel.set_snapshot(Family::V4, worse);
+    b.apply(&ChangeSet::full(&state)).unwrap();
+    assert_eq!(full.load(Ordering::Relaxed), read + 2, "read again after a foreign commit");
+    assert_eq!(kernel.snapshot(Family::V4), good, "both flushes repaired");
+}
