@@ -9,7 +9,6 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use kpng_testkit::apiserver::FakeApiServer;
 
 use crate::memory::status_kib;
 use kpng_testkit::generate::{ClusterSpec, generate};
@@ -31,14 +30,9 @@ pub struct ColdRow {
 /// Runs kpng once over a fresh table for a generated cluster of `services` × `endpoints`.
 pub fn run(services: usize, endpoints: usize) -> anyhow::Result<ColdRow> {
     let binary = crate::memory::kpng_binary()?;
-    let cleanup = Command::new(&binary).arg("cleanup").stderr(Stdio::null()).status()?;
-    anyhow::ensure!(cleanup.success(), "kpng cleanup failed before the cold start");
-    let runtime =
-        tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
-    let server = runtime.block_on(FakeApiServer::start(Duration::from_secs(60)))?;
-    for object in generate(&ClusterSpec { services, endpoints, nodes: 3, zones: 2 }) {
-        server.apply(object);
-    }
+    crate::memory::clean_tables(&binary, "the cold start")?;
+    let spec = ClusterSpec { services, endpoints, nodes: 3, zones: 2 };
+    let (_runtime, server) = crate::memory::serve(generate(&spec))?;
     let url = server.url();
     let start = Instant::now();
     let child = Command::new(&binary)

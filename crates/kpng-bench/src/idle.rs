@@ -10,7 +10,6 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use kpng_testkit::apiserver::FakeApiServer;
 use kpng_testkit::generate::{ClusterSpec, generate, service_ip};
 
 use crate::storm::{Killed, cpu_time, wait_ready};
@@ -32,14 +31,9 @@ pub struct IdleRow {
 /// Runs kpng idle over `services` × `endpoints` for `seconds`, then breaks its tables twice.
 pub fn run(services: usize, endpoints: usize, seconds: u64) -> anyhow::Result<IdleRow> {
     let binary = crate::memory::kpng_binary()?;
-    let cleanup = Command::new(&binary).arg("cleanup").stderr(Stdio::null()).status()?;
-    anyhow::ensure!(cleanup.success(), "kpng cleanup failed before the idle run");
-    let runtime =
-        tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
-    let server = runtime.block_on(FakeApiServer::start(Duration::from_secs(60)))?;
-    for object in generate(&ClusterSpec { services, endpoints, nodes: 3, zones: 2 }) {
-        server.apply(object);
-    }
+    crate::memory::clean_tables(&binary, "the idle run")?;
+    let spec = ClusterSpec { services, endpoints, nodes: 3, zones: 2 };
+    let (_runtime, server) = crate::memory::serve(generate(&spec))?;
     let url = server.url();
     let child = Command::new(&binary)
         .args(["kube", "--server", url.as_str(), "to-local", "--node", "node-0", "to-nft"])

@@ -36,6 +36,27 @@ pub fn kpng_binary() -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
+/// Runs `kpng cleanup`: the scenario `what` starts over empty tables.
+pub(crate) fn clean_tables(binary: &std::path::Path, what: &str) -> anyhow::Result<()> {
+    let cleanup = Command::new(binary).arg("cleanup").stderr(Stdio::null()).status()?;
+    anyhow::ensure!(cleanup.success(), "kpng cleanup failed before {what}");
+    Ok(())
+}
+
+/// The fake API server serving `objects`, and the runtime it runs on (drop the server
+/// before the runtime).
+pub(crate) fn serve(
+    objects: Vec<serde_json::Value>,
+) -> anyhow::Result<(tokio::runtime::Runtime, FakeApiServer)> {
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
+    let server = runtime.block_on(FakeApiServer::start(Duration::from_secs(60)))?;
+    for object in objects {
+        server.apply(object);
+    }
+    Ok((runtime, server))
+}
+
 fn rss_kib(pid: u32) -> anyhow::Result<u64> {
     status_kib(pid, "VmRSS:").context("no VmRSS in /proc/PID/status")
 }
@@ -43,14 +64,8 @@ fn rss_kib(pid: u32) -> anyhow::Result<u64> {
 /// Runs kpng against a fake cluster of `services` × `endpoints` (0 services: the baseline).
 pub fn run(services: usize, endpoints: usize) -> anyhow::Result<MemoryRow> {
     let binary = kpng_binary()?;
-    let runtime =
-        tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
     let spec = ClusterSpec { services, endpoints, nodes: 3, zones: 2 };
-    let objects = generate(&spec);
-    let server = runtime.block_on(FakeApiServer::start(Duration::from_secs(60)))?;
-    for object in objects {
-        server.apply(object);
-    }
+    let (_runtime, server) = serve(generate(&spec))?;
     let url = server.url();
     let mut child = Command::new(&binary)
         .args(["kube", "--server", url.as_str(), "to-local", "--node", "node-0", "to-json"])

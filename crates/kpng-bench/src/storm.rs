@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use kpng_netlink::message::{NETLINK_NETFILTER, NFNL_SUBSYS_NFTABLES, messages};
 use kpng_netlink::socket::NetlinkSocket;
-use kpng_testkit::apiserver::FakeApiServer;
 use kpng_testkit::generate::{ClusterSpec, generate};
 use serde_json::Value;
 
@@ -62,22 +61,16 @@ pub fn run(
     min_sync_period: Option<&str>,
 ) -> anyhow::Result<StormRow> {
     let binary = crate::memory::kpng_binary()?;
-    let cleanup = Command::new(&binary).arg("cleanup").stderr(Stdio::null()).status()?;
-    anyhow::ensure!(cleanup.success(), "kpng cleanup failed before the storm");
+    crate::memory::clean_tables(&binary, "the storm")?;
     let total = (rate * seconds) as usize;
     anyhow::ensure!(total < 65_536, "a storm names its events in 16 bits: {total} is too many");
-    let runtime =
-        tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
-    let server = runtime.block_on(FakeApiServer::start(Duration::from_secs(60)))?;
     let objects = generate(&ClusterSpec { services, endpoints, nodes: 3, zones: 2 });
     let slices: Vec<Value> = objects
         .iter()
         .filter(|o| o["kind"] == "EndpointSlice" && o["addressType"] == "IPv4")
         .cloned()
         .collect();
-    for object in objects {
-        server.apply(object);
-    }
+    let (_runtime, server) = crate::memory::serve(objects)?;
     let url = server.url();
     let mut command = Command::new(&binary);
     command.args(["kube", "--server", url.as_str()]);
