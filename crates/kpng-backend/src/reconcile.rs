@@ -420,7 +420,7 @@ where
     /// What a verification that found drift read back whole, and the generation it was
     /// read at: the reset that repairs the drift starts from it rather than reading the
     /// kernel again, unless anything committed since.
-    drifted: Option<(u64, Held<K>)>,
+    drifted: Option<(u64, Option<Held<K>>)>,
 }
 
 type Failure<R, K> = ReconcileError<<R as Render>::Error, <K as Kernel>::Error>;
@@ -490,7 +490,7 @@ where
         let held = match self.drifted.take() {
             // Read back by the verification that found the drift, and nothing committed
             // since: at a large table, reading it twice doubled the time to repair.
-            Some((at, held)) if self.kernel.generation() == Some(at) => Some(held),
+            Some((at, held)) if self.kernel.generation() == Some(at) => held,
             _ => self.kernel.read().map_err(ReconcileError::Read)?,
         };
         let installed = held.is_some();
@@ -754,6 +754,7 @@ where
         self.stats.readbacks.fetch_add(1, Ordering::Relaxed);
         let sample =
             self.kernel.sample().map_err(|e| self.backend_error(ReconcileError::Read(e)))?;
+        let nothing = matches!(sample, Sample::Whole(None));
         let (held, covers, whole): (_, fn(&R::Key) -> bool, _) = match sample {
             Sample::Whole(read) => (read.unwrap_or_default(), |_| true, true),
             Sample::Part { held, covers } => (held, covers, false),
@@ -787,7 +788,7 @@ where
         let counts = (missing.len(), changed.len(), foreign.len());
         let after = self.kernel.generation();
         if let (true, Some(at)) = (whole, before.filter(|at| after == Some(*at))) {
-            self.drifted = Some((at, held));
+            self.drifted = Some((at, (!nothing).then_some(held)));
         }
         let (missing, changed, foreign) = counts;
         tracing::warn!(
