@@ -29,14 +29,25 @@ pub struct IdleRow {
 }
 
 /// Runs kpng idle over `services` × `endpoints` for `seconds`, then breaks its tables twice.
-pub fn run(services: usize, endpoints: usize, seconds: u64) -> anyhow::Result<IdleRow> {
+/// `sync_period`: kpng's `--sync-period`, when not its default.
+pub fn run(
+    services: usize,
+    endpoints: usize,
+    seconds: u64,
+    sync_period: Option<&str>,
+) -> anyhow::Result<IdleRow> {
     let binary = crate::memory::kpng_binary()?;
     crate::memory::clean_tables(&binary, "the idle run")?;
     let spec = ClusterSpec { services, endpoints, nodes: 3, zones: 2 };
     let (_runtime, server) = crate::memory::serve(generate(&spec))?;
     let url = server.url();
-    let child = Command::new(&binary)
-        .args(["kube", "--server", url.as_str(), "to-local", "--node", "node-0", "to-nft"])
+    let mut command = Command::new(&binary);
+    command.args(["kube", "--server", url.as_str()]);
+    if let Some(period) = sync_period {
+        command.args(["--sync-period", period]);
+    }
+    let child = command
+        .args(["to-local", "--node", "node-0", "to-nft"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -104,7 +115,7 @@ fn repair(
 /// Prints the idle table.
 pub fn print(rows: &[IdleRow]) {
     println!(
-        "idle: kpng kube --server <fake> to-local --node node-0 to-nft (default --sync-period 30s), nothing changing"
+        "idle: kpng kube --server <fake> to-local --node node-0 to-nft (--sync-period 30s unless --idle-sync-period), nothing changing"
     );
     println!(
         "{:>8} {:>8} {:>9} {:>8} {:>12} | {:>17} {:>15}",

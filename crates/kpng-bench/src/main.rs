@@ -222,6 +222,9 @@ struct Cli {
     /// Idle: seconds of idling timed per size (the default --sync-period is 30 s).
     #[arg(long, default_value_t = 65)]
     idle_seconds: u64,
+    /// Idle: kpng's --sync-period, in place of its default (30s); repairs wait for it.
+    #[arg(long, value_name = "DURATION")]
+    idle_sync_period: Option<String>,
     /// Aggregator: numbers of producers, comma-separated (0 skips the scenario).
     #[arg(long, value_delimiter = ',', default_value = "1,4,16")]
     aggregator_producers: Vec<usize>,
@@ -353,7 +356,8 @@ fn main() -> anyhow::Result<()> {
     }
     let mut idle_rows = Vec::new();
     for &services in cli.idle_services.iter().filter(|s| **s > 0) {
-        idle_rows.push(idle::run(services, cli.endpoints, cli.idle_seconds)?);
+        let period = cli.idle_sync_period.as_deref();
+        idle_rows.push(idle::run(services, cli.endpoints, cli.idle_seconds, period)?);
     }
     if !idle_rows.is_empty() {
         println!();

@@ -73,10 +73,6 @@ pub fn print_nft(rows: &[NftRow]) {
         );
     }
     println!(
-        "* cold-kern and netlink: every part of the cold start summed (the parts commit on a \
-         second thread while the next renders)"
-    );
-    println!(
         "{:>8} {:>4} {:>9} {:>6} {:>5} {:>10} | {:<16} {:>8} {:>8} {:>8} {:>10} {:>10} {:>8} {:>7} | {:>10} {:>12} | {:>10} {:>10}",
         "services",
         "eps",
@@ -126,4 +122,8 @@ pub fn print_nft(rows: &[NftRow]) {
             );
         }
     }
+    println!(
+        "* cold-kern and netlink: every part of the cold start summed (the parts commit on a \
+         second thread while the next renders)"
+    );
 }

@@ -44,6 +44,7 @@ fn every_scenario_runs_and_prints_its_table() {
         .args(["--restart-stale", "300", "--restart-kept", "30"])
         .args(["--storm-services", "300", "--storm-rates", storm_rates, "--storm-seconds", "1"])
         .args(["--storm-min-sync-periods", "200ms"])
+        .args(["--idle-services", memory, "--idle-seconds", "1", "--idle-sync-period", "1s"])
         .arg("--plot")
         .arg(plot.path())
         .output()
@@ -115,6 +116,16 @@ fn every_scenario_runs_and_prints_its_table() {
             assert!(events == 50.0 && seen > 0.0 && seen <= events, "{row:?}");
             row[5..].iter().for_each(|f| assert!(number(f) >= 0.0, "{row:?}"));
         }
+    }
+
+    if memory != "0" {
+        let idle = table(&stdout, "idle:");
+        assert_eq!(idle.len(), 1, "{idle:?}");
+        assert_eq!(idle[0][0], "300", "{idle:?}");
+        let repairs = (number(&idle[0][5]), number(&idle[0][6]));
+        // Both foreign changes repaired, each within a few verifications of 1 s.
+        assert!(repairs.0 < 10.0 && repairs.1 < 10.0, "{idle:?}");
+        idle[0][1..].iter().for_each(|f| assert!(number(f) >= 0.0, "{idle:?}"));
     }
 
     let nftlb = table(&stdout, "nftlb:");
