@@ -785,12 +785,11 @@ where
         }
         self.known.forget();
         let first = missing.iter().chain(&changed).chain(&foreign).next().map(|k| format!("{k:?}"));
-        let counts = (missing.len(), changed.len(), foreign.len());
+        let (missing, changed, foreign) = (missing.len(), changed.len(), foreign.len());
         let after = self.kernel.generation();
         if let (true, Some(at)) = (whole, before.filter(|at| after == Some(*at))) {
             self.drifted = Some((at, (!nothing).then_some(held)));
         }
-        let (missing, changed, foreign) = counts;
         tracing::warn!(
             backend = self.name,
             missing,

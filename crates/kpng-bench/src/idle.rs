@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use kpng_testkit::generate::{ClusterSpec, generate, service_ip};
 
-use crate::storm::{Killed, cpu_time, wait_ready};
+use crate::storm::{cpu_time, start_ready};
 
 /// One idle run.
 pub struct IdleRow {
@@ -40,20 +40,8 @@ pub fn run(
     crate::memory::clean_tables(&binary, "the idle run")?;
     let spec = ClusterSpec { services, endpoints, nodes: 3, zones: 2 };
     let (_runtime, server) = crate::memory::serve(generate(&spec))?;
-    let url = server.url();
-    let mut command = Command::new(&binary);
-    command.args(["kube", "--server", url.as_str()]);
-    if let Some(period) = sync_period {
-        command.args(["--sync-period", period]);
-    }
-    let child = command
-        .args(["to-local", "--node", "node-0", "to-nft"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .with_context(|| format!("cannot run {}", binary.display()))?;
-    let mut kpng = Killed(child);
-    wait_ready(&mut kpng.0)?;
+    let flags: Vec<&str> = sync_period.iter().flat_map(|p| ["--sync-period", p]).collect();
+    let kpng = start_ready(&binary, &server.url(), &flags)?;
     // The start-up sync's rest and its first verification are not idling.
     std::thread::sleep(Duration::from_secs(2));
     let pid = kpng.0.id();

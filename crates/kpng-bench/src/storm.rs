@@ -6,6 +6,7 @@
 //! server runs in the bench's process, not kpng's).
 
 use std::io::{Read, Write};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -71,20 +72,8 @@ pub fn run(
         .cloned()
         .collect();
     let (_runtime, server) = crate::memory::serve(objects)?;
-    let url = server.url();
-    let mut command = Command::new(&binary);
-    command.args(["kube", "--server", url.as_str()]);
-    if let Some(period) = min_sync_period {
-        command.args(["--min-sync-period", period]);
-    }
-    let child = command
-        .args(["to-local", "--node", "node-0", "to-nft"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .with_context(|| format!("cannot run {}", binary.display()))?;
-    let mut kpng = Killed(child);
-    wait_ready(&mut kpng.0)?;
+    let flags: Vec<&str> = min_sync_period.iter().flat_map(|p| ["--min-sync-period", p]).collect();
+    let kpng = start_ready(&binary, &server.url(), &flags)?;
     // Subscribed only now: the first sync's notifications would overflow the socket.
     let seen = Arc::new(Mutex::new(Seen { first: vec![None; total + 1], commits: 0 }));
     let stop = Arc::new(AtomicBool::new(false));
@@ -138,8 +127,24 @@ impl Drop for Killed {
     }
 }
 
+/// Starts `kpng kube --server URL FLAGS to-local --node node-0 to-nft` and waits until it
+/// is ready (its first sync committed).
+pub(crate) fn start_ready(binary: &Path, url: &str, flags: &[&str]) -> anyhow::Result<Killed> {
+    let child = Command::new(binary)
+        .args(["kube", "--server", url])
+        .args(flags)
+        .args(["to-local", "--node", "node-0", "to-nft"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .with_context(|| format!("cannot run {}", binary.display()))?;
+    let mut kpng = Killed(child);
+    wait_ready(&mut kpng.0)?;
+    Ok(kpng)
+}
+
 /// Waits until kpng's /readyz answers 200 (its first sync is committed).
-pub(crate) fn wait_ready(child: &mut Child) -> anyhow::Result<()> {
+fn wait_ready(child: &mut Child) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(300);
     while Instant::now() < deadline {
         if let Some(status) = child.try_wait()? {
