@@ -175,6 +175,16 @@ pub trait Kernel: Send {
         None
     }
 
+    /// Whether every commit from generation `known` up to `now` (none of them kpng's own)
+    /// left kpng's objects alone, as the kernel's own announcements of commits say (the
+    /// nf_tables multicast group): other processes commit to their own tables all the
+    /// time, and reading kpng's back after each would cost what the generation saves.
+    /// `false` when the kernel cannot say (by default, and after a lost announcement).
+    fn untouched(&mut self, known: u64, now: u64) -> bool {
+        let _ = (known, now);
+        false
+    }
+
     /// How many steps of [`generation`](Self::generation) the last successful commit made
     /// (one nf_tables transaction each): one by default; `iptables-nft-restore` commits
     /// each table's section as a transaction of its own.
@@ -296,6 +306,9 @@ pub struct Stats {
     pub readbacks_skipped: AtomicU64,
     /// Verifications that found the kernel changed behind kpng's back.
     pub drifts: AtomicU64,
+    /// Times other processes' commits were let pass without a read-back: the kernel's
+    /// announcements said they left kpng's objects alone.
+    pub untouched: AtomicU64,
     /// Objects the kernel holds, as last committed.
     pub objects: AtomicU64,
 }
@@ -330,6 +343,11 @@ impl Stats {
                 name("drifts"),
                 "Verifications that found the kernel changed behind kpng's back.",
                 &self.drifts,
+            ),
+            (
+                name("foreign_commits_untouched"),
+                "Times other processes' commits were let pass without a read-back: the kernel announced that they left kpng's objects alone.",
+                &self.untouched,
             ),
         ];
         let refs: Vec<(&str, &str, &AtomicU64)> =
@@ -515,7 +533,7 @@ where
         let prepared = self.kernel.prepare(&plan, &self.objects, installed);
         prepared.map_err(ReconcileError::Prepare)?;
         self.problems.clear(self.name);
-        self.commit(&plan)?;
+        self.commit(&plan, true)?;
         self.facts = Some(facts);
         Ok(Written::of(&plan))
     }
@@ -636,25 +654,48 @@ where
         }
         let shared = self.render.shared(&facts);
         let plan = self.objects.update_and_patch(renders, shared);
-        self.commit(&plan)?;
+        self.commit(&plan, false)?;
         self.facts = Some(facts);
         Ok(Written::of(&plan))
     }
 
-    fn commit(&mut self, plan: &Plan<R::Key, R::Value>) -> Result<(), Failure<R, K>> {
+    /// Commits `plan`: a reset's (over what it read) or a change's (over what kpng last
+    /// committed).
+    fn commit(&mut self, plan: &Plan<R::Key, R::Value>, reset: bool) -> Result<(), Failure<R, K>> {
         if plan.is_empty() {
             return Ok(());
         }
-        // The generation before and after: one more means the commit was kpng's alone.
+        // The generation before and after: one more means the commit was kpng's alone. A
+        // change is known to leave the kernel right only over objects known right before
+        // it: a foreign change to them must not pass for kpng's own once kpng commits.
         let before = self.kernel.generation();
+        let continued = reset || self.known_at(before);
         self.known.forget();
         self.kernel
             .commit(plan, &self.objects)
             .map_err(|source| ReconcileError::Commit { writes: plan.len(), source })?;
-        let after = self.kernel.generation();
-        self.known.committed(before, after, self.kernel.transactions());
+        if continued {
+            let after = self.kernel.generation();
+            self.known.committed(before, after, self.kernel.transactions());
+        }
         self.count(&Written::of(plan));
         Ok(())
+    }
+
+    /// Whether kpng's objects are known right at generation `now`: kpng's last commit or
+    /// read-back left them known at `now`, or at an earlier generation and the kernel
+    /// says every commit since left them alone (then they are known at `now` from here on).
+    fn known_at(&mut self, now: Option<u64>) -> bool {
+        let (Some(now), Some(known)) = (now, self.known.at()) else { return false };
+        if now == known {
+            return true;
+        }
+        if !self.kernel.untouched(known, now) {
+            return false;
+        }
+        self.known.advance(now);
+        self.stats.untouched.fetch_add(1, Ordering::Relaxed);
+        true
     }
 
     /// Counts a committed reset or change.
@@ -747,6 +788,7 @@ where
             return Ok(false);
         }
         let before = self.kernel.generation();
+        self.known_at(before);
         if self.known.may_skip(before) {
             self.stats.readbacks_skipped.fetch_add(1, Ordering::Relaxed);
             return Ok(true);

@@ -88,6 +88,10 @@ impl<K: Kernel> Kernel for Faulty<K> {
         self.inner.generation()
     }
 
+    fn untouched(&mut self, known: u64, now: u64) -> bool {
+        self.inner.untouched(known, now)
+    }
+
     fn transactions(&self) -> u64 {
         self.inner.transactions()
     }

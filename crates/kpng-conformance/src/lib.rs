@@ -16,7 +16,8 @@
 //!   over what the previous release committed too ([`upgrade_writes_nothing`], with the
 //!   subject's fixture of that release's objects);
 //! - drift of each kind (an object deleted, changed, or a foreign one added) is found by
-//!   the next verification and repaired by the reset that follows;
+//!   the next verification and repaired by the reset that follows, also when kpng
+//!   committed a change of its own after the drift;
 //! - random change histories, with refused commits and restarts among them, end where a
 //!   fresh load of the last state ends (a property test).
 //!
@@ -142,6 +143,7 @@ pub fn run<S: Subject>(subject: &S, cases: u32) {
     refused_first_load_is_completed(subject);
     restart_writes_nothing(subject);
     drift_is_found_and_repaired(subject);
+    drift_before_a_change_is_found(subject);
     histories_end_as_a_fresh_load(subject, cases);
     subject.wipe();
 }
@@ -299,6 +301,29 @@ pub fn drift_is_found_and_repaired<S: Subject>(subject: &S) {
         assert!(contents(subject) == right, "{name}: an object {kind} was not repaired");
         assert_eq!(backend.verify().ok(), Some(true), "{name}: drift remained after repair");
     }
+}
+
+/// A foreign object added, then a change committed by kpng before the next verification:
+/// the verification still finds the foreign object (kpng's commit must not make the kernel
+/// pass for known right), and no verification finds drift where the kernel holds exactly
+/// what kpng committed.
+pub fn drift_before_a_change_is_found<S: Subject>(subject: &S) {
+    let name = subject.name();
+    let (a, b) = states::pair();
+    subject.wipe();
+    let mut backend = start(subject);
+    load(subject, &mut backend, &a);
+    let (key, value) = subject.foreign();
+    tamper(subject, Plan { upserts: vec![(key, None, value)], deletes: vec![] });
+    let changed = change::<S>(&mut backend, &a, &b);
+    changed.unwrap_or_else(|e| panic!("{name}: the change was refused: {e:?}"));
+    let exact = backend.held().to_map() == contents(subject);
+    assert!(!exact, "{name}: the change removed the foreign object");
+    assert_eq!(backend.verify().ok(), Some(false), "{name}: drift before a change went unseen");
+    load(subject, &mut backend, &b);
+    assert_eq!(backend.verify().ok(), Some(true), "{name}: drift remained after repair");
+    assert!(backend.held().to_map() == contents(subject), "{name}: not repaired");
+    subject.wipe();
 }
 
 /// What happens between two states of a history.

@@ -21,9 +21,23 @@ impl KnownGeneration {
         self.known = None;
     }
 
+    /// The generation kpng's objects are known right at, if any.
+    pub fn at(&self) -> Option<u64> {
+        self.known
+    }
+
+    /// The kernel says every commit from the known generation up to `now` left kpng's
+    /// objects alone: they are known right at `now`.
+    pub fn advance(&mut self, now: u64) {
+        if self.known.is_some() {
+            self.known = Some(now);
+        }
+    }
+
     /// kpng's own commit, of `transactions` kernel transactions, ended between generations
     /// `before` and `after`: exactly that many more means no other commit came between, and
-    /// the objects are known right at `after`.
+    /// the objects are known right at `after`, provided they were known right at `before`
+    /// (the caller's to check: a reset knows them from its read).
     pub fn committed(&mut self, before: Option<u64>, after: Option<u64>, transactions: u64) {
         let expected = before.map(|b| b.wrapping_add(transactions));
         self.known = after.filter(|a| expected == Some(*a));
