@@ -3,8 +3,11 @@
 //! reports kpng's CPU while idle, as a share of one core and per hour, and how long kpng
 //! takes to repair two foreign changes made with `nft`: one element deleted from a set, then
 //! one base chain flushed. While no other process commits, a verification reads nothing
-//! back (the ruleset generation is still kpng's); a foreign commit makes the next one read
-//! the tables back and repair them.
+//! back (the ruleset generation is still kpng's). A neighbour then commits to a table of
+//! its own once a second for as long again (as kubelet and CNI plugins do through
+//! iptables-nft): kpng's CPU meanwhile shows whether those commits cost it read-backs. A
+//! foreign commit to kpng's own tables makes the next verification read them back and
+//! repair them.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -22,6 +25,8 @@ pub struct IdleRow {
     pub seconds: f64,
     /// kpng's CPU over them (ms).
     pub cpu_ms: f64,
+    /// kpng's CPU over as long again while a neighbour committed once a second (ms).
+    pub neighbour_cpu_ms: f64,
     /// A foreign deletion of one element to its repair (s).
     pub element_repair_s: f64,
     /// A foreign flush of a base chain to its repair (s).
@@ -49,6 +54,14 @@ pub fn run(
     std::thread::sleep(Duration::from_secs(seconds));
     let cpu_ms = (cpu_time(pid)? - cpu_start).as_secs_f64() * 1000.0;
     let seconds = start.elapsed().as_secs_f64();
+    let cpu_start = cpu_time(pid)?;
+    for second in 0..seconds.round() as u64 {
+        let verb = if second % 2 == 0 { "add" } else { "delete" };
+        anyhow::ensure!(nft(&[verb, "table", "ip", "neighbour"])?, "the neighbour's commit failed");
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    let neighbour_cpu_ms = (cpu_time(pid)? - cpu_start).as_secs_f64() * 1000.0;
+    let _ = nft(&["delete", "table", "ip", "neighbour"]);
 
     let ip = service_ip(0);
     let element = format!("{{ {ip} }}");
@@ -68,7 +81,7 @@ pub fn run(
         repair(|| nft(&["flush", "chain", "ip", "kpng", "nat_prerouting"]).map(|_| ()), &jumps)?;
     drop(kpng);
     drop(server);
-    Ok(IdleRow { services, seconds, cpu_ms, element_repair_s, chain_repair_s })
+    Ok(IdleRow { services, seconds, cpu_ms, neighbour_cpu_ms, element_repair_s, chain_repair_s })
 }
 
 /// Runs `nft ARGS`; whether it succeeded.
@@ -106,28 +119,33 @@ pub fn print(rows: &[IdleRow]) {
         "idle: kpng kube --server <fake> to-local --node node-0 to-nft (--sync-period 30s unless --idle-sync-period), nothing changing"
     );
     println!(
-        "{:>8} {:>8} {:>9} {:>8} {:>12} | {:>17} {:>15}",
+        "{:>8} {:>8} {:>9} {:>8} {:>12} {:>18} | {:>17} {:>15}",
         "services",
         "idle(s)",
         "cpu(ms)",
         "core(%)",
         "cpu/hour(s)",
+        "neighbour cpu(ms)",
         "element repair(s)",
         "chain repair(s)"
     );
     for r in rows {
         let share = r.cpu_ms / (r.seconds * 1000.0);
         println!(
-            "{:>8} {:>8.1} {:>9.1} {:>8.3} {:>12.1} | {:>17.2} {:>15.2}",
+            "{:>8} {:>8.1} {:>9.1} {:>8.3} {:>12.1} {:>18.1} | {:>17.2} {:>15.2}",
             r.services,
             r.seconds,
             r.cpu_ms,
             share * 100.0,
             share * 3600.0,
+            r.neighbour_cpu_ms,
             r.element_repair_s,
             r.chain_repair_s
         );
     }
+    println!(
+        "* neighbour: kpng's CPU over as long again while another process adds or deletes a table of its own once a second"
+    );
     println!(
         "* repair: an `nft` command deletes service 0's cluster IP from cluster_ips (then flushes nat_prerouting) to the moment `nft` sees it back; a verification comes every --sync-period"
     );

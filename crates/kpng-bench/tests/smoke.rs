@@ -122,7 +122,7 @@ fn every_scenario_runs_and_prints_its_table() {
         let idle = table(&stdout, "idle:");
         assert_eq!(idle.len(), 1, "{idle:?}");
         assert_eq!(idle[0][0], "300", "{idle:?}");
-        let repairs = (number(&idle[0][5]), number(&idle[0][6]));
+        let repairs = (number(&idle[0][6]), number(&idle[0][7]));
         // Both foreign changes repaired, each within a few verifications of 1 s.
         assert!(repairs.0 < 10.0 && repairs.1 < 10.0, "{idle:?}");
         idle[0][1..].iter().for_each(|f| assert!(number(f) >= 0.0, "{idle:?}"));

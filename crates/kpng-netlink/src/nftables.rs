@@ -2,9 +2,11 @@
 //! or reads, with its encoding and decoding ([`messages`]); the builders that append
 //! messages creating, changing and deleting tables, chains, sets, rules and elements to a
 //! batch ([`objects`]); and dumps of what the kernel holds, decoded into the same message
-//! types ([`dump`]). Numbers follow the kernel's uapi (`linux/netfilter/nf_tables.h`);
+//! types ([`dump`]); and the announcements of committed transactions, by generation
+//! ([`announce`]). Numbers follow the kernel's uapi (`linux/netfilter/nf_tables.h`);
 //! each is named where it is used.
 
+pub mod announce;
 pub mod dump;
 pub mod expr;
 pub mod messages;

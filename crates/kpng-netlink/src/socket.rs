@@ -124,6 +124,31 @@ impl NetlinkSocket {
         self.socket.add_membership(group).map_err(io_error("subscribe"))
     }
 
+    /// Stops receiving multicast `group`; what was queued before stays to be received.
+    pub fn unsubscribe(&mut self, group: u32) -> Result<(), NetlinkError> {
+        self.socket.drop_membership(group).map_err(io_error("unsubscribe"))
+    }
+
+    /// Receives one datagram if one is queued, without waiting: `None` when none is.
+    /// Notifications lost because the socket's buffer was full fail with `ENOBUFS` once
+    /// ([`NetlinkError::errno`]); receiving goes on after it.
+    pub fn try_receive(&mut self) -> Result<Option<Vec<u8>>, NetlinkError> {
+        let mut buf = Vec::with_capacity(RECEIVE_BUFFER);
+        let flags = (nix::sys::socket::MsgFlags::MSG_TRUNC
+            | nix::sys::socket::MsgFlags::MSG_DONTWAIT)
+            .bits();
+        let len = match self.socket.recv(&mut buf, flags) {
+            Ok(len) => len,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+            Err(source) => return Err(NetlinkError::Io { op: "receive", source }),
+        };
+        if len > buf.len() {
+            let error = io::Error::other(format!("a {len}-byte datagram did not fit the buffer"));
+            return Err(NetlinkError::Io { op: "receive", source: error });
+        }
+        Ok(Some(buf))
+    }
+
     /// Waits without a deadline for notifications (after [`NetlinkSocket::subscribe`]).
     pub fn clear_timeout(&mut self) -> Result<(), NetlinkError> {
         let none = TimeVal::new(0, 0);

@@ -7,7 +7,8 @@
 //! and commits what differs; at start-up, after a refused transaction and after drift, the
 //! tables are read back and only what differs from the whole node state is written (a
 //! restart over a right table writes nothing, a damaged one is repaired in place); a
-//! verification reads nothing back while the ruleset generation is still kpng's.
+//! verification reads nothing back while the ruleset generation is still kpng's, or while
+//! the kernel's announcements say that the transactions since left kpng's tables alone.
 
 use std::sync::Arc;
 

@@ -740,4 +740,10 @@ impl kpng_backend::reconcile::Kernel for Tables {
     fn generation(&mut self) -> Option<u64> {
         self.kernel.generation().ok().flatten().map(u64::from)
     }
+
+    fn untouched(&mut self, known: u64, now: u64) -> bool {
+        // The generation is the kernel's 32-bit counter.
+        let touched = self.kernel.touched(known as u32, now as u32);
+        touched == kpng_netlink::nftables::announce::Touched::Nothing
+    }
 }

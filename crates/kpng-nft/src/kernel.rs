@@ -8,6 +8,7 @@ use std::net::IpAddr;
 use kpng_model::Family;
 use kpng_model::global::PersistenceKey;
 use kpng_netlink::message::NETLINK_NETFILTER;
+use kpng_netlink::nftables::announce::{Announcements, Touched};
 use kpng_netlink::nftables::dump;
 use kpng_netlink::nftables::expr::Expr;
 use kpng_netlink::nftables::objects::Table;
@@ -65,6 +66,13 @@ pub trait Kernel: Send {
         Ok(None)
     }
 
+    /// What other processes' commits after generation `known` up to `now` did to kpng's
+    /// tables, as the kernel announced them; [`Touched::Unknown`] when it cannot say.
+    fn touched(&mut self, known: u32, now: u32) -> Touched {
+        let _ = (known, now);
+        Touched::Unknown
+    }
+
     /// Whether `ct helper` objects can be created (kube-nftlb's `helper` annotation).
     fn ct_helpers(&self) -> bool {
         true
@@ -99,6 +107,9 @@ pub(crate) fn dnat_target(rule: &[Option<Expr>]) -> Option<Target> {
 /// Programs the kernel of the current network namespace.
 pub struct NetlinkKernel {
     socket: NetlinkSocket,
+    /// What other processes commit, as the kernel announces it; not listened to during
+    /// kpng's own commits. `None` when the announcements cannot be listened to.
+    announcements: Option<Announcements>,
 }
 
 impl NetlinkKernel {
@@ -106,15 +117,24 @@ impl NetlinkKernel {
     /// uses (one batch that creates a probe table and deletes it again).
     pub fn open() -> Result<Self, NftError> {
         let socket = NetlinkSocket::open(NETLINK_NETFILTER).map_err(NftError::Socket)?;
-        let mut kernel = NetlinkKernel { socket };
+        let mut kernel = NetlinkKernel { socket, announcements: None };
         kernel.check_features()?;
+        kernel.announcements = Announcements::open(TABLE)
+            .inspect_err(|error| {
+                tracing::warn!(
+                    %error,
+                    "cannot listen to nf_tables' announcements: every commit by another \
+                     process will make the next verification read kpng's tables back"
+                )
+            })
+            .ok();
         Ok(kernel)
     }
 
     /// Opens the netlink socket to read kpng's tables only: no probe, nothing written.
     pub fn reader() -> Result<Self, NftError> {
         let socket = NetlinkSocket::open(NETLINK_NETFILTER).map_err(NftError::Socket)?;
-        Ok(NetlinkKernel { socket })
+        Ok(NetlinkKernel { socket, announcements: None })
     }
 
     /// Bytes sent to the kernel over netlink so far.
@@ -300,11 +320,40 @@ fn read_set(
     Ok(())
 }
 
+impl NetlinkKernel {
+    /// Starts or stops listening to the announcements; one that fails is given up (the
+    /// generations it misses are unknown, so nothing is taken on trust).
+    fn listen(&mut self, on: bool) {
+        let Some(announcements) = &mut self.announcements else { return };
+        let result = match on {
+            true => announcements.resume(),
+            false => announcements.pause(),
+        };
+        if let Err(error) = result {
+            tracing::warn!(%error, "cannot listen to nf_tables' announcements any more");
+            self.announcements = None;
+        }
+    }
+}
+
 impl Kernel for NetlinkKernel {
     fn commit(&mut self, plan: &Plan<'_>) -> Result<(), NftError> {
         let mut batch = Batch::new(self.socket.seq());
         encode(plan, &mut batch);
-        self.socket.commit(batch.finish()).map_err(NftError::Commit)
+        // kpng's own commits are not listened to: announcing a cold start's million
+        // elements would cost the kernel as much again, and fill the socket.
+        self.listen(false);
+        let committed = self.socket.commit(batch.finish()).map_err(NftError::Commit);
+        self.listen(true);
+        committed
+    }
+
+    fn touched(&mut self, known: u32, now: u32) -> Touched {
+        let Some(announcements) = &mut self.announcements else { return Touched::Unknown };
+        announcements.touched(known, now).unwrap_or_else(|error| {
+            tracing::warn!(%error, "cannot receive nf_tables' announcements");
+            Touched::Unknown
+        })
     }
 
     fn read(&mut self) -> Result<Option<KernelContents>, NftError> {

@@ -364,3 +364,52 @@ fn a_cold_start_in_transactions_of_whole_services_ends_as_one_run_makes_it() {
     assert!(a.elements.values().map(BTreeSet::len).sum::<usize>() > 150 * 4);
     assert_eq!(a, b);
 }
+
+#[test]
+fn commits_to_other_tables_are_let_pass_and_commits_to_kpngs_are_read() {
+    let name = "commits_to_other_tables_are_let_pass_and_commits_to_kpngs_are_read";
+    if !require(name, &["nft", "ip"]) {
+        return;
+    }
+    let ns = Netns::new("announce");
+    let state = many(30);
+    let nft = |args: &str| {
+        let args: Vec<&str> = args.split(' ').collect();
+        let out = ns.exec("nft", &args);
+        assert!(out.status.success(), "nft {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    let counted = |backend: &NftBackend| {
+        let stats = backend.template_stats();
+        let load = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+        (load(&stats.readbacks), load(&stats.readbacks_skipped), load(&stats.untouched))
+    };
+    let first = state.clone();
+    let mut backend = in_netns(&ns, move || {
+        let mut backend =
+            NftBackend::new(NftOptions::default(), Box::new(NetlinkKernel::open().unwrap()));
+        backend.apply(&ChangeSet::full(&first)).unwrap();
+        backend
+    });
+    // Other processes commit to tables of their own: the announcements say kpng's were
+    // left alone, so nothing is read back.
+    nft("add table ip other");
+    nft("add chain ip other pre { type filter hook prerouting priority -400 ; }");
+    nft("add rule ip other pre ip daddr 10.96.0.1 counter");
+    assert!(backend.verify().unwrap());
+    assert_eq!(counted(&backend), (0, 1, 1));
+    // kpng's own change after another foreign commit keeps its tables known.
+    nft("delete table ip other");
+    let (before, after) = (state.clone(), many(31));
+    let ops = kpng_local::diff(&before, &after);
+    backend.apply(&ChangeSet::changes(&ops, &after)).unwrap();
+    assert!(backend.verify().unwrap());
+    assert_eq!(counted(&backend), (0, 2, 2));
+    // A foreign commit to kpng's table is read back, found and repaired.
+    nft("delete element ip kpng cluster_ips { 10.96.0.1 }");
+    assert!(!backend.verify().unwrap(), "a deleted cluster IP went unseen");
+    assert_eq!(counted(&backend), (1, 2, 2));
+    backend.apply(&ChangeSet::full(&after)).unwrap();
+    assert!(backend.verify().unwrap());
+    let listed = ns.exec("nft", &["list", "set", "ip", "kpng", "cluster_ips"]);
+    assert!(String::from_utf8_lossy(&listed.stdout).contains("10.96.0.1,"));
+}
