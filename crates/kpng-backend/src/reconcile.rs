@@ -185,6 +185,21 @@ pub trait Kernel: Send {
         false
     }
 
+    /// What a verification reads back when other processes' commits after generation
+    /// `known` up to `now` touched kpng's objects and the kernel announced which: those
+    /// parts alone ([`Sample::Part`]), every other object being as known at `known`. At a
+    /// large table a whole read-back takes far longer than a verification period, while a
+    /// foreign commit usually touches one set or chain. `None` (the default): the kernel
+    /// cannot say, and [`sample`](Self::sample) reads.
+    fn sample_touched(
+        &mut self,
+        known: u64,
+        now: u64,
+    ) -> Result<Option<Sample<Self>>, Self::Error> {
+        let _ = (known, now);
+        Ok(None)
+    }
+
     /// How many steps of [`generation`](Self::generation) the last successful commit made
     /// (one nf_tables transaction each): one by default; `iptables-nft-restore` commits
     /// each table's section as a transaction of its own.
@@ -205,6 +220,9 @@ pub trait Kernel: Send {
     }
 }
 
+/// Which keys a [`Sample::Part`] read.
+pub type Covers<K> = Box<dyn Fn(&<K as Kernel>::Key) -> bool + Send>;
+
 /// What a verification read back.
 pub enum Sample<K: Kernel + ?Sized> {
     /// Everything, as [`Kernel::read`] returns it.
@@ -214,7 +232,7 @@ pub enum Sample<K: Kernel + ?Sized> {
         /// What the kernel holds of them.
         held: Held<K>,
         /// Whether a key is among those read.
-        covers: fn(&K::Key) -> bool,
+        covers: Covers<K>,
     },
 }
 
@@ -794,11 +812,24 @@ where
             return Ok(true);
         }
         self.stats.readbacks.fetch_add(1, Ordering::Relaxed);
-        let sample =
-            self.kernel.sample().map_err(|e| self.backend_error(ReconcileError::Read(e)))?;
+        // Other processes committed since kpng's objects were known: the parts they touched
+        // when the kernel can say which, else everything (or the kernel's usual sample).
+        let since = self.known.at().filter(|known| before.is_some_and(|now| now != *known));
+        let targeted = match (since, before) {
+            (Some(known), Some(now)) => self.kernel.sample_touched(known, now),
+            _ => Ok(None),
+        };
+        let targeted = targeted.map_err(|e| self.backend_error(ReconcileError::Read(e)))?;
+        let part_of_known = targeted.is_some();
+        let sample = match targeted {
+            Some(sample) => sample,
+            None => {
+                self.kernel.sample().map_err(|e| self.backend_error(ReconcileError::Read(e)))?
+            }
+        };
         let nothing = matches!(sample, Sample::Whole(None));
-        let (held, covers, whole): (_, fn(&R::Key) -> bool, _) = match sample {
-            Sample::Whole(read) => (read.unwrap_or_default(), |_| true, true),
+        let (held, covers, whole): (_, Covers<K>, _) = match sample {
+            Sample::Whole(read) => (read.unwrap_or_default(), Box::new(|_| true), true),
             Sample::Part { held, covers } => (held, covers, false),
         };
         self.drifted = None;
@@ -822,15 +853,28 @@ where
         let foreign: Vec<&R::Key> =
             held.keys().filter(|k| covers(k) && expected.get(k).is_none()).collect();
         if missing.is_empty() && changed.is_empty() && foreign.is_empty() {
-            // The part read back is as committed; what it did not cover is not known.
+            // The part read back is as committed. What it did not cover is not known, unless
+            // it is the part foreign commits touched of objects known right before them.
+            if part_of_known {
+                let after = self.kernel.generation();
+                self.known.read_back(before, after);
+            }
             return Ok(true);
         }
         self.known.forget();
         let first = missing.iter().chain(&changed).chain(&foreign).next().map(|k| format!("{k:?}"));
         let (missing, changed, foreign) = (missing.len(), changed.len(), foreign.len());
         let after = self.kernel.generation();
-        if let (true, Some(at)) = (whole, before.filter(|at| after == Some(*at))) {
-            self.drifted = Some((at, (!nothing).then_some(held)));
+        if let Some(at) = before.filter(|at| after == Some(*at)) {
+            if whole {
+                self.drifted = Some((at, (!nothing).then_some(held)));
+            } else if part_of_known {
+                // What the kernel holds: the part read, and every other object as known.
+                let mut composed = held;
+                let others = expected.iter().filter(|(k, _)| !covers(k));
+                composed.extend(others.map(|(k, v)| (k.clone(), v.clone())));
+                self.drifted = Some((at, Some(composed)));
+            }
         }
         tracing::warn!(
             backend = self.name,

@@ -84,6 +84,13 @@ impl<K: Kernel> Kernel for Faulty<K> {
         })
     }
 
+    fn sample_touched(&mut self, known: u64, now: u64) -> Result<Option<Sample<Self>>, K::Error> {
+        Ok(self.inner.sample_touched(known, now)?.map(|sample| match sample {
+            Sample::Whole(held) => Sample::Whole(held),
+            Sample::Part { held, covers } => Sample::Part { held, covers },
+        }))
+    }
+
     fn generation(&mut self) -> Option<u64> {
         self.inner.generation()
     }

@@ -310,7 +310,7 @@ impl reconcile::Kernel for IptablesKernel {
                 .collect();
             Self::held_of(family, self.inner.read_chains(family, &listed)?, &mut held);
         }
-        Ok(Sample::Part { held, covers: Key::is_entry })
+        Ok(Sample::Part { held, covers: Box::new(Key::is_entry) })
     }
 
     /// At each reset: counts and lists what the kernel will hold from `after`; the commit

@@ -24,6 +24,7 @@ use kpng_backend::slots::Target;
 use kpng_model::global::{AnnotationKey, LoadBalancing, NatMode, Scheduler};
 use kpng_model::local::LocalServiceState;
 use kpng_model::{Family, LocalNode, LocalState, ServiceKey};
+use kpng_netlink::nftables::announce::{Part, Touched};
 
 use crate::entry::{EntryKey, EntryValue, LayoutName, LayoutValue};
 use crate::error::NftError;
@@ -725,7 +726,7 @@ impl kpng_backend::reconcile::Kernel for Tables {
     }
 
     fn sample(&mut self) -> Result<Sample<Self>, NftError> {
-        let nothing = || Sample::Part { held: HashMap::new(), covers: |_| false };
+        let nothing = || Sample::Part { held: HashMap::new(), covers: Box::new(|_| false) };
         if self.kernel.publishes_whole() {
             // The aggregator owns the tables: nothing here to verify.
             return Ok(nothing());
@@ -743,7 +744,35 @@ impl kpng_backend::reconcile::Kernel for Tables {
 
     fn untouched(&mut self, known: u64, now: u64) -> bool {
         // The generation is the kernel's 32-bit counter.
-        let touched = self.kernel.touched(known as u32, now as u32);
-        touched == kpng_netlink::nftables::announce::Touched::Nothing
+        self.kernel.touched(known as u32, now as u32) == Touched::Nothing
+    }
+
+    /// The tables' layout (a few hundred objects) and the elements of the sets other
+    /// processes touched, as the kernel announced them.
+    fn sample_touched(&mut self, known: u64, now: u64) -> Result<Option<Sample<Self>>, NftError> {
+        if self.kernel.publishes_whole() {
+            return Ok(None);
+        }
+        let Touched::Parts(parts) = self.kernel.touched(known as u32, now as u32) else {
+            return Ok(None);
+        };
+        let family = |number: u8| {
+            Family::ALL.into_iter().find(|f| crate::objects::proto_family(*f).number() == number)
+        };
+        let sets: BTreeSet<(Family, MapName)> = parts
+            .iter()
+            .filter_map(|part| match part {
+                Part::Set(number, name) => Some((family(*number)?, MapName::parse(name)?)),
+                Part::Chain(..) => None,
+            })
+            .collect();
+        self.expect = None;
+        let Some(contents) = self.kernel.read_sets_of(&sets)? else { return Ok(None) };
+        let held = held_of(contents);
+        let covers = move |key: &EntryKey| match key.as_element() {
+            Some(id) => sets.contains(&(id.family, id.map)),
+            None => true,
+        };
+        Ok(Some(Sample::Part { held, covers: Box::new(covers) }))
     }
 }

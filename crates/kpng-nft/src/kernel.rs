@@ -45,6 +45,17 @@ pub trait Kernel: Send {
         self.read()
     }
 
+    /// What kpng's tables hold, reading the elements of the sets `sets` alone (every other
+    /// element set is listed in [`KernelContents::unread`]): what a verification reads
+    /// when other processes' commits touched those sets. By default everything is read.
+    fn read_sets_of(
+        &mut self,
+        sets: &BTreeSet<(Family, MapName)>,
+    ) -> Result<Option<KernelContents>, NftError> {
+        let _ = sets;
+        self.read()
+    }
+
     /// Applies a transaction planned from nothing, after [`read`](Self::read) said `None`
     /// or when the kernel [takes whole tables](Self::publishes_whole): the plan is the
     /// whole of kpng's tables and replaces whatever they held. By default a commit.
@@ -346,6 +357,17 @@ impl Kernel for NetlinkKernel {
         let committed = self.socket.commit(batch.finish()).map_err(NftError::Commit);
         self.listen(true);
         committed
+    }
+
+    fn read_sets_of(
+        &mut self,
+        sets: &BTreeSet<(Family, MapName)>,
+    ) -> Result<Option<KernelContents>, NftError> {
+        let mut contents = KernelContents::default();
+        for family in Family::ALL {
+            self.read_family(family, &mut contents, &|map| sets.contains(&(family, map)))?;
+        }
+        Ok(Some(contents))
     }
 
     fn touched(&mut self, known: u32, now: u32) -> Touched {

@@ -365,6 +365,42 @@ fn a_cold_start_in_transactions_of_whole_services_ends_as_one_run_makes_it() {
     assert_eq!(a, b);
 }
 
+/// The kernel over netlink, counting its whole read-backs and the targeted ones.
+struct Counted {
+    inner: NetlinkKernel,
+    whole: Arc<Mutex<(usize, usize)>>,
+}
+
+impl kpng_nft::kernel::Kernel for Counted {
+    fn commit(&mut self, plan: &kpng_nft::plan::Plan<'_>) -> Result<(), kpng_nft::NftError> {
+        self.inner.commit(plan)
+    }
+    fn read(&mut self) -> Result<Option<kpng_nft::kernel::KernelContents>, kpng_nft::NftError> {
+        self.whole.lock().unwrap().0 += 1;
+        self.inner.read()
+    }
+    fn read_unless_stale(
+        &mut self,
+        stale: &dyn Fn(usize) -> bool,
+    ) -> Result<Option<kpng_nft::kernel::KernelContents>, kpng_nft::NftError> {
+        self.whole.lock().unwrap().0 += 1;
+        self.inner.read_unless_stale(stale)
+    }
+    fn read_sets_of(
+        &mut self,
+        sets: &BTreeSet<(Family, kpng_nft::objects::MapName)>,
+    ) -> Result<Option<kpng_nft::kernel::KernelContents>, kpng_nft::NftError> {
+        self.whole.lock().unwrap().1 += 1;
+        self.inner.read_sets_of(sets)
+    }
+    fn generation(&mut self) -> Result<Option<u32>, kpng_nft::NftError> {
+        self.inner.generation()
+    }
+    fn touched(&mut self, known: u32, now: u32) -> kpng_netlink::nftables::announce::Touched {
+        self.inner.touched(known, now)
+    }
+}
+
 #[test]
 fn commits_to_other_tables_are_let_pass_and_commits_to_kpngs_are_read() {
     let name = "commits_to_other_tables_are_let_pass_and_commits_to_kpngs_are_read";
@@ -384,12 +420,15 @@ fn commits_to_other_tables_are_let_pass_and_commits_to_kpngs_are_read() {
         (load(&stats.readbacks), load(&stats.readbacks_skipped), load(&stats.untouched))
     };
     let first = state.clone();
+    let reads = Arc::new(Mutex::new((0, 0)));
+    let whole = reads.clone();
     let mut backend = in_netns(&ns, move || {
-        let mut backend =
-            NftBackend::new(NftOptions::default(), Box::new(NetlinkKernel::open().unwrap()));
+        let kernel = Counted { inner: NetlinkKernel::open().unwrap(), whole };
+        let mut backend = NftBackend::new(NftOptions::default(), Box::new(kernel));
         backend.apply(&ChangeSet::full(&first)).unwrap();
         backend
     });
+    assert_eq!(*reads.lock().unwrap(), (1, 0), "the start reads once");
     // Other processes commit to tables of their own: the announcements say kpng's were
     // left alone, so nothing is read back.
     nft("add table ip other");
@@ -404,12 +443,27 @@ fn commits_to_other_tables_are_let_pass_and_commits_to_kpngs_are_read() {
     backend.apply(&ChangeSet::changes(&ops, &after)).unwrap();
     assert!(backend.verify().unwrap());
     assert_eq!(counted(&backend), (0, 2, 2));
-    // A foreign commit to kpng's table is read back, found and repaired.
+    assert_eq!(*reads.lock().unwrap(), (1, 0), "nothing was read back");
+    // A foreign commit to kpng's table: only the set it touched (with the tables' layout)
+    // is read back; the deletion is found and repaired from that read, without reading
+    // everything.
     nft("delete element ip kpng cluster_ips { 10.96.0.1 }");
     assert!(!backend.verify().unwrap(), "a deleted cluster IP went unseen");
     assert_eq!(counted(&backend), (1, 2, 2));
     backend.apply(&ChangeSet::full(&after)).unwrap();
-    assert!(backend.verify().unwrap());
     let listed = ns.exec("nft", &["list", "set", "ip", "kpng", "cluster_ips"]);
     assert!(String::from_utf8_lossy(&listed.stdout).contains("10.96.0.1,"));
+    assert!(backend.verify().unwrap());
+    assert_eq!(*reads.lock().unwrap(), (1, 1), "one targeted read, no whole one");
+    // A foreign rule in one of kpng's chains: the rules are read, the rule found.
+    nft("insert rule ip kpng nat_prerouting counter");
+    assert!(!backend.verify().unwrap(), "a foreign rule went unseen");
+    backend.apply(&ChangeSet::full(&after)).unwrap();
+    let listed = ns.exec("nft", &["list", "chain", "ip", "kpng", "nat_prerouting"]);
+    assert!(!String::from_utf8_lossy(&listed.stdout).contains("counter"), "not repaired");
+    assert!(backend.verify().unwrap());
+    assert_eq!(*reads.lock().unwrap(), (1, 2), "targeted reads alone");
+    // Everything after the repair is known again: a verification reads nothing.
+    assert!(backend.verify().unwrap());
+    assert_eq!(*reads.lock().unwrap(), (1, 2));
 }
