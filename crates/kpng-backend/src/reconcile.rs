@@ -17,8 +17,10 @@
 //!   restart over a right kernel writes nothing and a damaged one is repaired in place;
 //! - verification, once per sync period: faults beyond objects (a detached hook), then the
 //!   objects read back and compared; a kernel that counts its commits ([`Kernel::generation`])
-//!   is read back only when another process committed since kpng, and once in
-//!   [`FULL_READ_EVERY`] regardless; a kernel whose read-back is costly may read a part
+//!   is read back only when another process committed since kpng (only what it touched,
+//!   when the kernel announces that: [`Kernel::untouched`], [`Kernel::sample_touched`]),
+//!   and once in [`FULL_READ_EVERY`] regardless, within [`SAFETY_NET_SHARE`] of the time;
+//!   a kernel whose read-back is costly may read a part
 //!   most of the time ([`Kernel::sample`]);
 //! - the counters every backend reports ([`Stats`]), under the backend's prefix.
 //!
@@ -51,7 +53,7 @@ pub mod memory;
 pub mod objects;
 pub mod plan;
 
-pub use generation::{FULL_READ_EVERY, KnownGeneration};
+pub use generation::{FULL_READ_EVERY, KnownGeneration, SAFETY_NET_SHARE};
 pub use memory::MemoryKernel;
 pub use objects::{Objects, Owner, Wanted};
 pub use plan::{Plan, Rank, Unit};
@@ -807,7 +809,7 @@ where
         }
         let before = self.kernel.generation();
         self.known_at(before);
-        if self.known.may_skip(before) {
+        if self.known.may_skip(before, Instant::now()) {
             self.stats.readbacks_skipped.fetch_add(1, Ordering::Relaxed);
             return Ok(true);
         }
@@ -824,7 +826,13 @@ where
         let sample = match targeted {
             Some(sample) => sample,
             None => {
-                self.kernel.sample().map_err(|e| self.backend_error(ReconcileError::Read(e)))?
+                let started = Instant::now();
+                let sample = self.kernel.sample();
+                let sample = sample.map_err(|e| self.backend_error(ReconcileError::Read(e)))?;
+                if matches!(sample, Sample::Whole(_)) {
+                    self.known.read_whole(started, Instant::now());
+                }
+                sample
             }
         };
         let nothing = matches!(sample, Sample::Whole(None));

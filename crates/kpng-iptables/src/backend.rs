@@ -9,7 +9,7 @@
 //! With `iptables-nft`, every table section restored moves the network namespace's
 //! nf_tables ruleset generation by one, as every other process's commit does: while the
 //! generation is where kpng's own restores left it, a verification reads nothing back
-//! (one in 60 reads anyway). Otherwise, and always with `iptables-legacy`, verification
+//! (one in 60 reads anyway, within 0.5 % of the time). Otherwise, and always with `iptables-legacy`, verification
 //! (every `--sync-period`) reads back, at a cost that does not grow with the
 //! cluster, the entry chains (the fixed `KPNG-SERVICES`, `KPNG-FILTER`, ...) and the
 //! built-in chains' jumps into them: what a flushed table or a flushed entry chain breaks.
