@@ -37,6 +37,9 @@
 //!   requests per second and conntrack entries per connection, at each size in one run;
 //! - `ebpf changes`: one endpoint change through `to-ebpf` (map writes) and `to-nft` (one
 //!   transaction) at each size, and each one's full load;
+//! - `paths`: the resident set of each process of kpng's split deployment (`kube to-api`
+//!   and `local to-nft`) and aggregator deployment (`to-nft --aggregator` and `aggregate`)
+//!   beside the one process, once the node's first sync is committed;
 //! - `aggregator`: N producers each making M updates a second to a table of their own,
 //!   through one nftables aggregator against each committing alone: transactions and
 //!   system calls per second, CPU, and the latency the aggregator adds.
@@ -57,6 +60,7 @@
 //! - [`nftlb`]: nftlb through its REST API, side by side with kpng.
 //! - [`ebpf`]: pod to cluster IP through eBPF, nftables and straight; the pod client.
 //! - [`ebpf_change`]: one endpoint change through eBPF and nftables.
+//! - [`paths`]: the memory of the split and aggregator deployments.
 //! - [`idle`]: the `kpng` binary idle (its CPU), and its repair of foreign changes.
 //! - [`aggregator`]: producers through the nftables aggregator and alone.
 //! - [`syscalls`]: a system-call counter (perf, `raw_syscalls:sys_enter`).
@@ -79,6 +83,7 @@ mod kube;
 mod memory;
 mod nft;
 mod nftlb;
+mod paths;
 mod plot;
 mod probe;
 mod projection;
@@ -225,6 +230,12 @@ struct Cli {
     /// Idle: kpng's --sync-period, in place of its default (30s); repairs wait for it.
     #[arg(long, value_name = "DURATION")]
     idle_sync_period: Option<String>,
+    /// Paths: cluster sizes (services) at which to measure the memory of kpng's split
+    /// deployment (`kube to-api` and `local to-nft`) and aggregator deployment (`to-nft
+    /// --aggregator` and `aggregate`) beside the one process, comma-separated (0 skips it;
+    /// needs the kpng binary built); endpoints as --endpoints.
+    #[arg(long, value_delimiter = ',', default_value = "1000")]
+    paths_services: Vec<usize>,
     /// Aggregator: numbers of producers, comma-separated (0 skips the scenario).
     #[arg(long, value_delimiter = ',', default_value = "1,4,16")]
     aggregator_producers: Vec<usize>,
@@ -353,6 +364,14 @@ fn main() -> anyhow::Result<()> {
     if !storm_rows.is_empty() {
         println!();
         storm::print(&storm_rows);
+    }
+    let mut paths_rows = Vec::new();
+    for &services in cli.paths_services.iter().filter(|s| **s > 0) {
+        paths_rows.extend(paths::run(services, cli.endpoints)?);
+    }
+    if !paths_rows.is_empty() {
+        println!();
+        paths::print(&paths_rows);
     }
     let mut idle_rows = Vec::new();
     for &services in cli.idle_services.iter().filter(|s| **s > 0) {

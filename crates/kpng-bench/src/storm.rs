@@ -144,7 +144,7 @@ pub(crate) fn start_ready(binary: &Path, url: &str, flags: &[&str]) -> anyhow::R
 }
 
 /// Waits until kpng's /readyz answers 200 (its first sync is committed).
-fn wait_ready(child: &mut Child) -> anyhow::Result<()> {
+pub(crate) fn wait_ready(child: &mut Child) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(300);
     while Instant::now() < deadline {
         if let Some(status) = child.try_wait()? {

@@ -45,6 +45,7 @@ fn every_scenario_runs_and_prints_its_table() {
         .args(["--storm-services", "300", "--storm-rates", storm_rates, "--storm-seconds", "1"])
         .args(["--storm-min-sync-periods", "200ms"])
         .args(["--idle-services", memory, "--idle-seconds", "1", "--idle-sync-period", "1s"])
+        .args(["--paths-services", memory])
         .arg("--plot")
         .arg(plot.path())
         .output()
@@ -126,6 +127,27 @@ fn every_scenario_runs_and_prints_its_table() {
         // Both foreign changes repaired, each within a few verifications of 1 s.
         assert!(repairs.0 < 10.0 && repairs.1 < 10.0, "{idle:?}");
         idle[0][1..].iter().for_each(|f| assert!(number(f) >= 0.0, "{idle:?}"));
+    }
+
+    if memory != "0" {
+        let paths = table(&stdout, "paths:");
+        let processes: Vec<(&str, &str)> =
+            paths.iter().map(|r| (r[1].as_str(), r[2].as_str())).collect();
+        assert_eq!(
+            processes,
+            [
+                ("one-process", "kpng_kube_to-local_to-nft"),
+                ("split", "kpng_kube_to-api"),
+                ("split", "kpng_local_to-nft"),
+                ("aggregator", "kpng_kube_to-local_to-nft_--aggregator"),
+                ("aggregator", "kpng_aggregate"),
+            ],
+            "{paths:?}"
+        );
+        for row in &paths {
+            let (rss, peak) = (number(&row[3]), number(&row[4]));
+            assert!(rss > 1000.0 && peak >= rss, "{row:?}");
+        }
     }
 
     let nftlb = table(&stdout, "nftlb:");
