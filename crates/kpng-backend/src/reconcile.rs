@@ -356,7 +356,7 @@ impl Stats {
             ),
             (
                 name("verification_readbacks_skipped"),
-                "Verifications that read nothing back: no other process had committed since kpng.",
+                "Verifications that read nothing back: no other process had committed since kpng, or the kernel announced that their commits left kpng's objects alone.",
                 &self.readbacks_skipped,
             ),
             (

@@ -28,8 +28,9 @@ use crate::echo;
 use crate::netns::Netns;
 use crate::probe::{self, Outcome};
 
-/// Ranges the client sends through the node: cluster IPs, external IPs, LB IPs.
-const CLIENT_ROUTES_V4: [&str; 3] = ["10.96.0.0/16", "192.0.2.0/24", "203.0.113.0/24"];
+/// Ranges the client sends through the node: cluster IPs (the default service CIDR, which
+/// holds the generated clusters' 100,000 services), external IPs, LB IPs.
+const CLIENT_ROUTES_V4: [&str; 3] = ["10.96.0.0/12", "192.0.2.0/24", "203.0.113.0/24"];
 const CLIENT_ROUTES_V6: [&str; 1] = ["fd00:96::/64"];
 
 /// A pod: its namespace and addresses.
