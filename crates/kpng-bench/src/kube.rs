@@ -61,8 +61,15 @@ impl Pipeline {
         tokio::time::timeout(Duration::from_secs(300), commits.wait_for(|(n, _)| *n > 0))
             .await
             .context("the initial load was not committed within 300 s")??;
-        // Let the initial burst settle before anything is measured.
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        // The initial load commits in parts: wait until none came for half a second, so
+        // that the first change measured does not wait for the rest of it.
+        loop {
+            let before = probe.transactions();
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            if probe.transactions() == before {
+                break;
+            }
+        }
         Ok(Pipeline { server, probe, store, node, slices })
     }
 

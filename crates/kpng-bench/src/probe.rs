@@ -130,4 +130,20 @@ impl Kernel for ProbedKernel {
         *self.probe.last_read.lock().unwrap_or_else(|e| e.into_inner()) = start.elapsed();
         contents
     }
+
+    // As the kpng binary verifies: by generation and announcements, not whole read-backs.
+    fn read_sets_of(
+        &mut self,
+        sets: &std::collections::BTreeSet<(kpng_model::Family, kpng_nft::objects::MapName)>,
+    ) -> Result<Option<KernelContents>, NftError> {
+        self.inner.read_sets_of(sets)
+    }
+
+    fn generation(&mut self) -> Result<Option<u32>, NftError> {
+        self.inner.generation()
+    }
+
+    fn touched(&mut self, known: u32, now: u32) -> kpng_netlink::nftables::announce::Touched {
+        self.inner.touched(known, now)
+    }
 }
