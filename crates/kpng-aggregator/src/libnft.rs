@@ -231,7 +231,11 @@ impl LibNftApplier {
             };
             while let Ok(request) = received.recv() {
                 let answer = context.run(&request.text, request.script, request.dry_run);
+                let large = request.text.len().max(answer.as_ref().map_or(0, String::len));
                 let _ = request.answer.send(answer);
+                if large >= LARGE {
+                    release_free_memory();
+                }
             }
         });
         let failed = |message: String| NftError { message };
@@ -256,6 +260,23 @@ impl LibNftApplier {
         answer.map_err(|message| NftError {
             message: format!("libnftables: {what} failed: {message}"),
         })
+    }
+}
+
+/// The size of a script or listing (bytes of text) after which the pages its parse used
+/// are given back: about 20,000 elements.
+const LARGE: usize = 1 << 20;
+
+/// Returns the C allocator's free pages to the system. libnftables parses a script into
+/// about a kilobyte and a half per element and frees it when the call returns, but the
+/// allocator keeps those pages mapped: after `to-nft`'s first publication at 30,000
+/// services the aggregator held 0.9 GiB, of which its own state was a sixth.
+fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: `malloc_trim` takes no pointer and may be called from any thread at any
+    // time; it only releases memory no allocation uses.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 
