@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use anyhow::Context;
-use kpng_aggregator::{Publication, State, Update};
+use kpng_aggregator::{Publication, Update};
 
 use kpng_nft::plan::Plan;
 use kpng_nft::{Kernel, KernelContents, NftBackend, NftError, NftOptions};
@@ -40,8 +40,7 @@ impl Kernel for Sizing {
     }
 
     fn replace(&mut self, plan: &Plan<'_>) -> Result<(), NftError> {
-        let mut state = State::default();
-        kpng_nft::aggregated::translate(&mut state, plan)?;
+        let (state, _) = kpng_nft::aggregated::translate_whole(plan)?;
         let publication = Publication { revision: 1, updates: vec![Update::Whole(state)] };
         let wire = kpng_aggregator::wire::publication_to_wire("kpng", &publication);
         self.0.fetch_max(wire.encoded_len(), Ordering::Relaxed);

@@ -48,7 +48,8 @@ pub struct AggregatorTarget {
 
 /// A kernel reached through an nftables aggregator.
 pub struct AggregatorKernel {
-    /// kpng's tables as last published (nft text).
+    /// kpng's tables as last published (nft text), without the sets' elements: what the
+    /// next publications build on ([`translate`]).
     state: State,
     /// The revision of the last publication.
     revision: u64,
@@ -96,10 +97,9 @@ impl Kernel for AggregatorKernel {
     }
 
     fn replace(&mut self, plan: &Plan<'_>) -> Result<(), NftError> {
-        let mut state = State::default();
-        translate(&mut state, plan)?;
-        self.state = state.clone();
-        self.publish(vec![Update::Whole(state)])
+        let (whole, layout) = translate_whole(plan)?;
+        self.state = layout;
+        self.publish(vec![Update::Whole(whole)])
     }
 
     /// What this network namespace's kernel holds of kpng's tables (what the aggregator
@@ -190,6 +190,11 @@ fn serve_requests(target: AggregatorTarget, requests: mpsc::Receiver<Request>) {
 /// Applies `plan` to `state` (nft text), returning the updates that publish the change.
 /// Rules are published per chain touched, after everything else: the aggregator applies
 /// updates to its model in order and orders the kernel's commands itself.
+///
+/// `state` keeps the tables' layout (sets' declarations, chains' rules) and none of the
+/// sets' elements: a change's elements are published as they are added or removed, and a
+/// set is only ever published whole empty (created or flushed), so their text would be a
+/// copy of every element (half a million strings at 30,000 services) that nothing reads.
 pub fn translate(state: &mut State, plan: &Plan<'_>) -> Result<Vec<Update>, NftError> {
     let mut updates = Vec::new();
     let mut touched: BTreeSet<(TableKey, String)> = BTreeSet::new();
@@ -260,16 +265,14 @@ pub fn translate(state: &mut State, plan: &Plan<'_>) -> Result<Vec<Update>, NftE
             }
             Command::Elements { add, map, elements } => {
                 let name = map.name().into_owned();
-                let set = table.sets.get_mut(&name).ok_or_else(|| missing(&key, "set", &name))?;
+                if !table.sets.contains_key(&name) {
+                    return Err(missing(&key, "set", &name));
+                }
                 let texts: Vec<String> =
                     elements.iter().map(|(id, value)| element_text(&id.key, value)).collect();
                 if *add {
-                    set.elements.extend(texts.iter().cloned());
                     updates.push(Update::AddElements { table: key, set: name, elements: texts });
                 } else {
-                    for text in &texts {
-                        set.elements.remove(text);
-                    }
                     updates.push(Update::RemoveElements { table: key, set: name, elements: texts });
                 }
             }
@@ -285,6 +288,29 @@ pub fn translate(state: &mut State, plan: &Plan<'_>) -> Result<Vec<Update>, NftE
         }
     }
     Ok(updates)
+}
+
+/// `plan` (from nothing: a reset's) as one whole publication, and the layout
+/// [`translate`] goes on from. The whole state is the plan's updates applied in order to
+/// nothing, as the aggregator would apply them one by one.
+pub fn translate_whole(plan: &Plan<'_>) -> Result<(State, State), NftError> {
+    let mut layout = State::default();
+    let updates = translate(&mut layout, plan)?;
+    let mut whole = State::default();
+    for update in updates {
+        let applied = match update {
+            // Most of the publication: moved in, not normalized again (nothing to undo).
+            Update::AddElements { table, set, elements } => {
+                let found = whole.tables.get_mut(&table).and_then(|t| t.sets.get_mut(&set));
+                let found = found.ok_or_else(|| missing(&table, "set", &set))?;
+                found.elements.extend(elements);
+                Ok(())
+            }
+            update => whole.apply(update),
+        };
+        applied.map_err(|e| NftError::Aggregator(format!("publishing the tables whole: {e}")))?;
+    }
+    Ok((whole, layout))
 }
 
 /// kpng's table of `family`.
