@@ -92,3 +92,58 @@ async fn servers_answer_on_given_listeners_and_report_ports_in_use() {
     backend.apply(&ChangeSet::full(&only_a)).unwrap();
     eventually("the report is withdrawn", || problems.list().is_empty()).await;
 }
+
+/// A backend whose ports can never be bound: what it wants is in its table all the same.
+fn unbound() -> HealthCheckBackend {
+    HealthCheckBackend::new(HealthCheckOptions {
+        address: Ipv4Addr::LOCALHOST.into(),
+        proxy: None,
+        runtime: tokio::runtime::Handle::current(),
+        limits: HttpLimits::new(8, Duration::from_secs(5)),
+        problems: BindProblems::default(),
+        bind: Arc::new(|_| Err(std::io::ErrorKind::AddrInUse.into())),
+    })
+}
+
+/// The ports a backend answers for, with what it answers, and the ports it serves.
+fn answers(backend: &HealthCheckBackend) -> (Vec<(u16, Entry)>, Vec<u16>) {
+    let table = backend.table.lock().unwrap();
+    let mut entries: Vec<(u16, Entry)> = table.iter().map(|(p, e)| (*p, e.clone())).collect();
+    entries.sort_by_key(|(port, _)| *port);
+    let mut servers: Vec<u16> = backend.servers.keys().copied().collect();
+    servers.sort_unstable();
+    (entries, servers)
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+
+    /// Each change set looks at the services it touched only, and leaves the table a
+    /// reset over the same state would.
+    #[test]
+    fn each_change_leaves_what_a_reset_would(
+        history in proptest::collection::vec(
+            proptest::collection::vec(kpng_testkit::strategies::arb_mutation(), 1..8),
+            1..8,
+        )
+    ) {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let _entered = runtime.enter();
+        let mut backend = unbound();
+        let mut projector = kpng_local::NodeProjector::new("n0");
+        let mut model = kpng_testkit::strategies::History::default();
+        for (step, mutations) in history.iter().enumerate() {
+            let changes = model.step(mutations);
+            let ops = projector.update(&model.model, &changes);
+            let state = projector.state();
+            let changes = match step {
+                0 => ChangeSet::full(state),
+                _ => ChangeSet::changes(&ops, state),
+            };
+            backend.apply(&changes).unwrap();
+            let mut fresh = unbound();
+            fresh.apply(&ChangeSet::full(state)).unwrap();
+            proptest::prop_assert_eq!(answers(&backend), answers(&fresh));
+        }
+    }
+}
