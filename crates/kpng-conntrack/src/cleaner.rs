@@ -23,6 +23,22 @@ use kpng_backend::{Backend, BackendError, ChangeSet};
 const RETRY_FIRST: Duration = Duration::from_millis(500);
 const RETRY_MAX: Duration = Duration::from_secs(30);
 
+/// The cleanup thread takes at most one [`SHARE`]th of a core: after each cleanup it rests
+/// `SHARE - 1` times as long as the cleanup took, at most [`REST_MAX`]. The kernel walks its
+/// whole conntrack hash for every dump, locking each bucket (about 1.5 ms at a table of
+/// 262,144 buckets, empty or not), so a cleanup after each change took a fifth of a core at
+/// 100 endpoint changes a second. The first change after a quiet time is cleaned at once.
+const SHARE: u32 = 20;
+
+/// The longest rest: a stale flow waits at most this long (plus a cleanup) for the next
+/// pass, as long as kube-proxy's default `--min-sync-period` holds its cleanups apart.
+const REST_MAX: Duration = Duration::from_secs(1);
+
+/// The rest after a cleanup that took `took`.
+fn rest_after(took: Duration) -> Duration {
+    (took * (SHARE - 1)).min(REST_MAX)
+}
+
 /// Counters of the cleaner.
 #[derive(Debug)]
 pub struct CleanerStats {
@@ -251,12 +267,8 @@ impl Cleanup {
             if !open {
                 return;
             }
-            // Under a storm, rest as long as a slow cleanup took: what arrives meanwhile is
-            // cleaned in one pass, and the thread takes at most half a core.
-            let took = started.elapsed();
-            if took >= kpng_backend::pace::REST_AFTER {
-                std::thread::sleep(took);
-            }
+            // What arrives meanwhile is cleaned in one pass after the rest.
+            std::thread::sleep(rest_after(started.elapsed()));
         }
     }
 
