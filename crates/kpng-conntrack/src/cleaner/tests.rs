@@ -105,8 +105,8 @@ fn a_pending_check_follows_the_endpoints_that_joined_meanwhile() {
 
 #[test]
 fn under_a_storm_cleanups_rest_and_take_what_arrived_meanwhile_in_one_pass() {
-    // A cleanup of 20 ms rests 380 ms: 40 changes 5 ms apart come in one or two passes
-    // after the first (one after each, about ten in all, without the rest).
+    // A cleanup of 20 ms rests a second: 40 changes 5 ms apart come in one pass after the
+    // first (one after each, about ten in all, without the rest).
     let entries = Arc::new(std::sync::Mutex::new(vec![entry("10.96.0.10:53", "10.244.0.0:53")]));
     let dumps = Arc::new(AtomicU64::new(0));
     let slow = Duration::from_millis(20);
