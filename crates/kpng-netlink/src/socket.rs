@@ -129,24 +129,38 @@ impl NetlinkSocket {
         self.socket.drop_membership(group).map_err(io_error("unsubscribe"))
     }
 
-    /// Receives one datagram if one is queued, without waiting: `None` when none is.
-    /// Notifications lost because the socket's buffer was full fail with `ENOBUFS` once
-    /// ([`NetlinkError::errno`]); receiving goes on after it.
+    /// Receives one datagram from the kernel if one is queued, without waiting: `None` when
+    /// none is. Notifications lost because the socket's buffer was full fail with `ENOBUFS`
+    /// once ([`NetlinkError::errno`]); receiving goes on after it.
+    ///
+    /// A datagram another socket sent to a group this one joined is dropped (the kernel's
+    /// port id is 0): a process allowed to send to the group could otherwise announce a
+    /// commit that touched nothing and hide a change behind it.
     pub fn try_receive(&mut self) -> Result<Option<Vec<u8>>, NetlinkError> {
-        let mut buf = Vec::with_capacity(RECEIVE_BUFFER);
         let flags = (nix::sys::socket::MsgFlags::MSG_TRUNC
             | nix::sys::socket::MsgFlags::MSG_DONTWAIT)
             .bits();
-        let len = match self.socket.recv(&mut buf, flags) {
-            Ok(len) => len,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
-            Err(source) => return Err(NetlinkError::Io { op: "receive", source }),
-        };
-        if len > buf.len() {
-            let error = io::Error::other(format!("a {len}-byte datagram did not fit the buffer"));
-            return Err(NetlinkError::Io { op: "receive", source: error });
+        loop {
+            let mut buf = Vec::with_capacity(RECEIVE_BUFFER);
+            let (len, from) = match self.socket.recv_from(&mut buf, flags) {
+                Ok(received) => received,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+                Err(source) => return Err(NetlinkError::Io { op: "receive", source }),
+            };
+            if from.port_number() != 0 {
+                tracing::warn!(
+                    port = from.port_number(),
+                    "dropped a netlink datagram another process sent to a notification group"
+                );
+                continue;
+            }
+            if len > buf.len() {
+                let error =
+                    io::Error::other(format!("a {len}-byte datagram did not fit the buffer"));
+                return Err(NetlinkError::Io { op: "receive", source: error });
+            }
+            return Ok(Some(buf));
         }
-        Ok(Some(buf))
     }
 
     /// Waits without a deadline for notifications (after [`NetlinkSocket::subscribe`]).
