@@ -26,6 +26,16 @@ fn privileged() -> bool {
 /// A network namespace removed on drop.
 struct Namespace(String);
 
+impl Namespace {
+    /// A new namespace named after `prefix` and this process, and its file.
+    fn add(prefix: &str) -> (Namespace, std::fs::File) {
+        let ns = Namespace(format!("{prefix}-{}", std::process::id()));
+        assert!(Command::new("ip").args(["netns", "add", &ns.0]).status().unwrap().success());
+        let file = std::fs::File::open(format!("/run/netns/{}", ns.0)).unwrap();
+        (ns, file)
+    }
+}
+
 impl Drop for Namespace {
     fn drop(&mut self) {
         let _ = Command::new("ip").args(["netns", "del", &self.0]).output();
@@ -37,10 +47,8 @@ fn every_committed_transaction_increments_the_generation() {
     if !privileged() {
         return;
     }
-    let name = format!("kpng-gen-{}", std::process::id());
-    let ns = Namespace(name.clone());
-    assert!(Command::new("ip").args(["netns", "add", &ns.0]).status().unwrap().success());
-    let file = std::fs::File::open(format!("/run/netns/{name}")).unwrap();
+    let (ns, file) = Namespace::add("kpng-gen");
+    let name = ns.0.clone();
     let mut socket = NetlinkSocket::open_in(NETLINK_NETFILTER, &file).unwrap();
     let generation = |socket: &mut NetlinkSocket| {
         dump::generation(&socket.get(&dump::generation_request()).unwrap()).unwrap()
@@ -69,10 +77,7 @@ fn announcements_are_taken_from_the_kernel_alone() {
     if !privileged() {
         return;
     }
-    let name = format!("kpng-ann-{}", std::process::id());
-    let ns = Namespace(name.clone());
-    assert!(Command::new("ip").args(["netns", "add", &ns.0]).status().unwrap().success());
-    let file = std::fs::File::open(format!("/run/netns/{name}")).unwrap();
+    let (_ns, file) = Namespace::add("kpng-ann");
     // Sockets open in the namespace of the thread that opens them.
     let touched = std::thread::spawn(move || {
         nix::sched::setns(file, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
