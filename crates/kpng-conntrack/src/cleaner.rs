@@ -27,10 +27,10 @@ const RETRY_MAX: Duration = Duration::from_secs(30);
 /// `SHARE - 1` times as long as the cleanup took, at most [`REST_MAX`]. The kernel walks its
 /// whole conntrack hash for every dump, locking each bucket: about 10 ms at a table of
 /// 262,144 buckets, empty or not, during which it holds a core. Under 100 endpoint changes
-/// a second a cleanup after each change took a fifth of a core, and one change in ten
-/// waited for a walk (p99 9 ms); with a cleanup at most every second, as kube-proxy's
-/// default `--min-sync-period` spaces its own, it is one in a hundred. The first change
-/// after a quiet time is cleaned at once.
+/// a second, cleanups that followed the changes closely took a fifth of a core, and the
+/// changes that met a walk made the p99 (9 ms); a cleanup at most every second, as
+/// kube-proxy's default `--min-sync-period` spaces its own, leaves few changes to meet
+/// one. The first change after a quiet time is cleaned at once.
 const SHARE: u32 = 100;
 
 /// The longest rest: under a storm a stale flow waits at most this long (plus a cleanup)
