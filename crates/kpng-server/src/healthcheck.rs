@@ -5,10 +5,10 @@
 //! It runs as a backend: each change set says which services need a server and how many
 //! local endpoints each has; servers open and close as services change. Only the services
 //! a change set touched are looked at (every one at a reset): at 30,000 services, going
-//! through all of them took more of a change's time than the dataplane's commit. The servers run
-//! on the runtime they are given (the backend itself may run on a thread of its own),
-//! within the process's HTTP limits; a port that cannot be bound is logged, reported to
-//! `/readyz` and retried every 5 s.
+//! through all of them took more of a change's time than the dataplane's commit. The
+//! servers run on the runtime they are given (the backend itself may run on a thread of
+//! its own), within the process's HTTP limits; a port that cannot be bound is logged,
+//! reported to `/readyz` and retried every 5 s.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
@@ -88,24 +88,23 @@ impl Backend for HealthCheckBackend {
     }
 
     fn apply(&mut self, changes: &ChangeSet<'_>) -> Result<(), BackendError> {
-        let keys: Vec<ServiceKey> = match changes.is_reset() {
-            true => {
-                self.services.clear();
-                changes.state.services.keys().cloned().collect()
+        let services = &changes.state.services;
+        if changes.is_reset() {
+            self.services =
+                services.iter().filter_map(|(k, s)| Some((k.clone(), health_check(s)?))).collect();
+        } else {
+            let mut changed = false;
+            for key in changes.touched().0 {
+                let old = self.services.remove(&key);
+                let new = services.get(&key).and_then(health_check);
+                changed |= old != new;
+                if let Some(new) = new {
+                    self.services.insert(key, new);
+                }
             }
-            false => changes.touched().0,
-        };
-        let mut changed = changes.is_reset();
-        for key in keys {
-            let old = self.services.remove(&key);
-            let new = changes.state.services.get(&key).and_then(health_check);
-            changed |= old != new;
-            if let Some(new) = new {
-                self.services.insert(key, new);
+            if !changed {
+                return Ok(());
             }
-        }
-        if !changed {
-            return Ok(());
         }
         // Two services naming one port (the API server allocates them apart): the last
         // by key answers.
