@@ -234,7 +234,7 @@ impl LibNftApplier {
                 let large = request.text.len().max(answer.as_ref().map_or(0, String::len));
                 let _ = request.answer.send(answer);
                 if large >= LARGE {
-                    release_free_memory();
+                    kpng_runner::release_free_memory();
                 }
             }
         });
@@ -264,21 +264,11 @@ impl LibNftApplier {
 }
 
 /// The size of a script or listing (bytes of text) after which the pages its parse used
-/// are given back: about 20,000 elements.
+/// are given back: about 20,000 elements. libnftables parses a script into about a kilobyte
+/// and a half per element and frees it when the call returns, but the C allocator keeps
+/// those pages mapped: after `to-nft`'s first publication at 30,000 services the
+/// aggregator held 0.9 GiB, of which its own state was a sixth.
 const LARGE: usize = 1 << 20;
-
-/// Returns the C allocator's free pages to the system. libnftables parses a script into
-/// about a kilobyte and a half per element and frees it when the call returns, but the
-/// allocator keeps those pages mapped: after `to-nft`'s first publication at 30,000
-/// services the aggregator held 0.9 GiB, of which its own state was a sixth.
-fn release_free_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: `malloc_trim` takes no pointer and may be called from any thread at any
-    // time; it only releases memory no allocation uses.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
 
 /// Enters the network namespace at `path`, for this thread only.
 fn enter(path: Option<&str>) -> Result<(), String> {

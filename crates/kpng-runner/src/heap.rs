@@ -28,7 +28,7 @@ pub fn use_one_arena() -> bool {
 
 /// Returns the allocator's free pages to the system (how long it took is logged at debug
 /// level).
-pub(crate) fn release_free_memory() {
+pub fn release_free_memory() {
     let started = std::time::Instant::now();
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: `malloc_trim` takes no pointer and may be called from any thread at any

@@ -15,7 +15,8 @@
 //! - [`json`]: [`JsonBackend`], which writes each op as one JSON line: the debugging
 //!   backend, and a readable proof of what the diff emits.
 //! - `heap`: after each full sync, the allocator's free memory is given back to the system
-//!   (a full sync builds and frees the whole table at once); the crate's only unsafe code.
+//!   (a full sync builds and frees the whole table at once; [`release_free_memory`], which
+//!   the nftables aggregator also calls after a large batch); the crate's only unsafe code.
 
 mod heap;
 pub mod json;
@@ -23,7 +24,7 @@ pub mod lock;
 pub mod readiness;
 pub mod runner;
 
-pub use heap::use_one_arena;
+pub use heap::{release_free_memory, use_one_arena};
 pub use json::JsonBackend;
 pub use kpng_backend::{Backend, BackendError, ChangeSet, Target, error_chain, proxy};
 pub use runner::{Health, NodeStats, Pace, RunnerError, RunnerOptions, run_node, run_remote};
