@@ -223,8 +223,8 @@ pub fn translate(state: &mut State, plan: &Plan<'_>) -> Result<Vec<Update>, NftE
                 }
             }
             Command::FlushSet(name) => {
-                let set = table.sets.get_mut(name).ok_or_else(|| missing(&key, "set", name))?;
-                set.elements.clear();
+                // The layout's sets hold no elements: published as it is, the set is empty.
+                let set = table.sets.get(name).ok_or_else(|| missing(&key, "set", name))?;
                 updates.push(Update::PutSet { table: key, name: name.clone(), set: set.clone() });
             }
             Command::DeleteSet(name) => {
