@@ -213,10 +213,12 @@ pub trait Backend: Send {
         false
     }
 
-    /// Checks that the dataplane still holds what this backend last applied; `false` when
-    /// it drifted (someone changed it behind kpng's back): the runner then sends the whole
-    /// state again. Called once per sync period, never on the change path. By default
-    /// there is nothing to check.
+    /// Checks that the dataplane still holds what this backend last applied. A backend
+    /// that found drift (someone changed the dataplane behind kpng's back) and wrote back
+    /// where it differed returns `true`, as it holds the state again; `false` asks the
+    /// runner for the whole state (drift it cannot repair where it is, or cannot tell).
+    /// Called once per sync period, never on the change path. By default there is nothing
+    /// to check.
     fn verify(&mut self) -> Result<bool, BackendError> {
         Ok(true)
     }

@@ -12,11 +12,14 @@
 //!   order of events;
 //! - the plan of differences, ordered by [`Rank`] so that a reader never sees an object
 //!   before what it refers to, and committed in the unit the kernel declares ([`Unit`]);
-//! - resets: at start-up, and after a failure or a drift (the runner then sends the whole
-//!   state), the kernel's objects are read back and only what differs is written, so a
-//!   restart over a right kernel writes nothing and a damaged one is repaired in place;
+//! - resets: at start-up, and after a failure or a drift a verification cannot repair
+//!   where it found it (the runner then sends the whole state), the kernel's objects are read back and only what differs
+//!   is written, so a restart over a right kernel writes nothing and a damaged one is
+//!   repaired in place;
 //! - verification, once per sync period: faults beyond objects (a detached hook), then the
-//!   objects read back and compared; a kernel that counts its commits ([`Kernel::generation`])
+//!   objects read back and compared, and the objects found different written back at once
+//!   when the read says what the kernel holds everywhere (a whole read, or the part foreign
+//!   commits touched); a kernel that counts its commits ([`Kernel::generation`])
 //!   is read back only when another process committed since kpng (only what it touched,
 //!   when the kernel announces that: [`Kernel::untouched`], [`Kernel::sample_touched`]),
 //!   and once in [`FULL_READ_EVERY`] regardless, within [`SAFETY_NET_SHARE`] of the time;
@@ -455,10 +458,10 @@ where
     problems: Problems,
     dry_run: bool,
     known: KnownGeneration,
-    /// What a verification that found drift read back whole, and the generation it was
-    /// read at: the reset that repairs the drift starts from it rather than reading the
-    /// kernel again, unless anything committed since.
-    drifted: Option<(u64, Option<Held<K>>)>,
+    /// The generation at which a verification found none of kpng's objects installed: the
+    /// reset that repairs it starts from nothing rather than reading the kernel again,
+    /// unless anything committed since.
+    drifted: Option<u64>,
 }
 
 type Failure<R, K> = ReconcileError<<R as Render>::Error, <K as Kernel>::Error>;
@@ -526,9 +529,8 @@ where
     fn reset(&mut self, state: &LocalState) -> Result<Written, Failure<R, K>> {
         self.kernel.resetting(state);
         let held = match self.drifted.take() {
-            // Read back by the verification that found the drift, and nothing committed
-            // since: at a large table, reading it twice doubled the time to repair.
-            Some((at, held)) if self.kernel.generation() == Some(at) => held,
+            // Found empty by the verification, and nothing committed since.
+            Some(at) if self.kernel.generation() == Some(at) => None,
             _ => self.kernel.read().map_err(ReconcileError::Read)?,
         };
         let installed = held.is_some();
@@ -677,6 +679,32 @@ where
         self.commit(&plan, false)?;
         self.facts = Some(facts);
         Ok(Written::of(&plan))
+    }
+
+    /// Commits a verification's `plan` of repairs, as a reset restricted to the drift it
+    /// found: prepared as a reset's plan is (what is not an object, the kernel's counts),
+    /// and over objects known right before it when the read was `consistent`.
+    fn repair(
+        &mut self,
+        plan: &Plan<R::Key, R::Value>,
+        consistent: bool,
+    ) -> Result<(), Failure<R, K>> {
+        let start = Instant::now();
+        let prepared = self.kernel.prepare(plan, &self.objects, true);
+        prepared.map_err(ReconcileError::Prepare)?;
+        self.commit(plan, consistent)?;
+        let written = Written::of(plan);
+        tracing::info!(
+            backend = self.name,
+            upserted = written.upserts,
+            deleted = written.deletes,
+            objects = self.objects.len(),
+            took = ?start.elapsed(),
+            "drift repaired: {} {}",
+            K::WHAT,
+            crate::backend::done(self.dry_run, K::APPLIED)
+        );
+        Ok(())
     }
 
     /// Commits `plan`: a reset's (over what it read) or a change's (over what kpng last
@@ -871,28 +899,52 @@ where
         }
         self.known.forget();
         let first = missing.iter().chain(&changed).chain(&foreign).next().map(|k| format!("{k:?}"));
-        let (missing, changed, foreign) = (missing.len(), changed.len(), foreign.len());
+        let counts = (missing.len(), changed.len(), foreign.len());
         let after = self.kernel.generation();
-        if let Some(at) = before.filter(|at| after == Some(*at)) {
-            if whole {
-                self.drifted = Some((at, (!nothing).then_some(held)));
-            } else if part_of_known {
-                // What the kernel holds: the part read, and every other object as known.
-                let mut composed = held;
-                let others = expected.iter().filter(|(k, _)| !covers(k));
-                composed.extend(others.map(|(k, v)| (k.clone(), v.clone())));
-                self.drifted = Some((at, Some(composed)));
-            }
+        // What the kernel holds is known everywhere: what the read covered differs at these
+        // keys alone, and what it did not cover is as kpng committed it. Writing them back
+        // is what a reset would commit, without rendering every service again (seconds at
+        // a large table, with every change waiting).
+        let in_place = (whole && !nothing) || part_of_known;
+        let repair = in_place.then(|| {
+            let keys = missing.iter().chain(&changed).chain(&foreign).copied();
+            self.objects.repair(keys, &held)
+        });
+        self.stats.drifts.fetch_add(1, Ordering::Relaxed);
+        let (missing, changed, foreign) = counts;
+        let first = first.unwrap_or_default();
+        if let Some(plan) = repair {
+            tracing::warn!(
+                backend = self.name,
+                missing,
+                changed,
+                foreign,
+                first,
+                "the kernel no longer holds what kpng committed: repairing in place"
+            );
+            // Known right once the plan is in if nothing committed while it was read.
+            let consistent = before.is_some() && after == before;
+            return match self.repair(&plan, consistent) {
+                Ok(()) => Ok(true),
+                Err(error) => {
+                    self.stats.failures.fetch_add(1, Ordering::Relaxed);
+                    self.facts = None;
+                    self.known.forget();
+                    Err(self.backend_error(error))
+                }
+            };
+        }
+        if nothing {
+            self.drifted = before.filter(|at| after == Some(*at));
         }
         tracing::warn!(
             backend = self.name,
             missing,
             changed,
             foreign,
-            first = first.unwrap_or_default(),
-            "the kernel no longer holds what kpng committed: repairing"
+            first,
+            "the kernel no longer holds what kpng committed: repairing from the whole state"
         );
-        self.stats.drifts.fetch_add(1, Ordering::Relaxed);
         Ok(false)
     }
 }

@@ -371,6 +371,28 @@ where
         plan
     }
 
+    /// The plan that brings `keys` from what `held` (a read-back of the kernel) says they
+    /// hold to the values in force, wanting nothing else: a drift repaired where it was
+    /// found. What is wanted does not change.
+    pub fn repair<'a, S: std::hash::BuildHasher>(
+        &self,
+        keys: impl IntoIterator<Item = &'a K>,
+        held: &HashMap<K, V, S>,
+    ) -> Plan<K, V>
+    where
+        K: 'a,
+    {
+        let mut keys: Vec<&K> = keys.into_iter().collect();
+        keys.sort_unstable();
+        keys.dedup();
+        let mut plan = Plan::default();
+        for key in keys {
+            self.plan_key(key, held.get(key), &mut plan);
+        }
+        plan.order();
+        plan
+    }
+
     /// Adds to `plan` what brings `key` from `old` to the value in force.
     fn plan_key(&self, key: &K, old: Option<&V>, plan: &mut Plan<K, V>) {
         match (self.get(key), old) {

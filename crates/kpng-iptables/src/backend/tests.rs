@@ -114,9 +114,9 @@ fn drift_is_found_and_repaired_touching_only_what_differs() {
         .chains
         .insert((Table::Nat, crate::names::ChainName::new("KPNG-FOREIGN").unwrap()), vec![]);
     kernel.set_snapshot(Family::V4, damaged);
-    assert!(!b.verify().unwrap(), "drift is reported");
     let restores = kernel.restores();
-    b.apply(&ChangeSet::full(&state)).unwrap();
+    assert!(b.verify().unwrap(), "the verification repairs what it found");
+    assert_eq!(b.template_stats().drifts.load(Ordering::Relaxed), 1, "drift is reported");
     assert_eq!(kernel.restores(), restores + 1, "one restore, IPv4 only");
     assert_eq!(kernel.snapshot(Family::V4), good);
     assert!(b.verify().unwrap());
@@ -300,11 +300,17 @@ fn verification_reads_the_entry_chains_always_and_every_chain_at_most_one_percen
     kernel.set_snapshot(Family::V4, damaged);
     let deadline = Instant::now() + std::time::Duration::from_secs(10);
     let before = full.load(Ordering::Relaxed);
-    while b.verify().unwrap() {
+    let stats = b.template_stats();
+    let drifts = || stats.drifts.load(Ordering::Relaxed);
+    let drifted = drifts();
+    while drifts() == drifted {
         assert!(Instant::now() < deadline, "the full read-back never came due");
         std::thread::sleep(std::time::Duration::from_millis(50));
+        // A whole read-back repairs what it finds in place.
+        assert!(b.verify().unwrap());
     }
     assert!(full.load(Ordering::Relaxed) > before, "found by a full read-back");
+    assert_eq!(kernel.snapshot(Family::V4), good, "repaired by the verification");
 }
 
 #[test]
@@ -354,7 +360,7 @@ fn verification_reads_nothing_while_the_generation_is_kpngs() {
 }
 
 #[test]
-fn a_repair_starts_from_the_verifications_read_back_unless_something_committed_since() {
+fn a_whole_read_back_repairs_in_place_what_it_found_and_a_refused_repair_asks_for_a_reset() {
     let state = one_service(&["10.96.0.7"]);
     let kernel = MemoryKernel::new();
     let (full, listed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
@@ -378,25 +384,30 @@ fn a_repair_starts_from_the_verifications_read_back_unless_something_committed_s
         damaged.chains.get_mut(&(Table::Nat, names::shard2("SH", 7))).unwrap().clear();
         kernel.set_snapshot(Family::V4, damaged);
     };
+    let drifts = |b: &IptablesBackend| b.template_stats().drifts.load(Ordering::Relaxed);
 
-    // Found by a whole read-back of both families; the repair reads nothing more.
+    // Found by a whole read-back of both families and written back at once: one restore,
+    // of the damaged family, and nothing read again.
     damage();
-    let before = full.load(Ordering::Relaxed);
-    assert!(!b.verify().unwrap(), "the flushed leaf is seen");
+    let (before, restores) = (full.load(Ordering::Relaxed), kernel.restores());
+    assert!(b.verify().unwrap(), "the verification repairs what it found");
+    assert_eq!(drifts(&b), 1, "the flushed leaf is seen");
     assert_eq!(full.load(Ordering::Relaxed), before + 2);
-    b.apply(&ChangeSet::full(&state)).unwrap();
-    assert_eq!(full.load(Ordering::Relaxed), before + 2, "the repair read nothing again");
+    assert_eq!(kernel.restores(), restores + 1, "one restore, IPv4 only");
     assert_eq!(kernel.snapshot(Family::V4), good, "repaired from the verification's read");
     assert!(b.verify().unwrap());
+    assert_eq!(drifts(&b), 1);
 
-    // Another commit between the verification and the repair: the repair reads again.
+    // The repair refused: the verification fails, and the whole state (a reset, which
+    // reads again) repairs.
     damage();
-    assert!(!b.verify().unwrap());
+    kernel.fail_next(1);
+    assert!(b.verify().is_err(), "a refused repair is an error");
+    assert_eq!(drifts(&b), 2);
+    assert_ne!(kernel.snapshot(Family::V4), good);
     let read = full.load(Ordering::Relaxed);
-    let mut worse = kernel.snapshot(Family::V4);
-    worse.chains.get_mut(&(Table::Nat, names::services())).unwrap().clear();
-    kernel.set_snapshot(Family::V4, worse);
     b.apply(&ChangeSet::full(&state)).unwrap();
-    assert_eq!(full.load(Ordering::Relaxed), read + 2, "read again after a foreign commit");
-    assert_eq!(kernel.snapshot(Family::V4), good, "both flushes repaired");
+    assert_eq!(full.load(Ordering::Relaxed), read + 2, "the reset reads again");
+    assert_eq!(kernel.snapshot(Family::V4), good, "repaired by the reset");
+    assert!(b.verify().unwrap());
 }

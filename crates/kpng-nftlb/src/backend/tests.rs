@@ -225,11 +225,15 @@ fn a_restart_over_the_same_farms_calls_nothing_and_foreign_farms_go() {
         let first = s3.backends.keys().next().unwrap().clone();
         s3.backends.remove(&first);
     }
-    assert!(!b.verify().unwrap(), "drift is seen");
-    b.apply(&ChangeSet::full(&state)).unwrap();
+    fake.daemon().calls.clear();
+    assert!(b.verify().unwrap(), "the verification repairs what it found");
+    assert_eq!(b.stats().drifts.load(std::sync::atomic::Ordering::Relaxed), 1, "drift unseen");
     let d = fake.daemon();
     assert!(!d.farms.contains_key("other--http"));
     assert_eq!(d.farms["ns--s3--http"].backends.len(), 3);
+    // The read, then the two farms that differ, and nothing else.
+    assert_eq!(d.calls.len(), 3, "{:?}", d.calls);
+    assert_eq!(d.calls[0], "GET /farms");
 }
 
 #[test]

@@ -101,7 +101,8 @@ impl NodeStats {
         self.failures.load(Ordering::Relaxed)
     }
 
-    /// Times a backend's dataplane was found changed behind its back and rebuilt.
+    /// Times a backend's dataplane was found changed behind its back and rebuilt from the
+    /// whole state (a backend that repairs drift where it found it counts it itself).
     pub fn repairs(&self) -> u64 {
         self.repairs.load(Ordering::Relaxed)
     }

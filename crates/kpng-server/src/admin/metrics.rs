@@ -105,7 +105,7 @@ impl Collector for Metrics {
             counter(
                 &mut encoder,
                 "kpng_drift_repairs",
-                "Dataplanes found changed behind kpng's back and rebuilt.",
+                "Dataplanes found changed behind kpng's back and rebuilt from the whole state.",
                 stats.repairs(),
             )?;
             let last = stats

@@ -77,12 +77,12 @@ pub fn a_flushed_chain_is_repaired_at_the_next_verification(dp: Dataplane) {
     assert!(rules() > 0, "the services chain has rules");
     iptables(&cluster, &["-t", "nat", "-F", "KPNG-SERVICES"]);
     assert_eq!(rules(), 0, "flushed");
-    wait_until("the chain is repaired", || kpng.log().contains("dataplane drifted") && rules() > 0);
+    wait_until("the chain is repaired", || kpng.log().contains(DRIFT) && rules() > 0);
     assert!(drift_named(&kpng.log(), "KPNG-SERVICES"), "{}", kpng.log());
     assert!(answers(&eventually(probe, answers)), "{}", kpng.log());
     // The repaired chains read back as committed: later verifications find nothing.
     std::thread::sleep(std::time::Duration::from_secs(3));
-    assert_eq!(kpng.log().matches("dataplane drifted").count(), 1, "{}", kpng.log());
+    assert_eq!(kpng.log().matches(DRIFT).count(), 1, "{}", kpng.log());
 }
 
 pub fn deleted_and_foreign_rules_are_repaired(dp: Dataplane) {

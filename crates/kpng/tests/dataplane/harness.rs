@@ -389,6 +389,10 @@ pub fn eventually(mut probe: impl FnMut() -> Outcome, want: impl Fn(&Outcome) ->
     }
 }
 
+/// What kpng logs when a verification finds drift, whether the verification repairs it
+/// where it found it or the whole state does.
+pub const DRIFT: &str = "the kernel no longer holds what kpng committed";
+
 pub const HTTP_PORTS: &str = "  - {name: http, protocol: TCP, port: 80, targetPort: 8080}\n  - {name: dns, protocol: UDP, port: 53, targetPort: 8080}\n";
 pub const NODE_PORTS: &str = "  - {name: http, protocol: TCP, port: 80, targetPort: 8080, nodePort: 30080}\n  - {name: dns, protocol: UDP, port: 53, targetPort: 8080, nodePort: 30053}\n";
 pub const SLICE_PORTS: &str =

@@ -78,7 +78,7 @@ pub fn a_flushed_table_is_repaired_at_the_next_verification(dp: Dataplane) {
     assert_eq!(rules(), 0, "flushed");
     // The next verification notices and puts everything back.
     let start = std::time::Instant::now();
-    while !(kpng.log().contains("dataplane drifted") && rules() > 0) {
+    while !(kpng.log().contains(DRIFT) && rules() > 0) {
         assert!(
             start.elapsed().as_secs() < 30,
             "not repaired; rules {}; log:\n{}",
