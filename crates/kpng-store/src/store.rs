@@ -78,6 +78,7 @@ impl StoreWriter {
     /// `None` if every event was a no-op. Readiness may change either way.
     pub fn apply(&mut self, events: impl IntoIterator<Item = SourceEvent>) -> Option<Revision> {
         let mut inner = self.shared.inner.write().unwrap_or_else(|e| e.into_inner());
+        let was_ready = inner.is_ready();
         let mut touched = Vec::new();
         let (mut object_events, mut changes) = (0u64, 0u64);
         let mut by_kind = KindCounts::default();
@@ -145,6 +146,9 @@ impl StoreWriter {
             }
         }
         let revision = (!touched.is_empty()).then(|| inner.record(touched));
+        if !was_ready && inner.is_ready() {
+            inner.forget_log();
+        }
         self.shared.stats.record(object_events, changes, revision.is_some());
         self.shared.stats.record_kinds(&by_kind);
         let published = Published { revision: inner.revision, ready: inner.is_ready() };
@@ -180,6 +184,16 @@ impl Inner {
             self.log_base = rev;
         }
         self.revision
+    }
+
+    /// Forgets what every revision so far touched. Done when the first lists complete:
+    /// readers are released then, and each one's first read is the whole model, so the
+    /// log of those lists (one entry per object, 2.5 MiB at 30,000 services) would never
+    /// be read. A reader that looked earlier recomputes everything, as it would anyway.
+    fn forget_log(&mut self) {
+        self.log = VecDeque::new();
+        self.log_entries = 0;
+        self.log_base = self.revision;
     }
 
     fn changes_since(&self, since: Option<Revision>) -> Changes {

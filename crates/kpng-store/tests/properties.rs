@@ -139,6 +139,35 @@ fn equal_values_make_no_revision_and_a_batch_makes_one() {
     assert!(snapshot.changes_since(Some(1)).is_empty());
 }
 
+#[test]
+fn the_first_lists_leave_no_log_and_later_changes_are_logged() {
+    let (mut writer, reader) = store(&[Kind::Service]);
+    let svc = |name: &str| {
+        let mut svc = kpng_testkit::builders::service("ns", "a", &["10.96.0.1"], &[]);
+        svc.key.name = name.into();
+        SourceEvent::Applied(Object::Service(svc))
+    };
+    writer.apply([SourceEvent::ListStarted(Kind::Service), svc("a"), svc("b")]);
+    assert!(!reader.is_ready());
+    assert_eq!(writer.apply([svc("c"), SourceEvent::ListDone(Kind::Service)]), Some(2));
+    assert!(reader.is_ready());
+    // Released readers read the whole model first: nothing of the lists is kept for them.
+    assert_eq!(reader.snapshot().changes_since(Some(0)), kpng_model::Changes::All);
+    assert_eq!(reader.snapshot().changes_since(Some(1)), kpng_model::Changes::All);
+    assert!(reader.snapshot().changes_since(Some(2)).is_empty());
+    // What comes after is logged, a relist included.
+    assert_eq!(writer.apply([svc("d"), svc("e")]), Some(3));
+    writer.apply([SourceEvent::ListStarted(Kind::Service)]);
+    let relist = [svc("a"), svc("b"), svc("c"), svc("e"), SourceEvent::ListDone(Kind::Service)];
+    assert_eq!(writer.apply(relist), Some(4));
+    let touched = |since| match reader.snapshot().changes_since(Some(since)) {
+        kpng_model::Changes::Touched(t) => t.len(),
+        other => panic!("since {since}: {other:?}"),
+    };
+    assert_eq!(touched(2), 2, "d and e added, then d swept by the relist");
+    assert_eq!(touched(3), 1, "d swept");
+}
+
 #[tokio::test]
 async fn readers_wait_for_every_initial_list() {
     let (mut writer, mut reader) = store(&[Kind::Service, Kind::EndpointSlice]);
