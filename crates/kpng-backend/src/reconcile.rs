@@ -693,18 +693,22 @@ where
         let prepared = self.kernel.prepare(plan, &self.objects, true);
         prepared.map_err(ReconcileError::Prepare)?;
         self.commit(plan, consistent)?;
-        let written = Written::of(plan);
+        self.log_written(Written::of(plan), start, "drift repaired: ");
+        Ok(())
+    }
+
+    /// Logs what a change, a reset or a repair (`what`) wrote.
+    fn log_written(&self, written: Written, start: Instant, what: &str) {
         tracing::info!(
             backend = self.name,
             upserted = written.upserts,
             deleted = written.deletes,
             objects = self.objects.len(),
             took = ?start.elapsed(),
-            "drift repaired: {} {}",
+            "{what}{} {}",
             K::WHAT,
             crate::backend::done(self.dry_run, K::APPLIED)
         );
-        Ok(())
     }
 
     /// Commits `plan`: a reset's (over what it read) or a change's (over what kpng last
@@ -801,16 +805,7 @@ where
                 Ok(())
             }
             Ok(written) => {
-                tracing::info!(
-                    backend = self.name,
-                    upserted = written.upserts,
-                    deleted = written.deletes,
-                    objects = self.objects.len(),
-                    took = ?start.elapsed(),
-                    "{} {}",
-                    K::WHAT,
-                    crate::backend::done(self.dry_run, K::APPLIED)
-                );
+                self.log_written(written, start, "");
                 Ok(())
             }
             Err(error) => {

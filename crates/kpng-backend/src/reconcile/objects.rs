@@ -360,20 +360,12 @@ where
         *self = Objects::default();
         self.claim(renders, None);
         let claimed = self.wanted.values().flat_map(|kept| kept.objects.iter().map(|(k, _)| k));
-        let mut keys: Vec<&K> = held.keys().chain(claimed).chain(self.shared.keys()).collect();
-        keys.sort_unstable();
-        keys.dedup();
-        let mut plan = Plan::default();
-        for key in keys {
-            self.plan_key(key, held.get(key), &mut plan);
-        }
-        plan.order();
-        plan
+        self.repair(held.keys().chain(claimed).chain(self.shared.keys()), &held)
     }
 
     /// The plan that brings `keys` from what `held` (a read-back of the kernel) says they
-    /// hold to the values in force, wanting nothing else: a drift repaired where it was
-    /// found. What is wanted does not change.
+    /// hold to the values in force, wanting nothing else (a drift repaired where it was
+    /// found; every key, for a reset). What is wanted does not change.
     pub fn repair<'a, S: std::hash::BuildHasher>(
         &self,
         keys: impl IntoIterator<Item = &'a K>,
