@@ -758,6 +758,14 @@ where
         self.stats.objects.store(self.objects.len() as u64, Ordering::Relaxed);
     }
 
+    /// Counts a failed change, reset or repair: the next change set is a reset.
+    fn failed(&mut self, error: Failure<R, K>) -> BackendError {
+        self.stats.failures.fetch_add(1, Ordering::Relaxed);
+        self.facts = None;
+        self.known.forget();
+        self.backend_error(error)
+    }
+
     fn backend_error(&self, error: Failure<R, K>) -> BackendError {
         let permanent = match &error {
             ReconcileError::Read(e)
@@ -808,12 +816,7 @@ where
                 self.log_written(written, start, "");
                 Ok(())
             }
-            Err(error) => {
-                self.stats.failures.fetch_add(1, Ordering::Relaxed);
-                self.facts = None;
-                self.known.forget();
-                Err(self.backend_error(error))
-            }
+            Err(error) => Err(self.failed(error)),
         }
     }
 
@@ -907,39 +910,26 @@ where
         });
         self.stats.drifts.fetch_add(1, Ordering::Relaxed);
         let (missing, changed, foreign) = counts;
-        let first = first.unwrap_or_default();
-        if let Some(plan) = repair {
-            tracing::warn!(
-                backend = self.name,
-                missing,
-                changed,
-                foreign,
-                first,
-                "the kernel no longer holds what kpng committed: repairing in place"
-            );
-            // Known right once the plan is in if nothing committed while it was read.
-            let consistent = before.is_some() && after == before;
-            return match self.repair(&plan, consistent) {
-                Ok(()) => Ok(true),
-                Err(error) => {
-                    self.stats.failures.fetch_add(1, Ordering::Relaxed);
-                    self.facts = None;
-                    self.known.forget();
-                    Err(self.backend_error(error))
-                }
-            };
-        }
-        if nothing {
-            self.drifted = before.filter(|at| after == Some(*at));
-        }
+        let how = if repair.is_some() { "in place" } else { "from the whole state" };
         tracing::warn!(
             backend = self.name,
             missing,
             changed,
             foreign,
-            first,
-            "the kernel no longer holds what kpng committed: repairing from the whole state"
+            first = first.unwrap_or_default(),
+            "the kernel no longer holds what kpng committed: repairing {how}"
         );
-        Ok(false)
+        let Some(plan) = repair else {
+            if nothing {
+                self.drifted = before.filter(|at| after == Some(*at));
+            }
+            return Ok(false);
+        };
+        // Known right once the plan is in if nothing committed while it was read.
+        let consistent = before.is_some() && after == before;
+        match self.repair(&plan, consistent) {
+            Ok(()) => Ok(true),
+            Err(error) => Err(self.failed(error)),
+        }
     }
 }
