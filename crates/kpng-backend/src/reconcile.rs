@@ -13,9 +13,9 @@
 //! - the plan of differences, ordered by [`Rank`] so that a reader never sees an object
 //!   before what it refers to, and committed in the unit the kernel declares ([`Unit`]);
 //! - resets: at start-up, and after a failure or a drift a verification cannot repair
-//!   where it found it (the runner then sends the whole state), the kernel's objects are read back and only what differs
-//!   is written, so a restart over a right kernel writes nothing and a damaged one is
-//!   repaired in place;
+//!   where it found it (the runner then sends the whole state), the kernel's objects are
+//!   read back and only what differs is written, so a restart over a right kernel writes
+//!   nothing and a damaged one is repaired in place;
 //! - verification, once per sync period: faults beyond objects (a detached hook), then the
 //!   objects read back and compared, and the objects found different written back at once
 //!   when the read says what the kernel holds everywhere (a whole read, or the part foreign
