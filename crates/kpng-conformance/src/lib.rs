@@ -30,8 +30,9 @@
 //! - [`states`]: the node states the checks apply (a fixed pair, and random histories).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
-use kpng_backend::reconcile::{Kernel, Objects, Plan, Rank, Reconciler, Render, Unit};
+use kpng_backend::reconcile::{Kernel, Objects, Plan, Rank, Reconciler, Render, Stats, Unit};
 use kpng_backend::{Backend, ChangeSet};
 use kpng_model::LocalState;
 use proptest::prelude::*;
@@ -195,7 +196,7 @@ pub fn refused_commit_leaves_the_previous_state<S: Subject>(subject: &S) {
     backend.kernel().arm(false);
     load(subject, &mut backend, &b);
     assert_eq!(subject.canonical(&contents(subject)), expected, "{name}: the retry did not repair");
-    assert!(finds_no_drift(&mut backend), "{name}: the retry left drift");
+    assert!(finds_no_drift(backend.stats(), &mut backend), "{name}: the retry left drift");
 }
 
 /// A first load over a wiped kernel (streamed in parts where the kernel allows,
@@ -216,7 +217,7 @@ pub fn refused_first_load_is_completed<S: Subject>(subject: &S) {
         expected,
         "{name}: the retry did not complete"
     );
-    assert!(finds_no_drift(&mut backend), "{name}: the retry left drift");
+    assert!(finds_no_drift(backend.stats(), &mut backend), "{name}: the retry left drift");
 }
 
 /// A new process over what the last one committed writes nothing.
@@ -233,7 +234,7 @@ pub fn restart_writes_nothing<S: Subject>(subject: &S) {
     load(subject, &mut restarted, &b);
     let writes = restarted.stats().writes.load(std::sync::atomic::Ordering::Relaxed);
     assert_eq!(writes, 0, "{name}: a restart over a right kernel wrote {writes} objects");
-    assert!(finds_no_drift(&mut restarted), "{name}: a restart left drift");
+    assert!(finds_no_drift(restarted.stats(), &mut restarted), "{name}: a restart left drift");
 }
 
 /// An upgrade writes nothing: over what the previous release left in the kernel for the
@@ -304,19 +305,18 @@ pub fn drift_is_found_and_repaired<S: Subject>(subject: &S) {
             load(subject, &mut backend, &a);
         }
         assert!(contents(subject) == right, "{name}: an object {kind} was not repaired");
-        assert!(finds_no_drift(&mut backend), "{name}: drift remained after repair");
+        assert!(
+            finds_no_drift(backend.stats(), &mut backend),
+            "{name}: drift remained after repair"
+        );
     }
 }
 
-/// Whether a verification finds the kernel holding what was committed: it succeeds, and
-/// finds no drift (a verification that repairs drift in place also says the kernel holds
-/// the state, so its drift counter tells the two apart).
-pub fn finds_no_drift<R, K>(backend: &mut Reconciler<R, K>) -> bool
-where
-    R: Render,
-    K: Kernel<Key = R::Key, Value = R::Value>,
-{
-    let stats = backend.stats();
+/// Whether a verification of `backend` (whose template counters are `stats`) finds the
+/// kernel holding what was committed: it succeeds, and finds no drift (a verification that
+/// repairs drift in place also says the kernel holds the state, so the drift counter tells
+/// the two apart). `finds_no_drift(b.stats(), &mut b)`.
+pub fn finds_no_drift(stats: Arc<Stats>, backend: &mut dyn Backend) -> bool {
     let before = stats.drifts.load(std::sync::atomic::Ordering::Relaxed);
     let held = backend.verify().ok() == Some(true);
     held && stats.drifts.load(std::sync::atomic::Ordering::Relaxed) == before
@@ -358,7 +358,7 @@ pub fn drift_before_a_change_is_found<S: Subject>(subject: &S) {
     if !held {
         load(subject, &mut backend, &b);
     }
-    assert!(finds_no_drift(&mut backend), "{name}: drift remained after repair");
+    assert!(finds_no_drift(backend.stats(), &mut backend), "{name}: drift remained after repair");
     assert!(backend.held().to_map() == contents(subject), "{name}: not repaired");
     subject.wipe();
 }
@@ -413,7 +413,10 @@ pub fn histories_end_as_a_fresh_load<S: Subject>(subject: &S, cases: u32) {
             before = after;
         }
         let ended = subject.canonical(&contents(subject));
-        prop_assert!(finds_no_drift(&mut backend), "{name}: the history left drift");
+        prop_assert!(
+            finds_no_drift(backend.stats(), &mut backend),
+            "{name}: the history left drift"
+        );
         let mut restarted = start(subject);
         load(subject, &mut restarted, &before);
         let writes = restarted.stats().writes.load(std::sync::atomic::Ordering::Relaxed);

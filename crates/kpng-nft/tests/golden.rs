@@ -184,7 +184,7 @@ fn compare(options: NftOptions, nodeports: NodePortSelection, service_cidrs: &[I
     dry.apply(&ChangeSet::full(&state)).unwrap();
     let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
     // A dry run has nothing to verify: no drift, nothing printed again.
-    assert!(holds(&mut dry));
+    assert!(kpng_conformance::finds_no_drift(dry.template_stats(), &mut dry));
     assert_eq!(out.0.lock().unwrap().len(), text.len());
 
     let by_nft = Netns::new("gold-nft");
@@ -332,7 +332,7 @@ fn a_restart_over_a_far_larger_table_flushes_without_reading_it() {
         assert_eq!(restarted.stats().transactions.load(std::sync::atomic::Ordering::Relaxed), 1);
         // The kernel holds exactly what was committed, and a fresh start over it changes
         // nothing.
-        assert!(holds(&mut restarted));
+        assert!(kpng_conformance::finds_no_drift(restarted.template_stats(), &mut restarted));
         let mut again = open();
         again.apply(&ChangeSet::full(&small)).unwrap();
         assert_eq!(again.stats().transactions.load(std::sync::atomic::Ordering::Relaxed), 0);
@@ -351,7 +351,10 @@ fn a_cold_start_in_transactions_of_whole_services_ends_as_one_run_makes_it() {
             let options = NftOptions { cold_start_transaction: limit, ..NftOptions::default() };
             let mut backend = NftBackend::new(options, Box::new(NetlinkKernel::open().unwrap()));
             backend.apply(&ChangeSet::full(&many(150))).unwrap();
-            assert!(holds(&mut backend), "the kernel holds what was committed");
+            assert!(
+                kpng_conformance::finds_no_drift(backend.template_stats(), &mut backend),
+                "the kernel holds what was committed"
+            );
             backend.stats().transactions.load(std::sync::atomic::Ordering::Relaxed)
         })
     };
@@ -434,14 +437,14 @@ fn commits_to_other_tables_are_let_pass_and_commits_to_kpngs_are_read() {
     nft("add table ip other");
     nft("add chain ip other pre { type filter hook prerouting priority -400 ; }");
     nft("add rule ip other pre ip daddr 10.96.0.1 counter");
-    assert!(holds(&mut backend));
+    assert!(kpng_conformance::finds_no_drift(backend.template_stats(), &mut backend));
     assert_eq!(counted(&backend), (0, 1, 1));
     // kpng's own change after another foreign commit keeps its tables known.
     nft("delete table ip other");
     let (before, after) = (state.clone(), many(31));
     let ops = kpng_local::diff(&before, &after);
     backend.apply(&ChangeSet::changes(&ops, &after)).unwrap();
-    assert!(holds(&mut backend));
+    assert!(kpng_conformance::finds_no_drift(backend.template_stats(), &mut backend));
     assert_eq!(counted(&backend), (0, 2, 2));
     assert_eq!(*reads.lock().unwrap(), (1, 0), "nothing was read back");
     // A foreign commit to kpng's table: only the set it touched (with the tables' layout)
@@ -457,7 +460,7 @@ fn commits_to_other_tables_are_let_pass_and_commits_to_kpngs_are_read() {
     let listed = ns.exec("nft", &["list", "set", "ip", "kpng", "cluster_ips"]);
     assert!(String::from_utf8_lossy(&listed.stdout).contains("10.96.0.1,"), "not repaired");
     // The repair was kpng's only commit: its tables are known right after it.
-    assert!(holds(&mut backend));
+    assert!(kpng_conformance::finds_no_drift(backend.template_stats(), &mut backend));
     assert_eq!(counted(&backend), (1, 3, 2));
     assert_eq!(*reads.lock().unwrap(), (1, 1), "one targeted read, no whole one");
     // A foreign rule in one of kpng's chains: the rules are read, the rule found.
@@ -466,23 +469,13 @@ fn commits_to_other_tables_are_let_pass_and_commits_to_kpngs_are_read() {
     assert_eq!(drifts(&backend), 2, "a foreign rule went unseen");
     let listed = ns.exec("nft", &["list", "chain", "ip", "kpng", "nat_prerouting"]);
     assert!(!String::from_utf8_lossy(&listed.stdout).contains("counter"), "not repaired");
-    assert!(holds(&mut backend));
+    assert!(kpng_conformance::finds_no_drift(backend.template_stats(), &mut backend));
     assert_eq!(*reads.lock().unwrap(), (1, 2), "targeted reads alone");
     // A change after the repairs commits over tables known right.
     let last = many(32);
     let ops = kpng_local::diff(&after, &last);
     backend.apply(&ChangeSet::changes(&ops, &last)).unwrap();
     // Everything after the repair is known again: a verification reads nothing.
-    assert!(holds(&mut backend));
+    assert!(kpng_conformance::finds_no_drift(backend.template_stats(), &mut backend));
     assert_eq!(*reads.lock().unwrap(), (1, 2));
-}
-
-/// Whether a verification finds the kernel holding what was committed, with no drift to
-/// repair (a verification that repairs drift in place says the kernel holds the state
-/// too: the drift counter tells the two apart).
-fn holds(backend: &mut NftBackend) -> bool {
-    let stats = backend.template_stats();
-    let drifts = stats.drifts.load(std::sync::atomic::Ordering::Relaxed);
-    kpng_backend::Backend::verify(backend).unwrap()
-        && stats.drifts.load(std::sync::atomic::Ordering::Relaxed) == drifts
 }

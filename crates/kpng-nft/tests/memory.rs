@@ -283,7 +283,7 @@ proptest! {
                 Ok(()) => {
                     needs_reset = false;
                     check_against_fresh(&kernel, &state)?;
-                    prop_assert!(holds(&mut backend), "a fresh verification finds nothing");
+                    prop_assert!(kpng_conformance::finds_no_drift(backend.template_stats(), &mut backend), "a fresh verification finds nothing");
                 }
                 Err(_) => {
                     let after = kernel.tables().clone();
@@ -433,7 +433,7 @@ fn a_restart_over_a_far_larger_table_flushes_what_is_stale() {
     assert_eq!(ids.len(), 600);
     assert!(ids.iter().all(|id| id.map == MapName::ClusterIps));
     check_against_fresh(&kernel, &small).unwrap();
-    assert!(holds(&mut backend));
+    assert!(kpng_conformance::finds_no_drift(backend.template_stats(), &mut backend));
 
     // A restart over a table that is not mostly stale reads it whole and changes nothing.
     let counting =
@@ -593,7 +593,7 @@ fn a_large_cold_start_commits_whole_services_in_several_transactions() {
     assert_eq!(revealed.count(), 40);
     // The kernel ends as one transaction makes it; the backend is in sync with it.
     check_against_fresh(&kernel, &state).unwrap();
-    assert!(holds(&mut backend));
+    assert!(kpng_conformance::finds_no_drift(backend.template_stats(), &mut backend));
 
     // A refused transaction part way leaves those before it in place; the next change set
     // completes the table.
@@ -607,7 +607,7 @@ fn a_large_cold_start_commits_whole_services_in_several_transactions() {
     assert!(partial > 0 && partial < fresh(&state).tables().elements().len());
     backend.apply(&ChangeSet::full(&state)).unwrap();
     check_against_fresh(&kernel, &state).unwrap();
-    assert!(holds(&mut backend));
+    assert!(kpng_conformance::finds_no_drift(backend.template_stats(), &mut backend));
 }
 
 #[test]
@@ -660,7 +660,7 @@ fn a_cold_start_part_brings_what_its_services_add_to_the_layout() {
     // The tables are those one transaction makes (tracing packets through hundreds of
     // endpoints is left to the smaller states).
     assert_eq!(canonical(&kernel.tables()), canonical(&fresh(&state).tables()));
-    assert!(holds(&mut backend));
+    assert!(kpng_conformance::finds_no_drift(backend.template_stats(), &mut backend));
 }
 
 /// The memory kernel as an aggregator is seen: it takes whole tables at every reset.
@@ -710,14 +710,4 @@ fn a_kernel_taking_whole_tables_gets_them_at_each_reset_and_every_change_after()
     backend.apply(&ChangeSet::changes(&ops, &after)).unwrap();
     assert_eq!(*received.lock().unwrap(), (2, 1), "the change after a restart went out");
     check_against_fresh(&kernel, &after).unwrap();
-}
-
-/// Whether a verification finds the kernel holding what was committed, with no drift to
-/// repair (a verification that repairs drift in place says the kernel holds the state
-/// too: the drift counter tells the two apart).
-fn holds(backend: &mut NftBackend) -> bool {
-    let stats = backend.template_stats();
-    let drifts = stats.drifts.load(std::sync::atomic::Ordering::Relaxed);
-    kpng_backend::Backend::verify(backend).unwrap()
-        && stats.drifts.load(std::sync::atomic::Ordering::Relaxed) == drifts
 }

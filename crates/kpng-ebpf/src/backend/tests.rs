@@ -159,7 +159,10 @@ fn a_detached_program_is_reported_until_attached_again() {
     let mut backend = EbpfBackend::new(Box::new(dataplane)).with_problems(problems.clone());
     let state = LocalState::default();
     backend.apply(&ChangeSet::full(&state)).unwrap();
-    assert!(holds(&mut backend), "attached and holding what was written");
+    assert!(
+        kpng_conformance::finds_no_drift(backend.stats(), &mut backend),
+        "attached and holding what was written"
+    );
 
     detached.store(true, Ordering::Relaxed);
     assert!(!backend.verify().unwrap(), "a detached program is drift");
@@ -174,16 +177,6 @@ fn a_detached_program_is_reported_until_attached_again() {
     backend.apply(&ChangeSet::full(&state)).unwrap();
     assert!(problems.list().is_empty());
     assert_eq!(stats.unattached.load(Ordering::Relaxed), 0);
-    assert!(holds(&mut backend));
+    assert!(kpng_conformance::finds_no_drift(backend.stats(), &mut backend));
     assert_eq!(stats.detachments.load(Ordering::Relaxed), 1, "counted once");
-}
-
-/// Whether a verification finds the kernel holding what was committed, with no drift to
-/// repair (a verification that repairs drift in place says the kernel holds the state
-/// too: the drift counter tells the two apart).
-fn holds(backend: &mut EbpfBackend) -> bool {
-    let stats = backend.stats();
-    let drifts = stats.drifts.load(std::sync::atomic::Ordering::Relaxed);
-    kpng_backend::Backend::verify(backend).unwrap()
-        && stats.drifts.load(std::sync::atomic::Ordering::Relaxed) == drifts
 }

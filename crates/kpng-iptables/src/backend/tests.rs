@@ -68,7 +68,7 @@ proptest! {
         let restores = kernel.restores();
         incremental.apply(&ChangeSet::changes(&[], &before)).unwrap();
         prop_assert_eq!(kernel.restores(), restores);
-        prop_assert!(holds(&mut incremental));
+        prop_assert!(kpng_conformance::finds_no_drift(incremental.template_stats(), &mut incremental));
 
         let fresh_kernel = MemoryKernel::new();
         backend(&fresh_kernel).apply(&ChangeSet::full(&before)).unwrap();
@@ -104,7 +104,7 @@ fn drift_is_found_and_repaired_touching_only_what_differs() {
     let mut b = backend(&kernel);
     b.apply(&ChangeSet::full(&state)).unwrap();
     let good = kernel.snapshot(Family::V4);
-    assert!(holds(&mut b));
+    assert!(kpng_conformance::finds_no_drift(b.template_stats(), &mut b));
 
     // Someone flushes the leaf holding the service and adds a chain of the prefix.
     let mut damaged = good.clone();
@@ -119,7 +119,7 @@ fn drift_is_found_and_repaired_touching_only_what_differs() {
     assert_eq!(b.template_stats().drifts.load(Ordering::Relaxed), 1, "drift is reported");
     assert_eq!(kernel.restores(), restores + 1, "one restore, IPv4 only");
     assert_eq!(kernel.snapshot(Family::V4), good);
-    assert!(holds(&mut b));
+    assert!(kpng_conformance::finds_no_drift(b.template_stats(), &mut b));
 }
 
 #[test]
@@ -211,7 +211,7 @@ fn a_refused_family_does_not_hold_back_the_other() {
     let restores = kernel.restores();
     backend(&kernel).apply(&ChangeSet::full(&state)).unwrap();
     assert_eq!(kernel.restores(), restores, "a restart finds both families in place");
-    assert!(holds(&mut b));
+    assert!(kpng_conformance::finds_no_drift(b.template_stats(), &mut b));
 }
 
 /// A kernel whose full read-back takes a while, counting full reads and chain listings.
@@ -277,7 +277,10 @@ fn verification_reads_the_entry_chains_always_and_every_chain_at_most_one_percen
     let mut damaged = good.clone();
     damaged.chains.get_mut(&(Table::Nat, names::shard2("SH", 7))).unwrap().clear();
     kernel.set_snapshot(Family::V4, damaged.clone());
-    assert!(holds(&mut b), "the quick look lists no leaf");
+    assert!(
+        kpng_conformance::finds_no_drift(b.template_stats(), &mut b),
+        "the quick look lists no leaf"
+    );
     assert_eq!(full.load(Ordering::Relaxed), 2, "no full read-back yet");
     let per_look = listed.load(Ordering::Relaxed);
     // Per family: the entry chains that exist (KPNG-NODEPORTS in both tables) and the six
@@ -345,7 +348,7 @@ fn verification_reads_nothing_while_the_generation_is_kpngs() {
     let reads = || full.load(Ordering::Relaxed) + listed.load(Ordering::Relaxed);
     let after_load = reads();
     for _ in 0..5 {
-        assert!(holds(&mut b));
+        assert!(kpng_conformance::finds_no_drift(b.template_stats(), &mut b));
     }
     assert_eq!(reads(), after_load, "nothing read back");
     let skipped = b.template_stats().readbacks_skipped.load(Ordering::Relaxed);
@@ -395,7 +398,7 @@ fn a_whole_read_back_repairs_in_place_what_it_found_and_a_refused_repair_asks_fo
     assert_eq!(full.load(Ordering::Relaxed), before + 2);
     assert_eq!(kernel.restores(), restores + 1, "one restore, IPv4 only");
     assert_eq!(kernel.snapshot(Family::V4), good, "repaired from the verification's read");
-    assert!(holds(&mut b));
+    assert!(kpng_conformance::finds_no_drift(b.template_stats(), &mut b));
     assert_eq!(drifts(&b), 1);
 
     // The repair refused: the verification fails, and the whole state (a reset, which
@@ -409,15 +412,5 @@ fn a_whole_read_back_repairs_in_place_what_it_found_and_a_refused_repair_asks_fo
     b.apply(&ChangeSet::full(&state)).unwrap();
     assert_eq!(full.load(Ordering::Relaxed), read + 2, "the reset reads again");
     assert_eq!(kernel.snapshot(Family::V4), good, "repaired by the reset");
-    assert!(holds(&mut b));
-}
-
-/// Whether a verification finds the kernel holding what was committed, with no drift to
-/// repair (a verification that repairs drift in place says the kernel holds the state
-/// too: the drift counter tells the two apart).
-fn holds(backend: &mut IptablesBackend) -> bool {
-    let stats = backend.template_stats();
-    let drifts = stats.drifts.load(std::sync::atomic::Ordering::Relaxed);
-    kpng_backend::Backend::verify(backend).unwrap()
-        && stats.drifts.load(std::sync::atomic::Ordering::Relaxed) == drifts
+    assert!(kpng_conformance::finds_no_drift(b.template_stats(), &mut b));
 }

@@ -201,7 +201,7 @@ fn an_endpoint_change_adds_or_deletes_that_backend_only() {
     fake.daemon().calls.clear();
     b.apply(&ChangeSet::changes(&diff(&removed, &deleted), &deleted)).unwrap();
     assert_eq!(fake.daemon().calls, ["DELETE /farms/ns--s2--http"]);
-    assert!(holds(&mut b), "nftlb holds what kpng applied");
+    assert!(kpng_conformance::finds_no_drift(b.stats(), &mut b), "nftlb holds what kpng applied");
 }
 
 #[test]
@@ -352,7 +352,7 @@ fn an_annotation_change_recreates_that_farm_only() {
     assert_eq!(fake.daemon().calls, ["DELETE /farms/ns--s0--http", "POST /farms"]);
     assert_eq!(fake.daemon().farms["ns--s0--http"].vip.scheduler, "rr");
     assert_eq!(fake.daemon().farms["ns--s0--http"].backends.len(), 2);
-    assert!(holds(&mut b));
+    assert!(kpng_conformance::finds_no_drift(b.stats(), &mut b));
 }
 
 #[test]
@@ -426,7 +426,7 @@ fn dsr_farms_carry_the_link_layer_nftlb_needs() {
     let other = posted["farms"].as_array().unwrap().iter().find(|f| f["name"] == "ns--s1--http");
     assert!(other.unwrap().get("iface").is_none());
     // nftlb does not list the link layer: the farms still read as kpng's.
-    assert!(holds(&mut b));
+    assert!(kpng_conformance::finds_no_drift(b.stats(), &mut b));
 
     // A new endpoint is one backend more, with its address.
     set_endpoints(&mut model, "s0", &["10.1.0.0".into(), "10.1.0.1".into(), "10.1.0.2".into()]);
@@ -498,14 +498,4 @@ impl kpng_conformance::Subject for Conformance {
 #[test]
 fn nftlb_in_memory_conforms() {
     kpng_conformance::run(&Conformance(Fake::default()), 64);
-}
-
-/// Whether a verification finds the kernel holding what was committed, with no drift to
-/// repair (a verification that repairs drift in place says the kernel holds the state
-/// too: the drift counter tells the two apart).
-fn holds(backend: &mut NftlbBackend) -> bool {
-    let stats = backend.stats();
-    let drifts = stats.drifts.load(std::sync::atomic::Ordering::Relaxed);
-    kpng_backend::Backend::verify(backend).unwrap()
-        && stats.drifts.load(std::sync::atomic::Ordering::Relaxed) == drifts
 }
