@@ -897,7 +897,6 @@ where
         }
         self.known.forget();
         let first = missing.iter().chain(&changed).chain(&foreign).next().map(|k| format!("{k:?}"));
-        let counts = (missing.len(), changed.len(), foreign.len());
         let after = self.kernel.generation();
         // What the kernel holds is known everywhere: what the read covered differs at these
         // keys alone, and what it did not cover is as kpng committed it. Writing them back
@@ -909,13 +908,12 @@ where
             self.objects.repair(keys, &held)
         });
         self.stats.drifts.fetch_add(1, Ordering::Relaxed);
-        let (missing, changed, foreign) = counts;
         let how = if repair.is_some() { "in place" } else { "from the whole state" };
         tracing::warn!(
             backend = self.name,
-            missing,
-            changed,
-            foreign,
+            missing = missing.len(),
+            changed = changed.len(),
+            foreign = foreign.len(),
             first = first.unwrap_or_default(),
             "the kernel no longer holds what kpng committed: repairing {how}"
         );

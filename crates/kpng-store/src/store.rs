@@ -146,12 +146,13 @@ impl StoreWriter {
             }
         }
         let revision = (!touched.is_empty()).then(|| inner.record(touched));
-        if !was_ready && inner.is_ready() {
+        let ready = inner.is_ready();
+        if ready && !was_ready {
             inner.forget_log();
         }
         self.shared.stats.record(object_events, changes, revision.is_some());
         self.shared.stats.record_kinds(&by_kind);
-        let published = Published { revision: inner.revision, ready: inner.is_ready() };
+        let published = Published { revision: inner.revision, ready };
         drop(inner);
         self.published.send_if_modified(|p| {
             let modified = *p != published;
