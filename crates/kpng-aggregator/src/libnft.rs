@@ -232,10 +232,12 @@ impl LibNftApplier {
             while let Ok(request) = received.recv() {
                 let answer = context.run(&request.text, request.script, request.dry_run);
                 let large = request.text.len().max(answer.as_ref().map_or(0, String::len));
-                let _ = request.answer.send(answer);
+                // Trimmed before answering, so that a caller that reads the resident set
+                // once its call returned sees the parse given back.
                 if large >= LARGE {
                     kpng_runner::release_free_memory();
                 }
+                let _ = request.answer.send(answer);
             }
         });
         let failed = |message: String| NftError { message };
