@@ -119,6 +119,16 @@ pub trait Kernel: Send {
     /// yet. Called at every reset and at verifications, never on the change path.
     fn read(&mut self) -> Result<Option<Held<Self>>, Self::Error>;
 
+    /// Whether a reset reads back only to keep positions (endpoint slots), because every
+    /// reset hands the kernel its objects whole anyway (a kernel that publishes to another
+    /// process owning the objects: `to-nft`'s aggregator). Then only the first reset reads;
+    /// the later ones take the positions from what was committed (or planned, when the
+    /// commit was refused), which is all a read-back would add: at 100,000 services it
+    /// costs the kernel about 25 s. `false` by default.
+    fn reads_only_positions(&self) -> bool {
+        false
+    }
+
     /// Called at every reset before [`read`](Self::read), with the node state the reset
     /// brings the kernel to: a kernel whose read-back may skip what is going anyway (most
     /// of a table after most services went) sizes it up here. Nothing by default.
@@ -528,24 +538,29 @@ where
     /// Reads the kernel back, renders every service, and commits what differs.
     fn reset(&mut self, state: &LocalState) -> Result<Written, Failure<R, K>> {
         self.kernel.resetting(state);
+        // Positions from what was committed, not read back (see `reads_only_positions`).
+        let remembered = self.kernel.reads_only_positions() && !self.objects.is_empty();
         let held = match self.drifted.take() {
+            _ if remembered => Some(HashMap::new()),
             // Found empty by the verification, and nothing committed since.
             Some(at) if self.kernel.generation() == Some(at) => None,
             _ => self.kernel.read().map_err(ReconcileError::Read)?,
         };
         let installed = held.is_some();
         let held = held.unwrap_or_default();
-        if let (true, Some(part)) = (held.is_empty(), self.kernel.stream()) {
+        if let (true, false, Some(part)) = (held.is_empty(), remembered, self.kernel.stream()) {
             return self.cold_start(state, installed, part);
         }
         let facts = self.render.facts(state);
         self.render.reset();
+        let positions: &dyn Lookup<R::Key, R::Value> =
+            if remembered { &self.objects } else { &held };
         let mut renders = Vec::with_capacity(state.services.len() + 1);
         renders.push((Owner::Node, Some(self.render.node(&facts))));
         for (key, service) in &state.services {
             let wanted = self
                 .render
-                .service(&facts, service, &held)
+                .service(&facts, service, positions)
                 .map_err(|source| ReconcileError::Render { service: key.clone(), source })?;
             renders.push((Owner::Service(key.clone()), Some(wanted)));
         }

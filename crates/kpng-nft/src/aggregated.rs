@@ -9,10 +9,12 @@
 //! is as synchronous as a netlink transaction. At start-up and after a failure the backend
 //! plans its tables from nothing and the kernel publishes them whole
 //! ([`Kernel::publishes_whole`]): the aggregator changes only what differs from what it
-//! committed before. What the node's kernel holds of kpng's tables is still read, to keep
-//! each endpoint in its position (ClientIP affinity clients keep their endpoints across a
-//! restart). `ct helper` objects are not part of the
-//! aggregator's model: the `helper` annotation is reported as not enforced.
+//! committed before. At start-up, what the node's kernel holds of kpng's tables is still
+//! read, to keep each endpoint in its position (ClientIP affinity clients keep their
+//! endpoints across a restart); the resets after a failure take the positions from what was
+//! published ([`reads_only_positions`](kpng_backend::reconcile::Kernel::reads_only_positions)).
+//! `ct helper` objects are not part of the aggregator's model: the `helper` annotation is
+//! reported as not enforced.
 
 use std::collections::BTreeSet;
 use std::sync::mpsc;
@@ -104,8 +106,8 @@ impl Kernel for AggregatorKernel {
 
     /// What this network namespace's kernel holds of kpng's tables (what the aggregator
     /// committed, when it programs this namespace), read over netlink: it seeds the
-    /// endpoints' positions of the whole publication that follows. Nothing when it
-    /// cannot be read.
+    /// endpoints' positions of the whole publication that follows (at start-up only: later
+    /// resets take them from what was published). Nothing when it cannot be read.
     fn read(&mut self) -> Result<Option<KernelContents>, NftError> {
         let read = NetlinkKernel::reader().and_then(|mut kernel| kernel.read());
         match read {

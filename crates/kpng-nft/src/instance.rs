@@ -310,8 +310,8 @@ impl Render for NftRender {
 ///
 /// A kernel that takes whole tables (an aggregator, [`Kernel::publishes_whole`]) gets
 /// them whole at every reset, in [`prepare`](kpng_backend::reconcile::Kernel::prepare),
-/// and only changes after that; what it reads back only seeds endpoint positions, and it
-/// is not verified (the aggregator owns the tables).
+/// and only changes after that; what it reads back (at the first reset only) seeds endpoint
+/// positions, and it is not verified (the aggregator owns the tables).
 pub struct Tables {
     kernel: Box<dyn Kernel>,
     stats: Arc<NftStats>,
@@ -719,6 +719,11 @@ impl kpng_backend::reconcile::Kernel for Tables {
     /// Cold starts commit in parts, except to a kernel that takes whole tables.
     fn stream(&self) -> Option<usize> {
         (!self.kernel.publishes_whole()).then_some(self.split)
+    }
+
+    /// A kernel that takes whole tables reads back only to keep endpoints' positions.
+    fn reads_only_positions(&self) -> bool {
+        self.kernel.publishes_whole()
     }
 
     fn commit_part(&mut self, plan: &ObjectPlan) -> Result<(), NftError> {
