@@ -10,7 +10,7 @@ use tokio::sync::Notify;
 use tokio_stream::wrappers::ReceiverStream;
 
 use kpng_api::aggregatorv1 as pb;
-use kpng_api::peer::PeerIdentity;
+use kpng_api::peer::{PeerIdentity, StreamWatch};
 use pb::aggregator_server::{Aggregator as AggregatorService, AggregatorServer};
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
@@ -110,6 +110,7 @@ impl AggregatorService for PublishService {
         // service runs under a server that does not say (in-process tests).
         let identity =
             request.extensions().get::<PeerIdentity>().cloned().unwrap_or(PeerIdentity::Plaintext);
+        let watch = request.extensions().get::<StreamWatch>().cloned();
         let mut inbound = request.into_inner();
         let first = inbound
             .message()
@@ -126,10 +127,17 @@ impl AggregatorService for PublishService {
                 Refusal::Bound { .. } => Status::permission_denied(refusal.to_string()),
                 Refusal::NotConnected(_) => Status::unavailable("the aggregator is stopping"),
             })?;
+        // A producer is quiet between its publications, for as long as nothing changes:
+        // its stream is in use until it ends, and the server must not cut it for idle.
+        let in_use = watch.map(|watch| watch.open());
         let unanswered = Arc::new(Unanswered::default());
         let cut = connection.cut_slot();
         let limit = self.max_unacknowledged;
-        tokio::spawn(read_publications(connection, first, inbound, unanswered.clone(), limit));
+        let reading = read_publications(connection, first, inbound, unanswered.clone(), limit);
+        tokio::spawn(async move {
+            reading.await;
+            drop(in_use);
+        });
         let settled = unanswered.clone();
         let acks = ReceiverStream::new(outcomes).map(move |outcome| {
             Ok(match outcome {

@@ -55,6 +55,51 @@ impl fmt::Display for Credentials {
     }
 }
 
+/// How a service tells its server that a stream is in use. kpng's server cuts a connection
+/// that has carried no stream for its client timeout (it holds a client slot for nothing);
+/// it puts a `StreamWatch` in each request's extensions, and a service whose streams last
+/// (the aggregator's producers, quiet between publications) opens it once the stream made
+/// its first request, and holds what [`open`](Self::open) returns until the stream ends.
+/// Absent under other servers (in-process tests).
+#[derive(Clone)]
+pub struct StreamWatch(std::sync::Arc<dyn Fn() -> StreamInUse + Send + Sync>);
+
+impl StreamWatch {
+    /// A watch whose `open` runs `open`.
+    pub fn new(open: impl Fn() -> StreamInUse + Send + Sync + 'static) -> Self {
+        StreamWatch(std::sync::Arc::new(open))
+    }
+
+    /// Counts the stream in use until the returned value is dropped.
+    pub fn open(&self) -> StreamInUse {
+        (self.0)()
+    }
+}
+
+impl fmt::Debug for StreamWatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("StreamWatch")
+    }
+}
+
+/// A stream in use ([`StreamWatch::open`]), for as long as this is held.
+pub struct StreamInUse {
+    _held: Box<dyn std::any::Any + Send + Sync>,
+}
+
+impl StreamInUse {
+    /// Holds `held` (what the server follows the stream by) until dropped.
+    pub fn new(held: impl std::any::Any + Send + Sync) -> Self {
+        StreamInUse { _held: Box::new(held) }
+    }
+}
+
+impl fmt::Debug for StreamInUse {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("StreamInUse")
+    }
+}
+
 /// Who a server's client is, as its transport proved it: what a server binds names to
 /// (the aggregator's producers).
 #[derive(Debug, Clone, PartialEq, Eq)]

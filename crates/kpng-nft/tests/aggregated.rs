@@ -169,6 +169,50 @@ proptest! {
     }
 }
 
+/// A producer quiet for longer than the server's client timeout (nothing changed) keeps
+/// its connection: its stream is in use, and its next publication goes on it. A connection
+/// that opens no stream is still cut.
+#[test]
+fn a_quiet_producer_keeps_its_connection() {
+    use kpng_aggregator::client::Publisher;
+    use kpng_aggregator::{Family, Publication, Table, TableKey};
+    use kpng_api::Security;
+    use std::time::Duration;
+
+    let timeout = Duration::from_millis(300);
+    let aggregator = in_process(Duration::from_secs(30), timeout);
+    let InProcess { runtime, handle, address, stats, .. } = &aggregator;
+    let table = |name: &str| {
+        let state = State { tables: [(TableKey::new(Family::Ip, name), Table::default())].into() };
+        Update::Whole(state)
+    };
+    runtime.block_on(async {
+        let first = Publication { revision: 1, updates: vec![table("quiet")] };
+        let mut producer = loop {
+            match Publisher::connect(address, &Security::default(), "quiet", &first).await {
+                Ok(publisher) => break publisher,
+                Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+        };
+        assert!(producer.wait_for(1).await.unwrap().is_ok());
+        // An idle connection beside it: no stream, cut after the timeout.
+        let idle =
+            tokio::net::UnixStream::connect(address.to_string().trim_start_matches("unix://"))
+                .await
+                .unwrap();
+        tokio::time::sleep(timeout * 6).await;
+        assert_eq!(stats.dropped(), 1, "the idle connection is cut, the producer's is not");
+        drop(idle);
+        let second = Publication { revision: 2, updates: vec![table("quieter")] };
+        producer.publish(&second).await.unwrap();
+        let answer = tokio::time::timeout(Duration::from_secs(10), producer.wait_for(2)).await;
+        assert!(answer.expect("answered on the same stream").unwrap().is_ok());
+    });
+    let (report, _) = handle.observe();
+    assert_eq!(report.producers["quiet"].presence, "connected");
+    assert_eq!(report.producers["quiet"].stats.publications, 2);
+}
+
 /// A restart reads the kernel back once, to keep each endpoint in its position; a reset
 /// after a refused publication takes the positions from what was published, reading
 /// nothing (at 100,000 services the read takes the kernel about 25 s).
@@ -249,39 +293,40 @@ fn the_helper_annotation_is_reported_and_not_rendered() {
     assert!(direct.unsupported(&lb).is_empty());
 }
 
-/// The backend through a real aggregator (in this process, over a unix socket, applying to
-/// memory): refused while another producer holds `ip kpng`, with the reason; published whole
-/// and committed once that producer's lease ended; then each change is one publication.
-#[test]
-fn refusals_are_errors_and_the_tables_are_republished_whole() {
-    use kpng_aggregator::client::Publisher;
+/// An aggregator in this process, serving on a unix socket in its own directory and
+/// applying to memory, with this producer lease and client timeout.
+struct InProcess {
+    runtime: tokio::runtime::Runtime,
+    handle: kpng_aggregator::daemon::Handle,
+    address: kpng_api::Address,
+    stats: std::sync::Arc<kpng_server::ServerStats>,
+    _dir: tempfile::TempDir,
+}
+
+fn in_process(lease: std::time::Duration, client_timeout: std::time::Duration) -> InProcess {
     use kpng_aggregator::daemon::{self, DaemonOptions};
     use kpng_aggregator::service::{MAX_UNACKNOWLEDGED, PublishService};
-    use kpng_aggregator::{Aggregator, Family, MemoryApplier, Publication, Table, TableKey};
+    use kpng_aggregator::{Aggregator, MemoryApplier};
     use kpng_api::Security;
-    use kpng_model::Protocol;
-    use kpng_nft::{AggregatorKernel, AggregatorTarget};
     use kpng_server::{ServeOptions, Served, ServerStats};
-    use kpng_testkit::builders::{endpoint, node, service, slice};
-    use std::time::Duration;
 
     let dir = tempfile::tempdir().unwrap();
     let address: kpng_api::Address =
         format!("unix://{}", dir.path().join("aggregator.sock").display()).parse().unwrap();
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let lease = Duration::from_millis(300);
     let options = DaemonOptions { lease, ..DaemonOptions::default() };
     let handle = runtime.block_on(async {
         let (handle, _) =
             daemon::spawn(Aggregator::new(lease), Box::new(MemoryApplier::default()), options);
         handle
     });
+    let stats = std::sync::Arc::new(ServerStats::default());
     let served = Served {
         routes: PublishService::routes(handle.clone(), MAX_UNACKNOWLEDGED),
-        stats: std::sync::Arc::new(ServerStats::default()),
+        stats: stats.clone(),
         what: "the test's aggregator",
     };
-    let serve_options = ServeOptions { max_clients: 8, client_timeout: Duration::from_secs(30) };
+    let serve_options = ServeOptions { max_clients: 8, client_timeout };
     let listen = address.clone();
     runtime.spawn(async move {
         let never = std::future::pending::<()>();
@@ -296,6 +341,24 @@ fn refusals_are_errors_and_the_tables_are_republished_whole() {
         )
         .await
     });
+    InProcess { runtime, handle, address, stats, _dir: dir }
+}
+
+/// The backend through a real aggregator (in this process, over a unix socket, applying to
+/// memory): refused while another producer holds `ip kpng`, with the reason; published whole
+/// and committed once that producer's lease ended; then each change is one publication.
+#[test]
+fn refusals_are_errors_and_the_tables_are_republished_whole() {
+    use kpng_aggregator::client::Publisher;
+    use kpng_aggregator::{Family, Publication, Table, TableKey};
+    use kpng_api::Security;
+    use kpng_model::Protocol;
+    use kpng_nft::{AggregatorKernel, AggregatorTarget};
+    use kpng_testkit::builders::{endpoint, node, service, slice};
+    use std::time::Duration;
+
+    let lease = Duration::from_millis(300);
+    let InProcess { runtime, handle, address, .. } = in_process(lease, Duration::from_secs(30));
     // Another producer takes `ip kpng`, then leaves: the table is its own until its lease ends.
     runtime.block_on(async {
         let kpng_table = TableKey::new(Family::Ip, "kpng");

@@ -98,11 +98,19 @@ pub struct Admission {
     connections: Mutex<Vec<Weak<State>>>,
     stats: Arc<ServerStats>,
     full: Throttle,
+    /// The server, as logs name it.
+    what: &'static str,
 }
 
 impl Admission {
-    /// At most `max` connections; a stuck or idle one is cut after `timeout`.
-    pub fn new(max: usize, timeout: Duration, stats: Arc<ServerStats>) -> Arc<Self> {
+    /// At most `max` connections of the server logs call `what`; a stuck or idle one is
+    /// cut after `timeout`.
+    pub fn new(
+        max: usize,
+        timeout: Duration,
+        stats: Arc<ServerStats>,
+        what: &'static str,
+    ) -> Arc<Self> {
         Arc::new(Admission {
             slots: Arc::new(Semaphore::new(max.max(1))),
             max,
@@ -110,6 +118,7 @@ impl Admission {
             connections: Mutex::new(Vec::new()),
             stats,
             full: Throttle::new(10_000),
+            what,
         })
     }
 
@@ -121,7 +130,8 @@ impl Admission {
             if self.full.occur().is_some() {
                 tracing::warn!(
                     max_clients = self.max,
-                    "to-api client refused: every client slot is taken"
+                    "{}: client refused: every client slot is taken",
+                    self.what
                 );
             }
             return None;
@@ -148,7 +158,7 @@ impl Admission {
             for connection in connections.iter().filter(|c| !c.is_cut()) {
                 if let Some(reason) = connection.verdict(now, timeout) {
                     self.stats.dropped.fetch_add(1, Ordering::Relaxed);
-                    tracing::warn!(timeout = ?self.timeout, "to-api client dropped: {reason}");
+                    tracing::warn!(timeout = ?self.timeout, "{}: client dropped: {reason}", self.what);
                     connection.cut();
                 }
             }
@@ -237,8 +247,12 @@ impl<IO> tonic::transport::server::Connected for Guarded<IO> {
 
 /// The connection a request arrived on (plain or under TLS).
 pub fn of_request<T>(request: &tonic::Request<T>) -> Option<Connection> {
+    of_extensions(request.extensions())
+}
+
+/// The connection a request with these extensions came on, when the server tracks it.
+pub fn of_extensions(extensions: &http::Extensions) -> Option<Connection> {
     use tonic::transport::server::TlsConnectInfo;
-    let extensions = request.extensions();
     extensions.get::<Connection>().cloned().or_else(|| {
         extensions.get::<TlsConnectInfo<Connection>>().map(|info| info.get_ref().clone())
     })

@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kpng_api::addr::{Address, Security, SecurityError, tls_material};
-use kpng_api::peer::{Allowed, Credentials, PeerIdentity, check_directories_above};
+use kpng_api::peer::{
+    Allowed, Credentials, PeerIdentity, StreamInUse, StreamWatch, check_directories_above,
+};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_stream::Stream;
 use tonic::service::Routes;
@@ -137,7 +139,8 @@ pub async fn serve_routes(
     let identified: IdentifyLayer = MapRequestLayer::new(identify);
     let router = builder.layer(identified).add_routes(served.routes);
     let stats = served.stats.clone();
-    let admission = Admission::new(options.max_clients, options.client_timeout, served.stats);
+    let admission =
+        Admission::new(options.max_clients, options.client_timeout, served.stats, served.what);
     let listen_error = |message: String| ServeError::Listen { address: address.clone(), message };
     let serve_error = |source| ServeError::Serve { address: address.clone(), source };
     let log = |bound: &Address| {
@@ -320,8 +323,13 @@ type IdentifyLayer = MapRequestLayer<fn(GrpcRequest) -> GrpcRequest>;
 type GrpcRequest = http::Request<tonic::body::Body>;
 
 /// Tells the services who sent a request: a [`PeerIdentity`] in its extensions, from the
-/// client's Unix credentials or its TLS certificate.
+/// client's Unix credentials or its TLS certificate; and a [`StreamWatch`] through which
+/// a long stream keeps its connection from being taken for idle by the watchdog.
 fn identify(mut request: GrpcRequest) -> GrpcRequest {
+    if let Some(connection) = crate::connection::of_extensions(request.extensions()) {
+        let watch = StreamWatch::new(move || StreamInUse::new(connection.track()));
+        request.extensions_mut().insert(watch);
+    }
     use tonic::transport::server::TlsConnectInfo;
     let extensions = request.extensions();
     let identity = if let Some(tls) = extensions.get::<TlsConnectInfo<Connection>>() {
