@@ -171,17 +171,19 @@ proptest! {
 
 /// A producer quiet for longer than the server's client timeout (nothing changed) keeps
 /// its connection: its stream is in use, and its next publication goes on it. A connection
-/// that opens no stream is still cut.
+/// that opens no stream is still cut. Told to stop, the server does not wait for the
+/// producer to leave.
 #[test]
-fn a_quiet_producer_keeps_its_connection() {
+fn a_quiet_producer_keeps_its_connection_until_the_server_stops() {
     use kpng_aggregator::client::Publisher;
     use kpng_aggregator::{Family, Publication, Table, TableKey};
     use kpng_api::Security;
     use std::time::Duration;
 
     let timeout = Duration::from_millis(300);
-    let aggregator = in_process(Duration::from_secs(30), timeout);
-    let InProcess { runtime, handle, address, stats, .. } = &aggregator;
+    let mut aggregator = in_process(Duration::from_secs(30), timeout);
+    let stop = aggregator.stop.take().unwrap();
+    let InProcess { runtime, handle, address, stats, server, .. } = &mut aggregator;
     let table = |name: &str| {
         let state = State { tables: [(TableKey::new(Family::Ip, name), Table::default())].into() };
         Update::Whole(state)
@@ -207,10 +209,15 @@ fn a_quiet_producer_keeps_its_connection() {
         producer.publish(&second).await.unwrap();
         let answer = tokio::time::timeout(Duration::from_secs(10), producer.wait_for(2)).await;
         assert!(answer.expect("answered on the same stream").unwrap().is_ok());
+        let (report, _) = handle.observe();
+        assert_eq!(report.producers["quiet"].presence, "connected");
+        assert_eq!(report.producers["quiet"].stats.publications, 2);
+        // Stopping, with the producer still connected.
+        stop.send(()).unwrap();
+        let stopped = tokio::time::timeout(Duration::from_secs(5), server).await;
+        stopped.expect("the server stops with a producer connected").unwrap().unwrap();
+        drop(producer);
     });
-    let (report, _) = handle.observe();
-    assert_eq!(report.producers["quiet"].presence, "connected");
-    assert_eq!(report.producers["quiet"].stats.publications, 2);
 }
 
 /// A restart reads the kernel back once, to keep each endpoint in its position; a reset
@@ -218,27 +225,7 @@ fn a_quiet_producer_keeps_its_connection() {
 /// nothing (at 100,000 services the read takes the kernel about 25 s).
 #[test]
 fn only_the_first_reset_reads_back_and_positions_are_kept() {
-    use kpng_model::Protocol;
-    use kpng_testkit::builders::{endpoint, node, service, slice};
-
-    let mut model = GlobalModel::new();
-    model.apply(kpng_model::Object::Node(node(NODE, None, &["10.0.0.200"])));
-    model.apply(kpng_model::Object::Service(service(
-        "ns",
-        "web",
-        &["10.96.0.1"],
-        &[("http", Protocol::Tcp, 80)],
-    )));
-    let web = |ips: &[&str]| {
-        let eps = ips.iter().map(|ip| endpoint(ip, NODE)).collect();
-        kpng_model::Object::EndpointSlice(slice(
-            "ns",
-            "web-1",
-            "web",
-            &[("http", Protocol::Tcp, 8080)],
-            eps,
-        ))
-    };
+    let mut model = web_model();
     let mut projector = NodeProjector::new(NODE);
     let mut step = |model: &mut GlobalModel, ips: &[&str]| {
         let touched: BTreeSet<_> = model.apply(web(ips)).unwrap_or_default().into_iter().collect();
@@ -293,6 +280,26 @@ fn the_helper_annotation_is_reported_and_not_rendered() {
     assert!(direct.unsupported(&lb).is_empty());
 }
 
+/// The node and service `web` (10.96.0.1, TCP 80), without endpoints.
+fn web_model() -> GlobalModel {
+    use kpng_model::Protocol;
+    use kpng_testkit::builders::{node, service};
+    let mut model = GlobalModel::new();
+    model.apply(kpng_model::Object::Node(node(NODE, None, &["10.0.0.200"])));
+    let port = [("http", Protocol::Tcp, 80)];
+    model.apply(kpng_model::Object::Service(service("ns", "web", &["10.96.0.1"], &port)));
+    model
+}
+
+/// `web`'s endpoint slice, with endpoints at `ips` on the node (port 8080).
+fn web(ips: &[&str]) -> kpng_model::Object {
+    use kpng_model::Protocol;
+    use kpng_testkit::builders::{endpoint, slice};
+    let eps = ips.iter().map(|ip| endpoint(ip, NODE)).collect();
+    let ports = [("http", Protocol::Tcp, 8080)];
+    kpng_model::Object::EndpointSlice(slice("ns", "web-1", "web", &ports, eps))
+}
+
 /// An aggregator in this process, serving on a unix socket in its own directory and
 /// applying to memory, with this producer lease and client timeout.
 struct InProcess {
@@ -300,6 +307,10 @@ struct InProcess {
     handle: kpng_aggregator::daemon::Handle,
     address: kpng_api::Address,
     stats: std::sync::Arc<kpng_server::ServerStats>,
+    /// Tells the server to stop.
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    /// The server's task.
+    server: tokio::task::JoinHandle<Result<(), kpng_server::ServeError>>,
     _dir: tempfile::TempDir,
 }
 
@@ -328,8 +339,14 @@ fn in_process(lease: std::time::Duration, client_timeout: std::time::Duration) -
     };
     let serve_options = ServeOptions { max_clients: 8, client_timeout };
     let listen = address.clone();
-    runtime.spawn(async move {
-        let never = std::future::pending::<()>();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = runtime.spawn(async move {
+        // Stops when told; a sender dropped unused never stops it.
+        let shutdown = async move {
+            if stopped.await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        };
         let security = Security::default();
         kpng_server::serve_routes(
             served,
@@ -337,11 +354,11 @@ fn in_process(lease: std::time::Duration, client_timeout: std::time::Duration) -
             &listen,
             &security,
             serve_options,
-            never,
+            shutdown,
         )
         .await
     });
-    InProcess { runtime, handle, address, stats, _dir: dir }
+    InProcess { runtime, handle, address, stats, stop: Some(stop), server, _dir: dir }
 }
 
 /// The backend through a real aggregator (in this process, over a unix socket, applying to
@@ -352,9 +369,7 @@ fn refusals_are_errors_and_the_tables_are_republished_whole() {
     use kpng_aggregator::client::Publisher;
     use kpng_aggregator::{Family, Publication, Table, TableKey};
     use kpng_api::Security;
-    use kpng_model::Protocol;
     use kpng_nft::{AggregatorKernel, AggregatorTarget};
-    use kpng_testkit::builders::{endpoint, node, service, slice};
     use std::time::Duration;
 
     let lease = Duration::from_millis(300);
@@ -377,24 +392,7 @@ fn refusals_are_errors_and_the_tables_are_republished_whole() {
         report.producers.get(producer).map(|p| (p.presence, p.objects))
     };
 
-    let mut model = GlobalModel::new();
-    model.apply(kpng_model::Object::Node(node(NODE, None, &["10.0.0.200"])));
-    model.apply(kpng_model::Object::Service(service(
-        "ns",
-        "web",
-        &["10.96.0.1"],
-        &[("http", Protocol::Tcp, 80)],
-    )));
-    let web = |ips: &[&str]| {
-        let eps = ips.iter().map(|ip| endpoint(ip, NODE)).collect();
-        kpng_model::Object::EndpointSlice(slice(
-            "ns",
-            "web-1",
-            "web",
-            &[("http", Protocol::Tcp, 8080)],
-            eps,
-        ))
-    };
+    let mut model = web_model();
     model.apply(web(&["10.244.0.1"]));
     let mut projector = NodeProjector::new(NODE);
     projector.update(&model, &Changes::All);

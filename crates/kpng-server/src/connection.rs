@@ -143,6 +143,15 @@ impl Admission {
         Some(Guarded { io, connection, _slot: slot })
     }
 
+    /// Cuts every connection (the server stops): streams that last (node watches, an
+    /// aggregator's producers) would otherwise hold a graceful shutdown forever.
+    pub fn cut_all(&self) {
+        let connections = self.connections.lock().unwrap_or_else(|e| e.into_inner());
+        for connection in connections.iter().filter_map(Weak::upgrade) {
+            Connection(connection).cut();
+        }
+    }
+
     /// Cuts stuck and idle connections, checking a few times per timeout; never returns.
     pub async fn watch(&self) {
         let period = (self.timeout / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));

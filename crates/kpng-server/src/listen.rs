@@ -192,12 +192,31 @@ async fn run<L: Listener>(
 ) -> Result<(), tonic::transport::Error> {
     let watchdog = admission.watch();
     let incoming = incoming(listener, admission.clone());
+    let (closing, closed) = tokio::sync::oneshot::channel::<()>();
+    let shutdown = async move {
+        shutdown.await;
+        let _ = closing.send(());
+    };
+    // A graceful shutdown waits for every stream to end, and a client's stream (a node
+    // watch, a producer) lasts as long as the client: past a short grace, every
+    // connection is cut.
+    let cut = async {
+        if closed.await.is_ok() {
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+            admission.cut_all();
+        }
+        std::future::pending::<()>().await
+    };
     tokio::select! {
         result = router.serve_with_incoming_shutdown(incoming, shutdown) => result,
         () = background => Ok(()),
         () = watchdog => Ok(()),
+        () = cut => Ok(()),
     }
 }
+
+/// How long the streams under way may take to end once the server is told to stop.
+const SHUTDOWN_GRACE: Duration = Duration::from_millis(500);
 
 /// A listener of client connections.
 trait Listener: Send + 'static {
