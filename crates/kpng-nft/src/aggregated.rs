@@ -37,6 +37,12 @@ use crate::text::element_text;
 /// How long a publication may wait for its acknowledgement.
 const ACK_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// How long a whole publication may wait for its acknowledgement: the aggregator commits
+/// it through libnftables, which at 100,000 services parses 1.8 million elements for about
+/// a minute; a shorter wait would give up just before the commit lands, and send the
+/// whole state again.
+const WHOLE_ACK_TIMEOUT: Duration = Duration::from_secs(300);
+
 /// Where and as whom to publish.
 #[derive(Debug, Clone)]
 pub struct AggregatorTarget {
@@ -167,10 +173,11 @@ fn serve_requests(target: AggregatorTarget, requests: mpsc::Receiver<Request>) {
             };
             let mut publisher =
                 sent.map_err(|e| format!("publishing to {}: {e}", target.address))?;
-            let acked = tokio::time::timeout(ACK_TIMEOUT, publisher.wait_for(publication.revision));
+            let timeout = if whole { WHOLE_ACK_TIMEOUT } else { ACK_TIMEOUT };
+            let acked = tokio::time::timeout(timeout, publisher.wait_for(publication.revision));
             let answer = match acked.await {
                 Err(_) => {
-                    return Err(format!("no answer from the aggregator within {ACK_TIMEOUT:?}"));
+                    return Err(format!("no answer from the aggregator within {timeout:?}"));
                 }
                 Ok(Err(e)) => return Err(format!("publishing to {}: {e}", target.address)),
                 Ok(Ok(answer)) => answer,
