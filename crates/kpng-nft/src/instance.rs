@@ -509,8 +509,23 @@ fn add_wanted(
     Ok(())
 }
 
-/// The commands of `plan` over what `after` says is committed once it is in.
+/// The commands of `plan` over what `after` says is committed once it is in; the layout's
+/// differences it writes (a table missing, a chain changed) are logged.
 fn transaction(plan: &ObjectPlan, after: &Committed) -> Result<Transaction, NftError> {
+    let (transaction, reasons) = commands(plan, after)?;
+    log_reasons(&reasons);
+    Ok(transaction)
+}
+
+/// Every object of `held` as one transaction, over what `after` says is committed once it
+/// is in: the tables whole, for a kernel that takes them so or for printing. Their layout's
+/// "differences" (every table missing) are not logged.
+fn whole_transaction(held: &Committed, after: &Committed) -> Result<Transaction, NftError> {
+    Ok(commands(&whole(held), after)?.0)
+}
+
+/// The commands of `plan` over `after`, and the layout's differences they write.
+fn commands(plan: &ObjectPlan, after: &Committed) -> Result<(Transaction, Vec<String>), NftError> {
     let (wanted, present) = layout_of(plan, after)?;
     let reconciled = reconcile(&wanted, &present);
     // Sets deleted or made again take their elements with them.
@@ -552,8 +567,9 @@ fn transaction(plan: &ObjectPlan, after: &Committed) -> Result<Transaction, NftE
     }
     deletes.sort_unstable();
     adds.sort_unstable();
-    log_reasons(&reconciled.reasons);
-    Ok(Transaction { before: reconciled.before, deletes, adds, after: reconciled.after })
+    let transaction =
+        Transaction { before: reconciled.before, deletes, adds, after: reconciled.after };
+    Ok((transaction, reconciled.reasons))
 }
 
 fn log_reasons(reasons: &[String]) {
@@ -588,7 +604,7 @@ fn whole(held: &Committed) -> ObjectPlan {
 
 /// Every object of `held` as `nft -f` input that builds the tables from nothing.
 pub fn ruleset(held: &Committed) -> String {
-    match transaction(&whole(held), &Committed::new()) {
+    match whole_transaction(held, &Committed::new()) {
         Ok(transaction) => transaction.plan().text(),
         Err(error) => format!("# {error}\n"),
     }
@@ -698,7 +714,7 @@ impl kpng_backend::reconcile::Kernel for Tables {
         if !self.kernel.publishes_whole() {
             return Ok(());
         }
-        self.send(&transaction(&whole(after), after)?, true)?;
+        self.send(&whole_transaction(after, after)?, true)?;
         // The reset's plan, if any, went out with it; a reset with nothing to write
         // commits nothing, and the next change must not be taken for its plan.
         self.published = !plan.is_empty();
