@@ -345,12 +345,9 @@ type GrpcRequest = http::Request<tonic::body::Body>;
 /// client's Unix credentials or its TLS certificate; and a [`StreamWatch`] through which
 /// a long stream keeps its connection from being taken for idle by the watchdog.
 fn identify(mut request: GrpcRequest) -> GrpcRequest {
-    if let Some(connection) = crate::connection::of_extensions(request.extensions()) {
-        let watch = StreamWatch::new(move || StreamInUse::new(connection.track()));
-        request.extensions_mut().insert(watch);
-    }
     use tonic::transport::server::TlsConnectInfo;
     let extensions = request.extensions();
+    let connection = crate::connection::of_extensions(extensions);
     let identity = if let Some(tls) = extensions.get::<TlsConnectInfo<Connection>>() {
         let names = tls.peer_certs().and_then(|certs| certs.first().map(certificate_names));
         PeerIdentity::Certificate(names.unwrap_or_default())
@@ -361,6 +358,10 @@ fn identify(mut request: GrpcRequest) -> GrpcRequest {
         }
     };
     request.extensions_mut().insert(identity);
+    if let Some(connection) = connection {
+        let watch = StreamWatch::new(move || StreamInUse::new(connection.track()));
+        request.extensions_mut().insert(watch);
+    }
     request
 }
 
