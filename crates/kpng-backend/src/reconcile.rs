@@ -100,8 +100,9 @@ pub type Held<K> = HashMap<<K as Kernel>::Key, <K as Kernel>::Value>;
 pub trait Kernel: Send {
     /// An object's key.
     type Key: Clone + Ord + Hash + Rank + Debug + Send;
-    /// An object's value.
-    type Value: Clone + Eq + Debug + Send;
+    /// An object's value. The default value is that of an object that carries none (a
+    /// set's element): the reconciler keeps such objects as bare keys.
+    type Value: Clone + Eq + Default + Debug + Send;
     /// The kernel's errors.
     type Error: std::error::Error + Send + Sync + 'static;
 
@@ -255,8 +256,9 @@ pub enum Sample<K: Kernel + ?Sized> {
 pub trait Render: Send {
     /// An object's key.
     type Key: Clone + Ord + Hash + Rank + Debug + Send;
-    /// An object's value.
-    type Value: Clone + Eq + Debug + Send;
+    /// An object's value. The default value is that of an object that carries none (a
+    /// set's element): the reconciler keeps such objects as bare keys.
+    type Value: Clone + Eq + Default + Debug + Send;
     /// What of the node shapes services' objects (NodePort addresses, say): when it
     /// changes, every service renders again.
     type Facts: Clone + PartialEq + Send;
@@ -318,7 +320,7 @@ impl<K: Eq + Hash, V, S: std::hash::BuildHasher> Lookup<K, V> for HashMap<K, V, 
     }
 }
 
-impl<K: Clone + Ord + Hash + Rank, V: Clone + Eq> Lookup<K, V> for Objects<K, V> {
+impl<K: Clone + Ord + Hash + Rank, V: Clone + Eq + Default> Lookup<K, V> for Objects<K, V> {
     fn lookup(&self, key: &K) -> Option<&V> {
         self.get(key)
     }

@@ -109,8 +109,9 @@ pub enum Key {
     ClusterIp(IpAddr),
 }
 
-/// The value of one map element.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// The value of one map element. By default set membership, the value most elements have
+/// (the backend template keeps them as bare keys).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Value {
     /// A frontend's group and what to do when it is empty.
     Frontend {
@@ -132,6 +133,7 @@ pub enum Value {
     /// The endpoint in a slot.
     Backend(Target),
     /// Set membership (members, cluster IPs).
+    #[default]
     Present,
 }
 

@@ -188,6 +188,14 @@ pub enum EntryValue {
     Layout(Arc<LayoutValue>),
 }
 
+/// A set's element: no value (most of kpng's objects, which the template keeps as bare
+/// keys).
+impl Default for EntryValue {
+    fn default() -> Self {
+        EntryValue::Element(PackedValue::None)
+    }
+}
+
 impl EntryValue {
     /// The value of an element.
     pub fn element(value: Value) -> EntryValue {

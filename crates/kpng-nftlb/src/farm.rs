@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 /// A farm's virtual service: what nftlb matches and how it balances. The balancing fields
 /// follow the service's load-balancing annotations, which keep nftlb's own spelling.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub struct Vip {
     /// `ipv4` or `ipv6`.
@@ -137,8 +137,9 @@ pub struct Direct {
     pub backends: BTreeMap<String, String>,
 }
 
-/// A farm as kpng wants it.
-#[derive(Debug, Clone, Eq)]
+/// A farm as kpng wants it. The default farm (no name, nothing set) is never one kpng
+/// wants: every farm carries a value.
+#[derive(Debug, Clone, Default, Eq)]
 pub struct Farm {
     /// The farm's name.
     pub name: String,

@@ -69,7 +69,7 @@ where
 impl<K, V> Kernel for MemoryKernel<K, V>
 where
     K: Clone + Ord + Hash + Rank + Debug + Send,
-    V: Clone + Eq + Debug + Send,
+    V: Clone + Eq + Default + Debug + Send,
 {
     type Key = K;
     type Value = V;

@@ -121,24 +121,46 @@ impl std::hash::Hasher for Fingerprints {
 
 type ByPrint<T> = HashMap<u32, T, std::hash::BuildHasherDefault<Fingerprints>>;
 
-/// One owner's objects as kept: sorted by key, without a tree's overhead.
+/// One owner's objects as kept: sorted by key, without a tree's overhead. Most objects of
+/// a set-based dataplane are set elements, whose value is the default one (they carry
+/// none): those are kept as bare keys, and the value of each is the table's one default
+/// value ([`Objects::plain`]).
 #[derive(Debug)]
 struct Kept<K, V> {
+    /// The objects whose value is not the default one.
     objects: Box<[(K, V)]>,
+    /// The keys whose value is the default one.
+    bare: Box<[K]>,
     yielding: Box<[K]>,
 }
 
-impl<K: Ord, V> Kept<K, V> {
-    fn of(wanted: Wanted<K, V>) -> Kept<K, V> {
+impl<K: Ord, V: Eq> Kept<K, V> {
+    fn of(wanted: Wanted<K, V>, plain: &V) -> Kept<K, V> {
+        let (bare, objects): (Vec<_>, Vec<_>) =
+            wanted.objects.into_iter().partition(|(_, v)| v == plain);
         Kept {
-            objects: wanted.objects.into_iter().collect(),
+            objects: objects.into_boxed_slice(),
+            bare: bare.into_iter().map(|(k, _)| k).collect(),
             yielding: wanted.yielding.into_iter().collect(),
         }
     }
 
-    fn get(&self, key: &K) -> Option<&V> {
-        let at = self.objects.binary_search_by(|(k, _)| k.cmp(key)).ok()?;
-        Some(&self.objects[at].1)
+    /// The value at `key`, where `plain` is the default value.
+    fn get<'a>(&'a self, key: &K, plain: &'a V) -> Option<&'a V> {
+        if let Ok(at) = self.objects.binary_search_by(|(k, _)| k.cmp(key)) {
+            return Some(&self.objects[at].1);
+        }
+        self.bare.binary_search(key).is_ok().then_some(plain)
+    }
+
+    /// Every key and its value, in no order.
+    fn iter<'a>(&'a self, plain: &'a V) -> impl Iterator<Item = (&'a K, &'a V)> {
+        let objects = self.objects.iter().map(|(k, v)| (k, v));
+        objects.chain(self.bare.iter().map(move |k| (k, plain)))
+    }
+
+    fn is_empty(&self) -> bool {
+        self.objects.is_empty() && self.bare.is_empty()
     }
 
     fn yields(&self, key: &K) -> bool {
@@ -160,12 +182,14 @@ pub struct Objects<K, V> {
     /// The claims of the fingerprints that have two or more, in order (one owner may claim
     /// two keys of one fingerprint: the same claim is then there twice).
     many: ByPrint<Vec<Claim>>,
+    /// The default value: the value of every bare key ([`Kept::bare`]).
+    plain: V,
 }
 
 /// [`Owner::Shared`]'s number.
 const SHARED: u32 = 1;
 
-impl<K, V> Default for Objects<K, V> {
+impl<K, V: Default> Default for Objects<K, V> {
     fn default() -> Self {
         Objects {
             numbers: HashMap::new(),
@@ -174,6 +198,7 @@ impl<K, V> Default for Objects<K, V> {
             shared: BTreeMap::new(),
             claims: ByPrint::default(),
             many: ByPrint::default(),
+            plain: V::default(),
         }
     }
 }
@@ -187,7 +212,7 @@ pub type Render<K, V> = (Owner, Option<Wanted<K, V>>);
 impl<K, V> Objects<K, V>
 where
     K: Clone + Ord + Hash + Rank,
-    V: Clone + Eq,
+    V: Clone + Eq + Default,
 {
     /// Nothing wanted, nothing held.
     pub fn new() -> Self {
@@ -220,8 +245,10 @@ where
 
     /// Every key and the value in force, in no order.
     pub fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
-        let owned =
-            self.wanted.iter().flat_map(|(n, kept)| kept.objects.iter().map(|(k, v)| (*n, k, v)));
+        let owned = self
+            .wanted
+            .iter()
+            .flat_map(|(n, kept)| kept.iter(&self.plain).map(|(k, v)| (*n, k, v)));
         let shared = self.shared.iter().map(|(k, v)| (SHARED, k, v));
         owned.chain(shared).filter(|(n, k, _)| self.winner(k) == Some(*n)).map(|(_, k, v)| (k, v))
     }
@@ -359,7 +386,7 @@ where
     pub fn replace_all(&mut self, held: HashMap<K, V>, renders: Vec<Render<K, V>>) -> Plan<K, V> {
         *self = Objects::default();
         self.claim(renders, None);
-        let claimed = self.wanted.values().flat_map(|kept| kept.objects.iter().map(|(k, _)| k));
+        let claimed = self.wanted.values().flat_map(|kept| kept.iter(&self.plain).map(|(k, _)| k));
         self.repair(held.keys().chain(claimed).chain(self.shared.keys()), &held)
     }
 
@@ -418,7 +445,7 @@ where
             SHARED => self.shared.get(key).filter(|_| !claim.yielding()),
             owner => {
                 let kept = self.wanted.get(&owner)?;
-                kept.get(key).filter(|_| kept.yields(key) == claim.yielding())
+                kept.get(key, &self.plain).filter(|_| kept.yields(key) == claim.yielding())
             }
         }
     }
@@ -426,6 +453,7 @@ where
     /// Records what `renders` want; records in `before` the value in force before the
     /// first change of each key they touch.
     fn claim(&mut self, renders: Vec<Render<K, V>>, mut before: Option<&mut Before<K, V>>) {
+        let plain = self.plain.clone();
         for (owner, new) in renders {
             if new.is_none() && !self.numbers.contains_key(&owner) {
                 continue;
@@ -438,19 +466,19 @@ where
                 continue;
             }
             let number = self.number(&owner);
-            let new = Kept::of(new.unwrap_or_default());
+            let new = Kept::of(new.unwrap_or_default(), &plain);
             // A key whose value and claim the owner keeps is not touched.
             let same = |a: &Kept<K, V>, b: &Kept<K, V>, key: &K, value: &V| {
-                b.get(key) == Some(value) && b.yields(key) == a.yields(key)
+                b.get(key, &plain) == Some(value) && b.yields(key) == a.yields(key)
             };
             if let Some(before) = before.as_deref_mut() {
                 let old = self.wanted.get(&number);
-                for (key, value) in old.iter().flat_map(|old| old.objects.iter()) {
+                for (key, value) in old.iter().flat_map(|old| old.iter(&plain)) {
                     if old.is_some_and(|old| !same(old, &new, key, value)) {
                         self.note(key, before);
                     }
                 }
-                for (key, value) in new.objects.iter() {
+                for (key, value) in new.iter(&plain) {
                     if !old.is_some_and(|old| same(&new, old, key, value)) {
                         self.note(key, before);
                     }
@@ -458,23 +486,23 @@ where
             }
             let old = self.wanted.remove(&number);
             let claim_in = |kept: &Kept<K, V>, key: &K| {
-                kept.get(key).is_some().then(|| Claim::new(number, kept.yields(key)))
+                kept.get(key, &plain).is_some().then(|| Claim::new(number, kept.yields(key)))
             };
             if let Some(old) = &old {
-                for (key, _) in old.objects.iter() {
+                for (key, _) in old.iter(&plain) {
                     let was = Claim::new(number, old.yields(key));
                     if claim_in(&new, key) != Some(was) {
                         self.drop_claim(key, was);
                     }
                 }
             }
-            for (key, _) in new.objects.iter() {
+            for (key, _) in new.iter(&plain) {
                 let now = Claim::new(number, new.yields(key));
                 if old.as_ref().and_then(|old| claim_in(old, key)) != Some(now) {
                     self.add_claim(key, now);
                 }
             }
-            if new.objects.is_empty() {
+            if new.is_empty() {
                 self.numbers.remove(&owner);
             } else {
                 self.wanted.insert(number, new);
@@ -600,6 +628,27 @@ mod tests {
         let plan = objects.update(vec![(Owner::Node, render(&[(Key::B(2), 0)]))]);
         assert_eq!(plan.upserts, vec![(Key::B(2), Some(9), 0)]);
         assert_eq!(objects.services().count(), 2);
+    }
+
+    #[test]
+    fn default_values_are_kept_as_bare_keys_and_still_compared() {
+        let mut objects = Objects::new();
+        let plan = objects.update(vec![(svc("a"), render(&[(Key::A(1), 0), (Key::A(2), 5)]))]);
+        assert_eq!(plan.upserts, vec![(Key::A(1), None, 0), (Key::A(2), None, 5)]);
+        let kept = objects.wanted.values().next().unwrap();
+        assert_eq!((kept.bare.len(), kept.objects.len()), (1, 1), "0 is u32's default");
+        assert_eq!((objects.get(&Key::A(1)), objects.get(&Key::A(2))), (Some(&0), Some(&5)));
+        // A value leaving the default, and one coming to it, are both changes.
+        let plan = objects.update(vec![(svc("a"), render(&[(Key::A(1), 3), (Key::A(2), 0)]))]);
+        assert_eq!(plan.upserts, vec![(Key::A(1), Some(0), 3), (Key::A(2), Some(5), 0)]);
+        let mut all: Vec<(Key, u32)> = objects.iter().map(|(k, v)| (*k, *v)).collect();
+        all.sort();
+        assert_eq!(all, [(Key::A(1), 3), (Key::A(2), 0)]);
+        // Another owner's bare claim on a key yields to the first claim's value.
+        assert!(objects.update(vec![(svc("b"), render(&[(Key::A(1), 0)]))]).is_empty());
+        let plan = objects.update(vec![(svc("a"), None)]);
+        assert_eq!(plan.upserts, vec![(Key::A(1), Some(3), 0)]);
+        assert_eq!(plan.deletes, vec![(Key::A(2), 0)]);
     }
 
     #[test]
