@@ -5,7 +5,8 @@
 //! value of the claim in force, so it is read from the owners' objects. A plan records the
 //! values it replaces as it is made. A failed commit is followed by a reset, which starts
 //! again from what the kernel really holds ([`Objects::replace_all`]). Each key costs its
-//! owner's copy of it and of its value, and one entry of claims filed under the key's 32-bit
+//! owner's copy of it and of its value (of the key alone when the value is the default one,
+//! as a set's element's is), and one entry of claims filed under the key's 32-bit
 //! fingerprint (one claim kept inline), not a second copy of the key.
 //!
 //! Each owner (the node, or a service) claims the keys of its render. Owners share a key
