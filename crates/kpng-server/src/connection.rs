@@ -146,10 +146,16 @@ impl Admission {
     /// Cuts every connection (the server stops): streams that last (node watches, an
     /// aggregator's producers) would otherwise hold a graceful shutdown forever.
     pub fn cut_all(&self) {
-        let connections = self.connections.lock().unwrap_or_else(|e| e.into_inner());
-        for connection in connections.iter().filter_map(Weak::upgrade) {
-            Connection(connection).cut();
+        for connection in self.live() {
+            connection.cut();
         }
+    }
+
+    /// The connections still open (those closed are forgotten).
+    fn live(&self) -> Vec<Connection> {
+        let mut all = self.connections.lock().unwrap_or_else(|e| e.into_inner());
+        all.retain(|c| c.strong_count() > 0);
+        all.iter().filter_map(Weak::upgrade).map(Connection).collect()
     }
 
     /// Cuts stuck and idle connections, checking a few times per timeout; never returns.
@@ -159,12 +165,7 @@ impl Admission {
         loop {
             tokio::time::sleep(period).await;
             let now = now_ms();
-            let connections: Vec<Connection> = {
-                let mut all = self.connections.lock().unwrap_or_else(|e| e.into_inner());
-                all.retain(|c| c.strong_count() > 0);
-                all.iter().filter_map(Weak::upgrade).map(Connection).collect()
-            };
-            for connection in connections.iter().filter(|c| !c.is_cut()) {
+            for connection in self.live().iter().filter(|c| !c.is_cut()) {
                 if let Some(reason) = connection.verdict(now, timeout) {
                     self.stats.dropped.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(timeout = ?self.timeout, "{}: client dropped: {reason}", self.what);
@@ -184,7 +185,10 @@ pub struct Guarded<IO> {
 }
 
 fn cut_error() -> io::Error {
-    io::Error::new(io::ErrorKind::ConnectionAborted, "connection cut by the to-api watchdog")
+    io::Error::new(
+        io::ErrorKind::ConnectionAborted,
+        "connection cut by the server (idle, stuck, or stopping)",
+    )
 }
 
 impl<IO: AsyncRead + Unpin> AsyncRead for Guarded<IO> {
