@@ -108,7 +108,8 @@ struct Cli {
     /// Repetitions of each single change.
     #[arg(long, default_value_t = 200)]
     repeat: usize,
-    /// Full `nft -f` reloads to time per size (they are slow at large sizes).
+    /// Full `nft -f` reloads to time per size, and kube-proxy's `iptables-restore` of the
+    /// same cluster for comparison (both slow at large sizes; 0 skips both).
     #[arg(long, default_value_t = 5)]
     reloads: usize,
     /// iptables backend scenario (`to-iptables`): cluster sizes, comma-separated (0 skips

@@ -48,10 +48,10 @@ pub struct NftRow {
     pub cold_bytes: u64,
     /// Per kind of change.
     pub changes: Vec<ChangeStats>,
-    /// Full `nft -f` reload of the whole ruleset (ms, median).
+    /// Full `nft -f` reload of the whole ruleset (ms, median; 0 with `--reloads 0`).
     pub reload_ms: f64,
     /// kube-proxy's iptables mode: the whole nat table through `iptables-restore` (ms,
-    /// median); `None` without `iptables-restore`.
+    /// median); `None` without `iptables-restore` or with `--reloads 0`.
     pub iptables_ms: Option<f64>,
 }
 
