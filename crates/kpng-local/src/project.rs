@@ -151,8 +151,8 @@ pub fn project_service(
             let refs: Vec<&Endpoint> = candidates.iter().map(|(e, _)| *e).collect();
             let selection = select_endpoints(&refs, node, used);
             *local_port.has_endpoints.get_mut(family) = selection.has_endpoints;
-            // One copy of the port's name for all its endpoints.
-            let name: Arc<str> = Arc::from(port.name.as_str());
+            // The model's copy of the port's name, for all its endpoints.
+            let name = &port.name;
             for (i, (endpoint, number)) in candidates.iter().enumerate() {
                 let (cluster, local) = (selection.cluster[i], selection.local[i]);
                 // A UDP endpoint this node does not pick but that still serves stays in

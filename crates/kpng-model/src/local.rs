@@ -58,8 +58,8 @@ impl LocalNode {
 /// One port of a service, as this node proxies it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct LocalServicePort {
-    /// The port name.
-    pub name: String,
+    /// The port name (shared with the global model's port, and with the endpoints' ports).
+    pub name: Arc<str>,
     /// The transport protocol.
     pub protocol: Protocol,
     /// The port on cluster, external and load-balancer IPs.

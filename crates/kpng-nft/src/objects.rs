@@ -341,7 +341,7 @@ pub struct GroupKey {
     /// The family.
     pub family: Family,
     /// The service port's name.
-    pub port: String,
+    pub port: std::sync::Arc<str>,
     /// The service port's protocol.
     pub protocol: Protocol,
     /// The set.

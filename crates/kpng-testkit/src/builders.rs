@@ -25,7 +25,7 @@ pub fn service(
         ports: ports
             .iter()
             .map(|(name, protocol, port)| ServicePort {
-                name: name.to_string(),
+                name: (*name).into(),
                 protocol: *protocol,
                 port: *port,
                 node_port: None,
@@ -75,7 +75,7 @@ pub fn slice(
         ports: ports
             .iter()
             .map(|(name, protocol, port)| SlicePort {
-                name: name.to_string(),
+                name: (*name).into(),
                 protocol: *protocol,
                 port: *port,
             })

@@ -156,7 +156,7 @@ pub fn arb_service() -> impl Strategy<Value = Service> {
                         .iter()
                         .enumerate()
                         .map(|(i, (name, protocol, port))| ServicePort {
-                            name: name.to_string(),
+                            name: (*name).into(),
                             protocol: *protocol,
                             port: *port,
                             node_port: node_ports.then_some(30100 + i as u16),
@@ -262,7 +262,7 @@ pub fn arb_slice() -> impl Strategy<Value = EndpointSlice> {
                     ports: ports
                         .iter()
                         .map(|(name, protocol, port)| SlicePort {
-                            name: name.to_string(),
+                            name: (*name).into(),
                             protocol: *protocol,
                             port: *port + 1000,
                         })

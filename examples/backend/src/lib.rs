@@ -76,7 +76,7 @@ impl Render for Table {
                 .endpoints
                 .values()
                 .filter_map(|e| {
-                    let p = e.ports.iter().find(|p| p.name.as_ref() == port.name && p.cluster)?;
+                    let p = e.ports.iter().find(|p| p.name == port.name && p.cluster)?;
                     Some(SocketAddr::new(e.ip, p.port))
                 })
                 .collect();

@@ -35,7 +35,7 @@ pub fn service_item(service: &Service) -> GlobalItem {
             .ports
             .iter()
             .map(|p| localv1::PortMapping {
-                name: p.name.clone(),
+                name: p.name.to_string(),
                 protocol: wire_protocol(p.protocol) as i32,
                 port: p.port.into(),
                 node_port: p.node_port.map_or(0, i32::from),
@@ -102,7 +102,7 @@ pub fn decode_service(bytes: &[u8], path: &str) -> Result<Service, WireError> {
     for (i, p) in wire.ports.iter().enumerate() {
         let at = |f: &str| format!("ports[{i}].{f}");
         ports.push(ServicePort {
-            name: p.name.clone(),
+            name: p.name.as_str().into(),
             protocol: protocol(p.protocol, path, &at("protocol"))?,
             port: port(p.port, path, &at("port"))?,
             node_port: optional_port(p.node_port, path, &at("nodePort"))?,

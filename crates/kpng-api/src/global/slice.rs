@@ -32,7 +32,7 @@ pub fn slice_items(slice: &EndpointSlice) -> Vec<GlobalItem> {
         .ports
         .iter()
         .map(|p| globalv1::SlicePort {
-            name: p.name.clone(),
+            name: p.name.to_string(),
             protocol: wire_protocol(p.protocol) as i32,
             port: p.port.into(),
         })
@@ -57,7 +57,10 @@ pub fn slice_items(slice: &EndpointSlice) -> Vec<GlobalItem> {
                     port_overrides: slice
                         .ports
                         .iter()
-                        .map(|p| localv1::PortName { name: p.name.clone(), port: p.port.into() })
+                        .map(|p| localv1::PortName {
+                            name: p.name.to_string(),
+                            port: p.port.into(),
+                        })
                         .collect(),
                     scopes: None,
                     ready: e.ready,
@@ -140,7 +143,7 @@ pub fn decode_slice<'a>(
             let mut ports = Vec::with_capacity(info.slice_ports.len());
             for (i, p) in info.slice_ports.iter().enumerate() {
                 ports.push(SlicePort {
-                    name: p.name.clone(),
+                    name: p.name.as_str().into(),
                     protocol: protocol(p.protocol, path, &format!("slicePorts[{i}].protocol"))?,
                     port: port(p.port, path, &format!("slicePorts[{i}].port"))?,
                 });

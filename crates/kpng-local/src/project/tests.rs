@@ -53,6 +53,21 @@ fn endpoint_ports_match_service_ports_by_name_and_protocol() {
 }
 
 #[test]
+fn port_names_are_the_models_copies() {
+    let svc = service("ns", "web", &["10.96.0.1"], &[HTTP]);
+    let endpoints = vec![endpoint("10.0.0.1", "b"), endpoint("10.0.0.2", "a")];
+    let s1 = slice("ns", "web-1", "web", &[("http", Protocol::Tcp, 8080)], endpoints);
+    let model = model(vec![Object::Service(svc), Object::EndpointSlice(s1)]);
+    let state = project_service(&model, &key(), &view()).unwrap();
+    let held = &model.service(&key()).unwrap().ports[0].name;
+    assert!(Arc::ptr_eq(&state.service.ports[0].name, held));
+    assert_eq!(state.endpoints.len(), 2);
+    for endpoint in state.endpoints.values() {
+        assert!(Arc::ptr_eq(&endpoint.ports[0].name, held), "{}", endpoint.ip);
+    }
+}
+
+#[test]
 fn duplicate_endpoints_count_once_and_non_terminating_wins() {
     let svc = service("ns", "web", &["10.96.0.1"], &[HTTP]);
     let mut dying = endpoint("10.0.0.1", "a");

@@ -35,8 +35,9 @@ impl fmt::Display for SliceKey {
 /// A port of an EndpointSlice. It serves the service port with the same name and protocol.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct SlicePort {
-    /// The port name (empty for an unnamed port).
-    pub name: String,
+    /// The port name (empty for an unnamed port); in a [`crate::GlobalModel`], one copy
+    /// per name.
+    pub name: Arc<str>,
     /// The transport protocol.
     pub protocol: Protocol,
     /// The port number on the endpoints. Slice ports without a number are dropped at ingest.

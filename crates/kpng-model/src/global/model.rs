@@ -127,12 +127,14 @@ pub struct GlobalModel {
     service_cidrs: BTreeMap<String, ServiceCidr>,
     /// Who claims each destination.
     claims: Claims,
-    /// One copy of each node and zone name the endpoints give, and of each namespace.
+    /// One copy of each node and zone name the endpoints give, of each namespace, and of
+    /// each port name.
     names: Names,
 }
 
 /// One copy of each name: the endpoints of a cluster name a few hundred nodes and zones,
-/// a hundred thousand times, and its services and slices a few hundred namespaces. Not part
+/// a hundred thousand times, its services and slices a few hundred namespaces, and their
+/// ports a few names (`http`, `dns`, ...). Not part
 /// of the model's value: any two are equal.
 #[derive(Debug, Clone, Default)]
 struct Names {
@@ -188,6 +190,9 @@ impl GlobalModel {
                     return None;
                 }
                 self.names.share_one(&mut service.key.namespace);
+                for port in &mut service.ports {
+                    self.names.share_one(&mut port.name);
+                }
                 let before = old.map(|s| s.claims()).unwrap_or_default();
                 let after = service.claims();
                 let mut rivals = self.claims.update(&service.key, &before, &after);
@@ -211,6 +216,9 @@ impl GlobalModel {
                 }
                 let mut slice = slice;
                 self.names.share_one(&mut slice.key.namespace);
+                for port in &mut slice.ports {
+                    self.names.share_one(&mut port.name);
+                }
                 if let Some((known, _)) = self.services.get_key_value(&slice.service_key()) {
                     slice.service_name = known.name.clone();
                 }
@@ -528,12 +536,19 @@ mod tests {
     }
 
     #[test]
-    fn services_and_slices_share_their_namespace_and_the_service_name() {
+    fn services_and_slices_share_their_namespace_the_service_name_and_port_names() {
+        let port = || crate::global::ServicePort {
+            name: Arc::from(String::from("http")),
+            protocol: crate::net::Protocol::Tcp,
+            port: 80,
+            node_port: None,
+            target_port: crate::global::TargetPort::Number(8080),
+        };
         let service = |name: &str| Service {
             key: ServiceKey::new(String::from("ns"), String::from(name)),
             service_type: crate::global::ServiceType::ClusterIP,
             cluster_ips: vec![[10, 96, 0, 1].into()],
-            ports: Vec::new(),
+            ports: vec![port()],
             external_ips: Vec::new(),
             load_balancer_ingress: Vec::new(),
             load_balancer_source_ranges: Vec::new(),
@@ -548,13 +563,22 @@ mod tests {
         let mut model = GlobalModel::new();
         model.apply(Object::Service(service("web")));
         model.apply(Object::Service(service("db")));
-        model.apply(Object::EndpointSlice(slice("web-1", "node-a")));
+        let mut web_slice = slice("web-1", "node-a");
+        web_slice.ports = vec![crate::global::SlicePort {
+            name: Arc::from(String::from("http")),
+            protocol: crate::net::Protocol::Tcp,
+            port: 8080,
+        }];
+        model.apply(Object::EndpointSlice(web_slice));
         let key = ServiceKey::new("ns", "web");
         let (web, db) = (model.service(&key).unwrap(), model.service(&ServiceKey::new("ns", "db")));
+        let db = db.unwrap();
         let held = model.slices_of(&key).next().unwrap();
-        assert!(Arc::ptr_eq(&web.key.namespace, &db.unwrap().key.namespace));
+        assert!(Arc::ptr_eq(&web.key.namespace, &db.key.namespace));
         assert!(Arc::ptr_eq(&web.key.namespace, &held.key.namespace));
         assert!(Arc::ptr_eq(&web.key.name, &held.service_name));
+        assert!(Arc::ptr_eq(&web.ports[0].name, &db.ports[0].name));
+        assert!(Arc::ptr_eq(&web.ports[0].name, &held.ports[0].name));
     }
 
     #[test]

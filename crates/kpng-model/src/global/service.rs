@@ -147,8 +147,9 @@ pub enum TargetPort {
 /// One port of a Service. Identified within the service by `(name, protocol)`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct ServicePort {
-    /// The port's name (empty when the service has a single unnamed port).
-    pub name: String,
+    /// The port's name (empty when the service has a single unnamed port). In a
+    /// [`crate::GlobalModel`], one copy per name: a cluster's ports have a few names.
+    pub name: Arc<str>,
     /// The transport protocol.
     pub protocol: Protocol,
     /// The port on cluster IPs, external IPs and load-balancer IPs.

@@ -213,7 +213,7 @@ fn ports(spec: &ServiceSpec) -> Result<Vec<ServicePort>, FieldError> {
             Some(IntOrString::String(s)) => TargetPort::Name(s.clone()),
         };
         out.push(ServicePort {
-            name: p.name.clone().unwrap_or_default(),
+            name: p.name.as_deref().unwrap_or_default().into(),
             protocol: protocol(p.protocol.as_deref(), || at("protocol"))?,
             port,
             node_port: p

@@ -83,7 +83,7 @@ fn slice_ports(ports: &[EndpointPort]) -> Result<Vec<SlicePort>, FieldError> {
             FieldError::new(format!("ports[{i}].port"), reason)
         })?;
         out.push(SlicePort {
-            name: p.name.clone().unwrap_or_default(),
+            name: p.name.as_deref().unwrap_or_default().into(),
             protocol: protocol(p.protocol.as_deref(), || format!("ports[{i}].protocol"))?,
             port,
         });
