@@ -21,6 +21,9 @@ pub struct ColdRow {
     pub endpoints: usize,
     /// Process start to the first committed sync (ms).
     pub sync_ms: f64,
+    /// The API server's own serving time: a plain client listing every kind kpng lists,
+    /// in kpng's pages, all kinds at once, reading each page through (ms).
+    pub api_ms: f64,
     /// Peak resident set of the kpng process up to the sync and a second after (KiB).
     pub peak_kib: u64,
     /// Resident set a second after the sync (KiB).
@@ -34,6 +37,7 @@ pub fn run(services: usize, endpoints: usize) -> anyhow::Result<ColdRow> {
     let spec = ClusterSpec { services, endpoints, nodes: 3, zones: 2 };
     let (_runtime, server) = crate::memory::serve(generate(&spec))?;
     let url = server.url();
+    let api_ms = api_serving_ms(&url)?;
     let start = Instant::now();
     let child = Command::new(&binary)
         .args(["kube", "--server", url.as_str(), "--kube-api-qps", "0"])
@@ -96,7 +100,103 @@ pub fn run(services: usize, endpoints: usize) -> anyhow::Result<ColdRow> {
     let synced = synced.context("kpng did not log a commit")?;
     let rss_kib = rss_kib.context("no VmRSS for the kpng process")?;
     let sync_ms = synced.duration_since(start).as_secs_f64() * 1000.0;
-    Ok(ColdRow { services, endpoints, sync_ms, peak_kib, rss_kib })
+    Ok(ColdRow { services, endpoints, sync_ms, api_ms, peak_kib, rss_kib })
+}
+
+/// The collections kpng's kube source lists.
+const LISTED: [&str; 4] = [
+    "/api/v1/nodes",
+    "/apis/networking.k8s.io/v1/servicecidrs",
+    "/api/v1/services",
+    "/apis/discovery.k8s.io/v1/endpointslices",
+];
+
+/// How long the API server at `url` takes to serve every collection kpng lists, in pages
+/// of [`kpng_sources::kube::PAGE_SIZE`], to a client that reads each page and only the
+/// token of the next (the collections at once, as kpng lists them).
+fn api_serving_ms(url: &str) -> anyhow::Result<f64> {
+    let address = url.trim_start_matches("http://").to_string();
+    let start = Instant::now();
+    let lists: Vec<_> = LISTED
+        .iter()
+        .map(|path| {
+            let address = address.clone();
+            std::thread::spawn(move || list_through(&address, path))
+        })
+        .collect();
+    for list in lists {
+        list.join().map_err(|_| anyhow::anyhow!("a list thread panicked"))??;
+    }
+    Ok(start.elapsed().as_secs_f64() * 1000.0)
+}
+
+/// Reads every page of the collection at `path`.
+fn list_through(address: &str, path: &str) -> anyhow::Result<()> {
+    #[derive(serde::Deserialize)]
+    struct Page {
+        metadata: Meta,
+    }
+    #[derive(serde::Deserialize)]
+    struct Meta {
+        #[serde(rename = "continue", default)]
+        token: Option<String>,
+    }
+    let mut token: Option<String> = None;
+    loop {
+        let mut query = format!("{path}?limit={}", kpng_sources::kube::PAGE_SIZE);
+        if let Some(token) = token.as_deref().filter(|t| !t.is_empty()) {
+            query.push_str("&continue=");
+            for byte in token.bytes() {
+                match byte.is_ascii_alphanumeric() {
+                    true => query.push(byte as char),
+                    false => query.push_str(&format!("%{byte:02X}")),
+                }
+            }
+        }
+        let body = http_get(address, &query)?;
+        let page: Page =
+            serde_json::from_slice(&body).with_context(|| format!("{query}: not a list"))?;
+        token = page.metadata.token.filter(|t| !t.is_empty());
+        if token.is_none() {
+            return Ok(());
+        }
+    }
+}
+
+/// The body of `GET path` on `address` (HTTP/1.1, one connection per request).
+fn http_get(address: &str, path: &str) -> anyhow::Result<Vec<u8>> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(address)?;
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n")?;
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer)?;
+    let split = (answer.windows(4).position(|w| w == b"\r\n\r\n"))
+        .with_context(|| format!("{path}: no HTTP header"))?;
+    let head = String::from_utf8_lossy(&answer[..split]).to_ascii_lowercase();
+    anyhow::ensure!(
+        head.starts_with("http/1.1 200"),
+        "{path}: {}",
+        head.lines().next().unwrap_or("")
+    );
+    let body = &answer[split + 4..];
+    if !head.contains("transfer-encoding: chunked") {
+        return Ok(body.to_vec());
+    }
+    // Chunks: a hexadecimal size line, the data, a line end; a size of 0 ends them.
+    let (mut out, mut rest) = (Vec::new(), body);
+    loop {
+        let line = (rest.windows(2).position(|w| w == b"\r\n"))
+            .with_context(|| format!("{path}: a chunk without a size"))?;
+        let size = std::str::from_utf8(&rest[..line])?.split(';').next().unwrap_or("");
+        let size = usize::from_str_radix(size.trim(), 16)?;
+        if size == 0 {
+            return Ok(out);
+        }
+        let data = line + 2;
+        anyhow::ensure!(rest.len() >= data + size, "{path}: a chunk cut short");
+        out.extend_from_slice(&rest[data..data + size]);
+        rest = rest.get(data + size + 2..).unwrap_or_default();
+    }
 }
 
 /// How long after its first commit kpng's resident set is read.
@@ -111,21 +211,31 @@ fn vm_hwm_kib(pid: u32) -> Option<u64> {
 pub fn print(rows: &[ColdRow]) {
     println!("cold start: kpng kube --server <fake> to-local --node node-0 to-nft, empty tables");
     println!(
-        "{:>8} {:>4} | {:>12} {:>15} {:>15}",
-        "services", "eps", "to-sync(ms)", "peak rss(MiB)", "synced rss(MiB)"
+        "{:>8} {:>4} | {:>12} {:>12} {:>14} {:>15} {:>15}",
+        "services",
+        "eps",
+        "to-sync(ms)",
+        "api lists",
+        "above api(ms)",
+        "peak rss(MiB)",
+        "synced rss(MiB)"
     );
     for r in rows {
         println!(
-            "{:>8} {:>4} | {:>12.1} {:>15.1} {:>15.1}",
+            "{:>8} {:>4} | {:>12.1} {:>12.1} {:>14.1} {:>15.1} {:>15.1}",
             r.services,
             r.endpoints,
             r.sync_ms,
+            r.api_ms,
+            r.sync_ms - r.api_ms,
             r.peak_kib as f64 / 1024.0,
             r.rss_kib as f64 / 1024.0
         );
     }
     println!(
         "* peak rss: the kpng process's VmHWM, read every 2 ms; synced rss: its VmRSS a \
-         second after the first commit"
+         second after the first commit; api lists: the fake API server serving every list \
+         kpng makes (its pages, all kinds at once) to a client that reads them through, \
+         before kpng starts"
     );
 }
