@@ -262,7 +262,7 @@ pub fn encode_endpoint(endpoint: &LocalEndpoint) -> localv1::Endpoint {
         ready: endpoint.ready,
         serving: endpoint.serving,
         terminating: endpoint.terminating,
-        pod_name: endpoint.pod_name.as_deref().unwrap_or_default().to_owned(),
+        pod_name: endpoint.pod_name.as_ref().map(ToString::to_string).unwrap_or_default(),
         ports: endpoint
             .ports
             .iter()
@@ -311,7 +311,8 @@ pub fn decode_endpoint(wire: &localv1::Endpoint, path: &str) -> Result<LocalEndp
         ready: wire.ready,
         serving: wire.serving,
         terminating: wire.terminating,
-        pod_name: (!wire.pod_name.is_empty()).then(|| wire.pod_name.as_str().into()),
+        pod_name: (!wire.pod_name.is_empty())
+            .then(|| kpng_model::global::PodName::new(&wire.pod_name)),
         ports: ports.into(),
     })
 }

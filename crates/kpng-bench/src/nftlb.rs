@@ -202,8 +202,8 @@ fn farms(service: &Service, slices: &[&EndpointSlice]) -> Vec<Farm> {
                     backends.push(FarmBackend {
                         name: ep
                             .pod_name
-                            .as_deref()
-                            .map_or_else(|| format!("{}-{i}", slice.key.name), str::to_owned),
+                            .as_ref()
+                            .map_or_else(|| format!("{}-{i}", slice.key.name), ToString::to_string),
                         ip_addr: ep.address.to_string(),
                         port: target.port.to_string(),
                         state: "up",

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
-use crate::global::{LoadBalancing, ServiceKey, ServiceType};
+use crate::global::{LoadBalancing, PodName, ServiceKey, ServiceType};
 use crate::net::{Family, PerFamily, Protocol};
 
 /// What the node knows about itself.
@@ -154,8 +154,8 @@ pub struct LocalEndpoint {
     pub serving: bool,
     /// Terminating.
     pub terminating: bool,
-    /// The pod behind the endpoint (shared with the global model's endpoint).
-    pub pod_name: Option<Arc<str>>,
+    /// The pod behind the endpoint (its stem shared with the global model's endpoint).
+    pub pod_name: Option<PodName>,
     /// The service ports it serves on this node, sorted; never empty. Endpoints of a
     /// service that serve the same ports in the same sets share one list.
     pub ports: Arc<[EndpointPort]>,

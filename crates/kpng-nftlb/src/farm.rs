@@ -230,7 +230,7 @@ pub fn farms_of(state: &LocalServiceState, direct: bool) -> Vec<Farm> {
                     let owner = state
                         .endpoints
                         .get(&ip)
-                        .and_then(|e| e.pod_name.as_deref().map(str::to_owned))
+                        .and_then(|e| e.pod_name.as_ref().map(ToString::to_string))
                         .unwrap_or_else(|| ip.to_string().replace(':', "-"));
                     let name = format!("{owner}--{port_name}");
                     (

@@ -66,7 +66,7 @@ pub fn slice_items(slice: &EndpointSlice) -> Vec<GlobalItem> {
                     ready: e.ready,
                     serving: e.serving,
                     terminating: e.terminating,
-                    pod_name: e.pod_name.as_deref().unwrap_or_default().to_owned(),
+                    pod_name: e.pod_name.as_ref().map(ToString::to_string).unwrap_or_default(),
                     ports: Vec::new(),
                 }),
                 conditions: Some(globalv1::EndpointConditions {
@@ -74,7 +74,7 @@ pub fn slice_items(slice: &EndpointSlice) -> Vec<GlobalItem> {
                     serving: e.serving,
                     terminating: e.terminating,
                 }),
-                pod_name: e.pod_name.as_deref().unwrap_or_default().to_owned(),
+                pod_name: e.pod_name.as_ref().map(ToString::to_string).unwrap_or_default(),
                 topology: Some(globalv1::TopologyInfo {
                     node: e.node_name.as_deref().unwrap_or_default().to_owned(),
                     zone: e.zone.as_deref().unwrap_or_default().to_owned(),
@@ -172,7 +172,7 @@ pub fn decode_slice<'a>(
                 node_name: text(&topology.node).map(Arc::from),
                 zone: text(&topology.zone).map(Arc::from),
                 hints: Hints::new(hints.zones, hints.nodes),
-                pod_name: text(&info.pod_name).map(Arc::from),
+                pod_name: text(&info.pod_name).map(kpng_model::global::PodName::from),
             },
         );
     }

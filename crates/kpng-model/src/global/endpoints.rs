@@ -64,7 +64,105 @@ pub struct Endpoint {
     #[serde(flatten)]
     pub hints: Hints,
     /// The pod behind the endpoint (`targetRef` of kind Pod).
-    pub pod_name: Option<Arc<str>>,
+    pub pod_name: Option<PodName>,
+}
+
+/// The longest last part of a pod's name kept inline in a [`PodName`].
+const TAIL: usize = 7;
+
+/// A pod's name, kept as a stem that the pods of one owner share and the short part after
+/// its last `-`: `coredns-5d78c9869d-` and `x7k2p`, `web-` and `12`. A cluster has
+/// hundreds of thousands of endpoints, each naming its pod; the pods of a ReplicaSet,
+/// StatefulSet or DaemonSet differ only in that last part, so in a [`crate::GlobalModel`]
+/// (one copy of each stem) a name costs no allocation of its own. A name without such a
+/// part is all stem. Compares, orders, prints and serializes as the name.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct PodName {
+    stem: Arc<str>,
+    /// The last part's bytes, then zeros; its length in the last byte.
+    tail: [u8; TAIL + 1],
+}
+
+impl PodName {
+    /// The name `name`.
+    pub fn new(name: &str) -> PodName {
+        let mut tail = [0; TAIL + 1];
+        let cut = name
+            .rfind('-')
+            .map(|dash| dash + 1)
+            .filter(|cut| (1..=TAIL).contains(&(name.len() - cut)));
+        let Some(cut) = cut else { return PodName { stem: Arc::from(name), tail } };
+        let last = &name.as_bytes()[cut..];
+        tail[..last.len()].copy_from_slice(last);
+        tail[TAIL] = last.len() as u8;
+        PodName { stem: Arc::from(&name[..cut]), tail }
+    }
+
+    /// The part after the stem.
+    fn tail(&self) -> &str {
+        let len = usize::from(self.tail[TAIL]).min(TAIL);
+        // Cut after a '-' of a `str`, from the end of one: always a whole `str`.
+        std::str::from_utf8(&self.tail[..len]).unwrap_or_default()
+    }
+
+    /// The stem, when others may share it (the name has a last part of its own).
+    pub(crate) fn shared_stem(&mut self) -> Option<&mut Arc<str>> {
+        (self.tail[TAIL] > 0).then_some(&mut self.stem)
+    }
+
+    fn bytes(&self) -> impl Iterator<Item = u8> + '_ {
+        self.stem.bytes().chain(self.tail().bytes())
+    }
+}
+
+impl From<&str> for PodName {
+    fn from(name: &str) -> PodName {
+        PodName::new(name)
+    }
+}
+
+impl From<String> for PodName {
+    fn from(name: String) -> PodName {
+        PodName::new(&name)
+    }
+}
+
+impl fmt::Display for PodName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}{}", self.stem, self.tail())
+    }
+}
+
+impl fmt::Debug for PodName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", self.to_string())
+    }
+}
+
+impl PartialOrd for PodName {
+    fn partial_cmp(&self, other: &PodName) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// As the names.
+impl Ord for PodName {
+    fn cmp(&self, other: &PodName) -> std::cmp::Ordering {
+        self.bytes().cmp(other.bytes())
+    }
+}
+
+impl Serialize for PodName {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for PodName {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<PodName, D::Error> {
+        let name = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
+        Ok(PodName::new(&name))
+    }
 }
 
 impl Endpoint {
@@ -184,6 +282,37 @@ mod tests {
     }
 
     #[test]
+    fn pod_names_keep_a_short_last_part_inline() {
+        let parts = |name: &str| {
+            let pod = PodName::new(name);
+            assert_eq!(pod.to_string(), name);
+            assert_eq!(format!("{pod:?}"), format!("{name:?}"));
+            (pod.stem.to_string(), pod.tail().to_string())
+        };
+        let split = |stem: &str, tail: &str| (stem.to_string(), tail.to_string());
+        assert_eq!(parts("coredns-5d78c9869d-x7k2p"), split("coredns-5d78c9869d-", "x7k2p"));
+        assert_eq!(parts("web-12"), split("web-", "12"));
+        assert_eq!(parts("web-1234567"), split("web-", "1234567"));
+        assert_eq!(parts("pod-é"), split("pod-", "é"));
+        // No last part of one to seven bytes: all stem.
+        for whole in ["web", "web-", "web-12345678", "", "-"] {
+            assert_eq!(parts(whole), split(whole, ""), "{whole:?}");
+        }
+        assert_eq!(std::mem::size_of::<Option<PodName>>(), 24);
+    }
+
+    #[test]
+    fn pod_names_compare_and_order_as_their_text() {
+        let mut texts = vec!["web-2", "web-10", "web-", "web", "web-1a", "webz-1", "a-zz", "a-z-1"];
+        let mut pods: Vec<PodName> = texts.iter().map(|t| PodName::new(t)).collect();
+        texts.sort();
+        pods.sort();
+        assert_eq!(pods.iter().map(ToString::to_string).collect::<Vec<_>>(), texts);
+        assert_eq!(PodName::new("web-2"), PodName::from(String::from("web-2")));
+        assert_ne!(PodName::new("web-2"), PodName::new("web-20"));
+    }
+
+    #[test]
     fn hints_keep_their_lists_in_json_and_empty_hints_are_no_hints() {
         let hinted = endpoint(Hints::new(vec!["z1".into()], vec!["n1".into(), "n2".into()]));
         let json = serde_json::to_value(&hinted).unwrap();
@@ -191,6 +320,12 @@ mod tests {
         assert_eq!(json["node_hints"], serde_json::json!(["n1", "n2"]));
         assert_eq!(serde_json::from_value::<Endpoint>(json).unwrap(), hinted);
         assert_eq!((hinted.zone_hints(), hinted.node_hints().len()), (&["z1".to_string()][..], 2));
+
+        let mut named = endpoint(Hints::default());
+        named.pod_name = Some(PodName::new("web-6f7c-x2x4q"));
+        let json = serde_json::to_value(&named).unwrap();
+        assert_eq!(json["pod_name"], "web-6f7c-x2x4q");
+        assert_eq!(serde_json::from_value::<Endpoint>(json).unwrap(), named);
 
         let plain = endpoint(Hints::new(vec![], vec![]));
         assert_eq!(plain, endpoint(Hints::default()));

@@ -127,14 +127,15 @@ pub struct GlobalModel {
     service_cidrs: BTreeMap<String, ServiceCidr>,
     /// Who claims each destination.
     claims: Claims,
-    /// One copy of each node and zone name the endpoints give, of each namespace, and of
-    /// each port name.
+    /// One copy of each node and zone name the endpoints give, of each namespace, of each
+    /// port name, and of each pod name's stem.
     names: Names,
 }
 
 /// One copy of each name: the endpoints of a cluster name a few hundred nodes and zones,
 /// a hundred thousand times, its services and slices a few hundred namespaces, and their
-/// ports a few names (`http`, `dns`, ...). Not part
+/// ports a few names (`http`, `dns`, ...); the pods of one owner share the stem of their
+/// names ([`crate::global::PodName`]). Not part
 /// of the model's value: any two are equal.
 #[derive(Debug, Clone, Default)]
 struct Names {
@@ -225,6 +226,9 @@ impl GlobalModel {
                 for endpoint in &mut slice.endpoints {
                     self.names.share(&mut endpoint.node_name);
                     self.names.share(&mut endpoint.zone);
+                    if let Some(stem) = endpoint.pod_name.as_mut().and_then(|p| p.shared_stem()) {
+                        self.names.share_one(stem);
+                    }
                 }
                 let mut touched = self.remove_slice(&slice.key);
                 let service = slice.service_key();
@@ -459,7 +463,7 @@ impl Changes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::global::{Endpoint, EndpointSlice, SliceKey};
+    use crate::global::{Endpoint, EndpointSlice, PodName, SliceKey};
     use crate::net::Family;
 
     fn slice(name: &str, node: &str) -> EndpointSlice {
@@ -579,6 +583,31 @@ mod tests {
         assert!(Arc::ptr_eq(&web.key.name, &held.service_name));
         assert!(Arc::ptr_eq(&web.ports[0].name, &db.ports[0].name));
         assert!(Arc::ptr_eq(&web.ports[0].name, &held.ports[0].name));
+    }
+
+    #[test]
+    fn pods_of_one_owner_share_the_stem_of_their_names() {
+        let mut model = GlobalModel::new();
+        for (slice_name, pods) in
+            [("web-1", ["web-7d9-aaaaa", "web-7d9-bbbbb"]), ("web-2", ["web-7d9-ccccc", "db-0"])]
+        {
+            let mut s = slice(slice_name, "node-a");
+            for (endpoint, pod) in s.endpoints.iter_mut().zip(pods) {
+                endpoint.pod_name = Some(PodName::new(&String::from(pod)));
+            }
+            model.apply(Object::EndpointSlice(s));
+        }
+        let mut pods: Vec<PodName> =
+            model.slices().flat_map(|s| &s.endpoints).filter_map(|e| e.pod_name.clone()).collect();
+        assert_eq!(
+            pods.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            ["web-7d9-aaaaa", "web-7d9-bbbbb", "web-7d9-ccccc", "db-0"]
+        );
+        let stems: Vec<Arc<str>> =
+            pods.iter_mut().filter_map(|p| p.shared_stem().cloned()).collect();
+        assert_eq!(stems.len(), 4);
+        assert!(stems[..3].iter().all(|stem| Arc::ptr_eq(stem, &stems[0])));
+        assert!(!Arc::ptr_eq(&stems[3], &stems[0]));
     }
 
     #[test]

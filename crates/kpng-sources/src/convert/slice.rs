@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use kpng_model::global::{Endpoint, EndpointSlice, Hints, SliceKey, SlicePort};
+use kpng_model::global::{Endpoint, EndpointSlice, Hints, PodName, SliceKey, SlicePort};
 use kpng_model::net::parse_ip;
 use kpng_model::{Family, ObjectRef};
 
@@ -123,7 +123,7 @@ fn convert_endpoint(
             .target_ref
             .as_ref()
             .filter(|r| r.kind.as_deref() == Some("Pod"))
-            .and_then(|r| r.name.as_deref().map(Arc::from)),
+            .and_then(|r| r.name.as_deref().map(PodName::new)),
     }))
 }
 

@@ -145,7 +145,7 @@ fn slices_default_conditions_and_use_the_first_address() {
         (first.zone_hints().to_vec(), first.node_hints().to_vec()),
         (vec!["z1".into()], vec!["node-a".into()])
     );
-    assert_eq!(first.pod_name.as_deref(), Some("web-1"));
+    assert_eq!(first.pod_name.as_ref().map(ToString::to_string).as_deref(), Some("web-1"));
     let second = &slice.endpoints[1];
     assert!(!second.ready && second.serving && second.terminating);
     assert_eq!(slice.trigger_time.as_deref(), Some("2026-01-01T00:00:00Z"));
