@@ -22,7 +22,7 @@ pub struct NodeView<'a> {
 impl NodeView<'_> {
     /// Whether `endpoint` runs on this node.
     pub fn is_local(&self, endpoint: &Endpoint) -> bool {
-        endpoint.node_name.as_deref() == Some(self.name)
+        endpoint.node_name() == Some(self.name)
     }
 }
 

@@ -13,7 +13,7 @@ mod service;
 mod service_cidr;
 
 pub use claims::{Claim, Claims};
-pub use endpoints::{Endpoint, EndpointSlice, Hints, PodName, SliceKey, SlicePort};
+pub use endpoints::{Endpoint, EndpointSlice, Hints, Placement, PodName, SliceKey, SlicePort};
 pub use load_balancing::{
     AnnotationKey, DEFAULT_PERSISTENCE_TIMEOUT_SECONDS, Helper, LOAD_BALANCER_ANNOTATION_PREFIX,
     LoadBalancing, LogPath, NatMode, Persistence, PersistenceKey, Scheduler,

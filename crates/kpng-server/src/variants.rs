@@ -64,7 +64,7 @@ impl ServiceVariants {
         let (mut nodes, mut zones) = (HashMap::new(), HashMap::new());
         for endpoint in model.slices_of(key).flat_map(|s| &s.endpoints) {
             let hints = endpoint.node_hints().iter().map(String::as_str);
-            for name in endpoint.node_name.as_deref().into_iter().chain(hints) {
+            for name in endpoint.node_name().into_iter().chain(hints) {
                 number(&mut nodes, name);
             }
             for zone in endpoint.zone_hints() {

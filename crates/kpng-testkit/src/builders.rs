@@ -4,9 +4,9 @@
 use std::collections::BTreeMap;
 
 use kpng_model::global::{
-    Endpoint, EndpointSlice, Node, NodeAddress, NodeAddressKind, Service, ServiceCidr, ServiceKey,
-    ServicePort, ServiceType, SessionAffinity, SliceKey, SlicePort, TargetPort, TrafficPolicy,
-    ZONE_LABEL,
+    Endpoint, EndpointSlice, Node, NodeAddress, NodeAddressKind, Placement, Service, ServiceCidr,
+    ServiceKey, ServicePort, ServiceType, SessionAffinity, SliceKey, SlicePort, TargetPort,
+    TrafficPolicy, ZONE_LABEL,
 };
 use kpng_model::net::parse_ip;
 use kpng_model::{Family, Protocol};
@@ -52,8 +52,7 @@ pub fn endpoint(ip: &str, node: &str) -> Endpoint {
         ready: true,
         serving: true,
         terminating: false,
-        node_name: Some(node.into()),
-        zone: None,
+        placement: Placement::new(Some(node), None),
         hints: Default::default(),
         pod_name: None,
     }

@@ -6,9 +6,9 @@ use std::net::IpAddr;
 
 use kpng_model::global::{
     Endpoint, EndpointSlice, Helper, Hints, IpMode, LoadBalancerIngress, LoadBalancing, LogPath,
-    NatMode, Node, NodeAddress, NodeAddressKind, Persistence, PersistenceKey, Scheduler, Service,
-    ServiceCidr, ServiceKey, ServicePort, ServiceType, SessionAffinity, SliceKey, SlicePort,
-    TargetPort, TrafficPolicy, ZONE_LABEL,
+    NatMode, Node, NodeAddress, NodeAddressKind, Persistence, PersistenceKey, Placement, Scheduler,
+    Service, ServiceCidr, ServiceKey, ServicePort, ServiceType, SessionAffinity, SliceKey,
+    SlicePort, TargetPort, TrafficPolicy, ZONE_LABEL,
 };
 use kpng_model::{Family, Object, ObjectRef, Protocol};
 use proptest::prelude::*;
@@ -230,8 +230,7 @@ fn arb_endpoint(family: Family) -> impl Strategy<Value = Endpoint> {
                 ready: ready && !terminating,
                 serving: serving || ready,
                 terminating,
-                node_name: node.map(Into::into),
-                zone: None,
+                placement: Placement::new(node, None),
                 hints: Hints::new(zone_hints, node_hints),
                 pod_name: None,
             }

@@ -3,7 +3,6 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
-use std::sync::Arc;
 
 use kpng_model::global::{Endpoint, EndpointSlice, Hints, SlicePort};
 use kpng_model::{Family, SliceKey};
@@ -76,8 +75,8 @@ pub fn slice_items(slice: &EndpointSlice) -> Vec<GlobalItem> {
                 }),
                 pod_name: e.pod_name.as_ref().map(ToString::to_string).unwrap_or_default(),
                 topology: Some(globalv1::TopologyInfo {
-                    node: e.node_name.as_deref().unwrap_or_default().to_owned(),
-                    zone: e.zone.as_deref().unwrap_or_default().to_owned(),
+                    node: e.node_name().unwrap_or_default().to_owned(),
+                    zone: e.zone().unwrap_or_default().to_owned(),
                 }),
                 hints: Some(globalv1::TopologyHints {
                     zones: e.zone_hints().to_vec(),
@@ -169,8 +168,10 @@ pub fn decode_slice<'a>(
                 ready: conditions.ready,
                 serving: conditions.serving,
                 terminating: conditions.terminating,
-                node_name: text(&topology.node).map(Arc::from),
-                zone: text(&topology.zone).map(Arc::from),
+                placement: kpng_model::global::Placement::new(
+                    Some(&topology.node),
+                    Some(&topology.zone),
+                ),
                 hints: Hints::new(hints.zones, hints.nodes),
                 pod_name: text(&info.pod_name).map(kpng_model::global::PodName::from),
             },

@@ -1,5 +1,5 @@
 use super::*;
-use kpng_model::global::Hints;
+use kpng_model::global::{Hints, Placement};
 
 fn ep(ip: &str, node: &str) -> Endpoint {
     Endpoint {
@@ -7,8 +7,7 @@ fn ep(ip: &str, node: &str) -> Endpoint {
         ready: true,
         serving: true,
         terminating: false,
-        node_name: Some(node.into()),
-        zone: None,
+        placement: Placement::new(Some(node), None),
         hints: Default::default(),
         pod_name: None,
     }

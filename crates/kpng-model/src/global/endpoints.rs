@@ -55,16 +55,76 @@ pub struct Endpoint {
     pub serving: bool,
     /// `conditions.terminating`, false when absent.
     pub terminating: bool,
-    /// The node hosting the endpoint (in a [`crate::GlobalModel`], one copy per name).
-    pub node_name: Option<Arc<str>>,
-    /// The zone of that node (in a [`crate::GlobalModel`], one copy per name).
-    pub zone: Option<Arc<str>>,
+    /// `nodeName` and `zone`: where the endpoint runs (serialized as the `node_name` and
+    /// `zone` fields).
+    #[serde(flatten)]
+    pub placement: Placement,
     /// `hints`: the zones and nodes that should use this endpoint (serialized as the
     /// `zone_hints` and `node_hints` lists).
     #[serde(flatten)]
     pub hints: Hints,
     /// The pod behind the endpoint (`targetRef` of kind Pod).
     pub pod_name: Option<PodName>,
+}
+
+/// Where an endpoint runs: its node and that node's zone. A cluster's endpoints name a few
+/// hundred nodes a hundred thousand times, each always with the same zone: the pair is
+/// held behind one pointer (null for neither), and in a [`crate::GlobalModel`] each pair
+/// once.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Placement(Option<Arc<Where>>);
+
+/// A node name and a zone, either or both given.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub(crate) struct Where {
+    #[serde(default)]
+    node_name: Option<Box<str>>,
+    #[serde(default)]
+    zone: Option<Box<str>>,
+}
+
+impl Placement {
+    /// On node `node_name` in zone `zone` (empty names count as none).
+    pub fn new(node_name: Option<&str>, zone: Option<&str>) -> Placement {
+        let name = |n: Option<&str>| n.filter(|n| !n.is_empty()).map(Box::from);
+        Placement::of(Where { node_name: name(node_name), zone: name(zone) })
+    }
+
+    fn of(place: Where) -> Placement {
+        let some = place.node_name.is_some() || place.zone.is_some();
+        Placement(some.then(|| Arc::new(place)))
+    }
+
+    /// The node's name.
+    pub fn node_name(&self) -> Option<&str> {
+        self.0.as_ref().and_then(|w| w.node_name.as_deref())
+    }
+
+    /// The zone.
+    pub fn zone(&self) -> Option<&str> {
+        self.0.as_ref().and_then(|w| w.zone.as_deref())
+    }
+
+    /// The shared pair, if any.
+    pub(crate) fn shared(&mut self) -> Option<&mut Arc<Where>> {
+        self.0.as_mut()
+    }
+}
+
+impl Serialize for Placement {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match &self.0 {
+            Some(place) => place.serialize(serializer),
+            None => Where::default().serialize(serializer),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Placement {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Placement, D::Error> {
+        let place = Where::deserialize(deserializer)?;
+        Ok(Placement::new(place.node_name.as_deref(), place.zone.as_deref()))
+    }
 }
 
 /// The longest last part of a pod's name kept inline in a [`PodName`].
@@ -166,6 +226,16 @@ impl<'de> Deserialize<'de> for PodName {
 }
 
 impl Endpoint {
+    /// The node hosting the endpoint.
+    pub fn node_name(&self) -> Option<&str> {
+        self.placement.node_name()
+    }
+
+    /// The zone of that node.
+    pub fn zone(&self) -> Option<&str> {
+        self.placement.zone()
+    }
+
     /// Ready: receives new connections.
     pub fn is_ready(&self) -> bool {
         self.ready
@@ -274,8 +344,7 @@ mod tests {
             ready: true,
             serving: true,
             terminating: false,
-            node_name: None,
-            zone: None,
+            placement: Placement::default(),
             hints,
             pod_name: None,
         }
@@ -299,6 +368,25 @@ mod tests {
             assert_eq!(parts(whole), split(whole, ""), "{whole:?}");
         }
         assert_eq!(std::mem::size_of::<Option<PodName>>(), 24);
+    }
+
+    #[test]
+    fn placements_serialize_as_the_node_name_and_zone_fields() {
+        let mut placed = endpoint(Hints::default());
+        placed.placement = Placement::new(Some("node-1"), Some("zone-a"));
+        assert_eq!((placed.node_name(), placed.zone()), (Some("node-1"), Some("zone-a")));
+        let json = serde_json::to_value(&placed).unwrap();
+        assert_eq!((&json["node_name"], &json["zone"]), (&"node-1".into(), &"zone-a".into()));
+        assert_eq!(serde_json::from_value::<Endpoint>(json).unwrap(), placed);
+
+        let nowhere = endpoint(Hints::default());
+        let mut json = serde_json::to_value(&nowhere).unwrap();
+        assert!(json["node_name"].is_null() && json["zone"].is_null(), "{json}");
+        json.as_object_mut().unwrap().remove("zone");
+        assert_eq!(serde_json::from_value::<Endpoint>(json).unwrap(), nowhere);
+        // Empty names are no names, and nothing is held for neither.
+        assert_eq!(Placement::new(Some(""), Some("")), Placement::default());
+        assert_eq!(std::mem::size_of::<Placement>(), 8);
     }
 
     #[test]

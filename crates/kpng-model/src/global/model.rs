@@ -2,12 +2,14 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt;
+use std::hash::Hash;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use crate::global::endpoints::Where;
 use crate::global::{
-    Claim, Claims, EndpointSlice, Node, Service, ServiceCidr, ServiceKey, SliceKey,
+    Claim, Claims, EndpointSlice, Node, Placement, Service, ServiceCidr, ServiceKey, SliceKey,
 };
 
 /// The kinds of object the model holds.
@@ -127,21 +129,21 @@ pub struct GlobalModel {
     service_cidrs: BTreeMap<String, ServiceCidr>,
     /// Who claims each destination.
     claims: Claims,
-    /// One copy of each node and zone name the endpoints give, of each namespace, of each
+    /// One copy of each (node, zone) pair the endpoints give, of each namespace, of each
     /// port name, and of each pod name's stem.
     names: Names,
 }
 
-/// One copy of each name: the endpoints of a cluster name a few hundred nodes and zones,
-/// a hundred thousand times, its services and slices a few hundred namespaces, and their
-/// ports a few names (`http`, `dns`, ...); the pods of one owner share the stem of their
-/// names ([`crate::global::PodName`]). Not part
-/// of the model's value: any two are equal.
+/// One copy of each name: the endpoints of a cluster name a few hundred nodes (each with
+/// its zone) a hundred thousand times, its services and slices a few hundred namespaces,
+/// and their ports a few names (`http`, `dns`, ...); the pods of one owner share the stem
+/// of their names ([`crate::global::PodName`]). Not part of the model's value: any two are
+/// equal.
 #[derive(Debug, Clone, Default)]
 struct Names {
-    known: HashSet<Arc<str>>,
-    /// How many were known after the last sweep of the names no endpoint uses.
-    swept: usize,
+    names: Interned<str>,
+    /// The endpoints' (node, zone) pairs.
+    places: Interned<Where>,
 }
 
 impl PartialEq for Names {
@@ -154,24 +156,51 @@ impl Eq for Names {}
 
 impl Names {
     /// Replaces `name` by the shared copy of it (the first one seen is the one shared).
-    fn share(&mut self, name: &mut Option<Arc<str>>) {
-        if let Some(name) = name {
-            self.share_one(name);
-        }
+    fn share_one(&mut self, name: &mut Arc<str>) {
+        self.names.share(name);
     }
 
-    /// Replaces `name` by the shared copy of it.
-    fn share_one(&mut self, name: &mut Arc<str>) {
-        if let Some(known) = self.known.get(name) {
-            *name = known.clone();
+    /// Replaces `placement` by the shared copy of it.
+    fn share_place(&mut self, placement: &mut Placement) {
+        if let Some(place) = placement.shared() {
+            self.places.share(place);
+        }
+    }
+}
+
+/// One copy of each value shared, forgetting those nothing else holds as the table grows.
+#[derive(Debug)]
+struct Interned<T: ?Sized> {
+    known: HashSet<Arc<T>>,
+    /// How many were known after the last sweep of those no object uses.
+    swept: usize,
+}
+
+impl<T: ?Sized> Default for Interned<T> {
+    fn default() -> Self {
+        Interned { known: HashSet::new(), swept: 0 }
+    }
+}
+
+impl<T: ?Sized> Clone for Interned<T> {
+    fn clone(&self) -> Self {
+        Interned { known: self.known.clone(), swept: self.swept }
+    }
+}
+
+impl<T: ?Sized + Hash + Eq> Interned<T> {
+    /// Replaces `value` by the shared copy of it.
+    fn share(&mut self, value: &mut Arc<T>) {
+        if let Some(known) = self.known.get(value) {
+            *value = known.clone();
             return;
         }
         if self.known.len() >= 2 * self.swept.max(64) {
-            // Names only this table holds: no endpoint gives them any more.
+            // Values only this table holds: no object has them any more.
             self.known.retain(|known| Arc::strong_count(known) > 1);
             self.swept = self.known.len();
         }
-        self.known.insert(name.clone());
+        self.known.insert(value.clone());
     }
 }
 
@@ -224,8 +253,7 @@ impl GlobalModel {
                     slice.service_name = known.name.clone();
                 }
                 for endpoint in &mut slice.endpoints {
-                    self.names.share(&mut endpoint.node_name);
-                    self.names.share(&mut endpoint.zone);
+                    self.names.share_place(&mut endpoint.placement);
                     if let Some(stem) = endpoint.pod_name.as_mut().and_then(|p| p.shared_stem()) {
                         self.names.share_one(stem);
                     }
@@ -472,8 +500,7 @@ mod tests {
             ready: true,
             serving: true,
             terminating: false,
-            node_name: Some(Arc::from(node)),
-            zone: Some(Arc::from("zone-a")),
+            placement: Placement::new(Some(&String::from(node)), Some("zone-a")),
             hints: Default::default(),
             pod_name: None,
         };
@@ -488,24 +515,23 @@ mod tests {
         }
     }
 
-    fn names(model: &GlobalModel) -> Vec<Arc<str>> {
+    fn places(model: &GlobalModel) -> Vec<Arc<Where>> {
         let key = ServiceKey::new("ns", "web");
         let endpoints = model.slices_of(&key).flat_map(|s| &s.endpoints);
-        endpoints.flat_map(|e| [e.node_name.clone(), e.zone.clone()]).flatten().collect()
+        let mut placements: Vec<Placement> = endpoints.map(|e| e.placement.clone()).collect();
+        placements.iter_mut().filter_map(|p| p.shared().cloned()).collect()
     }
 
     #[test]
-    fn endpoints_share_one_copy_of_each_node_and_zone_name() {
+    fn endpoints_share_one_copy_of_each_node_and_zone() {
         let mut model = GlobalModel::new();
         model.apply(Object::EndpointSlice(slice("web-1", "node-a")));
         model.apply(Object::EndpointSlice(slice("web-2", "node-a")));
-        let held = names(&model);
-        assert_eq!(held.len(), 8);
-        let nodes: Vec<_> = held.iter().filter(|n| &***n == "node-a").collect();
-        let zones: Vec<_> = held.iter().filter(|n| &***n == "zone-a").collect();
-        assert_eq!((nodes.len(), zones.len()), (4, 4));
-        assert!(nodes.iter().all(|n| Arc::ptr_eq(n, nodes[0])));
-        assert!(zones.iter().all(|z| Arc::ptr_eq(z, zones[0])));
+        let held = places(&model);
+        assert_eq!(held.len(), 4);
+        assert!(held.iter().all(|p| Arc::ptr_eq(p, &held[0])));
+        let endpoint = &model.slices().next().unwrap().endpoints[0];
+        assert_eq!((endpoint.node_name(), endpoint.zone()), (Some("node-a"), Some("zone-a")));
         // A model holding the same objects is equal, whatever names it has seen.
         let mut other = GlobalModel::new();
         other.apply(Object::EndpointSlice(slice("web-0", "node-b")));
@@ -616,7 +642,8 @@ mod tests {
         for i in 0..1000 {
             model.apply(Object::EndpointSlice(slice("web-1", &format!("node-{i}"))));
         }
-        // One node name is in use (and the zone); the sweeps keep the table small.
-        assert!(model.names.known.len() < 200, "{} names kept", model.names.known.len());
+        // One node is in use; the sweeps keep the table small.
+        let kept = model.names.places.known.len();
+        assert!(kept < 200, "{kept} places kept");
     }
 }

@@ -234,7 +234,7 @@ fn endpoint_counts_become_bits_of_the_pick_tree() {
 #[test]
 fn endpoints_of_every_node_get_a_hairpin_pair() {
     let mut e = endpoint("10.0.0.3", "b");
-    e.node_name = None;
+    e.placement = Default::default();
     let got = render(
         vec![
             Object::Service(service("ns", "web", &["10.96.0.1"], &[HTTP])),

@@ -1,8 +1,6 @@
 //! discovery.k8s.io/v1 EndpointSlice → [`EndpointSlice`].
 
-use std::sync::Arc;
-
-use kpng_model::global::{Endpoint, EndpointSlice, Hints, PodName, SliceKey, SlicePort};
+use kpng_model::global::{Endpoint, EndpointSlice, Hints, Placement, PodName, SliceKey, SlicePort};
 use kpng_model::net::parse_ip;
 use kpng_model::{Family, ObjectRef};
 
@@ -113,8 +111,7 @@ fn convert_endpoint(
         ready: conditions.and_then(|c| c.ready).unwrap_or(true),
         serving: conditions.and_then(|c| c.serving).unwrap_or(true),
         terminating: conditions.and_then(|c| c.terminating).unwrap_or(false),
-        node_name: e.node_name.as_deref().filter(|n| !n.is_empty()).map(Arc::from),
-        zone: e.zone.as_deref().filter(|z| !z.is_empty()).map(Arc::from),
+        placement: Placement::new(e.node_name.as_deref(), e.zone.as_deref()),
         hints: Hints::new(
             names(hints.and_then(|h| h.for_zones.as_deref())),
             names(hints.and_then(|h| h.for_nodes.as_deref())),
