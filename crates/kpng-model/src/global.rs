@@ -6,6 +6,7 @@
 
 mod claims;
 mod endpoints;
+mod few;
 mod load_balancing;
 mod model;
 mod node;

@@ -9,6 +9,7 @@ use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
+use crate::global::few::Few;
 use crate::global::{Service, ServiceKey};
 use crate::net::Protocol;
 
@@ -65,49 +66,8 @@ impl Service {
 /// Who claims each contested destination, and every claim's claimants.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Claims {
-    /// Every claim and its claimants.
-    by_claim: BTreeMap<Claim, Claimants>,
-}
-
-/// The services claiming one destination, sorted. Nearly every claim has one claimant, and
-/// a large cluster tens of thousands of claims: one is kept inline, with no allocation.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Claimants {
-    One(ServiceKey),
-    Many(Vec<ServiceKey>),
-}
-
-impl Claimants {
-    fn as_slice(&self) -> &[ServiceKey] {
-        match self {
-            Claimants::One(key) => std::slice::from_ref(key),
-            Claimants::Many(keys) => keys,
-        }
-    }
-
-    fn add(&mut self, key: &ServiceKey) {
-        let Err(at) = self.as_slice().binary_search(key) else { return };
-        let mut keys = match std::mem::replace(self, Claimants::Many(Vec::new())) {
-            Claimants::One(only) => vec![only],
-            Claimants::Many(keys) => keys,
-        };
-        keys.insert(at, key.clone());
-        *self = Claimants::Many(keys);
-    }
-
-    /// Removes `key`; false when no claimant is left.
-    fn remove(&mut self, key: &ServiceKey) -> bool {
-        match self {
-            Claimants::One(only) => only != key,
-            Claimants::Many(keys) => {
-                keys.retain(|k| k != key);
-                if let [only] = keys.as_slice() {
-                    *self = Claimants::One(only.clone());
-                }
-                !self.as_slice().is_empty()
-            }
-        }
-    }
+    /// Every claim and its claimants, sorted (nearly every claim has one).
+    by_claim: BTreeMap<Claim, Few<ServiceKey>>,
 }
 
 impl Claims {
@@ -132,7 +92,7 @@ impl Claims {
         for claim in claims.iter().filter(|c| before.binary_search(c).is_err()) {
             match self.by_claim.entry(*claim) {
                 Entry::Vacant(entry) => {
-                    entry.insert(Claimants::One(key.clone()));
+                    entry.insert(Few::One(key.clone()));
                 }
                 Entry::Occupied(mut entry) => {
                     touched.extend(entry.get().as_slice().iter().cloned());
@@ -146,7 +106,7 @@ impl Claims {
 
     /// The services claiming `claim`.
     pub fn claimants(&self, claim: &Claim) -> &[ServiceKey] {
-        self.by_claim.get(claim).map(Claimants::as_slice).unwrap_or_default()
+        self.by_claim.get(claim).map(Few::as_slice).unwrap_or_default()
     }
 
     /// Rebuilds the index with full tree nodes (see [`crate::GlobalModel::compact`]).

@@ -1,5 +1,6 @@
 //! [`GlobalModel`]: every proxied object of the cluster, compared by value.
 
+use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt;
 use std::hash::Hash;
@@ -8,6 +9,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::global::endpoints::Where;
+use crate::global::few::Few;
 use crate::global::{
     Claim, Claims, EndpointSlice, Node, Placement, Service, ServiceCidr, ServiceKey, SliceKey,
 };
@@ -123,8 +125,8 @@ pub struct GlobalModel {
     // wastes less than a whole object.
     services: BTreeMap<ServiceKey, Box<Service>>,
     slices: BTreeMap<SliceKey, Box<EndpointSlice>>,
-    /// The slices of each service, sorted (a service has few: a vector, not a tree node).
-    slices_by_service: BTreeMap<ServiceKey, Vec<SliceKey>>,
+    /// The slices of each service, sorted (nearly every service has one).
+    slices_by_service: BTreeMap<ServiceKey, Few<SliceKey>>,
     nodes: BTreeMap<String, Node>,
     service_cidrs: BTreeMap<String, ServiceCidr>,
     /// Who claims each destination.
@@ -260,11 +262,11 @@ impl GlobalModel {
                 }
                 let mut touched = self.remove_slice(&slice.key);
                 let service = slice.service_key();
-                // Most services have one slice: room for one key, not four.
-                let keys = (self.slices_by_service.entry(service.clone()))
-                    .or_insert_with(|| Vec::with_capacity(1));
-                if let Err(at) = keys.binary_search(&slice.key) {
-                    keys.insert(at, slice.key.clone());
+                match self.slices_by_service.entry(service.clone()) {
+                    Entry::Vacant(entry) => {
+                        entry.insert(Few::One(slice.key.clone()));
+                    }
+                    Entry::Occupied(mut entry) => entry.get_mut().add(&slice.key),
                 }
                 self.slices.insert(slice.key.clone(), Box::new(slice));
                 touched.retain(|t| t != &Touched::Service(service.clone()));
@@ -316,11 +318,10 @@ impl GlobalModel {
     fn remove_slice(&mut self, key: &SliceKey) -> Vec<Touched> {
         let Some(old) = self.slices.remove(key) else { return Vec::new() };
         let service = old.service_key();
-        if let Some(keys) = self.slices_by_service.get_mut(&service) {
-            keys.retain(|k| k != key);
-            if keys.is_empty() {
-                self.slices_by_service.remove(&service);
-            }
+        if let Some(keys) = self.slices_by_service.get_mut(&service)
+            && !keys.remove(key)
+        {
+            self.slices_by_service.remove(&service);
         }
         vec![Touched::Service(service)]
     }
@@ -359,8 +360,9 @@ impl GlobalModel {
     ) -> impl Iterator<Item = &'a EndpointSlice> + 'a {
         self.slices_by_service
             .get(key)
-            .into_iter()
-            .flatten()
+            .map(Few::as_slice)
+            .unwrap_or_default()
+            .iter()
             .filter_map(|slice_key| self.slices.get(slice_key).map(|s| &**s))
     }
 
