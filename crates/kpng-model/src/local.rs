@@ -202,6 +202,12 @@ impl Endpoints {
         }
     }
 
+    /// The endpoints next to where `ip` is or would be in IP order (`ip`'s own included).
+    pub fn beside(&self, ip: IpAddr) -> impl Iterator<Item = &LocalEndpoint> {
+        let at = self.position(&ip).unwrap_or_else(|at| at);
+        self.0[at.saturating_sub(1)..(at + 2).min(self.0.len())].iter()
+    }
+
     /// Removes the endpoint with address `ip`.
     pub fn remove(&mut self, ip: &IpAddr) -> Option<LocalEndpoint> {
         self.position(ip).ok().map(|i| self.0.remove(i))

@@ -8,7 +8,9 @@ use std::net::IpAddr;
 use serde::{Deserialize, Serialize};
 
 use crate::global::ServiceKey;
-use crate::local::{LocalEndpoint, LocalNode, LocalService, LocalServiceState, LocalState};
+use crate::local::{
+    EndpointPort, LocalEndpoint, LocalNode, LocalService, LocalServiceState, LocalState,
+};
 
 /// One entry of the ENLS.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -86,6 +88,27 @@ pub enum ApplyError {
     },
 }
 
+/// `endpoint` holding what its service already has: the port list of an endpoint beside
+/// it when equal (a service's endpoints nearly all serve the same ports in the same sets),
+/// else the service's copies of its port names. A state built from ops (a node stream
+/// decoded endpoint by endpoint) then keeps one list per service, as a projected one does.
+fn sharing(endpoint: &LocalEndpoint, state: &LocalServiceState) -> LocalEndpoint {
+    let mut endpoint = endpoint.clone();
+    if let Some(near) = state.endpoints.beside(endpoint.ip).find(|e| e.ports == endpoint.ports) {
+        endpoint.ports = near.ports.clone();
+        return endpoint;
+    }
+    let named = |port: &EndpointPort| {
+        let service_port = state.service.ports.iter().find(|p| p.name == port.name);
+        EndpointPort {
+            name: service_port.map_or(port.name.clone(), |p| p.name.clone()),
+            ..port.clone()
+        }
+    };
+    endpoint.ports = endpoint.ports.iter().map(named).collect();
+    endpoint
+}
+
 impl LocalState {
     /// Applies one op. `Reset` empties the state; `Sync` changes nothing.
     pub fn apply(&mut self, op: &Op) -> Result<(), ApplyError> {
@@ -107,7 +130,8 @@ impl LocalState {
                 let state = self.services.get_mut(service).ok_or_else(|| {
                     ApplyError::UnknownService { service: service.clone(), ip: endpoint.ip }
                 })?;
-                state.endpoints.insert(endpoint.clone());
+                let endpoint = sharing(endpoint, state);
+                state.endpoints.insert(endpoint);
             }
             Op::Delete(ItemRef::Node) => self.node = None,
             Op::Delete(ItemRef::Service(key)) => {
@@ -135,4 +159,77 @@ pub fn full_state_ops(state: &LocalState) -> impl Iterator<Item = Op> + '_ {
         })
     });
     std::iter::once(Op::Reset).chain(node).chain(services).chain(endpoints)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::global::ServiceType;
+    use crate::local::LocalServicePort;
+    use crate::net::Protocol;
+
+    fn endpoint(ip: [u8; 4], local: bool) -> LocalEndpoint {
+        let port = EndpointPort {
+            name: Arc::from(String::from("http")),
+            protocol: Protocol::Tcp,
+            port: 8080,
+            cluster: true,
+            local,
+        };
+        LocalEndpoint {
+            ip: ip.into(),
+            local,
+            ready: true,
+            serving: true,
+            terminating: false,
+            pod_name: None,
+            ports: Arc::new([port]),
+        }
+    }
+
+    #[test]
+    fn endpoints_set_by_ops_share_their_services_port_names_and_lists() {
+        let key = ServiceKey::new("ns", "web");
+        let service = LocalService {
+            key: key.clone(),
+            service_type: ServiceType::ClusterIP,
+            cluster_ips: vec![[10, 96, 0, 1].into()],
+            external_ips: Vec::new(),
+            load_balancer_ips: Vec::new(),
+            load_balancer_source_ranges: Vec::new(),
+            ports: vec![LocalServicePort {
+                name: "http".into(),
+                protocol: Protocol::Tcp,
+                port: 80,
+                node_port: None,
+                has_endpoints: Default::default(),
+                yielded: Vec::new(),
+            }],
+            affinity_timeout_seconds: None,
+            internal_local: false,
+            external_local: false,
+            health_check_node_port: None,
+            load_balancing: Default::default(),
+        };
+        let sent = [endpoint([10, 0, 0, 2], false), endpoint([10, 0, 0, 1], false)];
+        let other = endpoint([10, 0, 0, 9], true);
+        let mut state = LocalState::default();
+        state.apply(&Op::Set(Item::Service(service))).unwrap();
+        for endpoint in sent.iter().chain([&other]) {
+            let op = Op::Set(Item::Endpoint { service: key.clone(), endpoint: endpoint.clone() });
+            state.apply(&op).unwrap();
+        }
+        let held = &state.services[&key];
+        let name = &held.service.ports[0].name;
+        let [a, b, c] =
+            [[10, 0, 0, 1], [10, 0, 0, 2], [10, 0, 0, 9]].map(|ip| &held.endpoints[&ip.into()]);
+        assert_eq!((a, b, c), (&sent[1], &sent[0], &other));
+        assert!(Arc::ptr_eq(&a.ports, &b.ports));
+        assert!(!Arc::ptr_eq(&a.ports, &c.ports));
+        for endpoint in [a, c] {
+            assert!(Arc::ptr_eq(&endpoint.ports[0].name, name), "{}", endpoint.ip);
+        }
+    }
 }
