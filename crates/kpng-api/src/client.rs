@@ -230,7 +230,9 @@ impl LocalWatch {
         let more = self
             .0
             .next_each(|item| {
-                ops.push(local::decode_op(&item)?);
+                let mut op = local::decode_op(&item)?;
+                local::share_with_previous(ops.last(), &mut op);
+                ops.push(op);
                 Ok(())
             })
             .await?;

@@ -74,6 +74,28 @@ pub fn encode_op(op: &Op) -> localv1::OpItem {
     }
 }
 
+/// Makes `op`, decoded right after `previous`, share what the two have in common: an
+/// endpoint of the same service as the endpoint before it takes that one's service key and,
+/// when equal, its port list. A node stream sends a service's endpoints one after the
+/// other, nearly all serving the same ports: the ops of a whole state then hold one list
+/// per service, not one per endpoint, and their copies are freed as they are decoded.
+pub fn share_with_previous(previous: Option<&Op>, op: &mut Op) {
+    let (
+        Some(Op::Set(Item::Endpoint { service: before, endpoint: was })),
+        Op::Set(Item::Endpoint { service, endpoint }),
+    ) = (previous, op)
+    else {
+        return;
+    };
+    if service != before {
+        return;
+    }
+    *service = before.clone();
+    if endpoint.ports == was.ports {
+        endpoint.ports = was.ports.clone();
+    }
+}
+
 /// Whether `op` concerns the node (sent only to clients that asked for it).
 pub fn is_node_op(op: &Op) -> bool {
     matches!(op, Op::Set(Item::Node(_)) | Op::Delete(ItemRef::Node))

@@ -27,6 +27,34 @@ proptest! {
     }
 }
 
+proptest! {
+    #[test]
+    fn decoded_ops_share_their_service_keys_and_port_lists(
+        mutations in proptest::collection::vec(arb_mutation(), 0..25),
+        node in proptest::sample::select(&NODES[..]),
+    ) {
+        let state: LocalState = project_node_state(&build(&mutations), node);
+        let sent: Vec<Op> = full_state_ops(&state).collect();
+        let mut decoded: Vec<Op> = Vec::new();
+        for op in &sent {
+            let mut op = roundtrip(op);
+            share_with_previous(decoded.last(), &mut op);
+            decoded.push(op);
+        }
+        prop_assert_eq!(&decoded, &sent);
+        for pair in decoded.windows(2) {
+            let [
+                Op::Set(Item::Endpoint { service: s1, endpoint: e1 }),
+                Op::Set(Item::Endpoint { service: s2, endpoint: e2 }),
+            ] = pair else { continue };
+            if s1 == s2 {
+                prop_assert!(std::sync::Arc::ptr_eq(&s1.name, &s2.name));
+                prop_assert_eq!(std::sync::Arc::ptr_eq(&e1.ports, &e2.ports), e1.ports == e2.ports);
+            }
+        }
+    }
+}
+
 #[test]
 fn old_fields_are_filled_for_old_clients() {
     let key = ServiceKey::new("ns", "web");
