@@ -317,7 +317,9 @@ pub fn idle_verifications_read_nothing_back_until_another_transaction(dp: Datapl
     ]
     .concat();
     let kpng = Watched::start_with(&cluster, dp, &manifests, &["--sync-period", "200ms"]);
-    assert_eq!(reach(&cluster.client, "10.96.0.93:80").0, "web-a");
+    let probe = || Cluster::tcp(&cluster.client, "10.96.0.93:80");
+    let is_a = |o: &Outcome| matches!(o, Outcome::Answer { name, .. } if name == "web-a");
+    assert!(is_a(&eventually(probe, is_a)), "{}", kpng.log());
     let metric = |name: &str| -> u64 {
         let out = cluster
             .node
