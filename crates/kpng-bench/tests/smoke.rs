@@ -238,3 +238,34 @@ fn every_scenario_runs_and_prints_its_table() {
         row[3..].iter().for_each(|f| assert!(number(f) >= 0.0));
     }
 }
+
+#[test]
+fn the_memory_split_counts_bytes_allocations_and_chunks() {
+    let out = Command::new(env!("CARGO_BIN_EXE_kpng-memory-split"))
+        .args(["--services", "2000"])
+        .output()
+        .expect("run kpng-memory-split");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let row = |title: &str| -> Vec<String> {
+        let rows: Vec<_> =
+            table(&stdout, title).into_iter().filter(|r| r[0] != "services").collect();
+        assert_eq!(rows.len(), 1, "{title}:\n{stdout}");
+        assert_eq!(rows[0][..2], ["2000", "4"], "{stdout}");
+        rows[0][2..].to_vec()
+    };
+    // Five layers, each "held (peak)" and "allocations chunks".
+    let held = row("where the memory goes");
+    let counted = row("allocations each step left live");
+    assert_eq!((held.len(), counted.len()), (10, 10), "{stdout}");
+    for layer in 0..5 {
+        let bytes = number(&held[2 * layer]);
+        let peak = number(held[2 * layer + 1].trim_matches(['(', ')']));
+        let allocations = number(counted[2 * layer].trim_end_matches('k'));
+        let chunks = number(&counted[2 * layer + 1]);
+        assert!(bytes > 0.0 && peak >= bytes, "layer {layer}: {stdout}");
+        assert!(allocations > 0.0, "layer {layer}: {stdout}");
+        // Every chunk is larger than what it holds.
+        assert!(chunks >= bytes, "layer {layer}: {stdout}");
+    }
+}

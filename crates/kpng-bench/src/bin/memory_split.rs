@@ -34,6 +34,16 @@ struct Counting;
 
 static LIVE: AtomicUsize = AtomicUsize::new(0);
 static PEAK: AtomicUsize = AtomicUsize::new(0);
+/// Allocations live.
+static COUNT: AtomicUsize = AtomicUsize::new(0);
+/// What the live allocations cost the C library's allocator: its chunks ([`chunk`]).
+static CHUNKS: AtomicUsize = AtomicUsize::new(0);
+
+/// The chunk glibc's allocator takes for `size` bytes on a 64-bit machine: the size and
+/// an 8-byte header rounded up to 16 bytes, at least 32.
+fn chunk(size: usize) -> usize {
+    ((size + 8 + 15) & !15).max(32)
+}
 
 // SAFETY: every call is passed to the system allocator unchanged; the counters only
 // observe sizes.
@@ -45,6 +55,8 @@ unsafe impl GlobalAlloc for Counting {
         if !ptr.is_null() {
             let live = LIVE.fetch_add(layout.size(), Ordering::Relaxed) + layout.size();
             PEAK.fetch_max(live, Ordering::Relaxed);
+            COUNT.fetch_add(1, Ordering::Relaxed);
+            CHUNKS.fetch_add(chunk(layout.size()), Ordering::Relaxed);
         }
         ptr
     }
@@ -53,12 +65,16 @@ unsafe impl GlobalAlloc for Counting {
         // SAFETY: as above.
         unsafe { System.dealloc(ptr, layout) };
         LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+        COUNT.fetch_sub(1, Ordering::Relaxed);
+        CHUNKS.fetch_sub(chunk(layout.size()), Ordering::Relaxed);
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         // SAFETY: as above.
         let new = unsafe { System.realloc(ptr, layout, new_size) };
         if !new.is_null() {
+            CHUNKS.fetch_add(chunk(new_size), Ordering::Relaxed);
+            CHUNKS.fetch_sub(chunk(layout.size()), Ordering::Relaxed);
             if new_size >= layout.size() {
                 let grown = new_size - layout.size();
                 let live = LIVE.fetch_add(grown, Ordering::Relaxed) + grown;
@@ -79,15 +95,23 @@ static ALLOCATOR: Counting = Counting;
 struct Step {
     kept: isize,
     peak: usize,
+    /// Allocations it left live.
+    count: isize,
+    /// What they cost the C allocator ([`chunk`]).
+    chunks: isize,
 }
 
 /// Runs `f`, counting what it leaves held and its peak.
 fn step<T>(f: impl FnOnce() -> T) -> (T, Step) {
     let start = LIVE.load(Ordering::Relaxed);
+    let (count, chunks) = (COUNT.load(Ordering::Relaxed), CHUNKS.load(Ordering::Relaxed));
     PEAK.store(start, Ordering::Relaxed);
     let out = f();
     let kept = LIVE.load(Ordering::Relaxed) as isize - start as isize;
-    (out, Step { kept, peak: PEAK.load(Ordering::Relaxed) - start })
+    let peak = PEAK.load(Ordering::Relaxed) - start;
+    let count = COUNT.load(Ordering::Relaxed) as isize - count as isize;
+    let chunks = CHUNKS.load(Ordering::Relaxed) as isize - chunks as isize;
+    (out, Step { kept, peak, count, chunks })
 }
 
 /// eBPF maps that accept every write and keep nothing.
@@ -135,6 +159,23 @@ struct Cli {
     endpoints: usize,
 }
 
+/// One line of a table: the cluster size, then the model and node state, then each backend.
+fn print_row(
+    services: impl std::fmt::Display,
+    eps: impl std::fmt::Display,
+    cells: &[impl AsRef<str>],
+) {
+    let cell = |i: usize| cells.get(i).map_or("", |c| c.as_ref());
+    println!(
+        "{services:>8} {eps:>4} | {:>16} {:>16} | {:>16} {:>16} {:>16}",
+        cell(0),
+        cell(1),
+        cell(2),
+        cell(3),
+        cell(4)
+    );
+}
+
 fn mib(bytes: isize) -> f64 {
     bytes as f64 / (1024.0 * 1024.0)
 }
@@ -144,10 +185,8 @@ fn main() -> anyhow::Result<()> {
     println!(
         "where the memory goes: bytes held by allocations after each step (and the step's peak above its start), MiB"
     );
-    println!(
-        "{:>8} {:>4} | {:>16} {:>16} | {:>16} {:>16} {:>16}",
-        "services", "eps", "model", "node state", "to-nft", "to-ebpf", "to-iptables"
-    );
+    print_row("services", "eps", &["model", "node state", "to-nft", "to-ebpf", "to-iptables"]);
+    let mut kept = Vec::new();
     for &services in &cli.services {
         let spec = ClusterSpec { services, endpoints: cli.endpoints, nodes: 3, zones: 2 };
         // The objects as a source reads them, applied one by one and dropped.
@@ -187,20 +226,25 @@ fn main() -> anyhow::Result<()> {
             iptables.apply(&full).map(|_| iptables)
         });
         drop(iptables?);
-        let cell = |s: Step| format!("{:.1} ({:.1})", mib(s.kept), mib(s.peak as isize));
-        println!(
-            "{:>8} {:>4} | {:>16} {:>16} | {:>16} {:>16} {:>16}",
-            services,
-            cli.endpoints,
-            cell(model_step),
-            cell(state_step),
-            cell(nft_step),
-            cell(ebpf_step),
-            cell(iptables_step)
-        );
+        let steps = [model_step, state_step, nft_step, ebpf_step, iptables_step];
+        let cells = steps.map(|s| format!("{:.1} ({:.1})", mib(s.kept), mib(s.peak as isize)));
+        print_row(services, cli.endpoints, &cells);
+        kept.push((services, steps));
     }
     println!(
         "* each backend loads the whole node state into a kernel that keeps nothing (to-nft: its dry run into a sink), so only its own state is counted; the model's peak is the test generator's (every object generated at once), not a source's"
+    );
+    println!();
+    println!(
+        "allocations each step left live, in thousands, and the C allocator's chunks they take (MiB)"
+    );
+    print_row("services", "eps", &["model", "node state", "to-nft", "to-ebpf", "to-iptables"]);
+    for (services, steps) in kept {
+        let cells = steps.map(|s| format!("{:.0}k {:.1}", s.count as f64 / 1000.0, mib(s.chunks)));
+        print_row(services, cli.endpoints, &cells);
+    }
+    println!(
+        "* a chunk is what glibc's allocator takes for an allocation: its size and an 8-byte header rounded up to 16 bytes, at least 32; the chunks above the bytes held are what small allocations cost beyond themselves"
     );
     Ok(())
 }
