@@ -144,6 +144,8 @@ pub struct GlobalModel {
 #[derive(Debug, Clone, Default)]
 struct Names {
     names: Interned<str>,
+    /// The stems of pod names.
+    stems: Interned<Box<str>>,
     /// The endpoints' (node, zone) pairs.
     places: Interned<Where>,
 }
@@ -257,7 +259,7 @@ impl GlobalModel {
                 for endpoint in &mut slice.endpoints {
                     self.names.share_place(&mut endpoint.placement);
                     if let Some(stem) = endpoint.pod_name.as_mut().and_then(|p| p.shared_stem()) {
-                        self.names.share_one(stem);
+                        self.names.stems.share(stem);
                     }
                 }
                 let mut touched = self.remove_slice(&slice.key);
@@ -631,7 +633,7 @@ mod tests {
             pods.iter().map(ToString::to_string).collect::<Vec<_>>(),
             ["web-7d9-aaaaa", "web-7d9-bbbbb", "web-7d9-ccccc", "db-0"]
         );
-        let stems: Vec<Arc<str>> =
+        let stems: Vec<crate::global::endpoints::Stem> =
             pods.iter_mut().filter_map(|p| p.shared_stem().cloned()).collect();
         assert_eq!(stems.len(), 4);
         assert!(stems[..3].iter().all(|stem| Arc::ptr_eq(stem, &stems[0])));
