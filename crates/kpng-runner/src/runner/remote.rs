@@ -79,21 +79,25 @@ async fn follow_changes(
                         }
                     }
                     complete_nodes(&mut batch, &local);
-                    let ops = match apply_remote(&mut state, batch) {
-                        Ok(ops) => ops,
+                    let applied = match apply_remote(&mut state, batch, slots.want_ops()) {
+                        Ok(applied) => applied,
                         Err(error) => {
                             // The stream broke its own rules: take the next full state.
                             tracing::error!(node = %slots.options.node, %error, "inconsistent change set ignored");
                             continue;
                         }
                     };
-                    if !started {
-                        started = true;
-                        slots.count_revision(true, &ops);
-                    } else {
-                        slots.count_revision(!ops.is_empty(), &ops);
+                    let first = !std::mem::replace(&mut started, true);
+                    match applied {
+                        Applied::Ops(ops) => {
+                            slots.count_revision(first || !ops.is_empty(), &ops);
+                            ops
+                        }
+                        Applied::Replaced { changed } => {
+                            slots.count_replaced(first || changed, &state);
+                            Vec::new()
+                        }
                     }
-                    ops
                 }
                 None => return Ok(()),
             },
@@ -117,17 +121,42 @@ fn complete_nodes(batch: &mut [Op], local: &NodeLocal) {
     }
 }
 
-/// Applies one remote change set to `state`; returns the ops that changed it. An op that
-/// does not fit the state (an endpoint of an unknown service) is reported and dropped.
-fn apply_remote(state: &mut LocalState, batch: Vec<Op>) -> Result<Vec<Op>, ApplyError> {
+/// What one remote change set did to the state.
+#[derive(Debug, PartialEq)]
+enum Applied {
+    /// These ops changed it.
+    Ops(Vec<Op>),
+    /// A whole state replaced it, and no backend takes differences (every one is due for
+    /// the whole state): no op list was made.
+    Replaced {
+        /// It differs from the state it replaced.
+        changed: bool,
+    },
+}
+
+/// Applies one remote change set to `state`. A whole state (one that starts with `Reset`)
+/// is compared with the one held: the ops that differ when `want_ops` (some backend takes
+/// differences), else only whether it changed, so the first state (as after every
+/// reconnection while the backends are due) is never held as ops beside itself. An op of a
+/// partial change set that does not fit the state (an endpoint of an unknown service) is
+/// reported and dropped.
+fn apply_remote(
+    state: &mut LocalState,
+    batch: Vec<Op>,
+    want_ops: bool,
+) -> Result<Applied, ApplyError> {
     if matches!(batch.first(), Some(Op::Reset)) {
         let mut fresh = LocalState::default();
-        for op in &batch {
-            fresh.apply(op)?;
+        // Each op is dropped once applied.
+        for op in batch {
+            fresh.apply(&op)?;
         }
-        let ops = diff(state, &fresh);
+        let applied = match want_ops {
+            true => Applied::Ops(diff(state, &fresh)),
+            false => Applied::Replaced { changed: *state != fresh },
+        };
         *state = fresh;
-        return Ok(ops);
+        return Ok(applied);
     }
     let mut applied = Vec::with_capacity(batch.len());
     for op in batch {
@@ -136,5 +165,68 @@ fn apply_remote(state: &mut LocalState, batch: Vec<Op>) -> Result<Vec<Op>, Apply
             Err(error) => tracing::error!(%error, "remote op does not fit the node state; dropped"),
         }
     }
-    Ok(applied)
+    Ok(Applied::Ops(applied))
+}
+
+#[cfg(test)]
+mod tests {
+    use kpng_model::{Item, ItemRef, full_state_ops};
+
+    use super::*;
+
+    fn state(services: &[(&str, &str)]) -> LocalState {
+        let mut model = kpng_model::GlobalModel::new();
+        for (name, ip) in services {
+            let ports = &[("http", kpng_model::Protocol::Tcp, 80)];
+            let service = kpng_testkit::builders::service("ns", name, &[ip], ports);
+            model.apply(kpng_model::Object::Service(service));
+            let eps = vec![kpng_testkit::builders::endpoint("10.244.0.1", "n1")];
+            let slice_ports = &[("http", kpng_model::Protocol::Tcp, 8080)];
+            let slice_name = format!("{name}-1");
+            let slice = kpng_testkit::builders::slice("ns", &slice_name, name, slice_ports, eps);
+            model.apply(kpng_model::Object::EndpointSlice(slice));
+        }
+        kpng_local::project_node_state(&model, "n1")
+    }
+
+    fn whole(state: &LocalState) -> Vec<Op> {
+        full_state_ops(state).collect()
+    }
+
+    #[test]
+    fn a_whole_state_makes_no_ops_unless_a_backend_takes_differences() {
+        let (one, two) =
+            (state(&[("a", "10.96.0.1")]), state(&[("a", "10.96.0.1"), ("b", "10.96.0.2")]));
+        let mut held = LocalState::default();
+        assert_eq!(
+            apply_remote(&mut held, whole(&one), false),
+            Ok(Applied::Replaced { changed: true })
+        );
+        assert_eq!(held, one);
+        assert_eq!(
+            apply_remote(&mut held, whole(&one), false),
+            Ok(Applied::Replaced { changed: false })
+        );
+        // A backend in sync gets the differences: the service added and its endpoint.
+        let Ok(Applied::Ops(ops)) = apply_remote(&mut held, whole(&two), true) else {
+            panic!("ops were asked for")
+        };
+        assert_eq!(ops, diff(&one, &two));
+        assert!(
+            ops.iter().all(|op| match op {
+                Op::Set(Item::Service(s)) => &*s.key.name == "b",
+                Op::Set(Item::Endpoint { service, .. }) => &*service.name == "b",
+                _ => false,
+            }),
+            "{ops:?}"
+        );
+        assert_eq!(held, two);
+        // A partial change set is applied op by op, as before.
+        let gone = Op::Delete(ItemRef::Service(kpng_model::ServiceKey::new("ns", "b")));
+        assert_eq!(
+            apply_remote(&mut held, vec![gone.clone()], false),
+            Ok(Applied::Ops(vec![gone]))
+        );
+        assert_eq!(held, one);
+    }
 }

@@ -192,17 +192,27 @@ impl Slots {
 
     /// Counts an ENLS revision: one that changed the state, or the first.
     pub(super) fn count_revision(&self, changed: bool, ops: &[Op]) {
+        let endpoints = ops.iter().filter(|op| is_endpoint_op(op)).count() as u64;
+        let services = ops.iter().filter(|op| op_service(op).is_some()).count() as u64 - endpoints;
+        self.count_pending(changed, services, endpoints);
+    }
+
+    /// Counts an ENLS revision that replaced the state whole with `state` (no op list was
+    /// made): every service and endpoint of it is pending.
+    pub(super) fn count_replaced(&self, changed: bool, state: &LocalState) {
+        let endpoints = state.services.values().map(|s| s.endpoints.len() as u64).sum();
+        self.count_pending(changed, state.services.len() as u64, endpoints);
+    }
+
+    fn count_pending(&self, changed: bool, services: u64, endpoints: u64) {
         if changed || self.stats.enls_revisions() == 0 {
             self.stats.enls_revisions.fetch_add(1, Ordering::Relaxed);
-            tracing::debug!(node = %self.options.node, ops = ops.len(), "node state changed");
+            tracing::debug!(node = %self.options.node, services, endpoints, "node state changed");
             let now = Instant::now();
             self.stats.update_health(|h| {
                 h.pending_since.get_or_insert(now);
                 h.last_queued = Some(std::time::SystemTime::now());
             });
-            let endpoints = ops.iter().filter(|op| is_endpoint_op(op)).count() as u64;
-            let services =
-                ops.iter().filter(|op| op_service(op).is_some()).count() as u64 - endpoints;
             self.stats.pending_services.fetch_add(services, Ordering::Relaxed);
             self.stats.pending_endpoints.fetch_add(endpoints, Ordering::Relaxed);
         }
