@@ -948,3 +948,79 @@ where
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use kpng_model::local::LocalServiceState;
+
+    use super::*;
+
+    /// An object per service, named after it; the service `bad` cannot be rendered.
+    struct Named;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("refused")]
+    struct Refused;
+
+    impl Rank for String {}
+
+    impl Render for Named {
+        type Key = String;
+        type Value = u32;
+        type Facts = ();
+        type Error = Refused;
+
+        fn facts(&self, _: &LocalState) {}
+
+        fn service(
+            &mut self,
+            _: &(),
+            service: &LocalServiceState,
+            _: &dyn Lookup<String, u32>,
+        ) -> Result<Wanted<String, u32>, Refused> {
+            let name = service.service.key.name.to_string();
+            match name.as_str() {
+                "bad" => Err(Refused),
+                _ => Ok(Wanted::objects([(name, 1)])),
+            }
+        }
+
+        fn unsupported(&self, _: &LoadBalancing) -> Vec<(AnnotationKey, &'static str)> {
+            Vec::new()
+        }
+    }
+
+    fn state(names: &[&str]) -> LocalState {
+        let services = names.iter().map(|name| {
+            let service = crate::bare_service("ns", name);
+            (service.key.clone(), LocalServiceState { service, endpoints: Default::default() })
+        });
+        LocalState { node: None, services: services.collect() }
+    }
+
+    fn held(reconciler: &Reconciler<Named, MemoryKernel<String, u32>>) -> Vec<String> {
+        let mut keys: Vec<String> = reconciler.held().iter().map(|(k, _)| k.clone()).collect();
+        keys.sort();
+        keys
+    }
+
+    #[test]
+    fn a_reset_whose_render_fails_keeps_what_was_committed() {
+        let kernel = MemoryKernel::new();
+        let mut reconciler = Reconciler::new("test", Named, kernel.clone());
+        reconciler.apply(&ChangeSet::full(&state(&["a", "b"]))).unwrap();
+        assert_eq!(held(&reconciler), ["a", "b"]);
+        // The render of `bad` fails after `a`'s was claimed: nothing of the reset stays.
+        assert!(reconciler.apply(&ChangeSet::full(&state(&["a", "bad", "c"]))).is_err());
+        assert_eq!(held(&reconciler), ["a", "b"]);
+        let mut in_kernel: Vec<String> = kernel.objects().unwrap().into_keys().collect();
+        in_kernel.sort();
+        assert_eq!(in_kernel, ["a", "b"]);
+        // The next reset brings the kernel to exactly its state.
+        reconciler.apply(&ChangeSet::full(&state(&["a", "c"]))).unwrap();
+        assert_eq!(held(&reconciler), ["a", "c"]);
+        let mut in_kernel: Vec<String> = kernel.objects().unwrap().into_keys().collect();
+        in_kernel.sort();
+        assert_eq!(in_kernel, ["a", "c"]);
+    }
+}
