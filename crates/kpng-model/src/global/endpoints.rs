@@ -137,8 +137,8 @@ const TAIL: usize = 7;
 /// (one copy of each stem) a name costs no allocation of its own. A name without such a
 /// part is all stem. Compares, orders, prints and serializes as the name.
 ///
-/// Sixteen bytes: the stem is behind one thin pointer (the text's own allocation behind
-/// it is shared with the stem), so an endpoint holding a name is no wider than two words.
+/// Sixteen bytes, two words: the stem is one thin pointer to a shared box holding its
+/// text, and the last part is inline.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct PodName {
     stem: Stem,
@@ -373,7 +373,7 @@ mod tests {
         for whole in ["web", "web-", "web-12345678", "", "-"] {
             assert_eq!(parts(whole), split(whole, ""), "{whole:?}");
         }
-        // Two words, and an endpoint holding one no wider than eight.
+        // Two words; an endpoint holding one takes seven.
         assert_eq!(std::mem::size_of::<Option<PodName>>(), 16);
         assert_eq!(std::mem::size_of::<Endpoint>(), 56);
         assert_eq!(std::mem::size_of::<crate::LocalEndpoint>(), 56);
