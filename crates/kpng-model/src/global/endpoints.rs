@@ -87,10 +87,7 @@ impl Placement {
     /// On node `node_name` in zone `zone` (empty names count as none).
     pub fn new(node_name: Option<&str>, zone: Option<&str>) -> Placement {
         let name = |n: Option<&str>| n.filter(|n| !n.is_empty()).map(Box::from);
-        Placement::of(Where { node_name: name(node_name), zone: name(zone) })
-    }
-
-    fn of(place: Where) -> Placement {
+        let place = Where { node_name: name(node_name), zone: name(zone) };
         let some = place.node_name.is_some() || place.zone.is_some();
         Placement(some.then(|| Arc::new(place)))
     }

@@ -11,7 +11,8 @@ use serde::{Deserialize, Serialize};
 use crate::global::endpoints::Where;
 use crate::global::few::Few;
 use crate::global::{
-    Claim, Claims, EndpointSlice, Node, Placement, Service, ServiceCidr, ServiceKey, SliceKey,
+    Claim, Claims, EndpointSlice, Node, Placement, PodName, Service, ServiceCidr, ServiceKey,
+    SliceKey,
 };
 
 /// The kinds of object the model holds.
@@ -170,6 +171,13 @@ impl Names {
             self.places.share(place);
         }
     }
+
+    /// Replaces the stem of `pod` by the shared copy of it.
+    fn share_stem(&mut self, pod: &mut PodName) {
+        if let Some(stem) = pod.shared_stem() {
+            self.stems.share(stem);
+        }
+    }
 }
 
 /// One copy of each value shared, forgetting those nothing else holds as the table grows.
@@ -258,8 +266,8 @@ impl GlobalModel {
                 }
                 for endpoint in &mut slice.endpoints {
                     self.names.share_place(&mut endpoint.placement);
-                    if let Some(stem) = endpoint.pod_name.as_mut().and_then(|p| p.shared_stem()) {
-                        self.names.stems.share(stem);
+                    if let Some(pod) = &mut endpoint.pod_name {
+                        self.names.share_stem(pod);
                     }
                 }
                 let mut touched = self.remove_slice(&slice.key);
@@ -495,7 +503,7 @@ impl Changes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::global::{Endpoint, EndpointSlice, PodName, SliceKey};
+    use crate::global::{Endpoint, EndpointSlice, SliceKey};
     use crate::net::Family;
 
     fn slice(name: &str, node: &str) -> EndpointSlice {
