@@ -115,23 +115,24 @@ const LISTED: [&str; 4] = [
 /// of [`kpng_sources::kube::PAGE_SIZE`], to a client that reads each page and only the
 /// token of the next (the collections at once, as kpng lists them).
 fn api_serving_ms(url: &str) -> anyhow::Result<f64> {
-    let address = url.trim_start_matches("http://").to_string();
-    let start = Instant::now();
-    let lists: Vec<_> = LISTED
-        .iter()
-        .map(|path| {
-            let address = address.clone();
-            std::thread::spawn(move || list_through(&address, path))
-        })
-        .collect();
-    for list in lists {
-        list.join().map_err(|_| anyhow::anyhow!("a list thread panicked"))??;
-    }
-    Ok(start.elapsed().as_secs_f64() * 1000.0)
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    runtime.block_on(async {
+        let client = kube::Client::try_from(kube::Config::new(url.parse()?))?;
+        let start = Instant::now();
+        let mut lists = tokio::task::JoinSet::new();
+        for path in LISTED {
+            lists.spawn(list_through(client.clone(), path));
+        }
+        while let Some(listed) = lists.join_next().await {
+            listed??;
+        }
+        Ok(start.elapsed().as_secs_f64() * 1000.0)
+    })
 }
 
 /// Reads every page of the collection at `path`.
-fn list_through(address: &str, path: &str) -> anyhow::Result<()> {
+async fn list_through(client: kube::Client, path: &'static str) -> anyhow::Result<()> {
     #[derive(serde::Deserialize)]
     struct Page {
         metadata: Meta,
@@ -153,49 +154,14 @@ fn list_through(address: &str, path: &str) -> anyhow::Result<()> {
                 }
             }
         }
-        let body = http_get(address, &query)?;
+        let request = http::Request::get(&query).body(Vec::new())?;
+        let body = client.request_text(request).await.with_context(|| format!("GET {query}"))?;
         let page: Page =
-            serde_json::from_slice(&body).with_context(|| format!("{query}: not a list"))?;
+            serde_json::from_str(&body).with_context(|| format!("{query}: not a list"))?;
         token = page.metadata.token.filter(|t| !t.is_empty());
         if token.is_none() {
             return Ok(());
         }
-    }
-}
-
-/// The body of `GET path` on `address` (HTTP/1.1, one connection per request).
-fn http_get(address: &str, path: &str) -> anyhow::Result<Vec<u8>> {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(address)?;
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n")?;
-    let mut answer = Vec::new();
-    stream.read_to_end(&mut answer)?;
-    let split = (answer.windows(4).position(|w| w == b"\r\n\r\n"))
-        .with_context(|| format!("{path}: no HTTP header"))?;
-    let head = String::from_utf8_lossy(&answer[..split]).to_ascii_lowercase();
-    anyhow::ensure!(
-        head.starts_with("http/1.1 200"),
-        "{path}: {}",
-        head.lines().next().unwrap_or("")
-    );
-    let body = &answer[split + 4..];
-    if !head.contains("transfer-encoding: chunked") {
-        return Ok(body.to_vec());
-    }
-    // Chunks: a hexadecimal size line, the data, a line end; a size of 0 ends them.
-    let (mut out, mut rest) = (Vec::new(), body);
-    loop {
-        let line = (rest.windows(2).position(|w| w == b"\r\n"))
-            .with_context(|| format!("{path}: a chunk without a size"))?;
-        let size = std::str::from_utf8(&rest[..line])?.split(';').next().unwrap_or("");
-        let size = usize::from_str_radix(size.trim(), 16)?;
-        if size == 0 {
-            return Ok(out);
-        }
-        let data = line + 2;
-        anyhow::ensure!(rest.len() >= data + size, "{path}: a chunk cut short");
-        out.extend_from_slice(&rest[data..data + size]);
-        rest = rest.get(data + size + 2..).unwrap_or_default();
     }
 }
 
