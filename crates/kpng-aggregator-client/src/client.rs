@@ -28,8 +28,8 @@ pub struct PublicationSender {
 }
 
 impl PublicationSender {
-    /// Sends a publication.
-    pub async fn publish(&self, publication: &Publication) -> Result<(), ClientError> {
+    /// Sends a publication (moved onto the wire, not copied).
+    pub async fn publish(&self, publication: Publication) -> Result<(), ClientError> {
         let message = publication_to_wire(&self.producer, publication);
         self.sender
             .send(message)
@@ -48,12 +48,12 @@ pub struct Publisher {
 
 impl Publisher {
     /// Connects to the aggregator at `address` as `producer` and sends `first` (normally
-    /// the whole state).
+    /// the whole state, moved onto the wire, not copied).
     pub async fn connect(
         address: &Address,
         security: &Security,
         producer: &str,
-        first: &Publication,
+        first: Publication,
     ) -> Result<Publisher, ClientError> {
         let channel = connect(address, security).await?;
         let (sender, receiver) = mpsc::channel(16);
@@ -66,7 +66,7 @@ impl Publisher {
     }
 
     /// Sends a publication; its outcome comes from [`next_ack`](Self::next_ack).
-    pub async fn publish(&self, publication: &Publication) -> Result<(), ClientError> {
+    pub async fn publish(&self, publication: Publication) -> Result<(), ClientError> {
         self.sender().publish(publication).await
     }
 

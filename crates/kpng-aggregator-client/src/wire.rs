@@ -103,53 +103,52 @@ fn set_from_wire(set: pb::Set) -> Set {
     Set::new(kind, &set.declaration, set.elements)
 }
 
-/// A publication for the wire, from `producer`.
-pub fn publication_to_wire(producer: &str, publication: &Publication) -> pb::Publication {
+/// A publication for the wire, from `producer`. The publication is moved in, its text
+/// never copied: a whole state holds half a million elements at 30,000 services.
+pub fn publication_to_wire(producer: &str, publication: Publication) -> pb::Publication {
     pb::Publication {
         producer: producer.to_string(),
         revision: publication.revision,
-        updates: publication
-            .updates
-            .iter()
+        updates: (publication.updates.into_iter())
             .map(|u| pb::Update { op: Some(update_to_wire(u)) })
             .collect(),
     }
 }
 
-fn update_to_wire(update: &Update) -> Op {
+fn update_to_wire(update: Update) -> Op {
     let chain_update = |table: &TableKey, chain: pb::Chain| pb::ChainUpdate {
         table: Some(key_to_wire(table)),
         chain: Some(chain),
     };
-    let object = |table: &TableKey, name: &str| pb::ObjectRef {
+    let object =
+        |table: &TableKey, name: String| pb::ObjectRef { table: Some(key_to_wire(table)), name };
+    let elements = |table: &TableKey, set: String, elements: Vec<String>| pb::Elements {
         table: Some(key_to_wire(table)),
-        name: name.to_string(),
-    };
-    let elements = |table: &TableKey, set: &str, elements: &[String]| pb::Elements {
-        table: Some(key_to_wire(table)),
-        set: set.to_string(),
-        elements: elements.to_vec(),
+        set,
+        elements,
     };
     match update {
         Update::Whole(state) => Op::Whole(state_to_wire(state)),
-        Update::PutTable { table, content } => Op::PutTable(table_to_wire(table, content)),
-        Update::DeleteTable { table } => Op::DeleteTable(key_to_wire(table)),
+        Update::PutTable { table, content } => Op::PutTable(table_to_wire(&table, content)),
+        Update::DeleteTable { table } => Op::DeleteTable(key_to_wire(&table)),
         Update::PutChain { table, name, chain } => {
-            Op::PutChain(chain_update(table, chain_to_wire(name, chain)))
+            Op::PutChain(chain_update(&table, chain_to_wire(name, chain)))
         }
-        Update::DeleteChain { table, name } => Op::DeleteChain(object(table, name)),
+        Update::DeleteChain { table, name } => Op::DeleteChain(object(&table, name)),
         Update::ReplaceRules { table, chain, rules } => Op::ReplaceRules(chain_update(
-            table,
-            pb::Chain { name: chain.clone(), declaration: String::new(), rules: rules.clone() },
+            &table,
+            pb::Chain { name: chain, declaration: String::new(), rules },
         )),
         Update::PutSet { table, name, set } => Op::PutSet(pb::SetUpdate {
-            table: Some(key_to_wire(table)),
+            table: Some(key_to_wire(&table)),
             set: Some(set_to_wire(name, set)),
         }),
-        Update::DeleteSet { table, name } => Op::DeleteSet(object(table, name)),
-        Update::AddElements { table, set, elements: e } => Op::AddElements(elements(table, set, e)),
+        Update::DeleteSet { table, name } => Op::DeleteSet(object(&table, name)),
+        Update::AddElements { table, set, elements: e } => {
+            Op::AddElements(elements(&table, set, e))
+        }
         Update::RemoveElements { table, set, elements: e } => {
-            Op::RemoveElements(elements(table, set, e))
+            Op::RemoveElements(elements(&table, set, e))
         }
     }
 }
@@ -158,35 +157,31 @@ fn key_to_wire(key: &TableKey) -> pb::TableRef {
     pb::TableRef { family: key.family.to_string(), name: key.name.clone() }
 }
 
-/// A state for the wire.
-pub fn state_to_wire(state: &State) -> pb::State {
+/// A state for the wire, moved in.
+pub fn state_to_wire(state: State) -> pb::State {
     pb::State {
-        tables: state.tables.iter().map(|(key, table)| table_to_wire(key, table)).collect(),
+        tables: state.tables.into_iter().map(|(key, table)| table_to_wire(&key, table)).collect(),
     }
 }
 
-fn table_to_wire(key: &TableKey, table: &Table) -> pb::Table {
+fn table_to_wire(key: &TableKey, table: Table) -> pb::Table {
     pb::Table {
         table: Some(key_to_wire(key)),
-        chains: table.chains.iter().map(|(name, chain)| chain_to_wire(name, chain)).collect(),
-        sets: table.sets.iter().map(|(name, set)| set_to_wire(name, set)).collect(),
+        chains: table.chains.into_iter().map(|(name, chain)| chain_to_wire(name, chain)).collect(),
+        sets: table.sets.into_iter().map(|(name, set)| set_to_wire(name, set)).collect(),
     }
 }
 
-fn chain_to_wire(name: &str, chain: &Chain) -> pb::Chain {
-    pb::Chain {
-        name: name.to_string(),
-        declaration: chain.declaration.clone().unwrap_or_default(),
-        rules: chain.rules.clone(),
-    }
+fn chain_to_wire(name: String, chain: Chain) -> pb::Chain {
+    pb::Chain { name, declaration: chain.declaration.unwrap_or_default(), rules: chain.rules }
 }
 
-fn set_to_wire(name: &str, set: &Set) -> pb::Set {
+fn set_to_wire(name: String, set: Set) -> pb::Set {
     pb::Set {
-        name: name.to_string(),
+        name,
         map: set.kind == SetKind::Map,
-        declaration: set.declaration.clone(),
-        elements: set.elements.iter().cloned().collect(),
+        declaration: set.declaration,
+        elements: set.elements.into_iter().collect(),
     }
 }
 
@@ -239,7 +234,7 @@ mod tests {
                 Update::DeleteTable { table: key },
             ],
         };
-        let wire = publication_to_wire("p", &publication);
+        let wire = publication_to_wire("p", publication.clone());
         assert_eq!(wire.producer, "p");
         assert_eq!(publication_from_wire(wire).unwrap(), publication);
         let empty =

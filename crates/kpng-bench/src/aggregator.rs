@@ -307,7 +307,7 @@ async fn connect(
 ) -> anyhow::Result<Publisher> {
     let mut tries = 0;
     loop {
-        match Publisher::connect(address, &Security::default(), producer, first).await {
+        match Publisher::connect(address, &Security::default(), producer, first.clone()).await {
             Ok(publisher) => return Ok(publisher),
             Err(_) if tries < 100 => {
                 tries += 1;
@@ -353,7 +353,7 @@ async fn produce(
                     },
                 ];
                 due_by_revision.lock().unwrap_or_else(|e| e.into_inner()).insert(revision, due);
-                sender.publish(&Publication { revision, updates }).await?;
+                sender.publish(Publication { revision, updates }).await?;
                 last.store(revision, Ordering::SeqCst);
                 due += period;
                 seq += 1;

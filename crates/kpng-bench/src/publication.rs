@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use anyhow::Context;
 use kpng_aggregator::{Publication, Update};
 
-use kpng_nft::plan::Plan;
+use kpng_nft::plan::{AllElements, Plan};
 use kpng_nft::{Kernel, KernelContents, NftBackend, NftError, NftOptions};
 use kpng_runner::{Backend, ChangeSet};
 use kpng_testkit::generate::ClusterSpec;
@@ -39,10 +39,10 @@ impl Kernel for Sizing {
         Ok(None)
     }
 
-    fn replace(&mut self, plan: &Plan<'_>) -> Result<(), NftError> {
-        let (state, _) = kpng_nft::aggregated::translate_whole(plan)?;
+    fn replace(&mut self, layout: &Plan<'_>, elements: AllElements<'_>) -> Result<(), NftError> {
+        let (state, _) = kpng_nft::aggregated::translate_whole(layout, elements)?;
         let publication = Publication { revision: 1, updates: vec![Update::Whole(state)] };
-        let wire = kpng_aggregator::wire::publication_to_wire("kpng", &publication);
+        let wire = kpng_aggregator::wire::publication_to_wire("kpng", publication);
         self.0.fetch_max(wire.encoded_len(), Ordering::Relaxed);
         Ok(())
     }

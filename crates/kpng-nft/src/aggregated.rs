@@ -16,7 +16,7 @@
 //! `ct helper` objects are not part of the aggregator's model: the `helper` annotation is
 //! reported as not enforced.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -30,8 +30,8 @@ use kpng_model::Family;
 
 use crate::error::NftError;
 use crate::kernel::{Kernel, KernelContents, NetlinkKernel};
-use crate::objects::TABLE;
-use crate::plan::{Command, Plan};
+use crate::objects::{MapName, TABLE};
+use crate::plan::{AllElements, Command, Plan};
 use crate::text::element_text;
 
 /// How long a publication may wait for its acknowledgement.
@@ -104,8 +104,8 @@ impl Kernel for AggregatorKernel {
         self.publish(updates)
     }
 
-    fn replace(&mut self, plan: &Plan<'_>) -> Result<(), NftError> {
-        let (whole, layout) = translate_whole(plan)?;
+    fn replace(&mut self, layout: &Plan<'_>, elements: AllElements<'_>) -> Result<(), NftError> {
+        let (whole, layout) = translate_whole(layout, elements)?;
         self.state = layout;
         self.publish(vec![Update::Whole(whole)])
     }
@@ -150,17 +150,18 @@ fn serve_requests(target: AggregatorTarget, requests: mpsc::Receiver<Request>) {
     let mut stream: Option<Publisher> = None;
     for Request { publication, reply } in requests {
         let whole = matches!(publication.updates.first(), Some(Update::Whole(_)));
+        let revision = publication.revision;
         let outcome = runtime.block_on(async {
             // A whole publication goes on the open stream too: a new connection under the
             // same name would be refused while the aggregator still holds the old one.
             let sent = match stream.take() {
-                Some(publisher) => publisher.publish(&publication).await.map(|()| publisher),
+                Some(publisher) => publisher.publish(publication).await.map(|()| publisher),
                 None if whole => {
                     Publisher::connect(
                         &target.address,
                         &target.security,
                         &target.producer,
-                        &publication,
+                        publication,
                     )
                     .await
                 }
@@ -174,7 +175,7 @@ fn serve_requests(target: AggregatorTarget, requests: mpsc::Receiver<Request>) {
             let mut publisher =
                 sent.map_err(|e| format!("publishing to {}: {e}", target.address))?;
             let timeout = if whole { WHOLE_ACK_TIMEOUT } else { ACK_TIMEOUT };
-            let acked = tokio::time::timeout(timeout, publisher.wait_for(publication.revision));
+            let acked = tokio::time::timeout(timeout, publisher.wait_for(revision));
             let answer = match acked.await {
                 Err(_) => {
                     return Err(format!("no answer from the aggregator within {timeout:?}"));
@@ -299,27 +300,37 @@ pub fn translate(state: &mut State, plan: &Plan<'_>) -> Result<Vec<Update>, NftE
     Ok(updates)
 }
 
-/// `plan` (from nothing: a reset's) as one whole publication, and the layout
-/// [`translate`] goes on from. The whole state is the plan's updates applied in order to
-/// nothing, as the aggregator would apply them one by one.
-pub fn translate_whole(plan: &Plan<'_>) -> Result<(State, State), NftError> {
-    let mut layout = State::default();
-    let updates = translate(&mut layout, plan)?;
+/// kpng's tables whole, `layout` (planned from nothing) and `elements`, as one whole
+/// publication, and the layout [`translate`] goes on from. The layout is the plan's updates
+/// applied in order to nothing, as the aggregator would apply them one by one; each
+/// element's text goes straight into its set, so that the elements are held once, as text,
+/// while the publication is made.
+pub fn translate_whole(
+    layout: &Plan<'_>,
+    elements: AllElements<'_>,
+) -> Result<(State, State), NftError> {
+    let mut translated = State::default();
+    let updates = translate(&mut translated, layout)?;
     let mut whole = State::default();
     for update in updates {
-        let applied = match update {
-            // Most of the publication: moved in, not normalized again (nothing to undo).
-            Update::AddElements { table, set, elements } => {
-                let found = whole.tables.get_mut(&table).and_then(|t| t.sets.get_mut(&set));
-                let found = found.ok_or_else(|| missing(&table, "set", &set))?;
-                found.elements.extend(elements);
-                Ok(())
-            }
-            update => whole.apply(update),
-        };
+        let applied = whole.apply(update);
         applied.map_err(|e| NftError::Aggregator(format!("publishing the tables whole: {e}")))?;
     }
-    Ok((whole, layout))
+    let mut texts: BTreeMap<(Family, MapName), BTreeSet<String>> = BTreeMap::new();
+    for (id, value) in elements {
+        texts.entry((id.family, id.map)).or_default().insert(element_text(&id.key, &value));
+    }
+    for ((family, map), elements) in texts {
+        let table = table_key(family);
+        let name = map.name();
+        let found = whole.tables.get_mut(&table).and_then(|t| t.sets.get_mut(&*name));
+        let found = found.ok_or_else(|| missing(&table, "set", &name))?;
+        match found.elements.is_empty() {
+            true => found.elements = elements,
+            false => found.elements.extend(elements),
+        }
+    }
+    Ok((whole, translated))
 }
 
 /// kpng's table of `family`.

@@ -340,20 +340,51 @@ impl Tables {
     }
 
     /// Commits one transaction, counted.
-    fn send(&mut self, transaction: &Transaction, whole: bool) -> Result<(), NftError> {
+    fn send(&mut self, transaction: &Transaction) -> Result<(), NftError> {
         let plan = transaction.plan();
-        let started = Instant::now();
-        let result = match whole {
-            true => self.kernel.replace(&plan),
-            false => self.kernel.commit(&plan),
-        };
-        if let Err(error) = result {
-            self.stats.transaction_failures.fetch_add(1, Ordering::Relaxed);
-            return Err(error);
+        let counts = (transaction.adds.len(), transaction.deletes.len());
+        self.counted(|kernel| kernel.commit(&plan).map(|()| counts))
+    }
+
+    /// Replaces the tables with every object of `held` (for a kernel that takes whole
+    /// tables), counted. The layout (a few hundred objects) is planned as a transaction;
+    /// the elements go to the kernel one by one from `held`, never listed beside it.
+    fn send_whole(&mut self, held: &Committed) -> Result<(), NftError> {
+        let layout = whole_transaction(&whole_layout(held), held)?;
+        if !(layout.adds.is_empty() && layout.deletes.is_empty() && layout.after.is_empty()) {
+            return Err(NftError::Plan(
+                "the whole tables' layout writes elements or deletes".into(),
+            ));
         }
-        let (adds, deletes) = (transaction.adds.len(), transaction.deletes.len());
-        self.stats.record_commit(adds, deletes, started.elapsed());
-        Ok(())
+        let plan = layout.plan();
+        self.counted(|kernel| {
+            let mut adds = 0;
+            let mut elements = held
+                .iter()
+                .filter_map(|(key, value)| Some((key.as_element()?, value.as_element()?)))
+                .inspect(|_| adds += 1);
+            kernel.replace(&plan, &mut elements)?;
+            Ok((adds, 0))
+        })
+    }
+
+    /// Runs one transaction through `commit`, which says how many elements it added and
+    /// deleted; counted, failed or not.
+    fn counted(
+        &mut self,
+        commit: impl FnOnce(&mut dyn Kernel) -> Result<(usize, usize), NftError>,
+    ) -> Result<(), NftError> {
+        let started = Instant::now();
+        match commit(&mut *self.kernel) {
+            Ok((adds, deletes)) => {
+                self.stats.record_commit(adds, deletes, started.elapsed());
+                Ok(())
+            }
+            Err(error) => {
+                self.stats.transaction_failures.fetch_add(1, Ordering::Relaxed);
+                Err(error)
+            }
+        }
     }
 }
 
@@ -517,11 +548,11 @@ fn transaction(plan: &ObjectPlan, after: &Committed) -> Result<Transaction, NftE
     Ok(transaction)
 }
 
-/// Every object of `held` as one transaction, over what `after` says is committed once it
-/// is in: the tables whole, for a kernel that takes them so or for printing. Their layout's
-/// "differences" (every table missing) are not logged.
-fn whole_transaction(held: &Committed, after: &Committed) -> Result<Transaction, NftError> {
-    Ok(commands(&whole(held), after)?.0)
+/// `plan` (from nothing: [`whole`], [`whole_layout`]) as one transaction, over what
+/// `after` says is committed once it is in: the tables whole, for a kernel that takes them
+/// so or for printing. Their layout's "differences" (every table missing) are not logged.
+fn whole_transaction(plan: &ObjectPlan, after: &Committed) -> Result<Transaction, NftError> {
+    Ok(commands(plan, after)?.0)
 }
 
 /// The commands of `plan` over `after`, and the layout's differences they write.
@@ -597,14 +628,25 @@ fn is_mostly_stale(held: usize, wanted: usize) -> bool {
 
 /// The plan that writes every object of `held` into empty tables, in rank order.
 fn whole(held: &Committed) -> ObjectPlan {
-    let mut upserts: Vec<_> = held.iter().map(|(k, v)| (k.clone(), None, v.clone())).collect();
+    whole_of(held.iter())
+}
+
+/// The plan that writes the layout objects of `held` (tables, sets, chains, helpers: not
+/// the elements) into empty tables, in rank order.
+fn whole_layout(held: &Committed) -> ObjectPlan {
+    whole_of(held.iter().filter(|(key, _)| key.as_layout().is_some()))
+}
+
+/// The plan that writes `objects` into empty tables, in rank order.
+fn whole_of<'a>(objects: impl Iterator<Item = (&'a EntryKey, &'a EntryValue)>) -> ObjectPlan {
+    let mut upserts: Vec<_> = objects.map(|(k, v)| (k.clone(), None, v.clone())).collect();
     upserts.sort_by(|a, b| (a.0.rank(), &a.0).cmp(&(b.0.rank(), &b.0)));
     ObjectPlan { upserts, deletes: Vec::new() }
 }
 
 /// Every object of `held` as `nft -f` input that builds the tables from nothing.
 pub fn ruleset(held: &Committed) -> String {
-    match whole_transaction(held, &Committed::new()) {
+    match whole_transaction(&whole(held), &Committed::new()) {
         Ok(transaction) => transaction.plan().text(),
         Err(error) => format!("# {error}\n"),
     }
@@ -707,14 +749,14 @@ impl kpng_backend::reconcile::Kernel for Tables {
                 after: Vec::new(),
             };
             let flushed = self.flushing(empty, after);
-            self.send(&flushed, false)?;
+            self.send(&flushed)?;
             self.unread.clear();
         }
         self.published = false;
         if !self.kernel.publishes_whole() {
             return Ok(());
         }
-        self.send(&whole_transaction(after, after)?, true)?;
+        self.send_whole(after)?;
         // The reset's plan, if any, went out with it; a reset with nothing to write
         // commits nothing, and the next change must not be taken for its plan.
         self.published = !plan.is_empty();
@@ -727,7 +769,7 @@ impl kpng_backend::reconcile::Kernel for Tables {
             return Ok(());
         }
         let transaction = self.flushing(transaction(plan, after)?, after);
-        self.send(&transaction, false)?;
+        self.send(&transaction)?;
         self.unread.clear();
         Ok(())
     }
@@ -743,7 +785,7 @@ impl kpng_backend::reconcile::Kernel for Tables {
     }
 
     fn commit_part(&mut self, plan: &ObjectPlan) -> Result<(), NftError> {
-        self.send(&transaction(plan, &Committed::new())?, false)
+        self.send(&transaction(plan, &Committed::new())?)
     }
 
     fn sample(&mut self) -> Result<Sample<Self>, NftError> {

@@ -18,7 +18,7 @@ use crate::decode;
 use crate::encode::encode;
 use crate::error::NftError;
 use crate::objects::{ElementId, MapName, TABLE, Value, proto_family};
-use crate::plan::Plan;
+use crate::plan::{AllElements, Plan};
 use crate::reconcile::{HookShape, Present, PresentChain, SHAPE_FLAGS, SetShape};
 use crate::rules::RuleBuilder;
 use kpng_backend::slots::Target;
@@ -56,11 +56,16 @@ pub trait Kernel: Send {
         self.read()
     }
 
-    /// Applies a transaction planned from nothing, after [`read`](Self::read) said `None`
-    /// or when the kernel [takes whole tables](Self::publishes_whole): the plan is the
-    /// whole of kpng's tables and replaces whatever they held. By default a commit.
-    fn replace(&mut self, plan: &Plan<'_>) -> Result<(), NftError> {
-        self.commit(plan)
+    /// Replaces whatever kpng's tables held with `layout` (the tables, sets, chains and
+    /// rules, planned from nothing) and `elements` (every element, in no particular
+    /// order): what a kernel that [takes whole tables](Self::publishes_whole) gets at each
+    /// reset. The elements come one by one from what was committed, so that the tables are
+    /// not copied into a list first. By default they are sorted into one transaction after
+    /// the layout, and committed.
+    fn replace(&mut self, layout: &Plan<'_>, elements: AllElements<'_>) -> Result<(), NftError> {
+        let mut all: Vec<(ElementId, Value)> = elements.collect();
+        all.sort_unstable();
+        self.commit(&layout.then_adding(&all))
     }
 
     /// Whether every reconciliation is sent whole ([`replace`](Self::replace)) rather than

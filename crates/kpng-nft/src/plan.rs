@@ -56,6 +56,11 @@ pub enum Command<'a> {
 /// The elements of an element command.
 pub type Elements<'a> = &'a [(ElementId, Value)];
 
+/// Every element of kpng's tables, in no particular order: what a whole publication adds
+/// to its layout ([`Kernel::replace`](crate::Kernel::replace)), made as it is read rather
+/// than held in a list beside the objects it comes from.
+pub type AllElements<'e> = &'e mut dyn Iterator<Item = (ElementId, Value)>;
+
 /// The commands of one transaction, in order.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Plan<'a> {
@@ -87,6 +92,17 @@ impl<'a> Plan<'a> {
             self.push(first.family, Command::Elements { add, map: first.map, elements: head });
             rest = tail;
         }
+    }
+
+    /// This plan's commands, then element commands adding `elements` (sorted, or at least
+    /// grouped by family and set).
+    pub fn then_adding<'b>(&self, elements: Elements<'b>) -> Plan<'b>
+    where
+        'a: 'b,
+    {
+        let mut plan = Plan { commands: self.commands.clone() };
+        plan.elements(true, elements);
+        plan
     }
 
     /// Whether the plan changes nothing.

@@ -14,7 +14,7 @@ use kpng_model::{Changes, GlobalModel};
 use kpng_nft::aggregated::{translate, translate_whole};
 use kpng_nft::memory::MemoryTables;
 use kpng_nft::objects::table_family;
-use kpng_nft::plan::Plan;
+use kpng_nft::plan::{AllElements, Plan};
 use kpng_nft::text::element_text;
 use kpng_nft::{Kernel, KernelContents, MemoryKernel, NftBackend, NftError, NftOptions};
 use kpng_testkit::strategies::{History, arb_mutation};
@@ -54,12 +54,14 @@ impl Kernel for Tee {
         Ok(())
     }
 
-    fn replace(&mut self, plan: &Plan<'_>) -> Result<(), NftError> {
+    fn replace(&mut self, layout: &Plan<'_>, elements: AllElements<'_>) -> Result<(), NftError> {
+        let mut all: Vec<_> = elements.collect();
+        all.sort_unstable();
         let mut fresh = MemoryKernel::new();
-        fresh.commit(plan)?;
+        fresh.commit(&layout.then_adding(&all))?;
         *self.kernel.tables() = fresh.tables().clone();
         let mut published = self.shared.lock().unwrap();
-        let (whole, layout) = translate_whole(plan)?;
+        let (whole, layout) = translate_whole(layout, &mut all.into_iter())?;
         published.translated = layout;
         published.aggregator.apply(Update::Whole(whole)).unwrap();
         published.wholes += 1;
@@ -191,7 +193,7 @@ fn a_quiet_producer_keeps_its_connection_until_the_server_stops() {
     runtime.block_on(async {
         let first = Publication { revision: 1, updates: vec![table("quiet")] };
         let mut producer = loop {
-            match Publisher::connect(address, &Security::default(), "quiet", &first).await {
+            match Publisher::connect(address, &Security::default(), "quiet", first.clone()).await {
                 Ok(publisher) => break publisher,
                 Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
             }
@@ -206,7 +208,7 @@ fn a_quiet_producer_keeps_its_connection_until_the_server_stops() {
         assert_eq!(stats.dropped(), 1, "the idle connection is cut, the producer's is not");
         drop(idle);
         let second = Publication { revision: 2, updates: vec![table("quieter")] };
-        producer.publish(&second).await.unwrap();
+        producer.publish(second).await.unwrap();
         let answer = tokio::time::timeout(Duration::from_secs(10), producer.wait_for(2)).await;
         assert!(answer.expect("answered on the same stream").unwrap().is_ok());
         let (report, _) = handle.observe();
@@ -380,7 +382,7 @@ fn refusals_are_errors_and_the_tables_are_republished_whole() {
         let state = State { tables: [(kpng_table, Table::default())].into() };
         let first = Publication { revision: 1, updates: vec![Update::Whole(state)] };
         let mut other = loop {
-            match Publisher::connect(&address, &Security::default(), "other", &first).await {
+            match Publisher::connect(&address, &Security::default(), "other", first.clone()).await {
                 Ok(publisher) => break publisher,
                 Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
             }

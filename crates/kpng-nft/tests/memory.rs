@@ -676,11 +676,17 @@ impl kpng_nft::Kernel for Whole {
         self.inner.commit(plan)
     }
 
-    fn replace(&mut self, plan: &kpng_nft::plan::Plan<'_>) -> Result<(), kpng_nft::NftError> {
+    fn replace(
+        &mut self,
+        layout: &kpng_nft::plan::Plan<'_>,
+        elements: kpng_nft::plan::AllElements<'_>,
+    ) -> Result<(), kpng_nft::NftError> {
         self.received.lock().unwrap().0 += 1;
         // A whole publication replaces what was there.
         *self.inner.tables() = MemoryTables::default();
-        self.inner.commit(plan)
+        let mut all: Vec<_> = elements.collect();
+        all.sort_unstable();
+        self.inner.commit(&layout.then_adding(&all))
     }
 
     fn read(&mut self) -> Result<Option<kpng_nft::KernelContents>, kpng_nft::NftError> {

@@ -125,7 +125,7 @@ pub async fn run_publish(
     tokio::pin!(shutdown);
     loop {
         let first = Publication { revision, updates: vec![Update::Whole(state.clone())] };
-        let connecting = Publisher::connect(&args.aggregator, &security, &args.producer, &first);
+        let connecting = Publisher::connect(&args.aggregator, &security, &args.producer, first);
         let connected = tokio::select! {
             () = &mut shutdown => return Ok(()),
             connected = connecting => connected,
@@ -213,7 +213,7 @@ async fn follow(
                     continue;
                 }
                 *revision += 1;
-                sender.publish(&Publication { revision: *revision, updates: changes }).await?;
+                sender.publish(Publication { revision: *revision, updates: changes }).await?;
                 tracing::info!(revision = *revision, "published the file's changes");
                 *file.state = new;
                 whole = false;

@@ -168,7 +168,7 @@ fn refused_publications_cost_a_bounded_log_and_memory() {
         let table = TableKey::new(Family::Ip, "flood");
         let first = Publication { revision: 1, updates: vec![] };
         let security = kpng_api::Security::default();
-        let mut publisher = Publisher::connect(&address, &security, "flood", &first).await.unwrap();
+        let mut publisher = Publisher::connect(&address, &security, "flood", first).await.unwrap();
         let sender = publisher.sender();
         let mut sent = 0;
         for revision in 2..152 {
@@ -178,7 +178,7 @@ fn refused_publications_cost_a_bounded_log_and_memory() {
                 set: "s".into(),
                 elements: vec![element],
             };
-            if sender.publish(&Publication { revision, updates: vec![update] }).await.is_err() {
+            if sender.publish(Publication { revision, updates: vec![update] }).await.is_err() {
                 break;
             }
             sent += 1;
