@@ -125,7 +125,9 @@ pub trait Kernel: Send {
     /// process owning the objects: `to-nft`'s aggregator). Then only the first reset reads;
     /// the later ones take the positions from what was committed (or planned, when the
     /// commit was refused), which is all a read-back would add: at 100,000 services it
-    /// costs the kernel about 25 s. `false` by default.
+    /// costs the kernel about 25 s. Such a reset plans nothing either: its
+    /// [`prepare`](Self::prepare) gets an empty plan and `after`, every object, which it
+    /// hands on whole, so no list of every object is made beside them. `false` by default.
     fn reads_only_positions(&self) -> bool {
         false
     }
@@ -568,6 +570,18 @@ where
         }
         let shared = self.render.shared(&facts).into_iter().filter_map(|(k, v)| Some((k, v?)));
         renders.push((Owner::Shared, Some(Wanted::objects(shared))));
+        if self.kernel.reads_only_positions() {
+            // The kernel takes every object whole in `prepare`: no difference to spell out.
+            drop(held);
+            self.objects.claim_all(renders);
+            let prepared = self.kernel.prepare(&Plan::default(), &self.objects, installed);
+            prepared.map_err(ReconcileError::Prepare)?;
+            self.problems.clear(self.name);
+            let written = Written { upserts: self.objects.len(), deletes: 0 };
+            self.count(&written);
+            self.facts = Some(facts);
+            return Ok(written);
+        }
         let plan = self.objects.replace_all(held, renders);
         let prepared = self.kernel.prepare(&plan, &self.objects, installed);
         prepared.map_err(ReconcileError::Prepare)?;
@@ -998,7 +1012,9 @@ mod tests {
         LocalState { node: None, services: services.collect() }
     }
 
-    fn held(reconciler: &Reconciler<Named, MemoryKernel<String, u32>>) -> Vec<String> {
+    fn held<K: Kernel<Key = String, Value = u32>>(
+        reconciler: &Reconciler<Named, K>,
+    ) -> Vec<String> {
         let mut keys: Vec<String> = reconciler.held().iter().map(|(k, _)| k.clone()).collect();
         keys.sort();
         keys
@@ -1022,5 +1038,74 @@ mod tests {
         let mut in_kernel: Vec<String> = kernel.objects().unwrap().into_keys().collect();
         in_kernel.sort();
         assert_eq!(in_kernel, ["a", "c"]);
+    }
+
+    /// A kernel handed every object whole at each reset: what each reset's `prepare` and
+    /// each commit received, and how often it was read.
+    #[derive(Default)]
+    struct Whole {
+        reads: usize,
+        /// Per reset: the plan's length, and every object it was handed.
+        wholes: Vec<(usize, Vec<String>)>,
+        /// Per commit: the keys it wrote.
+        commits: Vec<Vec<String>>,
+    }
+
+    impl Kernel for Whole {
+        type Key = String;
+        type Value = u32;
+        type Error = Refused;
+
+        const UNIT: Unit = Unit::Plan;
+
+        fn read(&mut self) -> Result<Option<HashMap<String, u32>>, Refused> {
+            self.reads += 1;
+            Ok(None)
+        }
+
+        fn reads_only_positions(&self) -> bool {
+            true
+        }
+
+        fn prepare(
+            &mut self,
+            plan: &Plan<String, u32>,
+            after: &Objects<String, u32>,
+            _: bool,
+        ) -> Result<(), Refused> {
+            let mut all: Vec<String> = after.iter().map(|(k, _)| k.clone()).collect();
+            all.sort();
+            self.wholes.push((plan.len(), all));
+            Ok(())
+        }
+
+        fn commit(
+            &mut self,
+            plan: &Plan<String, u32>,
+            _: &Objects<String, u32>,
+        ) -> Result<(), Refused> {
+            let written =
+                plan.upserts.iter().map(|(k, _, _)| k).chain(plan.deletes.iter().map(|(k, _)| k));
+            self.commits.push(written.cloned().collect());
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_kernel_handed_objects_whole_gets_no_plan_at_a_reset_and_differences_after() {
+        let mut reconciler = Reconciler::new("test", Named, Whole::default());
+        reconciler.apply(&ChangeSet::full(&state(&["a", "b"]))).unwrap();
+        let ops =
+            [kpng_model::Op::Delete(kpng_model::ItemRef::Service(ServiceKey::new("ns", "b")))];
+        reconciler.apply(&ChangeSet::changes(&ops, &state(&["a"]))).unwrap();
+        reconciler.apply(&ChangeSet::full(&state(&["a", "c"]))).unwrap();
+        let kernel = reconciler.kernel();
+        let wholes: Vec<(usize, Vec<&str>)> = (kernel.wholes.iter())
+            .map(|(planned, all)| (*planned, all.iter().map(String::as_str).collect()))
+            .collect();
+        assert_eq!(wholes, [(0, vec!["a", "b"]), (0, vec!["a", "c"])]);
+        assert_eq!(kernel.commits, [vec!["b".to_string()]], "a change commits its difference");
+        assert_eq!(kernel.reads, 1, "only the first reset reads back");
+        assert_eq!(held(&reconciler), ["a", "c"]);
     }
 }

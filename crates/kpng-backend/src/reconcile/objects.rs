@@ -382,11 +382,17 @@ where
         }
     }
 
+    /// Starts over from `renders` (every owner), planning nothing: for a kernel that is
+    /// handed every object whole.
+    pub fn claim_all(&mut self, renders: Vec<Render<K, V>>) {
+        *self = Objects::default();
+        self.claim(renders, None);
+    }
+
     /// Starts over from `held` (what the kernel holds) and `renders` (every owner): the
     /// plan that leaves exactly the wanted objects.
     pub fn replace_all(&mut self, held: HashMap<K, V>, renders: Vec<Render<K, V>>) -> Plan<K, V> {
-        *self = Objects::default();
-        self.claim(renders, None);
+        self.claim_all(renders);
         let claimed = self.wanted.values().flat_map(|kept| kept.iter(&self.plain).map(|(k, _)| k));
         self.repair(held.keys().chain(claimed).chain(self.shared.keys()), &held)
     }
