@@ -6,10 +6,11 @@
 //! Each transaction becomes one publication holding only what it changes: elements added
 //! and removed, sets and chains created or deleted, the rules of the chains it touches.
 //! The publication is acknowledged once the aggregator has committed it, so a commit here
-//! is as synchronous as a netlink transaction. At start-up and after a failure the backend
-//! plans its tables from nothing and the kernel publishes them whole
-//! ([`Kernel::publishes_whole`]): the aggregator changes only what differs from what it
-//! committed before. At start-up, what the node's kernel holds of kpng's tables is still
+//! is as synchronous as a netlink transaction. At start-up and after a failure the kernel
+//! publishes the tables whole ([`Kernel::publishes_whole`]): their layout as a transaction
+//! planned from nothing, and every element as it is read from what the backend committed,
+//! its text going straight into its set ([`translate_whole`]); the aggregator changes only
+//! what differs from what it committed before. At start-up, what the node's kernel holds of kpng's tables is still
 //! read, to keep each endpoint in its position (ClientIP affinity clients keep their
 //! endpoints across a restart); the resets after a failure take the positions from what was
 //! published ([`reads_only_positions`](kpng_backend::reconcile::Kernel::reads_only_positions)).
