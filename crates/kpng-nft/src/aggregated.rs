@@ -10,10 +10,11 @@
 //! publishes the tables whole ([`Kernel::publishes_whole`]): their layout as a transaction
 //! planned from nothing, and every element as it is read from what the backend committed,
 //! its text going straight into its set ([`translate_whole`]); the aggregator changes only
-//! what differs from what it committed before. At start-up, what the node's kernel holds of kpng's tables is still
-//! read, to keep each endpoint in its position (ClientIP affinity clients keep their
-//! endpoints across a restart); the resets after a failure take the positions from what was
-//! published ([`reads_only_positions`](kpng_backend::reconcile::Kernel::reads_only_positions)).
+//! what differs from what it committed before. At start-up, what the node's kernel holds
+//! of kpng's tables is still read, to keep each endpoint in its position (ClientIP affinity
+//! clients keep their endpoints across a restart); the resets after a failure take the
+//! positions from what was published
+//! ([`reads_only_positions`](kpng_backend::reconcile::Kernel::reads_only_positions)).
 //! `ct helper` objects are not part of the aggregator's model: the `helper` annotation is
 //! reported as not enforced.
 
