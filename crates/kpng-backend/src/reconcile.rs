@@ -574,6 +574,8 @@ where
             // The kernel takes every object whole in `prepare`: no difference to spell out.
             drop(held);
             self.objects.claim_all(renders);
+            // What was known of the kernel's generation no longer says what it holds.
+            self.known.forget();
             let prepared = self.kernel.prepare(&Plan::default(), &self.objects, installed);
             prepared.map_err(ReconcileError::Prepare)?;
             self.problems.clear(self.name);
