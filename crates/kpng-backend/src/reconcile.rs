@@ -570,27 +570,34 @@ where
         }
         let shared = self.render.shared(&facts).into_iter().filter_map(|(k, v)| Some((k, v?)));
         renders.push((Owner::Shared, Some(Wanted::objects(shared))));
-        if self.kernel.reads_only_positions() {
-            // The kernel takes every object whole in `prepare`: no difference to spell out.
-            drop(held);
-            self.objects.claim_all(renders);
-            // What was known of the kernel's generation no longer says what it holds.
-            self.known.forget();
-            let prepared = self.kernel.prepare(&Plan::default(), &self.objects, installed);
-            prepared.map_err(ReconcileError::Prepare)?;
-            self.problems.clear(self.name);
-            let written = Written { upserts: self.objects.len(), deletes: 0 };
-            self.count(&written);
-            self.facts = Some(facts);
-            return Ok(written);
-        }
-        let plan = self.objects.replace_all(held, renders);
+        // A kernel that takes every object whole in `prepare` needs no difference spelled out.
+        let whole = self.kernel.reads_only_positions();
+        let plan = match whole {
+            true => {
+                drop(held);
+                self.objects.claim_all(renders);
+                Plan::default()
+            }
+            false => self.objects.replace_all(held, renders),
+        };
         let prepared = self.kernel.prepare(&plan, &self.objects, installed);
         prepared.map_err(ReconcileError::Prepare)?;
         self.problems.clear(self.name);
-        self.commit(&plan, true)?;
+        let written = match whole {
+            true => {
+                // What was known of the kernel's generation no longer says what it holds.
+                self.known.forget();
+                let written = Written { upserts: self.objects.len(), deletes: 0 };
+                self.count(&written);
+                written
+            }
+            false => {
+                self.commit(&plan, true)?;
+                Written::of(&plan)
+            }
+        };
         self.facts = Some(facts);
-        Ok(Written::of(&plan))
+        Ok(written)
     }
 
     /// A reset over a kernel that holds nothing, in parts ([`Kernel::stream`]): this
@@ -1017,7 +1024,11 @@ mod tests {
     fn held<K: Kernel<Key = String, Value = u32>>(
         reconciler: &Reconciler<Named, K>,
     ) -> Vec<String> {
-        let mut keys: Vec<String> = reconciler.held().iter().map(|(k, _)| k.clone()).collect();
+        sorted_keys(reconciler.held())
+    }
+
+    fn sorted_keys(objects: &Objects<String, u32>) -> Vec<String> {
+        let mut keys: Vec<String> = objects.iter().map(|(k, _)| k.clone()).collect();
         keys.sort();
         keys
     }
@@ -1075,9 +1086,7 @@ mod tests {
             after: &Objects<String, u32>,
             _: bool,
         ) -> Result<(), Refused> {
-            let mut all: Vec<String> = after.iter().map(|(k, _)| k.clone()).collect();
-            all.sort();
-            self.wholes.push((plan.len(), all));
+            self.wholes.push((plan.len(), sorted_keys(after)));
             Ok(())
         }
 

@@ -65,7 +65,9 @@ pub trait Kernel: Send {
     fn replace(&mut self, layout: &Plan<'_>, elements: AllElements<'_>) -> Result<(), NftError> {
         let mut all: Vec<(ElementId, Value)> = elements.collect();
         all.sort_unstable();
-        self.commit(&layout.then_adding(&all))
+        let mut plan = layout.clone();
+        plan.elements(true, &all);
+        self.commit(&plan)
     }
 
     /// Whether every reconciliation is sent whole ([`replace`](Self::replace)) rather than

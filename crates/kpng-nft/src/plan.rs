@@ -94,17 +94,6 @@ impl<'a> Plan<'a> {
         }
     }
 
-    /// This plan's commands, then element commands adding `elements` (sorted, or at least
-    /// grouped by family and set).
-    pub fn then_adding<'b>(&self, elements: Elements<'b>) -> Plan<'b>
-    where
-        'a: 'b,
-    {
-        let mut plan = Plan { commands: self.commands.clone() };
-        plan.elements(true, elements);
-        plan
-    }
-
     /// Whether the plan changes nothing.
     pub fn is_empty(&self) -> bool {
         self.commands.is_empty()

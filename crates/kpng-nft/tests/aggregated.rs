@@ -55,10 +55,9 @@ impl Kernel for Tee {
     }
 
     fn replace(&mut self, layout: &Plan<'_>, elements: AllElements<'_>) -> Result<(), NftError> {
-        let mut all: Vec<_> = elements.collect();
-        all.sort_unstable();
+        let all: Vec<_> = elements.collect();
         let mut fresh = MemoryKernel::new();
-        fresh.commit(&layout.then_adding(&all))?;
+        fresh.replace(layout, &mut all.iter().copied())?;
         *self.kernel.tables() = fresh.tables().clone();
         let mut published = self.shared.lock().unwrap();
         let (whole, layout) = translate_whole(layout, &mut all.into_iter())?;

@@ -684,9 +684,7 @@ impl kpng_nft::Kernel for Whole {
         self.received.lock().unwrap().0 += 1;
         // A whole publication replaces what was there.
         *self.inner.tables() = MemoryTables::default();
-        let mut all: Vec<_> = elements.collect();
-        all.sort_unstable();
-        self.inner.commit(&layout.then_adding(&all))
+        self.inner.replace(layout, elements)
     }
 
     fn read(&mut self) -> Result<Option<kpng_nft::KernelContents>, kpng_nft::NftError> {
