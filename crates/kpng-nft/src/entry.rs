@@ -1,6 +1,7 @@
 //! [`EntryKey`] and [`EntryValue`]: one object of kpng's tables as the backend template
 //! keeps it ([`kpng_backend::reconcile::Objects`]): an element (half a million at 30,000
-//! services, so packed: an IPv4 element's key in 16 bytes), or a layout object (a table,
+//! services, so packed: an IPv4 element's key in 16 bytes, an IPv6 one behind a pointer to
+//! its packed bytes), or a layout object (a table,
 //! set, chain or `ct helper`, a few hundred at most).
 //!
 //! A layout object's value is what kpng declares ([`LayoutValue::Set`],
@@ -18,7 +19,7 @@ use kpng_netlink::nftables::ChainSpec;
 use kpng_netlink::nftables::objects::CtHelperSpec;
 
 use crate::objects::{ElementId, Value};
-use crate::packed::{PackedValue, pack_v4, unpack_v4};
+use crate::packed::{PACKED_V6, PackedValue, pack_v4, pack_v6, unpack_v4, unpack_v6};
 use crate::reconcile::{PresentChain, SetShape, WantedSet, hook_shape, same_rules};
 use crate::rules::Rule;
 
@@ -52,6 +53,8 @@ impl LayoutName {
 pub enum EntryKey {
     /// An IPv4 element, packed (see [`crate::packed`]).
     V4([u8; 15]),
+    /// An IPv6 element, packed behind a pointer (see [`crate::packed`]).
+    V6(Box<[u8; PACKED_V6]>),
     /// Any other element.
     Element(Arc<ElementId>),
     /// A table, set, chain or `ct helper`.
@@ -61,8 +64,11 @@ pub enum EntryKey {
 impl EntryKey {
     /// The key of element `id`.
     pub fn element(id: &ElementId) -> EntryKey {
-        match pack_v4(id) {
-            Some(bytes) => EntryKey::V4(bytes),
+        if let Some(bytes) = pack_v4(id) {
+            return EntryKey::V4(bytes);
+        }
+        match pack_v6(id) {
+            Some(bytes) => EntryKey::V6(Box::new(bytes)),
             None => EntryKey::Element(Arc::new(*id)),
         }
     }
@@ -76,6 +82,7 @@ impl EntryKey {
     pub fn as_element(&self) -> Option<ElementId> {
         match self {
             EntryKey::V4(bytes) => Some(unpack_v4(bytes)),
+            EntryKey::V6(bytes) => Some(unpack_v6(bytes)),
             EntryKey::Element(id) => Some(**id),
             EntryKey::Layout(_) => None,
         }
@@ -240,13 +247,14 @@ mod tests {
     use kpng_model::Protocol;
 
     #[test]
-    fn element_keys_come_back_and_ipv4_ones_are_inline() {
+    fn element_keys_come_back_ipv4_ones_inline_and_ipv6_ones_packed() {
         let dest = |ip: &str| Dest { ip: ip.parse().unwrap(), protocol: Protocol::Tcp, port: 80 };
         for (family, ip) in [(Family::V4, "10.96.0.1"), (Family::V6, "fd00::1")] {
             let id = ElementId { family, map: MapName::ClusterDests, key: Key::Dest(dest(ip)) };
             let key = EntryKey::element(&id);
             assert_eq!(key.as_element(), Some(id));
             assert_eq!(matches!(key, EntryKey::V4(_)), family == Family::V4);
+            assert_eq!(matches!(key, EntryKey::V6(_)), family == Family::V6);
         }
         assert_eq!(size_of::<EntryKey>(), 16);
         assert_eq!(size_of::<EntryValue>(), 16);
