@@ -238,21 +238,22 @@ pub fn decode_service(wire: &localv1::Service, path: &str) -> Result<LocalServic
                 n => Some(port_at(n, path, || format!("ports[{i}].nodePort"))?),
             },
             has_endpoints,
-            yielded,
+            yielded: yielded.into(),
         });
     }
     let set = |f: fn(&localv1::ServiceIPs) -> Option<&localv1::IpSet>| ips.and_then(f);
     Ok(LocalService {
         key: service_key(path)?,
         service_type,
-        cluster_ips: parse_ips(set(|i| i.cluster_ips.as_ref()), path, "ips.clusterIPs")?,
-        external_ips: parse_ips(set(|i| i.external_ips.as_ref()), path, "ips.externalIPs")?,
+        cluster_ips: parse_ips(set(|i| i.cluster_ips.as_ref()), path, "ips.clusterIPs")?.into(),
+        external_ips: parse_ips(set(|i| i.external_ips.as_ref()), path, "ips.externalIPs")?.into(),
         load_balancer_ips: parse_ips(
             set(|i| i.load_balancer_ips.as_ref()),
             path,
             "ips.loadBalancerIPs",
-        )?,
-        load_balancer_source_ranges: source_ranges(&wire.ip_filters, path)?,
+        )?
+        .into(),
+        load_balancer_source_ranges: source_ranges(&wire.ip_filters, path)?.into(),
         ports,
         affinity_timeout_seconds: affinity_timeout(&wire.session_affinity, path)?,
         internal_local: wire.internal_traffic_to_local,

@@ -132,7 +132,8 @@ mod tests {
             load_balancer_source_ranges: vec![
                 "192.0.2.0/24".parse().unwrap(),
                 "2001:db8::/32".parse().unwrap(),
-            ],
+            ]
+            .into(),
             ..crate::bare_service("a", "lb")
         };
         let node: Vec<IpAddr> = vec!["192.0.2.7".parse().unwrap()];

@@ -292,7 +292,6 @@ fn local_service(model: &GlobalModel, service: &Service) -> LocalService {
         Family::ALL.iter().flat_map(|f| service.load_balancer_vips(*f)).collect();
     load_balancer_ips.sort();
     load_balancer_ips.dedup();
-    load_balancer_ips.shrink_to_fit();
     let externally_accessible = service.ports.iter().any(|p| p.node_port.is_some())
         || !load_balancer_ips.is_empty()
         || !service.external_ips.is_empty();
@@ -301,9 +300,9 @@ fn local_service(model: &GlobalModel, service: &Service) -> LocalService {
     LocalService {
         key: service.key.clone(),
         service_type: service.service_type,
-        cluster_ips: sorted(&service.cluster_ips),
-        external_ips: sorted(&service.external_ips),
-        load_balancer_ips,
+        cluster_ips: sorted(&service.cluster_ips).into(),
+        external_ips: sorted(&service.external_ips).into(),
+        load_balancer_ips: load_balancer_ips.into(),
         load_balancer_source_ranges: service.load_balancer_source_ranges.clone(),
         ports: service
             .ports
@@ -316,7 +315,7 @@ fn local_service(model: &GlobalModel, service: &Service) -> LocalService {
                     .node_port
                     .filter(|n| model.holds(service, &Claim::NodePort(p.protocol, *n))),
                 has_endpoints: Default::default(),
-                yielded: yielded(model, service, p),
+                yielded: yielded(model, service, p).into(),
             })
             .collect(),
         affinity_timeout_seconds: match service.session_affinity {

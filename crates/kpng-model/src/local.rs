@@ -73,7 +73,7 @@ pub struct LocalServicePort {
     /// Addresses of the service (cluster, external, load-balancer) whose destination on
     /// this port an older service holds: traffic to them is not this service's. (A NodePort
     /// an older service holds is not listed: `node_port` is then `None`.)
-    pub yielded: Vec<IpAddr>,
+    pub yielded: Box<[IpAddr]>,
 }
 
 /// A service as this node proxies it.
@@ -84,14 +84,14 @@ pub struct LocalService {
     /// The service type.
     pub service_type: ServiceType,
     /// Cluster IPs, at most one per family, sorted (IPv4 first).
-    pub cluster_ips: Vec<IpAddr>,
+    pub cluster_ips: Box<[IpAddr]>,
     /// External IPs, sorted.
-    pub external_ips: Vec<IpAddr>,
+    pub external_ips: Box<[IpAddr]>,
     /// Load-balancer ingress IPs the proxy handles (ipMode VIP), sorted.
-    pub load_balancer_ips: Vec<IpAddr>,
+    pub load_balancer_ips: Box<[IpAddr]>,
     /// `loadBalancerSourceRanges`, sorted; when non-empty, new connections to the
     /// load-balancer IPs from elsewhere are dropped.
-    pub load_balancer_source_ranges: Vec<IpNet>,
+    pub load_balancer_source_ranges: Box<[IpNet]>,
     /// The ports.
     pub ports: Vec<LocalServicePort>,
     /// ClientIP affinity timeout in seconds; `None` without affinity.

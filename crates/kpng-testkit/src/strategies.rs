@@ -163,9 +163,9 @@ pub fn arb_service() -> impl Strategy<Value = Service> {
                             target_port: TargetPort::Number(*port),
                         })
                         .collect(),
-                    external_ips,
-                    load_balancer_ingress,
-                    load_balancer_source_ranges: vec![],
+                    external_ips: external_ips.into(),
+                    load_balancer_ingress: load_balancer_ingress.into(),
+                    load_balancer_source_ranges: Box::default(),
                     session_affinity: if affinity {
                         SessionAffinity::ClientIP { timeout_seconds: 10_800 }
                     } else {
@@ -178,7 +178,7 @@ pub fn arb_service() -> impl Strategy<Value = Service> {
                     }),
                     key,
                     service_type,
-                    proxy_name,
+                    proxy_name: proxy_name.map(Into::into),
                     created_at,
                     load_balancing,
                 }
@@ -268,7 +268,7 @@ pub fn arb_slice() -> impl Strategy<Value = EndpointSlice> {
                         .collect(),
                     endpoints,
                     trigger_time: None,
-                    proxy_name: proxy_name.clone(),
+                    proxy_name: proxy_name.as_deref().map(Box::from),
                 }
             })
         })

@@ -53,7 +53,7 @@ pub fn service_item(service: &Service) -> GlobalItem {
         labels: service
             .proxy_name
             .iter()
-            .map(|name| (SERVICE_PROXY_NAME_LABEL.to_string(), name.clone()))
+            .map(|name| (SERVICE_PROXY_NAME_LABEL.to_string(), name.to_string()))
             .collect(),
         annotations: Default::default(),
         ip_filters: ip_filters(&service.load_balancer_source_ranges, &ip_set(&all_lb)),
@@ -131,11 +131,11 @@ pub fn decode_service(bytes: &[u8], path: &str) -> Result<Service, WireError> {
     Ok(Service {
         key,
         service_type,
-        cluster_ips: parse_ips(ips.cluster_ips.as_ref(), path, "ips.clusterIPs")?,
+        cluster_ips: parse_ips(ips.cluster_ips.as_ref(), path, "ips.clusterIPs")?.into(),
         ports,
-        external_ips: parse_ips(ips.external_ips.as_ref(), path, "ips.externalIPs")?,
-        load_balancer_ingress,
-        load_balancer_source_ranges: source_ranges(&wire.ip_filters, path)?,
+        external_ips: parse_ips(ips.external_ips.as_ref(), path, "ips.externalIPs")?.into(),
+        load_balancer_ingress: load_balancer_ingress.into(),
+        load_balancer_source_ranges: source_ranges(&wire.ip_filters, path)?.into(),
         session_affinity: match affinity_timeout(&wire.session_affinity, path)? {
             Some(timeout_seconds) => SessionAffinity::ClientIP { timeout_seconds },
             None => SessionAffinity::None,
@@ -147,7 +147,7 @@ pub fn decode_service(bytes: &[u8], path: &str) -> Result<Service, WireError> {
             path,
             "healthCheckNodePort",
         )?,
-        proxy_name: wire.labels.get(SERVICE_PROXY_NAME_LABEL).cloned(),
+        proxy_name: wire.labels.get(SERVICE_PROXY_NAME_LABEL).map(|name| name.as_str().into()),
         created_at: info.created_at,
         load_balancing: decode_load_balancing(wire.load_balancing.as_ref(), path)?,
     })

@@ -84,8 +84,8 @@ pub fn slice_items(slice: &EndpointSlice) -> Vec<GlobalItem> {
                 }),
                 address_type: address_type.to_string(),
                 slice_ports: slice_ports.clone(),
-                trigger_time: slice.trigger_time.clone().unwrap_or_default(),
-                proxy_name: slice.proxy_name.clone(),
+                trigger_time: slice.trigger_time.as_deref().unwrap_or_default().to_string(),
+                proxy_name: slice.proxy_name.as_deref().map(str::to_string),
             };
             GlobalItem {
                 set: localv1::Set::GlobalEndpointInfos,
@@ -153,8 +153,9 @@ pub fn decode_slice<'a>(
                 family,
                 ports,
                 endpoints: Vec::new(),
-                trigger_time: (!info.trigger_time.is_empty()).then(|| info.trigger_time.clone()),
-                proxy_name: info.proxy_name.clone(),
+                trigger_time: (!info.trigger_time.is_empty())
+                    .then(|| info.trigger_time.as_str().into()),
+                proxy_name: info.proxy_name.as_deref().map(Box::from),
             });
         }
         let conditions = info.conditions.unwrap_or_default();

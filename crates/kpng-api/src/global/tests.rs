@@ -14,7 +14,7 @@ fn services_and_nodes_round_trip_exactly() {
     let service = Service {
         key: ServiceKey::new("ns", "lb"),
         service_type: kpng_model::global::ServiceType::LoadBalancer,
-        cluster_ips: vec!["10.96.0.5".parse().unwrap(), "fd00::5".parse().unwrap()],
+        cluster_ips: vec!["10.96.0.5".parse().unwrap(), "fd00::5".parse().unwrap()].into(),
         ports: vec![ServicePort {
             name: "http".into(),
             protocol: kpng_model::Protocol::Tcp,
@@ -22,12 +22,13 @@ fn services_and_nodes_round_trip_exactly() {
             node_port: Some(30080),
             target_port: TargetPort::Name("web".into()),
         }],
-        external_ips: vec!["192.0.2.9".parse().unwrap()],
+        external_ips: vec!["192.0.2.9".parse().unwrap()].into(),
         load_balancer_ingress: vec![
             LoadBalancerIngress { ip: "198.51.100.1".parse().unwrap(), ip_mode: IpMode::VIP },
             LoadBalancerIngress { ip: "198.51.100.2".parse().unwrap(), ip_mode: IpMode::Proxy },
-        ],
-        load_balancer_source_ranges: vec!["203.0.113.0/24".parse().unwrap()],
+        ]
+        .into(),
+        load_balancer_source_ranges: vec!["203.0.113.0/24".parse().unwrap()].into(),
         session_affinity: SessionAffinity::ClientIP { timeout_seconds: 60 },
         internal_traffic_policy: TrafficPolicy::Cluster,
         external_traffic_policy: TrafficPolicy::Local,

@@ -18,7 +18,7 @@ pub(crate) fn port(
         port,
         node_port,
         has_endpoints: PerFamily { v4: true, v6: true },
-        yielded: Vec::new(),
+        yielded: Box::default(),
     }
 }
 
@@ -58,9 +58,9 @@ pub(crate) fn state(
             key: ServiceKey::new("test", name),
             service_type: ServiceType::ClusterIP,
             cluster_ips: cluster_ips.iter().map(|ip| ip.parse().unwrap()).collect(),
-            external_ips: Vec::new(),
-            load_balancer_ips: Vec::new(),
-            load_balancer_source_ranges: Vec::new(),
+            external_ips: Box::default(),
+            load_balancer_ips: Box::default(),
+            load_balancer_source_ranges: Box::default(),
             ports,
             affinity_timeout_seconds: None,
             internal_local: false,
@@ -143,7 +143,7 @@ fn internal_local_and_external_addresses_choose_their_sets() {
     );
     svc.service.internal_local = true;
     svc.service.external_local = true;
-    svc.service.external_ips = vec!["192.0.2.1".parse().unwrap()];
+    svc.service.external_ips = Box::new(["192.0.2.1".parse().unwrap()]);
     // The ENLS accepts NodePorts on one IPv4 address, and on every local IPv6 address.
     let mut nodeports = on(&["192.168.10.1"]);
     nodeports.all_local.v6 = true;
@@ -199,7 +199,7 @@ fn nodeports_follow_the_enls_addresses_and_skip_a_family_accepted_everywhere() {
 fn addresses_an_older_service_holds_get_no_frontend() {
     let mut ports = vec![port("http", TCP, 80, None), port("dns", Protocol::Udp, 53, None)];
     // This service's cluster IP and external IP on port 80 belong to an older service.
-    ports[0].yielded = vec!["10.96.0.15".parse().unwrap(), "192.0.2.15".parse().unwrap()];
+    ports[0].yielded = Box::new(["10.96.0.15".parse().unwrap(), "192.0.2.15".parse().unwrap()]);
     let mut svc = state(
         "late",
         &["10.96.0.15"],
@@ -210,7 +210,8 @@ fn addresses_an_older_service_holds_get_no_frontend() {
             &[("http", TCP, 8080, true, false), ("dns", Protocol::Udp, 8053, true, false)],
         )],
     );
-    svc.service.external_ips = vec!["192.0.2.15".parse().unwrap(), "192.0.2.16".parse().unwrap()];
+    svc.service.external_ips =
+        Box::new(["192.0.2.15".parse().unwrap(), "192.0.2.16".parse().unwrap()]);
     let rendered = render_service(&svc, &none(), &Slots::new(), FLOW_SECONDS);
     assert!(!rendered.elements.contains_key(&frontend("10.96.0.15", TCP, 80)));
     assert!(!rendered.elements.contains_key(&frontend("192.0.2.15", TCP, 80)));
@@ -256,8 +257,8 @@ fn load_balancer_ips_with_source_ranges_stay_with_nftables() {
         vec![endpoint("10.244.1.1", false, &[("http", TCP, 8080, true, false)])],
     );
     svc.service.load_balancer_ips =
-        vec!["203.0.113.1".parse().unwrap(), "fd00:113::1".parse().unwrap()];
-    svc.service.load_balancer_source_ranges = vec!["198.51.100.0/24".parse().unwrap()];
+        Box::new(["203.0.113.1".parse().unwrap(), "fd00:113::1".parse().unwrap()]);
+    svc.service.load_balancer_source_ranges = Box::new(["198.51.100.0/24".parse().unwrap()]);
     let rendered = render_service(&svc, &none(), &Slots::new(), FLOW_SECONDS);
     assert!(!rendered.elements.contains_key(&frontend("203.0.113.1", TCP, 80)));
     // IPv6 has no range: its load-balancer IP is translated.

@@ -116,9 +116,11 @@ fn external_policy_local_short_circuits_pods_and_the_node_and_firewalls_ranges()
     svc.service_type = ServiceType::LoadBalancer;
     svc.ports[0].node_port = Some(30080);
     svc.external_traffic_policy = TrafficPolicy::Local;
-    svc.load_balancer_ingress =
-        vec![LoadBalancerIngress { ip: "203.0.113.1".parse().unwrap(), ip_mode: IpMode::VIP }];
-    svc.load_balancer_source_ranges = vec!["198.51.100.0/24".parse().unwrap()];
+    svc.load_balancer_ingress = Box::new([LoadBalancerIngress {
+        ip: "203.0.113.1".parse().unwrap(),
+        ip_mode: IpMode::VIP,
+    }]);
+    svc.load_balancer_source_ranges = Box::new(["198.51.100.0/24".parse().unwrap()]);
     let remote = slice("ns", "web-1", "web", &[SLICE_HTTP], vec![endpoint("10.244.1.2", "b")]);
     let got = lines(vec![Object::Service(svc), Object::EndpointSlice(remote)], &ctx());
     assert_eq!(

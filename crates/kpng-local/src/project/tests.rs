@@ -192,10 +192,10 @@ fn external_policy_local_uses_both_sets() {
     svc.ports[0].node_port = Some(30080);
     svc.external_traffic_policy = TrafficPolicy::Local;
     svc.health_check_node_port = Some(32000);
-    svc.load_balancer_ingress = vec![
+    svc.load_balancer_ingress = Box::new([
         LoadBalancerIngress { ip: "198.51.100.1".parse().unwrap(), ip_mode: IpMode::VIP },
         LoadBalancerIngress { ip: "198.51.100.2".parse().unwrap(), ip_mode: IpMode::Proxy },
-    ];
+    ]);
     let s1 = slice(
         "ns",
         "web-1",
@@ -213,7 +213,7 @@ fn external_policy_local_uses_both_sets() {
     assert_eq!(state.service.health_check_node_port, Some(32000));
     assert_eq!(
         state.service.load_balancer_ips,
-        vec!["198.51.100.1".parse::<std::net::IpAddr>().unwrap()]
+        vec!["198.51.100.1".parse::<std::net::IpAddr>().unwrap()].into()
     );
     let local = &state.endpoints[&"10.0.0.1".parse().unwrap()];
     let remote = &state.endpoints[&"10.0.0.2".parse().unwrap()];

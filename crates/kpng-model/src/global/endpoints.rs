@@ -323,11 +323,11 @@ pub struct EndpointSlice {
     pub endpoints: Vec<Endpoint>,
     /// The `endpoints.kubernetes.io/last-change-trigger-time` annotation, verbatim (RFC 3339):
     /// when the change this slice reflects was triggered.
-    pub trigger_time: Option<String>,
+    pub trigger_time: Option<Box<str>>,
     /// The `service.kubernetes.io/service-proxy-name` label: the proxy that handles the
     /// slice (`None`: the default proxy). See [`is_for_proxy`](crate::global::is_for_proxy).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub proxy_name: Option<String>,
+    pub proxy_name: Option<Box<str>>,
 }
 
 impl EndpointSlice {

@@ -190,15 +190,15 @@ pub struct Service {
     /// The service type.
     pub service_type: ServiceType,
     /// Cluster IPs from `spec.clusterIPs`, at most one per family, in spec order.
-    pub cluster_ips: Vec<IpAddr>,
+    pub cluster_ips: Box<[IpAddr]>,
     /// The service ports.
     pub ports: Vec<ServicePort>,
     /// `spec.externalIPs`, sorted, without duplicates.
-    pub external_ips: Vec<IpAddr>,
+    pub external_ips: Box<[IpAddr]>,
     /// `status.loadBalancer.ingress` entries that carry an IP, sorted, without duplicates.
-    pub load_balancer_ingress: Vec<LoadBalancerIngress>,
+    pub load_balancer_ingress: Box<[LoadBalancerIngress]>,
     /// `spec.loadBalancerSourceRanges`, trimmed, truncated to their network, sorted.
-    pub load_balancer_source_ranges: Vec<IpNet>,
+    pub load_balancer_source_ranges: Box<[IpNet]>,
     /// Session affinity.
     pub session_affinity: SessionAffinity,
     /// `spec.internalTrafficPolicy`.
@@ -211,7 +211,7 @@ pub struct Service {
     /// The `service.kubernetes.io/service-proxy-name` label: the proxy that handles the
     /// service (`None`: the default proxy). See [`is_for_proxy`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub proxy_name: Option<String>,
+    pub proxy_name: Option<Box<str>>,
     /// `metadata.creationTimestamp` in seconds since the Unix epoch, when known: the oldest
     /// of two services claiming one destination holds it (see [`Service::seniority`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]

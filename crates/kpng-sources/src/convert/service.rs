@@ -95,11 +95,11 @@ fn reduce(
     Ok(Service {
         key,
         service_type,
-        cluster_ips,
+        cluster_ips: cluster_ips.into(),
         ports: ports(spec)?,
-        external_ips: ips(spec.external_ips.as_deref(), "spec.externalIPs")?,
-        load_balancer_ingress: ingress(status)?,
-        load_balancer_source_ranges: source_ranges(spec)?,
+        external_ips: ips(spec.external_ips.as_deref(), "spec.externalIPs")?.into(),
+        load_balancer_ingress: ingress(status)?.into(),
+        load_balancer_source_ranges: source_ranges(spec)?.into(),
         session_affinity: affinity(spec)?,
         internal_traffic_policy: policy(
             spec.internal_traffic_policy.as_deref(),
@@ -107,7 +107,7 @@ fn reduce(
         )?,
         external_traffic_policy,
         health_check_node_port,
-        proxy_name: metadata.labels.get(SERVICE_PROXY_NAME_LABEL).map(str::to_string),
+        proxy_name: metadata.labels.get(SERVICE_PROXY_NAME_LABEL).map(Box::from),
         created_at,
         load_balancing: Default::default(),
     })

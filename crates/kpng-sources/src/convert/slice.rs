@@ -66,8 +66,8 @@ pub fn convert_slice(
         family,
         ports,
         endpoints,
-        trigger_time: slice.metadata.annotations.get(TRIGGER_TIME_ANNOTATION).map(str::to_string),
-        proxy_name: labels.get(SERVICE_PROXY_NAME_LABEL).map(str::to_string),
+        trigger_time: slice.metadata.annotations.get(TRIGGER_TIME_ANNOTATION).map(Box::from),
+        proxy_name: labels.get(SERVICE_PROXY_NAME_LABEL).map(Box::from),
     }))
 }
 

@@ -63,7 +63,7 @@ fn cluster_ips_that_cannot_be_service_addresses_are_dropped_with_a_warning() {
     let svc = service(json!({}), &["127.0.0.1", "fd00::10"]);
     let converted = convert_service(&svc, &ConvertOptions::default(), &mut warnings).unwrap();
     let kept = converted.proxied().unwrap().cluster_ips;
-    assert_eq!(kept, ["fd00::10".parse::<std::net::IpAddr>().unwrap()], "IPv6 only");
+    assert_eq!(*kept, ["fd00::10".parse::<std::net::IpAddr>().unwrap()], "IPv6 only");
     assert_eq!(warnings.len(), 1);
     let shown = warnings[0].to_string();
     assert!(shown.contains("shop/web") && shown.contains("spec.clusterIPs[0]"), "{shown}");
@@ -205,7 +205,7 @@ fn a_cluster_ip_of_a_family_ip_families_does_not_list_is_dropped_with_a_warning(
     let mut warnings = Warnings::new();
     let converted = convert_service(&svc, &ConvertOptions::default(), &mut warnings).unwrap();
     let kept = converted.proxied().unwrap().cluster_ips;
-    assert_eq!(kept, ["10.96.0.50".parse::<std::net::IpAddr>().unwrap()]);
+    assert_eq!(*kept, ["10.96.0.50".parse::<std::net::IpAddr>().unwrap()]);
     let shown = warnings[0].to_string();
     assert!(shown.contains("shop/web") && shown.contains("spec.clusterIPs[1]"), "{shown}");
     assert!(shown.contains("spec.ipFamilies is [IPv4]"), "{shown}");
