@@ -136,37 +136,55 @@ impl FlowCleaner {
     /// every entry valid and cost no dump.
     pub(super) fn collect(&mut self, changes: &ChangeSet<'_>) {
         let state = changes.state;
-        let reset = changes.is_reset();
-        let keys: Vec<ServiceKey> = if reset {
-            self.targets.keys().chain(state.services.keys()).cloned().collect()
+        if changes.is_reset() {
+            // Every service of the state, then those gone since the last change set, without
+            // a list of every key beside the state.
+            let mut before = std::mem::take(&mut self.targets);
+            for (key, service) in &state.services {
+                let old = before.remove(key).unwrap_or_default();
+                self.review(key, udp_checks(service), old, true);
+            }
+            for (key, old) in before {
+                self.review(&key, Vec::new(), old, true);
+            }
         } else {
-            changes.touched().0
-        };
-        for key in keys {
-            let checks = state.services.get(&key).map(udp_checks).unwrap_or_default();
-            let before = self.targets.remove(&key).unwrap_or_default();
-            for gone in before.iter().filter(|b| !checks.iter().any(|c| c.target == b.target)) {
-                let update = Update { serving: Serving::default(), required: true };
-                self.outbox.insert(gone.target, update);
-            }
-            for check in &checks {
-                let previous = before.iter().find(|b| b.target == check.target);
-                if !reset && previous.is_some_and(|p| p.serving == check.serving) {
-                    continue;
-                }
-                let required = reset
-                    || previous.is_none_or(|p| {
-                        p.serving.is_empty() || !p.serving.is_subset(&check.serving)
-                    });
-                let update = Update { serving: check.serving.clone(), required };
-                self.outbox.insert(check.target, update);
-            }
-            if !checks.is_empty() {
-                self.targets.insert(key, checks);
+            for key in changes.touched().0 {
+                let checks = state.services.get(&key).map(udp_checks).unwrap_or_default();
+                let old = self.targets.remove(&key).unwrap_or_default();
+                self.review(&key, checks, old, false);
             }
         }
         if let Some(node) = &state.node {
             self.nodeports = node.nodeport_addresses.clone();
+        }
+    }
+
+    /// Files the updates that service `key`'s new `checks` call for against those it had
+    /// `before` (all of them at a reset), and keeps the new ones.
+    fn review(
+        &mut self,
+        key: &ServiceKey,
+        checks: Vec<UdpCheck>,
+        before: Vec<UdpCheck>,
+        reset: bool,
+    ) {
+        for gone in before.iter().filter(|b| !checks.iter().any(|c| c.target == b.target)) {
+            let update = Update { serving: Serving::default(), required: true };
+            self.outbox.insert(gone.target, update);
+        }
+        for check in &checks {
+            let previous = before.iter().find(|b| b.target == check.target);
+            if !reset && previous.is_some_and(|p| p.serving == check.serving) {
+                continue;
+            }
+            let required = reset
+                || previous
+                    .is_none_or(|p| p.serving.is_empty() || !p.serving.is_subset(&check.serving));
+            let update = Update { serving: check.serving.clone(), required };
+            self.outbox.insert(check.target, update);
+        }
+        if !checks.is_empty() {
+            self.targets.insert(key.clone(), checks);
         }
     }
 

@@ -193,3 +193,35 @@ fn serving_endpoints_answer_as_a_set_whatever_their_order() {
     assert!(Serving::default().is_subset(&some) && Serving::default().is_empty());
     assert_eq!(some, addresses(&["10.0.0.1:53", "[fd00::1]:53"]).into_iter().collect());
 }
+
+#[test]
+fn a_reset_checks_every_destination_and_those_of_services_gone_since() {
+    use kpng_backend::ChangeSet;
+    use kpng_model::{ItemRef, LocalState, Op};
+
+    let dns_key = ServiceKey::new("ns", "dns");
+    let mut cleaner = FlowCleaner::conntrack();
+    let mut state = LocalState::default();
+    state.services.insert(dns_key.clone(), dns(vec![endpoint("10.244.0.5", true, true, true)]));
+    cleaner.collect(&ChangeSet::changes(&[Op::Delete(ItemRef::Service(dns_key))], &state));
+    cleaner.outbox.clear();
+    // A reset (after a failure, say) finds that service gone and another one there.
+    let mut other = dns(vec![endpoint("10.244.1.5", true, true, true)]);
+    other.service.cluster_ips = Box::new(["10.96.0.11".parse().unwrap()]);
+    state.services.clear();
+    state.services.insert(ServiceKey::new("ns", "other"), other);
+    let reset = |cleaner: &mut FlowCleaner| {
+        cleaner.collect(&ChangeSet::full(&state));
+        let out: Vec<(UdpTarget, bool, usize)> = std::mem::take(&mut cleaner.outbox)
+            .into_iter()
+            .map(|(target, u)| (target, u.required, u.serving.len()))
+            .collect();
+        out
+    };
+    let dest = |address: &str| UdpTarget::Dest(address.parse().unwrap());
+    // The gone service's destination is checked with no endpoint, the new one with its own.
+    let expected = [(dest("10.96.0.10:53"), true, 0), (dest("10.96.0.11:53"), true, 1)];
+    assert_eq!(reset(&mut cleaner), expected);
+    // Another reset checks what is there again, and forgot the service gone.
+    assert_eq!(reset(&mut cleaner), [(dest("10.96.0.11:53"), true, 1)]);
+}
