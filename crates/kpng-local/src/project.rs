@@ -264,15 +264,15 @@ fn port_candidates<'m>(
 
 /// The service-level part of the ENLS.
 /// IP lists in the ENLS are sorted (IPv4 first), whatever order the API gave.
-fn sorted(ips: &[IpAddr]) -> Vec<IpAddr> {
+fn sorted(ips: &[IpAddr]) -> Box<[IpAddr]> {
     let mut ips = ips.to_vec();
     ips.sort();
     ips.dedup();
-    ips
+    ips.into()
 }
 
 /// The addresses of `service` whose destination on `port` an older service holds.
-fn yielded(model: &GlobalModel, service: &Service, port: &ServicePort) -> Vec<IpAddr> {
+fn yielded(model: &GlobalModel, service: &Service, port: &ServicePort) -> Box<[IpAddr]> {
     let addresses = service
         .cluster_ips
         .iter()
@@ -284,7 +284,7 @@ fn yielded(model: &GlobalModel, service: &Service, port: &ServicePort) -> Vec<Ip
         .collect();
     yielded.sort();
     yielded.dedup();
-    yielded
+    yielded.into()
 }
 
 fn local_service(model: &GlobalModel, service: &Service) -> LocalService {
@@ -300,8 +300,8 @@ fn local_service(model: &GlobalModel, service: &Service) -> LocalService {
     LocalService {
         key: service.key.clone(),
         service_type: service.service_type,
-        cluster_ips: sorted(&service.cluster_ips).into(),
-        external_ips: sorted(&service.external_ips).into(),
+        cluster_ips: sorted(&service.cluster_ips),
+        external_ips: sorted(&service.external_ips),
         load_balancer_ips: load_balancer_ips.into(),
         load_balancer_source_ranges: service.load_balancer_source_ranges.clone(),
         ports: service
@@ -315,7 +315,7 @@ fn local_service(model: &GlobalModel, service: &Service) -> LocalService {
                     .node_port
                     .filter(|n| model.holds(service, &Claim::NodePort(p.protocol, *n))),
                 has_endpoints: Default::default(),
-                yielded: yielded(model, service, p).into(),
+                yielded: yielded(model, service, p),
             })
             .collect(),
         affinity_timeout_seconds: match service.session_affinity {
