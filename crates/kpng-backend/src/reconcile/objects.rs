@@ -125,25 +125,26 @@ type ByPrint<T> = HashMap<u32, T, std::hash::BuildHasherDefault<Fingerprints>>;
 /// One owner's objects as kept: sorted by key, without a tree's overhead. Most objects of
 /// a set-based dataplane are set elements, whose value is the default one (they carry
 /// none): those are kept as bare keys, and the value of each is the table's one default
-/// value ([`Objects::plain`]).
+/// value ([`Objects::plain`]). The keys whose claims yield, which few owners have, are
+/// kept apart ([`Objects::yielding`]), so as not to cost every owner an empty list.
 #[derive(Debug)]
 struct Kept<K, V> {
     /// The objects whose value is not the default one.
     objects: Box<[(K, V)]>,
     /// The keys whose value is the default one.
     bare: Box<[K]>,
-    yielding: Box<[K]>,
 }
 
 impl<K: Ord, V: Eq> Kept<K, V> {
-    fn of(wanted: Wanted<K, V>, plain: &V) -> Kept<K, V> {
+    /// The objects of `wanted`, and the keys of its claims that yield.
+    fn of(wanted: Wanted<K, V>, plain: &V) -> (Kept<K, V>, Box<[K]>) {
         let (bare, objects): (Vec<_>, Vec<_>) =
             wanted.objects.into_iter().partition(|(_, v)| v == plain);
-        Kept {
+        let kept = Kept {
             objects: objects.into_boxed_slice(),
             bare: bare.into_iter().map(|(k, _)| k).collect(),
-            yielding: wanted.yielding.into_iter().collect(),
-        }
+        };
+        (kept, wanted.yielding.into_iter().collect())
     }
 
     /// The value at `key`, where `plain` is the default value.
@@ -163,10 +164,14 @@ impl<K: Ord, V: Eq> Kept<K, V> {
     fn is_empty(&self) -> bool {
         self.objects.is_empty() && self.bare.is_empty()
     }
+}
 
-    fn yields(&self, key: &K) -> bool {
-        self.yielding.binary_search(key).is_ok()
-    }
+/// One owner's objects and the keys of its claims that yield.
+type Claims<'a, K, V> = (&'a Kept<K, V>, &'a [K]);
+
+/// Whether `key` is among the sorted keys `yielding`.
+fn yields<K: Ord>(yielding: &[K], key: &K) -> bool {
+    yielding.binary_search(key).is_ok()
 }
 
 /// What every owner wants and what the kernel holds.
@@ -176,6 +181,8 @@ pub struct Objects<K, V> {
     next: u32,
     /// What the node and each service want, by owner number.
     wanted: HashMap<u32, Kept<K, V>>,
+    /// The keys whose claims yield, sorted, by owner number, for the owners that have any.
+    yielding: ByPrint<Box<[K]>>,
     /// What [`Owner::Shared`] wants (patched a few objects at a time).
     shared: BTreeMap<K, V>,
     /// The claim on each key, by the key's fingerprint ([`MANY`] when it has more).
@@ -196,6 +203,7 @@ impl<K, V: Default> Default for Objects<K, V> {
             numbers: HashMap::new(),
             next: 2,
             wanted: HashMap::new(),
+            yielding: ByPrint::default(),
             shared: BTreeMap::new(),
             claims: ByPrint::default(),
             many: ByPrint::default(),
@@ -451,8 +459,9 @@ where
         match claim.owner() {
             SHARED => self.shared.get(key).filter(|_| !claim.yielding()),
             owner => {
-                let kept = self.wanted.get(&owner)?;
-                kept.get(key, &self.plain).filter(|_| kept.yields(key) == claim.yielding())
+                let value = self.wanted.get(&owner)?.get(key, &self.plain)?;
+                let yielding = self.yielding.get(&owner).is_some_and(|y| yields(y, key));
+                (yielding == claim.yielding()).then_some(value)
             }
         }
     }
@@ -473,46 +482,54 @@ where
                 continue;
             }
             let number = self.number(&owner);
-            let new = Kept::of(new.unwrap_or_default(), &plain);
+            let (new, new_yielding) = Kept::of(new.unwrap_or_default(), &plain);
+            let now = (&new, &*new_yielding);
             // A key whose value and claim the owner keeps is not touched.
-            let same = |a: &Kept<K, V>, b: &Kept<K, V>, key: &K, value: &V| {
-                b.get(key, &plain) == Some(value) && b.yields(key) == a.yields(key)
+            let same = |a: Claims<K, V>, b: Claims<K, V>, key: &K, value: &V| {
+                b.0.get(key, &plain) == Some(value) && yields(b.1, key) == yields(a.1, key)
             };
             if let Some(before) = before.as_deref_mut() {
-                let old = self.wanted.get(&number);
-                for (key, value) in old.iter().flat_map(|old| old.iter(&plain)) {
-                    if old.is_some_and(|old| !same(old, &new, key, value)) {
+                // Noted while the old claims are in force.
+                let old_yielding = self.yielding.get(&number).map_or(&[][..], |y| &**y);
+                let was = self.wanted.get(&number).map(|kept| (kept, old_yielding));
+                for (key, value) in was.iter().flat_map(|was| was.0.iter(&plain)) {
+                    if was.is_some_and(|was| !same(was, now, key, value)) {
                         self.note(key, before);
                     }
                 }
                 for (key, value) in new.iter(&plain) {
-                    if !old.is_some_and(|old| same(&new, old, key, value)) {
+                    if !was.is_some_and(|was| same(now, was, key, value)) {
                         self.note(key, before);
                     }
                 }
             }
+            let old_yielding = self.yielding.remove(&number).unwrap_or_default();
             let old = self.wanted.remove(&number);
-            let claim_in = |kept: &Kept<K, V>, key: &K| {
-                kept.get(key, &plain).is_some().then(|| Claim::new(number, kept.yields(key)))
+            let was = old.as_ref().map(|kept| (kept, &*old_yielding));
+            let claim_in = |(kept, yielding): Claims<K, V>, key: &K| {
+                kept.get(key, &plain).is_some().then(|| Claim::new(number, yields(yielding, key)))
             };
-            if let Some(old) = &old {
-                for (key, _) in old.iter(&plain) {
-                    let was = Claim::new(number, old.yields(key));
-                    if claim_in(&new, key) != Some(was) {
-                        self.drop_claim(key, was);
+            if let Some(was) = was {
+                for (key, _) in was.0.iter(&plain) {
+                    let claim = Claim::new(number, yields(was.1, key));
+                    if claim_in(now, key) != Some(claim) {
+                        self.drop_claim(key, claim);
                     }
                 }
             }
             for (key, _) in new.iter(&plain) {
-                let now = Claim::new(number, new.yields(key));
-                if old.as_ref().and_then(|old| claim_in(old, key)) != Some(now) {
-                    self.add_claim(key, now);
+                let claim = Claim::new(number, yields(now.1, key));
+                if was.and_then(|was| claim_in(was, key)) != Some(claim) {
+                    self.add_claim(key, claim);
                 }
             }
             if new.is_empty() {
                 self.numbers.remove(&owner);
             } else {
                 self.wanted.insert(number, new);
+                if !new_yielding.is_empty() {
+                    self.yielding.insert(number, new_yielding);
+                }
             }
         }
     }
