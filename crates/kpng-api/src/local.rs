@@ -11,8 +11,8 @@ use std::net::IpAddr;
 use kpng_model::global::InvalidKey;
 use kpng_model::local::{EndpointPort, LocalServicePort};
 use kpng_model::{
-    Family, Item, ItemRef, LocalEndpoint, LocalNode, LocalService, NodePortAddresses, Op,
-    PerFamily, ServiceKey,
+    Family, Item, ItemRef, LocalEndpoint, LocalNode, LocalOutside, LocalService, NodePortAddresses,
+    Op, PerFamily, ServiceKey,
 };
 use prost::Message;
 
@@ -165,14 +165,14 @@ fn split_endpoint_path(path: &str) -> Result<(ServiceKey, IpAddr), WireError> {
 
 /// The wire form of a service.
 pub fn encode_service(service: &LocalService) -> localv1::Service {
-    let lb_ips = ip_set(&service.load_balancer_ips);
+    let lb_ips = ip_set(service.load_balancer_ips());
     localv1::Service {
         namespace: service.key.namespace.to_string(),
         name: service.key.name.to_string(),
         r#type: service.service_type.as_str().to_string(),
         ips: Some(localv1::ServiceIPs {
             cluster_ips: Some(ip_set(&service.cluster_ips)),
-            external_ips: Some(ip_set(&service.external_ips)),
+            external_ips: Some(ip_set(service.external_ips())),
             headless: false,
             load_balancer_ips: Some(lb_ips.clone()),
         }),
@@ -194,7 +194,7 @@ pub fn encode_service(service: &LocalService) -> localv1::Service {
         external_traffic_to_local: service.external_local,
         labels: Default::default(),
         annotations: Default::default(),
-        ip_filters: ip_filters(&service.load_balancer_source_ranges, &lb_ips),
+        ip_filters: ip_filters(service.load_balancer_source_ranges(), &lb_ips),
         session_affinity: client_ip(service.affinity_timeout_seconds),
         internal_traffic_to_local: service.internal_local,
         health_check_node_port: service.health_check_node_port.map_or(0, i32::from),
@@ -246,15 +246,19 @@ pub fn decode_service(wire: &localv1::Service, path: &str) -> Result<LocalServic
         key: service_key(path)?,
         service_type,
         cluster_ips: parse_ips(set(|i| i.cluster_ips.as_ref()), path, "ips.clusterIPs")?.into(),
-        external_ips: parse_ips(set(|i| i.external_ips.as_ref()), path, "ips.externalIPs")?.into(),
-        load_balancer_ips: parse_ips(
-            set(|i| i.load_balancer_ips.as_ref()),
-            path,
-            "ips.loadBalancerIPs",
-        )?
-        .into(),
-        load_balancer_source_ranges: source_ranges(&wire.ip_filters, path)?.into(),
-        ports,
+        outside: LocalOutside {
+            external_ips: parse_ips(set(|i| i.external_ips.as_ref()), path, "ips.externalIPs")?
+                .into(),
+            load_balancer_ips: parse_ips(
+                set(|i| i.load_balancer_ips.as_ref()),
+                path,
+                "ips.loadBalancerIPs",
+            )?
+            .into(),
+            load_balancer_source_ranges: source_ranges(&wire.ip_filters, path)?.into(),
+        }
+        .boxed(),
+        ports: ports.into(),
         affinity_timeout_seconds: affinity_timeout(&wire.session_affinity, path)?,
         internal_local: wire.internal_traffic_to_local,
         external_local: wire.external_traffic_to_local,

@@ -24,7 +24,7 @@ impl SourceRanges {
     /// `service`'s ranges of `family`, for a node of addresses `node_ips`.
     pub fn of(service: &LocalService, family: Family, node_ips: &[IpAddr]) -> SourceRanges {
         let ranges: Vec<IpNet> = service
-            .load_balancer_source_ranges
+            .load_balancer_source_ranges()
             .iter()
             .copied()
             .filter(|r| Family::of_net(r) == family)
@@ -129,11 +129,15 @@ mod tests {
     fn source_ranges_are_per_family_and_know_when_they_hold_the_node() {
         let service = LocalService {
             service_type: kpng_model::global::ServiceType::LoadBalancer,
-            load_balancer_source_ranges: vec![
-                "192.0.2.0/24".parse().unwrap(),
-                "2001:db8::/32".parse().unwrap(),
-            ]
-            .into(),
+            outside: kpng_model::LocalOutside {
+                load_balancer_source_ranges: vec![
+                    "192.0.2.0/24".parse().unwrap(),
+                    "2001:db8::/32".parse().unwrap(),
+                ]
+                .into(),
+                ..Default::default()
+            }
+            .boxed(),
             ..crate::bare_service("a", "lb")
         };
         let node: Vec<IpAddr> = vec!["192.0.2.7".parse().unwrap()];

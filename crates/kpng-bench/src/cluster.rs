@@ -61,10 +61,12 @@ pub fn extra_service(model: &GlobalModel, n: usize, endpoints: usize) -> (Object
     let mut service = template;
     service.key = ServiceKey::new("bench", format!("extra-{n}"));
     service.cluster_ips = Box::new([std::net::IpAddr::from([10, 99, (n >> 8) as u8, n as u8])]);
-    service.ports.truncate(1);
-    for port in &mut service.ports {
+    let mut ports = Vec::from(std::mem::take(&mut service.ports));
+    ports.truncate(1);
+    for port in &mut ports {
         port.node_port = None;
     }
+    service.ports = ports.into();
     slice.key = SliceKey::new("bench", format!("extra-{n}-v4"));
     slice.service_name = format!("extra-{n}").into();
     slice.endpoints = (0..endpoints).map(|j| extra_endpoint(n * 8 + j, "node-1")).collect();

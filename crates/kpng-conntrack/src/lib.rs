@@ -116,8 +116,8 @@ pub fn udp_checks(state: &LocalServiceState) -> Vec<UdpCheck> {
                 })
                 .collect();
             let addresses = std::iter::once(cluster_ip)
-                .chain(svc.external_ips.iter().copied())
-                .chain(svc.load_balancer_ips.iter().copied())
+                .chain(svc.external_ips().iter().copied())
+                .chain(svc.load_balancer_ips().iter().copied())
                 .filter(|ip| Family::of(ip) == family && !port.yielded.contains(ip));
             for ip in addresses {
                 let target = UdpTarget::Dest(SocketAddr::new(ip, port.port));

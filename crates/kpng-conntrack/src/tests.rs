@@ -101,9 +101,7 @@ fn dns(endpoints: Vec<LocalEndpoint>) -> LocalServiceState {
         key: ServiceKey::new("ns", "dns"),
         service_type: ServiceType::ClusterIP,
         cluster_ips: vec!["10.96.0.10".parse().unwrap()].into(),
-        external_ips: Box::default(),
-        load_balancer_ips: Box::default(),
-        load_balancer_source_ranges: Box::default(),
+        outside: None,
         ports: vec![LocalServicePort {
             name: "dns".into(),
             protocol: Protocol::Udp,
@@ -111,7 +109,8 @@ fn dns(endpoints: Vec<LocalEndpoint>) -> LocalServiceState {
             node_port: None,
             has_endpoints: Default::default(),
             yielded: Box::default(),
-        }],
+        }]
+        .into(),
         affinity_timeout_seconds: None,
         internal_local: false,
         external_local: false,

@@ -173,11 +173,11 @@ pub fn render_service(
         let Some(cluster_ip) = svc.cluster_ip(family) else { continue };
         out.elements.insert(Key::ClusterIp(cluster_ip), Value::Present);
         let firewalled = SourceRanges::of(svc, family, &[]).any();
-        let lb_ips = of_family(&svc.load_balancer_ips, family).filter(|_| !firewalled);
+        let lb_ips = of_family(svc.load_balancer_ips(), family).filter(|_| !firewalled);
         let addresses = Addresses {
             family,
             cluster_ip,
-            externals: of_family(&svc.external_ips, family).chain(lb_ips).collect(),
+            externals: of_family(svc.external_ips(), family).chain(lb_ips).collect(),
             nodeports: of_family(&nodeports.addresses, family).collect(),
         };
         for port in svc.ports.iter().filter(|p| p.protocol != Protocol::Sctp) {

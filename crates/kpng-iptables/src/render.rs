@@ -254,9 +254,9 @@ fn render_port(
     };
     let empty_verdict = if has_endpoints { Target::Drop } else { Target::Reject(family) };
 
-    let external: Vec<IpAddr> = of_family(&svc.external_ips, family)
+    let external: Vec<IpAddr> = of_family(svc.external_ips(), family)
         .into_iter()
-        .chain(of_family(&svc.load_balancer_ips, family))
+        .chain(of_family(svc.load_balancer_ips(), family))
         .filter(held)
         .collect();
     let reachable_outside = !external.is_empty() || port.node_port.is_some();
@@ -327,7 +327,7 @@ fn render_port(
         out.chain(Table::Nat, ext_chain.clone(), rules);
     }
     let sources = SourceRanges::of(svc, family, &out.ctx.node_ips);
-    let lb_ips: Vec<IpAddr> = of_family(&svc.load_balancer_ips, family);
+    let lb_ips: Vec<IpAddr> = of_family(svc.load_balancer_ips(), family);
     let firewalled = sources.any() && !cluster.is_empty();
     if firewalled {
         let ranges = sources.ranges.iter();

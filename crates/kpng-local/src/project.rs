@@ -10,7 +10,8 @@ use kpng_model::global::{
 };
 use kpng_model::local::{EndpointPort, LocalServicePort, LocalServiceState};
 use kpng_model::{
-    Family, GlobalModel, LocalEndpoint, LocalNode, LocalService, LocalState, Protocol, ServiceKey,
+    Family, GlobalModel, LocalEndpoint, LocalNode, LocalOutside, LocalService, LocalState,
+    Protocol, ServiceKey,
 };
 
 use crate::nodeports::{NodePortSelection, nodeport_addresses};
@@ -143,7 +144,7 @@ pub fn project_service(
             continue;
         }
         let external_addresses = service.load_balancer_vips(family).next().is_some()
-            || service.external_ips(family).next().is_some();
+            || service.external_ips_of(family).next().is_some();
         for (port, local_port) in service.ports.iter().zip(&mut local.ports) {
             let candidates = port_candidates(model, key, family, port);
             let accessible = port.node_port.is_some() || external_addresses;
@@ -277,7 +278,7 @@ fn yielded(model: &GlobalModel, service: &Service, port: &ServicePort) -> Box<[I
         .cluster_ips
         .iter()
         .copied()
-        .chain(service.external_ips.iter().copied())
+        .chain(service.external_ips().iter().copied())
         .chain(Family::ALL.iter().flat_map(|f| service.load_balancer_vips(*f)));
     let mut yielded: Vec<IpAddr> = addresses
         .filter(|ip| !model.holds(service, &Claim::Address(*ip, port.protocol, port.port)))
@@ -294,16 +295,19 @@ fn local_service(model: &GlobalModel, service: &Service) -> LocalService {
     load_balancer_ips.dedup();
     let externally_accessible = service.ports.iter().any(|p| p.node_port.is_some())
         || !load_balancer_ips.is_empty()
-        || !service.external_ips.is_empty();
+        || !service.external_ips().is_empty();
     let external_local =
         service.external_traffic_policy == TrafficPolicy::Local && externally_accessible;
     LocalService {
         key: service.key.clone(),
         service_type: service.service_type,
         cluster_ips: sorted(&service.cluster_ips),
-        external_ips: sorted(&service.external_ips),
-        load_balancer_ips: load_balancer_ips.into(),
-        load_balancer_source_ranges: service.load_balancer_source_ranges.clone(),
+        outside: LocalOutside {
+            external_ips: sorted(service.external_ips()),
+            load_balancer_ips: load_balancer_ips.into(),
+            load_balancer_source_ranges: service.load_balancer_source_ranges().into(),
+        }
+        .boxed(),
         ports: service
             .ports
             .iter()

@@ -28,6 +28,8 @@ pub use global::{
     Changes, EndpointSlice, GlobalModel, Kind, Node, Object, ObjectRef, Service, ServiceCidr,
     ServiceKey, SliceKey, Touched,
 };
-pub use local::{Endpoints, LocalEndpoint, LocalNode, LocalService, LocalState, NodePortAddresses};
+pub use local::{
+    Endpoints, LocalEndpoint, LocalNode, LocalOutside, LocalService, LocalState, NodePortAddresses,
+};
 pub use net::{Family, PerFamily, Protocol};
 pub use ops::{Item, ItemRef, Op, full_state_ops};

@@ -12,7 +12,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use ipnet::IpNet;
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::global::{LoadBalancing, PodName, ServiceKey, ServiceType};
 use crate::net::{Family, PerFamily, Protocol};
@@ -85,15 +85,17 @@ pub struct LocalService {
     pub service_type: ServiceType,
     /// Cluster IPs, at most one per family, sorted (IPv4 first).
     pub cluster_ips: Box<[IpAddr]>,
-    /// External IPs, sorted.
-    pub external_ips: Box<[IpAddr]>,
-    /// Load-balancer ingress IPs the proxy handles (ipMode VIP), sorted.
-    pub load_balancer_ips: Box<[IpAddr]>,
-    /// `loadBalancerSourceRanges`, sorted; when non-empty, new connections to the
-    /// load-balancer IPs from elsewhere are dropped.
-    pub load_balancer_source_ranges: Box<[IpNet]>,
+    /// Its addresses outside the cluster, `None` when it has none
+    /// ([`LocalOutside::boxed`]). Serialized as the fields of [`LocalOutside`], empty lists
+    /// included.
+    #[serde(
+        flatten,
+        serialize_with = "LocalOutside::flat",
+        deserialize_with = "LocalOutside::unflat"
+    )]
+    pub outside: Option<Box<LocalOutside>>,
     /// The ports.
-    pub ports: Vec<LocalServicePort>,
+    pub ports: Box<[LocalServicePort]>,
     /// ClientIP affinity timeout in seconds; `None` without affinity.
     pub affinity_timeout_seconds: Option<u32>,
     /// ClusterIP traffic uses the Local set (internalTrafficPolicy Local).
@@ -111,7 +113,59 @@ pub struct LocalService {
     pub load_balancing: LoadBalancing,
 }
 
+/// Where a service is reached on this node from outside the cluster. Few services have
+/// any such address, so a service keeps them behind one pointer ([`LocalService::outside`]),
+/// which is `None` for the many that have none.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct LocalOutside {
+    /// External IPs, sorted.
+    pub external_ips: Box<[IpAddr]>,
+    /// Load-balancer ingress IPs the proxy handles (ipMode VIP), sorted.
+    pub load_balancer_ips: Box<[IpAddr]>,
+    /// `loadBalancerSourceRanges`, sorted; when non-empty, new connections to the
+    /// load-balancer IPs from elsewhere are dropped.
+    pub load_balancer_source_ranges: Box<[IpNet]>,
+}
+
+impl LocalOutside {
+    /// These addresses as a service keeps them: boxed, or `None` when every list is empty
+    /// (so two services that have none compare equal however they were built).
+    pub fn boxed(self) -> Option<Box<LocalOutside>> {
+        let empty = self.external_ips.is_empty()
+            && self.load_balancer_ips.is_empty()
+            && self.load_balancer_source_ranges.is_empty();
+        (!empty).then(|| Box::new(self))
+    }
+
+    fn flat<S: Serializer>(outside: &Option<Box<LocalOutside>>, to: S) -> Result<S::Ok, S::Error> {
+        match outside {
+            Some(outside) => outside.serialize(to),
+            None => LocalOutside::default().serialize(to),
+        }
+    }
+
+    fn unflat<'de, D: Deserializer<'de>>(from: D) -> Result<Option<Box<LocalOutside>>, D::Error> {
+        LocalOutside::deserialize(from).map(LocalOutside::boxed)
+    }
+}
+
 impl LocalService {
+    /// External IPs, sorted.
+    pub fn external_ips(&self) -> &[IpAddr] {
+        self.outside.as_ref().map_or(&[], |o| &o.external_ips)
+    }
+
+    /// Load-balancer ingress IPs the proxy handles (ipMode VIP), sorted.
+    pub fn load_balancer_ips(&self) -> &[IpAddr] {
+        self.outside.as_ref().map_or(&[], |o| &o.load_balancer_ips)
+    }
+
+    /// `loadBalancerSourceRanges`, sorted; when non-empty, new connections to the
+    /// load-balancer IPs from elsewhere are dropped.
+    pub fn load_balancer_source_ranges(&self) -> &[IpNet] {
+        self.outside.as_ref().map_or(&[], |o| &o.load_balancer_source_ranges)
+    }
+
     /// The cluster IP of `family`.
     pub fn cluster_ip(&self, family: Family) -> Option<IpAddr> {
         self.cluster_ips.iter().copied().find(|ip| Family::of(ip) == family)
@@ -305,6 +359,44 @@ mod tests {
             pod_name: None,
             ports: Arc::new([]),
         }
+    }
+
+    #[test]
+    fn outside_addresses_are_held_only_when_there_are_some_and_serialize_flat() {
+        let service = |outside: LocalOutside| LocalService {
+            key: ServiceKey::new("ns", "web"),
+            service_type: ServiceType::LoadBalancer,
+            cluster_ips: Box::new(["10.96.0.1".parse().unwrap()]),
+            outside: outside.boxed(),
+            ports: Box::default(),
+            affinity_timeout_seconds: None,
+            internal_local: false,
+            external_local: false,
+            health_check_node_port: None,
+            load_balancing: LoadBalancing::default(),
+        };
+        let inside = service(LocalOutside::default());
+        assert_eq!(inside.outside, None);
+        assert!(
+            std::mem::size_of::<LocalService>() <= 112,
+            "{}",
+            std::mem::size_of::<LocalService>()
+        );
+        let json = serde_json::to_value(&inside).unwrap();
+        assert_eq!(json["load_balancer_ips"], serde_json::json!([]));
+        assert!(json.get("outside").is_none(), "{json}");
+        assert_eq!(serde_json::from_value::<LocalService>(json).unwrap(), inside);
+
+        let exposed = service(LocalOutside {
+            load_balancer_ips: Box::new(["198.51.100.1".parse().unwrap()]),
+            load_balancer_source_ranges: Box::new(["203.0.113.0/24".parse().unwrap()]),
+            ..LocalOutside::default()
+        });
+        assert_eq!(exposed.load_balancer_ips().len(), 1);
+        assert!(exposed.external_ips().is_empty());
+        let json = serde_json::to_value(&exposed).unwrap();
+        assert_eq!(json["load_balancer_source_ranges"], serde_json::json!(["203.0.113.0/24"]));
+        assert_eq!(serde_json::from_value::<LocalService>(json).unwrap(), exposed);
     }
 
     fn ips(endpoints: &Endpoints) -> Vec<String> {

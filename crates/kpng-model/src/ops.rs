@@ -196,9 +196,7 @@ mod tests {
             key: key.clone(),
             service_type: ServiceType::ClusterIP,
             cluster_ips: vec![[10, 96, 0, 1].into()].into(),
-            external_ips: Box::default(),
-            load_balancer_ips: Box::default(),
-            load_balancer_source_ranges: Box::default(),
+            outside: None,
             ports: vec![LocalServicePort {
                 name: "http".into(),
                 protocol: Protocol::Tcp,
@@ -206,7 +204,8 @@ mod tests {
                 node_port: None,
                 has_endpoints: Default::default(),
                 yielded: Box::default(),
-            }],
+            }]
+            .into(),
             affinity_timeout_seconds: None,
             internal_local: false,
             external_local: false,

@@ -214,7 +214,7 @@ fn port_keys(
     let svc = &state.service;
     let Some(cluster_ip) = svc.cluster_ip(family) else { return Vec::new() };
     std::iter::once(cluster_ip)
-        .chain(svc.external_ips.iter().chain(&svc.load_balancer_ips).copied())
+        .chain(svc.external_ips().iter().chain(svc.load_balancer_ips()).copied())
         .filter(|ip| Family::of(ip) == family)
         .map(|ip| Key::Dest(Dest { ip, protocol: port.protocol, port: port.port }))
         .chain(port.node_port.map(|np| Key::NodePort(port.protocol, np)))
@@ -313,7 +313,7 @@ fn render_port(
     let of_family = |ips: &[IpAddr]| -> Vec<IpAddr> {
         ips.iter().copied().filter(|ip| Family::of(ip) == family).collect()
     };
-    let lb_ips = of_family(&svc.load_balancer_ips);
+    let lb_ips = of_family(svc.load_balancer_ips());
 
     // ClusterIP.
     let Some(cluster_ip) = svc.cluster_ip(family) else { return };
@@ -339,7 +339,7 @@ fn render_port(
     }
 
     // External IPs and load-balancer IPs.
-    for ip in of_family(&svc.external_ips).iter().chain(&lb_ips).filter(|ip| held(ip)) {
+    for ip in of_family(svc.external_ips()).iter().chain(&lb_ips).filter(|ip| held(ip)) {
         let key = Key::Dest(Dest { ip: *ip, protocol: port.protocol, port: port.port });
         if stateless {
             out.member(MapName::RejectDests, key);

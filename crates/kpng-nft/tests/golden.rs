@@ -12,7 +12,8 @@ use kpng_backend::proxy::LocalDetection;
 use kpng_backend::{Backend, ChangeSet};
 use kpng_local::{NodeLocal, NodePortSelection, project_node_state_with};
 use kpng_model::global::{
-    IpMode, LoadBalancerIngress, NatMode, ServiceCidr, ServiceType, SessionAffinity, TrafficPolicy,
+    IpMode, LoadBalancerIngress, NatMode, Outside, ServiceCidr, ServiceType, SessionAffinity,
+    TrafficPolicy,
 };
 use kpng_model::{Family, GlobalModel, LocalState, Object, Protocol};
 use kpng_netlink::message::NETLINK_NETFILTER;
@@ -44,13 +45,18 @@ fn state(nodeports: NodePortSelection, service_cidrs: &[IpNet]) -> LocalState {
     let mut web = service("ns", "web", &["10.96.0.1", "fd00:96::1"], &[HTTP, DNS]);
     web.service_type = ServiceType::LoadBalancer;
     web.ports[0].node_port = Some(30080);
-    web.external_ips = Box::new(["192.0.2.5".parse().unwrap()]);
-    web.load_balancer_ingress = Box::new([LoadBalancerIngress {
-        ip: "203.0.113.1".parse().unwrap(),
-        ip_mode: IpMode::VIP,
-    }]);
-    web.load_balancer_source_ranges =
-        Box::new(["198.51.100.0/24".parse().unwrap(), "192.168.10.0/24".parse().unwrap()]);
+    web.outside = Outside {
+        external_ips: Box::new(["192.0.2.5".parse().unwrap()]),
+        load_balancer_ingress: Box::new([LoadBalancerIngress {
+            ip: "203.0.113.1".parse().unwrap(),
+            ip_mode: IpMode::VIP,
+        }]),
+        load_balancer_source_ranges: Box::new([
+            "198.51.100.0/24".parse().unwrap(),
+            "192.168.10.0/24".parse().unwrap(),
+        ]),
+    }
+    .boxed();
     model.apply(Object::Service(web));
     let eps: Vec<_> = (1..=3)
         .map(|i| endpoint(&format!("10.244.0.{i}"), if i == 1 { "a" } else { "b" }))

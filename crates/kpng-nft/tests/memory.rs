@@ -136,7 +136,7 @@ fn packets(state: &LocalState) -> Vec<Packet> {
             for family in Family::ALL {
                 let Some(cluster_ip) = svc.cluster_ip(family) else { continue };
                 let mut targets = vec![(cluster_ip, port.port)];
-                let externals = svc.external_ips.iter().chain(&svc.load_balancer_ips);
+                let externals = svc.external_ips().iter().chain(svc.load_balancer_ips());
                 targets.extend(
                     externals.filter(|ip| Family::of(ip) == family).map(|ip| (*ip, port.port)),
                 );

@@ -276,10 +276,10 @@ pub fn unsupported(state: &LocalServiceState) -> Vec<&'static str> {
     if s.ports.iter().any(|p| p.node_port.is_some()) {
         what.push("NodePorts");
     }
-    if !s.external_ips.is_empty() {
+    if !s.external_ips().is_empty() {
         what.push("externalIPs");
     }
-    if !s.load_balancer_ips.is_empty() {
+    if !s.load_balancer_ips().is_empty() {
         what.push("load-balancer IPs");
     }
     what

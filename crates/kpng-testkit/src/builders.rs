@@ -32,9 +32,7 @@ pub fn service(
                 target_port: TargetPort::Number(*port),
             })
             .collect(),
-        external_ips: Box::default(),
-        load_balancer_ingress: Box::default(),
-        load_balancer_source_ranges: Box::default(),
+        outside: None,
         session_affinity: SessionAffinity::None,
         internal_traffic_policy: TrafficPolicy::Cluster,
         external_traffic_policy: TrafficPolicy::Cluster,

@@ -6,9 +6,9 @@ use std::net::IpAddr;
 
 use kpng_model::global::{
     Endpoint, EndpointSlice, Helper, Hints, IpMode, LoadBalancerIngress, LoadBalancing, LogPath,
-    NatMode, Node, NodeAddress, NodeAddressKind, Persistence, PersistenceKey, Placement, Scheduler,
-    Service, ServiceCidr, ServiceKey, ServicePort, ServiceType, SessionAffinity, SliceKey,
-    SlicePort, TargetPort, TrafficPolicy, ZONE_LABEL,
+    NatMode, Node, NodeAddress, NodeAddressKind, Outside, Persistence, PersistenceKey, Placement,
+    Scheduler, Service, ServiceCidr, ServiceKey, ServicePort, ServiceType, SessionAffinity,
+    SliceKey, SlicePort, TargetPort, TrafficPolicy, ZONE_LABEL,
 };
 use kpng_model::{Family, Object, ObjectRef, Protocol};
 use proptest::prelude::*;
@@ -163,9 +163,12 @@ pub fn arb_service() -> impl Strategy<Value = Service> {
                             target_port: TargetPort::Number(*port),
                         })
                         .collect(),
-                    external_ips: external_ips.into(),
-                    load_balancer_ingress: load_balancer_ingress.into(),
-                    load_balancer_source_ranges: Box::default(),
+                    outside: Outside {
+                        external_ips: external_ips.into(),
+                        load_balancer_ingress: load_balancer_ingress.into(),
+                        load_balancer_source_ranges: Box::default(),
+                    }
+                    .boxed(),
                     session_affinity: if affinity {
                         SessionAffinity::ClientIP { timeout_seconds: 10_800 }
                     } else {

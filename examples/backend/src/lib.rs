@@ -81,7 +81,8 @@ impl Render for Table {
                 })
                 .collect();
             endpoints.sort();
-            let addresses = s.cluster_ips.iter().chain(&s.external_ips).chain(&s.load_balancer_ips);
+            let addresses =
+                s.cluster_ips.iter().chain(s.external_ips()).chain(s.load_balancer_ips());
             for ip in addresses.filter(|ip| !port.yielded.contains(ip)) {
                 let frontend = Frontend { protocol: port.protocol, ip: Some(*ip), port: port.port };
                 wanted.objects.insert(frontend, endpoints.clone());

@@ -4,7 +4,7 @@
 use std::net::IpAddr;
 
 use kpng_model::global::{
-    IpMode, LoadBalancerIngress, SERVICE_PROXY_NAME_LABEL, ServicePort, SessionAffinity,
+    IpMode, LoadBalancerIngress, Outside, SERVICE_PROXY_NAME_LABEL, ServicePort, SessionAffinity,
     TargetPort, TrafficPolicy,
 };
 use kpng_model::{Service, ServiceKey};
@@ -19,14 +19,14 @@ use crate::{globalv1, localv1};
 
 /// The item of a service.
 pub fn service_item(service: &Service) -> GlobalItem {
-    let all_lb: Vec<IpAddr> = service.load_balancer_ingress.iter().map(|i| i.ip).collect();
+    let all_lb: Vec<IpAddr> = service.load_balancer_ingress().iter().map(|i| i.ip).collect();
     let wire = localv1::Service {
         namespace: service.key.namespace.to_string(),
         name: service.key.name.to_string(),
         r#type: service.service_type.as_str().to_string(),
         ips: Some(localv1::ServiceIPs {
             cluster_ips: Some(ip_set(&service.cluster_ips)),
-            external_ips: Some(ip_set(&service.external_ips)),
+            external_ips: Some(ip_set(service.external_ips())),
             headless: false,
             load_balancer_ips: Some(ip_set(&all_lb)),
         }),
@@ -56,7 +56,7 @@ pub fn service_item(service: &Service) -> GlobalItem {
             .map(|name| (SERVICE_PROXY_NAME_LABEL.to_string(), name.to_string()))
             .collect(),
         annotations: Default::default(),
-        ip_filters: ip_filters(&service.load_balancer_source_ranges, &ip_set(&all_lb)),
+        ip_filters: ip_filters(service.load_balancer_source_ranges(), &ip_set(&all_lb)),
         session_affinity: client_ip(match service.session_affinity {
             SessionAffinity::None => None,
             SessionAffinity::ClientIP { timeout_seconds } => Some(timeout_seconds),
@@ -70,7 +70,7 @@ pub fn service_item(service: &Service) -> GlobalItem {
         hash: 0,
         service: Some(wire),
         ingress: service
-            .load_balancer_ingress
+            .load_balancer_ingress()
             .iter()
             .map(|i| globalv1::LoadBalancerIngress {
                 ip: i.ip.to_string(),
@@ -132,10 +132,13 @@ pub fn decode_service(bytes: &[u8], path: &str) -> Result<Service, WireError> {
         key,
         service_type,
         cluster_ips: parse_ips(ips.cluster_ips.as_ref(), path, "ips.clusterIPs")?.into(),
-        ports,
-        external_ips: parse_ips(ips.external_ips.as_ref(), path, "ips.externalIPs")?.into(),
-        load_balancer_ingress: load_balancer_ingress.into(),
-        load_balancer_source_ranges: source_ranges(&wire.ip_filters, path)?.into(),
+        ports: ports.into(),
+        outside: Outside {
+            external_ips: parse_ips(ips.external_ips.as_ref(), path, "ips.externalIPs")?.into(),
+            load_balancer_ingress: load_balancer_ingress.into(),
+            load_balancer_source_ranges: source_ranges(&wire.ip_filters, path)?.into(),
+        }
+        .boxed(),
         session_affinity: match affinity_timeout(&wire.session_affinity, path)? {
             Some(timeout_seconds) => SessionAffinity::ClientIP { timeout_seconds },
             None => SessionAffinity::None,

@@ -1,6 +1,6 @@
 use kpng_model::global::{
     Helper, IpMode, LoadBalancerIngress, LoadBalancing, LogPath, NatMode, NodeAddress,
-    NodeAddressKind, Persistence, PersistenceKey, Scheduler, ServicePort, SessionAffinity,
+    NodeAddressKind, Outside, Persistence, PersistenceKey, Scheduler, ServicePort, SessionAffinity,
     TargetPort, TrafficPolicy,
 };
 use kpng_model::{Node, Service, ServiceCidr, ServiceKey};
@@ -21,14 +21,18 @@ fn services_and_nodes_round_trip_exactly() {
             port: 80,
             node_port: Some(30080),
             target_port: TargetPort::Name("web".into()),
-        }],
-        external_ips: vec!["192.0.2.9".parse().unwrap()].into(),
-        load_balancer_ingress: vec![
-            LoadBalancerIngress { ip: "198.51.100.1".parse().unwrap(), ip_mode: IpMode::VIP },
-            LoadBalancerIngress { ip: "198.51.100.2".parse().unwrap(), ip_mode: IpMode::Proxy },
-        ]
+        }]
         .into(),
-        load_balancer_source_ranges: vec!["203.0.113.0/24".parse().unwrap()].into(),
+        outside: Outside {
+            external_ips: vec!["192.0.2.9".parse().unwrap()].into(),
+            load_balancer_ingress: vec![
+                LoadBalancerIngress { ip: "198.51.100.1".parse().unwrap(), ip_mode: IpMode::VIP },
+                LoadBalancerIngress { ip: "198.51.100.2".parse().unwrap(), ip_mode: IpMode::Proxy },
+            ]
+            .into(),
+            load_balancer_source_ranges: vec!["203.0.113.0/24".parse().unwrap()].into(),
+        }
+        .boxed(),
         session_affinity: SessionAffinity::ClientIP { timeout_seconds: 60 },
         internal_traffic_policy: TrafficPolicy::Cluster,
         external_traffic_policy: TrafficPolicy::Local,

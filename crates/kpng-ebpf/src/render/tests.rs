@@ -2,7 +2,7 @@
 
 use kpng_model::global::ServiceType;
 use kpng_model::local::{EndpointPort, LocalServicePort};
-use kpng_model::{LocalEndpoint, LocalService, NodePortAddresses, PerFamily};
+use kpng_model::{LocalEndpoint, LocalOutside, LocalService, NodePortAddresses, PerFamily};
 
 use super::*;
 
@@ -58,10 +58,8 @@ pub(crate) fn state(
             key: ServiceKey::new("test", name),
             service_type: ServiceType::ClusterIP,
             cluster_ips: cluster_ips.iter().map(|ip| ip.parse().unwrap()).collect(),
-            external_ips: Box::default(),
-            load_balancer_ips: Box::default(),
-            load_balancer_source_ranges: Box::default(),
-            ports,
+            outside: None,
+            ports: ports.into(),
             affinity_timeout_seconds: None,
             internal_local: false,
             external_local: false,
@@ -143,7 +141,11 @@ fn internal_local_and_external_addresses_choose_their_sets() {
     );
     svc.service.internal_local = true;
     svc.service.external_local = true;
-    svc.service.external_ips = Box::new(["192.0.2.1".parse().unwrap()]);
+    svc.service.outside = LocalOutside {
+        external_ips: Box::new(["192.0.2.1".parse().unwrap()]),
+        ..LocalOutside::default()
+    }
+    .boxed();
     // The ENLS accepts NodePorts on one IPv4 address, and on every local IPv6 address.
     let mut nodeports = on(&["192.168.10.1"]);
     nodeports.all_local.v6 = true;
@@ -210,8 +212,11 @@ fn addresses_an_older_service_holds_get_no_frontend() {
             &[("http", TCP, 8080, true, false), ("dns", Protocol::Udp, 8053, true, false)],
         )],
     );
-    svc.service.external_ips =
-        Box::new(["192.0.2.15".parse().unwrap(), "192.0.2.16".parse().unwrap()]);
+    svc.service.outside = LocalOutside {
+        external_ips: Box::new(["192.0.2.15".parse().unwrap(), "192.0.2.16".parse().unwrap()]),
+        ..LocalOutside::default()
+    }
+    .boxed();
     let rendered = render_service(&svc, &none(), &Slots::new(), FLOW_SECONDS);
     assert!(!rendered.elements.contains_key(&frontend("10.96.0.15", TCP, 80)));
     assert!(!rendered.elements.contains_key(&frontend("192.0.2.15", TCP, 80)));
@@ -256,9 +261,15 @@ fn load_balancer_ips_with_source_ranges_stay_with_nftables() {
         vec![port("http", TCP, 80, None)],
         vec![endpoint("10.244.1.1", false, &[("http", TCP, 8080, true, false)])],
     );
-    svc.service.load_balancer_ips =
-        Box::new(["203.0.113.1".parse().unwrap(), "fd00:113::1".parse().unwrap()]);
-    svc.service.load_balancer_source_ranges = Box::new(["198.51.100.0/24".parse().unwrap()]);
+    svc.service.outside = LocalOutside {
+        load_balancer_ips: Box::new([
+            "203.0.113.1".parse().unwrap(),
+            "fd00:113::1".parse().unwrap(),
+        ]),
+        load_balancer_source_ranges: Box::new(["198.51.100.0/24".parse().unwrap()]),
+        ..LocalOutside::default()
+    }
+    .boxed();
     let rendered = render_service(&svc, &none(), &Slots::new(), FLOW_SECONDS);
     assert!(!rendered.elements.contains_key(&frontend("203.0.113.1", TCP, 80)));
     // IPv6 has no range: its load-balancer IP is translated.

@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 
 use kpng_local::project_node_state;
-use kpng_model::global::{IpMode, LoadBalancerIngress, ServiceType, TrafficPolicy};
+use kpng_model::global::{IpMode, LoadBalancerIngress, Outside, ServiceType, TrafficPolicy};
 use kpng_model::{GlobalModel, Object, Protocol, ServiceKey};
 use kpng_testkit::builders::{endpoint, node, service, slice};
 
@@ -116,11 +116,15 @@ fn external_policy_local_short_circuits_pods_and_the_node_and_firewalls_ranges()
     svc.service_type = ServiceType::LoadBalancer;
     svc.ports[0].node_port = Some(30080);
     svc.external_traffic_policy = TrafficPolicy::Local;
-    svc.load_balancer_ingress = Box::new([LoadBalancerIngress {
-        ip: "203.0.113.1".parse().unwrap(),
-        ip_mode: IpMode::VIP,
-    }]);
-    svc.load_balancer_source_ranges = Box::new(["198.51.100.0/24".parse().unwrap()]);
+    svc.outside = Outside {
+        load_balancer_ingress: Box::new([LoadBalancerIngress {
+            ip: "203.0.113.1".parse().unwrap(),
+            ip_mode: IpMode::VIP,
+        }]),
+        load_balancer_source_ranges: Box::new(["198.51.100.0/24".parse().unwrap()]),
+        ..Outside::default()
+    }
+    .boxed();
     let remote = slice("ns", "web-1", "web", &[SLICE_HTTP], vec![endpoint("10.244.1.2", "b")]);
     let got = lines(vec![Object::Service(svc), Object::EndpointSlice(remote)], &ctx());
     assert_eq!(

@@ -1,4 +1,4 @@
-use kpng_model::global::{Hints, IpMode, LoadBalancerIngress, ServiceType, TrafficPolicy};
+use kpng_model::global::{Hints, IpMode, LoadBalancerIngress, Outside, ServiceType, TrafficPolicy};
 use kpng_model::local::EndpointPort;
 use kpng_model::{Family, GlobalModel, Object, PerFamily, Protocol, ServiceKey};
 use kpng_testkit::builders::{endpoint, node, service, slice};
@@ -192,10 +192,14 @@ fn external_policy_local_uses_both_sets() {
     svc.ports[0].node_port = Some(30080);
     svc.external_traffic_policy = TrafficPolicy::Local;
     svc.health_check_node_port = Some(32000);
-    svc.load_balancer_ingress = Box::new([
-        LoadBalancerIngress { ip: "198.51.100.1".parse().unwrap(), ip_mode: IpMode::VIP },
-        LoadBalancerIngress { ip: "198.51.100.2".parse().unwrap(), ip_mode: IpMode::Proxy },
-    ]);
+    svc.outside = Outside {
+        load_balancer_ingress: Box::new([
+            LoadBalancerIngress { ip: "198.51.100.1".parse().unwrap(), ip_mode: IpMode::VIP },
+            LoadBalancerIngress { ip: "198.51.100.2".parse().unwrap(), ip_mode: IpMode::Proxy },
+        ]),
+        ..Outside::default()
+    }
+    .boxed();
     let s1 = slice(
         "ns",
         "web-1",
@@ -212,8 +216,8 @@ fn external_policy_local_uses_both_sets() {
     assert!(state.service.external_local);
     assert_eq!(state.service.health_check_node_port, Some(32000));
     assert_eq!(
-        state.service.load_balancer_ips,
-        vec!["198.51.100.1".parse::<std::net::IpAddr>().unwrap()].into()
+        state.service.load_balancer_ips(),
+        ["198.51.100.1".parse::<std::net::IpAddr>().unwrap()]
     );
     let local = &state.endpoints[&"10.0.0.1".parse().unwrap()];
     let remote = &state.endpoints[&"10.0.0.2".parse().unwrap()];

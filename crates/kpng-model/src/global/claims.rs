@@ -38,9 +38,9 @@ impl Service {
             .cluster_ips
             .iter()
             .copied()
-            .chain(self.external_ips.iter().copied())
+            .chain(self.external_ips().iter().copied())
             .chain(
-                self.load_balancer_ingress
+                self.load_balancer_ingress()
                     .iter()
                     .filter(|i| i.ip_mode == crate::global::IpMode::VIP)
                     .map(|i| i.ip),

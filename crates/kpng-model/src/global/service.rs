@@ -192,13 +192,11 @@ pub struct Service {
     /// Cluster IPs from `spec.clusterIPs`, at most one per family, in spec order.
     pub cluster_ips: Box<[IpAddr]>,
     /// The service ports.
-    pub ports: Vec<ServicePort>,
-    /// `spec.externalIPs`, sorted, without duplicates.
-    pub external_ips: Box<[IpAddr]>,
-    /// `status.loadBalancer.ingress` entries that carry an IP, sorted, without duplicates.
-    pub load_balancer_ingress: Box<[LoadBalancerIngress]>,
-    /// `spec.loadBalancerSourceRanges`, trimmed, truncated to their network, sorted.
-    pub load_balancer_source_ranges: Box<[IpNet]>,
+    pub ports: Box<[ServicePort]>,
+    /// Its addresses outside the cluster, `None` when it has none ([`Outside::boxed`]).
+    /// Serialized as the fields of [`Outside`], empty lists included.
+    #[serde(flatten, serialize_with = "Outside::flat", deserialize_with = "Outside::unflat")]
+    pub outside: Option<Box<Outside>>,
     /// Session affinity.
     pub session_affinity: SessionAffinity,
     /// `spec.internalTrafficPolicy`.
@@ -221,7 +219,57 @@ pub struct Service {
     pub load_balancing: LoadBalancing,
 }
 
+/// Where a service is reached from outside the cluster. Few services have any such
+/// address, so a service keeps them behind one pointer ([`Service::outside`]), which is
+/// `None` for the many that have none.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Outside {
+    /// `spec.externalIPs`, sorted, without duplicates.
+    pub external_ips: Box<[IpAddr]>,
+    /// `status.loadBalancer.ingress` entries that carry an IP, sorted, without duplicates.
+    pub load_balancer_ingress: Box<[LoadBalancerIngress]>,
+    /// `spec.loadBalancerSourceRanges`, trimmed, truncated to their network, sorted.
+    pub load_balancer_source_ranges: Box<[IpNet]>,
+}
+
+impl Outside {
+    /// These addresses as a service keeps them: boxed, or `None` when every list is empty
+    /// (so two services that have none compare equal however they were built).
+    pub fn boxed(self) -> Option<Box<Outside>> {
+        let empty = self.external_ips.is_empty()
+            && self.load_balancer_ingress.is_empty()
+            && self.load_balancer_source_ranges.is_empty();
+        (!empty).then(|| Box::new(self))
+    }
+
+    fn flat<S: Serializer>(outside: &Option<Box<Outside>>, to: S) -> Result<S::Ok, S::Error> {
+        match outside {
+            Some(outside) => outside.serialize(to),
+            None => Outside::default().serialize(to),
+        }
+    }
+
+    fn unflat<'de, D: Deserializer<'de>>(from: D) -> Result<Option<Box<Outside>>, D::Error> {
+        Outside::deserialize(from).map(Outside::boxed)
+    }
+}
+
 impl Service {
+    /// `spec.externalIPs`, sorted, without duplicates.
+    pub fn external_ips(&self) -> &[IpAddr] {
+        self.outside.as_ref().map_or(&[], |o| &o.external_ips)
+    }
+
+    /// `status.loadBalancer.ingress` entries that carry an IP, sorted, without duplicates.
+    pub fn load_balancer_ingress(&self) -> &[LoadBalancerIngress] {
+        self.outside.as_ref().map_or(&[], |o| &o.load_balancer_ingress)
+    }
+
+    /// `spec.loadBalancerSourceRanges`, trimmed, truncated to their network, sorted.
+    pub fn load_balancer_source_ranges(&self) -> &[IpNet] {
+        self.outside.as_ref().map_or(&[], |o| &o.load_balancer_source_ranges)
+    }
+
     /// The cluster IP of `family`; a service without one does not exist in that family.
     pub fn cluster_ip(&self, family: Family) -> Option<IpAddr> {
         self.cluster_ips.iter().copied().find(|ip| Family::of(ip) == family)
@@ -229,14 +277,66 @@ impl Service {
 
     /// Load-balancer IPs of `family` that the proxy must handle (ipMode VIP).
     pub fn load_balancer_vips(&self, family: Family) -> impl Iterator<Item = IpAddr> + '_ {
-        self.load_balancer_ingress
+        self.load_balancer_ingress()
             .iter()
             .filter(move |ing| ing.ip_mode == IpMode::VIP && Family::of(&ing.ip) == family)
             .map(|ing| ing.ip)
     }
 
     /// External IPs of `family`.
-    pub fn external_ips(&self, family: Family) -> impl Iterator<Item = IpAddr> + '_ {
-        self.external_ips.iter().copied().filter(move |ip| Family::of(ip) == family)
+    pub fn external_ips_of(&self, family: Family) -> impl Iterator<Item = IpAddr> + '_ {
+        self.external_ips().iter().copied().filter(move |ip| Family::of(ip) == family)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn service(outside: Outside) -> Service {
+        Service {
+            key: ServiceKey::new("ns", "web"),
+            service_type: ServiceType::LoadBalancer,
+            cluster_ips: Box::new(["10.96.0.1".parse().unwrap()]),
+            ports: Box::default(),
+            outside: outside.boxed(),
+            session_affinity: SessionAffinity::None,
+            internal_traffic_policy: TrafficPolicy::Cluster,
+            external_traffic_policy: TrafficPolicy::Cluster,
+            health_check_node_port: None,
+            proxy_name: None,
+            created_at: None,
+            load_balancing: LoadBalancing::default(),
+        }
+    }
+
+    #[test]
+    fn outside_addresses_are_held_only_when_there_are_some_and_serialize_flat() {
+        // None held for none: a service without any costs one word for them.
+        let inside = service(Outside::default());
+        assert_eq!(inside.outside, None);
+        assert!(inside.external_ips().is_empty() && inside.load_balancer_ingress().is_empty());
+        assert!(std::mem::size_of::<Service>() <= 136, "{}", std::mem::size_of::<Service>());
+        // Serialized as the lists they are, empty ones included, and read back the same.
+        let json = serde_json::to_value(&inside).unwrap();
+        assert_eq!(json["external_ips"], serde_json::json!([]));
+        assert_eq!(json["load_balancer_source_ranges"], serde_json::json!([]));
+        assert!(json.get("outside").is_none(), "{json}");
+        assert_eq!(serde_json::from_value::<Service>(json).unwrap(), inside);
+
+        let exposed = service(Outside {
+            external_ips: Box::new(["192.0.2.1".parse().unwrap()]),
+            load_balancer_ingress: Box::new([LoadBalancerIngress {
+                ip: "198.51.100.1".parse().unwrap(),
+                ip_mode: IpMode::VIP,
+            }]),
+            load_balancer_source_ranges: Box::default(),
+        });
+        assert_eq!(exposed.external_ips_of(Family::V4).count(), 1);
+        assert_eq!(exposed.load_balancer_vips(Family::V4).count(), 1);
+        let json = serde_json::to_value(&exposed).unwrap();
+        assert_eq!(json["external_ips"], serde_json::json!(["192.0.2.1"]));
+        assert_eq!(serde_json::from_value::<Service>(json).unwrap(), exposed);
+        assert_ne!(exposed, inside);
     }
 }

@@ -6,7 +6,7 @@ use kpng_local::project_node_state;
 use kpng_local::project_service;
 use kpng_local::select::NodeView;
 use kpng_model::global::{
-    Helper, IpMode, LoadBalancerIngress, LoadBalancing, LogPath, NatMode, Persistence,
+    Helper, IpMode, LoadBalancerIngress, LoadBalancing, LogPath, NatMode, Outside, Persistence,
     PersistenceKey, Scheduler, ServiceType, TrafficPolicy,
 };
 
@@ -135,7 +135,9 @@ fn node_port_and_external_ip_with_policy_cluster_masquerade() {
     let mut svc = service("ns", "web", &["10.96.0.1"], &[HTTP]);
     svc.service_type = ServiceType::NodePort;
     svc.ports[0].node_port = Some(30080);
-    svc.external_ips = Box::new(["192.0.2.5".parse().unwrap()]);
+    svc.outside =
+        Outside { external_ips: Box::new(["192.0.2.5".parse().unwrap()]), ..Outside::default() }
+            .boxed();
     let got = render(
         vec![
             Object::Service(svc),
@@ -172,12 +174,18 @@ fn load_balancer_with_local_policy_and_source_ranges() {
     svc.service_type = ServiceType::LoadBalancer;
     svc.ports[0].node_port = Some(30080);
     svc.external_traffic_policy = TrafficPolicy::Local;
-    svc.load_balancer_ingress = Box::new([LoadBalancerIngress {
-        ip: "198.51.100.1".parse().unwrap(),
-        ip_mode: IpMode::VIP,
-    }]);
-    svc.load_balancer_source_ranges =
-        Box::new(["203.0.113.0/24".parse().unwrap(), "192.168.0.0/16".parse().unwrap()]);
+    svc.outside = Outside {
+        load_balancer_ingress: Box::new([LoadBalancerIngress {
+            ip: "198.51.100.1".parse().unwrap(),
+            ip_mode: IpMode::VIP,
+        }]),
+        load_balancer_source_ranges: Box::new([
+            "203.0.113.0/24".parse().unwrap(),
+            "192.168.0.0/16".parse().unwrap(),
+        ]),
+        ..Outside::default()
+    }
+    .boxed();
     let got = render(
         vec![
             Object::Service(svc),
@@ -396,7 +404,9 @@ fn stateless_services_rewrite_packets_before_conntrack() {
     // Any scheduler but symhash hashes, and ClientIP affinity changes nothing.
     svc.load_balancing.scheduler = Some(Scheduler::RoundRobin);
     svc.session_affinity = kpng_model::global::SessionAffinity::ClientIP { timeout_seconds: 60 };
-    svc.external_ips = Box::new(["192.0.2.1".parse().unwrap()]);
+    svc.outside =
+        Outside { external_ips: Box::new(["192.0.2.1".parse().unwrap()]), ..Outside::default() }
+            .boxed();
     let rendered = render_web(svc, &NodeFacts::default());
     let group = &rendered.affinity[0];
     let entry = crate::objects::affinity_chain(group.hash);

@@ -3,7 +3,7 @@
 use std::net::IpAddr;
 
 use kpng_model::global::{
-    DEFAULT_AFFINITY_TIMEOUT_SECONDS, IpMode, LoadBalancerIngress, Service, ServiceKey,
+    DEFAULT_AFFINITY_TIMEOUT_SECONDS, IpMode, LoadBalancerIngress, Outside, Service, ServiceKey,
     ServicePort, ServiceType, SessionAffinity, TargetPort, TrafficPolicy,
 };
 use kpng_model::net::{parse_cidr, parse_ip};
@@ -96,10 +96,13 @@ fn reduce(
         key,
         service_type,
         cluster_ips: cluster_ips.into(),
-        ports: ports(spec)?,
-        external_ips: ips(spec.external_ips.as_deref(), "spec.externalIPs")?.into(),
-        load_balancer_ingress: ingress(status)?.into(),
-        load_balancer_source_ranges: source_ranges(spec)?.into(),
+        ports: ports(spec)?.into(),
+        outside: Outside {
+            external_ips: ips(spec.external_ips.as_deref(), "spec.externalIPs")?.into(),
+            load_balancer_ingress: ingress(status)?.into(),
+            load_balancer_source_ranges: source_ranges(spec)?.into(),
+        }
+        .boxed(),
         session_affinity: affinity(spec)?,
         internal_traffic_policy: policy(
             spec.internal_traffic_policy.as_deref(),

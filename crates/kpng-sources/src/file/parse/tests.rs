@@ -50,16 +50,16 @@ fn service_fields_are_reduced_and_normalised() {
         (svc.ports[1].protocol, svc.ports[1].target_port.clone()),
         (Protocol::Udp, TargetPort::Number(53))
     );
-    let ext: Vec<String> = svc.external_ips.iter().map(|i| i.to_string()).collect();
+    let ext: Vec<String> = svc.external_ips().iter().map(|i| i.to_string()).collect();
     assert_eq!(ext, ["203.0.113.9", "203.0.113.10"]);
     let ranges: Vec<String> =
-        svc.load_balancer_source_ranges.iter().map(|r| r.to_string()).collect();
+        svc.load_balancer_source_ranges().iter().map(|r| r.to_string()).collect();
     assert_eq!(ranges, ["10.0.0.0/8", "198.51.100.0/24"]);
     assert_eq!(svc.session_affinity, SessionAffinity::ClientIP { timeout_seconds: 10_800 });
     assert_eq!(svc.external_traffic_policy, TrafficPolicy::Local);
     assert_eq!(svc.health_check_node_port, Some(32000));
-    assert_eq!(svc.load_balancer_ingress.len(), 2, "hostname-only ingress is dropped");
-    assert_eq!(svc.load_balancer_ingress[1].ip_mode, IpMode::Proxy);
+    assert_eq!(svc.load_balancer_ingress().len(), 2, "hostname-only ingress is dropped");
+    assert_eq!(svc.load_balancer_ingress()[1].ip_mode, IpMode::Proxy);
 }
 
 #[test]
