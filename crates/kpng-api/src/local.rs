@@ -25,12 +25,12 @@ use crate::wire::{
 
 /// The path of service `key`: `namespace/name`.
 pub fn service_path(key: &ServiceKey) -> String {
-    format!("{}/{}", key.namespace, key.name)
+    format!("{}/{}", key.namespace(), key.name())
 }
 
 /// The path of the endpoint `ip` of service `key`: `namespace/name/ip`.
 pub fn endpoint_path(key: &ServiceKey, ip: &IpAddr) -> String {
-    format!("{}/{}/{ip}", key.namespace, key.name)
+    format!("{}/{}/{ip}", key.namespace(), key.name())
 }
 
 fn item(op: op_item::Op) -> localv1::OpItem {
@@ -167,8 +167,8 @@ fn split_endpoint_path(path: &str) -> Result<(ServiceKey, IpAddr), WireError> {
 pub fn encode_service(service: &LocalService) -> localv1::Service {
     let lb_ips = ip_set(service.load_balancer_ips());
     localv1::Service {
-        namespace: service.key.namespace.to_string(),
-        name: service.key.name.to_string(),
+        namespace: service.key.namespace().to_string(),
+        name: service.key.name().to_string(),
         r#type: service.service_type.as_str().to_string(),
         ips: Some(localv1::ServiceIPs {
             cluster_ips: Some(ip_set(&service.cluster_ips)),

@@ -1001,7 +1001,7 @@ mod tests {
             service: &LocalServiceState,
             _: &dyn Lookup<String, u32>,
         ) -> Result<Wanted<String, u32>, Refused> {
-            let name = service.service.key.name.to_string();
+            let name = service.service.key.name().to_string();
             match name.as_str() {
                 "bad" => Err(Refused),
                 _ => Ok(Wanted::objects([(name, 1)])),

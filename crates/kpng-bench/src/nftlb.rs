@@ -229,7 +229,7 @@ fn farms(service: &Service, slices: &[&EndpointSlice]) -> Vec<Farm> {
 }
 
 fn farm_name(service: &Service, port: &str) -> String {
-    format!("{}--{}--{port}", service.key.namespace, service.key.name)
+    format!("{}--{}--{port}", service.key.namespace(), service.key.name())
 }
 
 /// The farms of the extra service `n` with `endpoints` endpoints, as kpng's bench adds it.

@@ -74,8 +74,8 @@ pub fn group_id(
 ) -> GroupId {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     let fields = [
-        &*service.namespace,
-        &*service.name,
+        &**service.namespace(),
+        &**service.name(),
         port,
         protocol.as_str(),
         match family {

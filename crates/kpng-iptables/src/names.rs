@@ -142,7 +142,7 @@ fn base32(mut h: u64) -> String {
 }
 
 fn port_identity(family: Family, service: &ServiceKey, port: &str, protocol: Protocol) -> String {
-    format!("v1|{family}|{}/{}|{port}|{}", service.namespace, service.name, protocol.as_str())
+    format!("v1|{family}|{}/{}|{port}|{}", service.namespace(), service.name(), protocol.as_str())
 }
 
 /// The chain of `kind` for one service port in one family.

@@ -205,7 +205,7 @@ pub fn farm_name(state: &LocalServiceState, port: &str, family: Family) -> Strin
     let key = &state.service.key;
     let port = port_label(port);
     let suffix = if family == Family::V6 { "--ipv6" } else { "" };
-    format!("{}--{}--{port}{suffix}", key.namespace, key.name)
+    format!("{}--{}--{port}{suffix}", key.namespace(), key.name())
 }
 
 /// The farms of one service; `direct`: `mode: dsr` makes `dsr` farms (their link layer

@@ -164,7 +164,7 @@ fn answer(table: &Table, port: u16, proxy: Option<&(Arc<NodeStats>, Duration)>) 
     let code =
         if entry.local > 0 && healthy { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     let body = serde_json::json!({
-        "service": {"namespace": entry.service.namespace, "name": entry.service.name},
+        "service": {"namespace": entry.service.namespace(), "name": entry.service.name()},
         "localEndpoints": entry.local,
         "serviceProxyHealthy": healthy,
     });

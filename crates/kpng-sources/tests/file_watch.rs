@@ -49,7 +49,7 @@ async fn a_drop_of_most_objects_applies_only_if_it_persists() {
     tokio::time::sleep(HOLD * 2).await;
     assert_eq!(count(&reader), 1, "applied once it persisted");
     let model: GlobalModel = reader.snapshot().model().clone();
-    assert_eq!(&*model.services().next().unwrap().key.name, "a");
+    assert_eq!(&**model.services().next().unwrap().key.name(), "a");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -97,7 +97,7 @@ async fn until(reader: &mut StoreReader, what: &str, done: impl Fn(&GlobalModel)
 }
 
 fn service_names(model: &GlobalModel) -> Vec<String> {
-    model.services().map(|s| s.key.name.to_string()).collect()
+    model.services().map(|s| s.key.name().to_string()).collect()
 }
 
 #[tokio::test]
@@ -250,7 +250,7 @@ async fn a_named_proxy_takes_only_its_labelled_services() {
     until(&mut reader, "listed", |m| m.len(Kind::Service) == 1).await;
     let model = reader.snapshot().model().clone();
     let ours = model.services().next().unwrap();
-    assert_eq!((&*ours.key.name, ours.proxy_name.as_deref()), ("ours", Some("edge")));
+    assert_eq!((&**ours.key.name(), ours.proxy_name.as_deref()), ("ours", Some("edge")));
     let mut reader = start(&server, ConvertOptions::default()).await;
     until(&mut reader, "listed", |m| m.len(Kind::Service) == 1).await;
     assert_eq!(service_names(reader.snapshot().model()), ["plain"]);

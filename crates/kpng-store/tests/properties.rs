@@ -113,7 +113,7 @@ fn equal_values_make_no_revision_and_a_batch_makes_one() {
         &[("http", kpng_model::Protocol::Tcp, 80)],
     );
     let mut other = svc.clone();
-    other.key.name = "b".into();
+    other.key = kpng_model::ServiceKey::new("ns", "b");
     assert_eq!(
         writer.apply([
             SourceEvent::Applied(Object::Service(svc.clone())),
@@ -144,7 +144,7 @@ fn the_first_lists_leave_no_log_and_later_changes_are_logged() {
     let (mut writer, reader) = store(&[Kind::Service]);
     let svc = |name: &str| {
         let mut svc = kpng_testkit::builders::service("ns", "a", &["10.96.0.1"], &[]);
-        svc.key.name = name.into();
+        svc.key = kpng_model::ServiceKey::new("ns", name);
         SourceEvent::Applied(Object::Service(svc))
     };
     writer.apply([SourceEvent::ListStarted(Kind::Service), svc("a"), svc("b")]);

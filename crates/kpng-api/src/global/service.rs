@@ -21,8 +21,8 @@ use crate::{globalv1, localv1};
 pub fn service_item(service: &Service) -> GlobalItem {
     let all_lb: Vec<IpAddr> = service.load_balancer_ingress().iter().map(|i| i.ip).collect();
     let wire = localv1::Service {
-        namespace: service.key.namespace.to_string(),
-        name: service.key.name.to_string(),
+        namespace: service.key.namespace().to_string(),
+        name: service.key.name().to_string(),
         r#type: service.service_type.as_str().to_string(),
         ips: Some(localv1::ServiceIPs {
             cluster_ips: Some(ip_set(&service.cluster_ips)),

@@ -51,7 +51,7 @@ fn decoded_ops_share_their_service_keys_and_port_lists(
             continue;
         };
         if s1 == s2 {
-            prop_assert!(std::sync::Arc::ptr_eq(&s1.name, &s2.name));
+            prop_assert!(std::sync::Arc::ptr_eq(s1.name(), s2.name()));
             prop_assert_eq!(std::sync::Arc::ptr_eq(&e1.ports, &e2.ports), e1.ports == e2.ports);
         }
     }

@@ -227,11 +227,23 @@ impl GlobalModel {
     pub fn apply(&mut self, object: Object) -> Option<Vec<Touched>> {
         match object {
             Object::Service(mut service) => {
-                let old = self.services.get(&service.key);
-                if old.map(|s| &**s) == Some(&service) {
+                let known = self.services.get_key_value(&service.key);
+                if known.map(|(_, s)| &**s) == Some(&service) {
                     return None;
                 }
-                self.names.share_one(&mut service.key.namespace);
+                // Every copy of a key shares one copy of its parts: the key held already,
+                // or a new one whose namespace is shared.
+                match known {
+                    Some((key, _)) => service.key = key.clone(),
+                    None => {
+                        let mut namespace = service.key.namespace().clone();
+                        self.names.share_one(&mut namespace);
+                        if !Arc::ptr_eq(&namespace, service.key.namespace()) {
+                            service.key = ServiceKey::new(namespace, service.key.name().clone());
+                        }
+                    }
+                }
+                let old = known.map(|(_, s)| s);
                 for port in &mut service.ports {
                     self.names.share_one(&mut port.name);
                 }
@@ -261,8 +273,10 @@ impl GlobalModel {
                 for port in &mut slice.ports {
                     self.names.share_one(&mut port.name);
                 }
-                if let Some((known, _)) = self.services.get_key_value(&slice.service_key()) {
-                    slice.service_name = known.name.clone();
+                let mut service = slice.service_key();
+                if let Some((known, _)) = self.services.get_key_value(&service) {
+                    slice.service_name = known.name().clone();
+                    service = known.clone();
                 }
                 for endpoint in &mut slice.endpoints {
                     self.names.share_place(&mut endpoint.placement);
@@ -271,7 +285,6 @@ impl GlobalModel {
                     }
                 }
                 let mut touched = self.remove_slice(&slice.key);
-                let service = slice.service_key();
                 match self.slices_by_service.entry(service.clone()) {
                     Entry::Vacant(entry) => {
                         entry.insert(Few::One(slice.key.clone()));
@@ -614,9 +627,9 @@ mod tests {
         let (web, db) = (model.service(&key).unwrap(), model.service(&ServiceKey::new("ns", "db")));
         let db = db.unwrap();
         let held = model.slices_of(&key).next().unwrap();
-        assert!(Arc::ptr_eq(&web.key.namespace, &db.key.namespace));
-        assert!(Arc::ptr_eq(&web.key.namespace, &held.key.namespace));
-        assert!(Arc::ptr_eq(&web.key.name, &held.service_name));
+        assert!(Arc::ptr_eq(web.key.namespace(), db.key.namespace()));
+        assert!(Arc::ptr_eq(web.key.namespace(), &held.key.namespace));
+        assert!(Arc::ptr_eq(web.key.name(), &held.service_name));
         assert!(Arc::ptr_eq(&web.ports[0].name, &db.ports[0].name));
         assert!(Arc::ptr_eq(&web.ports[0].name, &held.ports[0].name));
     }

@@ -214,8 +214,8 @@ mod tests {
         assert_eq!(ops, diff(&one, &two));
         assert!(
             ops.iter().all(|op| match op {
-                Op::Set(Item::Service(s)) => &*s.key.name == "b",
-                Op::Set(Item::Endpoint { service, .. }) => &*service.name == "b",
+                Op::Set(Item::Service(s)) => &**s.key.name() == "b",
+                Op::Set(Item::Endpoint { service, .. }) => &**service.name() == "b",
                 _ => false,
             }),
             "{ops:?}"
