@@ -539,7 +539,9 @@ where
     fn plan(&self, before: Before<K, V>) -> Plan<K, V> {
         let mut before: Vec<(K, Option<V>)> = before.into_iter().collect();
         before.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        let mut plan = Plan::default();
+        // Room for every key at once: a cold start's part (tens of thousands of keys, all
+        // new) is then never copied to a larger vector, which held both copies at once.
+        let mut plan = Plan { upserts: Vec::with_capacity(before.len()), deletes: Vec::new() };
         for (key, old) in &before {
             self.plan_key(key, old.as_ref(), &mut plan);
         }
