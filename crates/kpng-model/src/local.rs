@@ -12,7 +12,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use ipnet::IpNet;
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::{Deserialize, Serialize};
 
 use crate::global::{LoadBalancing, PodName, ServiceKey, ServiceType};
 use crate::net::{Family, PerFamily, Protocol};
@@ -90,8 +90,8 @@ pub struct LocalService {
     /// included.
     #[serde(
         flatten,
-        serialize_with = "LocalOutside::flat",
-        deserialize_with = "LocalOutside::unflat"
+        serialize_with = "crate::rare::flat",
+        deserialize_with = "crate::rare::unflat"
     )]
     pub outside: Option<Box<LocalOutside>>,
     /// The ports.
@@ -131,21 +131,15 @@ impl LocalOutside {
     /// These addresses as a service keeps them: boxed, or `None` when every list is empty
     /// (so two services that have none compare equal however they were built).
     pub fn boxed(self) -> Option<Box<LocalOutside>> {
-        let empty = self.external_ips.is_empty()
+        crate::rare::boxed(self)
+    }
+}
+
+impl crate::rare::Rare for LocalOutside {
+    fn is_empty(&self) -> bool {
+        self.external_ips.is_empty()
             && self.load_balancer_ips.is_empty()
-            && self.load_balancer_source_ranges.is_empty();
-        (!empty).then(|| Box::new(self))
-    }
-
-    fn flat<S: Serializer>(outside: &Option<Box<LocalOutside>>, to: S) -> Result<S::Ok, S::Error> {
-        match outside {
-            Some(outside) => outside.serialize(to),
-            None => LocalOutside::default().serialize(to),
-        }
-    }
-
-    fn unflat<'de, D: Deserializer<'de>>(from: D) -> Result<Option<Box<LocalOutside>>, D::Error> {
-        LocalOutside::deserialize(from).map(LocalOutside::boxed)
+            && self.load_balancer_source_ranges.is_empty()
     }
 }
 

@@ -246,7 +246,11 @@ pub struct Service {
     pub ports: Box<[ServicePort]>,
     /// Its addresses outside the cluster, `None` when it has none ([`Outside::boxed`]).
     /// Serialized as the fields of [`Outside`], empty lists included.
-    #[serde(flatten, serialize_with = "Outside::flat", deserialize_with = "Outside::unflat")]
+    #[serde(
+        flatten,
+        serialize_with = "crate::rare::flat",
+        deserialize_with = "crate::rare::unflat"
+    )]
     pub outside: Option<Box<Outside>>,
     /// Session affinity.
     pub session_affinity: SessionAffinity,
@@ -287,21 +291,15 @@ impl Outside {
     /// These addresses as a service keeps them: boxed, or `None` when every list is empty
     /// (so two services that have none compare equal however they were built).
     pub fn boxed(self) -> Option<Box<Outside>> {
-        let empty = self.external_ips.is_empty()
+        crate::rare::boxed(self)
+    }
+}
+
+impl crate::rare::Rare for Outside {
+    fn is_empty(&self) -> bool {
+        self.external_ips.is_empty()
             && self.load_balancer_ingress.is_empty()
-            && self.load_balancer_source_ranges.is_empty();
-        (!empty).then(|| Box::new(self))
-    }
-
-    fn flat<S: Serializer>(outside: &Option<Box<Outside>>, to: S) -> Result<S::Ok, S::Error> {
-        match outside {
-            Some(outside) => outside.serialize(to),
-            None => Outside::default().serialize(to),
-        }
-    }
-
-    fn unflat<'de, D: Deserializer<'de>>(from: D) -> Result<Option<Box<Outside>>, D::Error> {
-        Outside::deserialize(from).map(Outside::boxed)
+            && self.load_balancer_source_ranges.is_empty()
     }
 }
 
