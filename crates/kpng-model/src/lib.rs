@@ -16,8 +16,8 @@
 //! - [`ops`]: [`ops::Op`], the vocabulary every sink consumes (reset, set, delete, sync), and
 //!   [`local::LocalState::apply`] which replays ops onto a state.
 //! - [`parts`]: whole-cluster work (a projection, a rendering) split over the machine's cores.
-//! - `rare`: parts of an object that few objects have (a service's outside addresses), kept
-//!   behind one pointer.
+//! - `rare`: parts of an object that few objects have (a service's outside addresses, an
+//!   endpoint's hints), kept behind one pointer.
 
 pub mod global;
 pub mod hash;

@@ -266,7 +266,7 @@ impl Endpoint {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Hints(Option<Box<HintLists>>);
 
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 struct HintLists {
     #[serde(default)]
     zone_hints: Vec<String>,
@@ -277,8 +277,7 @@ struct HintLists {
 impl Hints {
     /// Hints for the zones `zones` and the nodes `nodes` (both empty: no hint).
     pub fn new(zones: Vec<String>, nodes: Vec<String>) -> Hints {
-        let some = !zones.is_empty() || !nodes.is_empty();
-        Hints(some.then(|| Box::new(HintLists { zone_hints: zones, node_hints: nodes })))
+        Hints(crate::rare::boxed(HintLists { zone_hints: zones, node_hints: nodes }))
     }
 
     /// The zones that should use the endpoint.
@@ -292,19 +291,22 @@ impl Hints {
     }
 }
 
-/// No hint, as serialized: two empty lists.
-const NO_HINTS: HintLists = HintLists { zone_hints: Vec::new(), node_hints: Vec::new() };
+impl crate::rare::Rare for HintLists {
+    fn is_empty(&self) -> bool {
+        self.zone_hints.is_empty() && self.node_hints.is_empty()
+    }
+}
 
+/// No hint is serialized as two empty lists.
 impl Serialize for Hints {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        self.0.as_deref().unwrap_or(&NO_HINTS).serialize(serializer)
+        crate::rare::flat(&self.0, serializer)
     }
 }
 
 impl<'de> Deserialize<'de> for Hints {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Hints, D::Error> {
-        let lists = HintLists::deserialize(deserializer)?;
-        Ok(Hints::new(lists.zone_hints, lists.node_hints))
+        crate::rare::unflat(deserializer).map(Hints)
     }
 }
 
