@@ -9,7 +9,8 @@
 //! - one owner-keyed table of what each service wants and, derived from it (no copy), what
 //!   the kernel holds
 //!   ([`Objects`]), where two services wanting one key resolve the same way whatever the
-//!   order of events;
+//!   order of events, and a service's objects are kept as a few bytes each when its keys
+//!   and values say how ([`Pack`]);
 //! - the plan of differences, ordered by [`Rank`] so that a reader never sees an object
 //!   before what it refers to, and committed in the unit the kernel declares ([`Unit`]);
 //! - resets: at start-up, and after a failure or a drift a verification cannot repair
@@ -35,9 +36,11 @@
 //! - this file: [`Kernel`], [`Render`], [`Reconciler`], [`Stats`], [`Sample`].
 //! - [`plan`]: [`Plan`], [`Rank`] and [`Unit`].
 //! - [`objects`]: [`Objects`], the owner-keyed table, and [`Wanted`], one owner's render.
+//! - [`pack`]: [`Pack`], keys and values kept as bytes.
 //! - [`memory`]: [`MemoryKernel`], a kernel in memory (tests, examples, `--dry-run`).
 //! - [`generation`]: [`KnownGeneration`], when a verification may skip reading back.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt::Debug;
 use std::hash::Hash;
@@ -54,11 +57,13 @@ use crate::{Backend, BackendError, ChangeSet, Problems};
 pub mod generation;
 pub mod memory;
 pub mod objects;
+pub mod pack;
 pub mod plan;
 
 pub use generation::{FULL_READ_EVERY, KnownGeneration, SAFETY_NET_SHARE};
 pub use memory::MemoryKernel;
 pub use objects::{Objects, Owner, Wanted};
+pub use pack::{PACKED, Pack, Packed};
 pub use plan::{Plan, Rank, Unit};
 
 /// Implements [`Backend`] for a backend type that wraps a [`Reconciler`] in its field
@@ -99,10 +104,10 @@ pub type Held<K> = HashMap<<K as Kernel>::Key, <K as Kernel>::Value>;
 /// Where a backend's objects live: read back whole, and changed by plans.
 pub trait Kernel: Send {
     /// An object's key.
-    type Key: Clone + Ord + Hash + Rank + Debug + Send;
+    type Key: Clone + Ord + Hash + Rank + Pack + Debug + Send;
     /// An object's value. The default value is that of an object that carries none (a
     /// set's element): the reconciler keeps such objects as bare keys.
-    type Value: Clone + Eq + Default + Debug + Send;
+    type Value: Clone + Eq + Default + Pack + Debug + Send;
     /// The kernel's errors.
     type Error: std::error::Error + Send + Sync + 'static;
 
@@ -257,10 +262,10 @@ pub enum Sample<K: Kernel + ?Sized> {
 /// How services render into a backend's objects.
 pub trait Render: Send {
     /// An object's key.
-    type Key: Clone + Ord + Hash + Rank + Debug + Send;
+    type Key: Clone + Ord + Hash + Rank + Pack + Debug + Send;
     /// An object's value. The default value is that of an object that carries none (a
     /// set's element): the reconciler keeps such objects as bare keys.
-    type Value: Clone + Eq + Default + Debug + Send;
+    type Value: Clone + Eq + Default + Pack + Debug + Send;
     /// What of the node shapes services' objects (NodePort addresses, say): when it
     /// changes, every service renders again.
     type Facts: Clone + PartialEq + Send;
@@ -311,19 +316,23 @@ pub trait Render: Send {
 }
 
 /// Objects by key: what a kernel holds, read back ([`Held`]) or as committed ([`Objects`]).
-pub trait Lookup<K, V> {
+pub trait Lookup<K, V: Clone> {
     /// The value at `key`.
-    fn lookup(&self, key: &K) -> Option<&V>;
+    fn lookup(&self, key: &K) -> Option<Cow<'_, V>>;
 }
 
-impl<K: Eq + Hash, V, S: std::hash::BuildHasher> Lookup<K, V> for HashMap<K, V, S> {
-    fn lookup(&self, key: &K) -> Option<&V> {
-        self.get(key)
+impl<K: Eq + Hash, V: Clone, S: std::hash::BuildHasher> Lookup<K, V> for HashMap<K, V, S> {
+    fn lookup(&self, key: &K) -> Option<Cow<'_, V>> {
+        self.get(key).map(Cow::Borrowed)
     }
 }
 
-impl<K: Clone + Ord + Hash + Rank, V: Clone + Eq + Default> Lookup<K, V> for Objects<K, V> {
-    fn lookup(&self, key: &K) -> Option<&V> {
+impl<K, V> Lookup<K, V> for Objects<K, V>
+where
+    K: Clone + Ord + Hash + Rank + Pack,
+    V: Clone + Eq + Default + Pack,
+{
+    fn lookup(&self, key: &K) -> Option<Cow<'_, V>> {
         self.get(key)
     }
 }
@@ -911,7 +920,7 @@ where
         let mut count = 0;
         let same = expected.iter().all(|(k, v)| {
             count += 1;
-            held.get(k) == Some(v)
+            held.get(&*k) == Some(&*v)
         });
         if whole && same && count == held.len() {
             // Read back unchanged while the generation held: known from there on.
@@ -920,12 +929,14 @@ where
             return Ok(true);
         }
         let covered = || expected.iter().filter(|(k, _)| covers(k));
-        let missing: Vec<&R::Key> =
-            covered().filter(|(k, _)| !held.contains_key(*k)).map(|(k, _)| k).collect();
-        let changed = covered().filter(|(k, v)| held.get(*k).is_some_and(|h| h != *v));
-        let changed: Vec<&R::Key> = changed.map(|(k, _)| k).collect();
-        let foreign: Vec<&R::Key> =
-            held.keys().filter(|k| covers(k) && expected.get(k).is_none()).collect();
+        let missing: Vec<Cow<R::Key>> =
+            covered().filter(|(k, _)| !held.contains_key(&**k)).map(|(k, _)| k).collect();
+        let changed = covered().filter(|(k, v)| held.get(&**k).is_some_and(|h| *h != **v));
+        let changed: Vec<Cow<R::Key>> = changed.map(|(k, _)| k).collect();
+        let foreign: Vec<Cow<R::Key>> = (held.keys())
+            .filter(|k| covers(k) && expected.get(k).is_none())
+            .map(Cow::Borrowed)
+            .collect();
         if missing.is_empty() && changed.is_empty() && foreign.is_empty() {
             // The part read back is as committed. What it did not cover is not known, unless
             // it is the part foreign commits touched of objects known right before them.
@@ -944,7 +955,7 @@ where
         // a large table, with every change waiting).
         let in_place = (whole && !nothing) || part_of_known;
         let repair = in_place.then(|| {
-            let keys = missing.iter().chain(&changed).chain(&foreign).copied();
+            let keys = missing.iter().chain(&changed).chain(&foreign).cloned();
             self.objects.repair(keys, &held)
         });
         self.stats.drifts.fetch_add(1, Ordering::Relaxed);
@@ -1028,7 +1039,7 @@ mod tests {
     }
 
     fn sorted_keys(objects: &Objects<String, u32>) -> Vec<String> {
-        let mut keys: Vec<String> = objects.iter().map(|(k, _)| k.clone()).collect();
+        let mut keys: Vec<String> = objects.iter().map(|(k, _)| k.into_owned()).collect();
         keys.sort();
         keys
     }

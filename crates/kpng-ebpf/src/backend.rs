@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use kpng_backend::Target;
 use kpng_backend::reconcile::{
-    self, Kernel, Objects, Plan, Rank, Reconciler, Render, Unit, Wanted,
+    self, Kernel, Objects, Pack, Plan, Rank, Reconciler, Render, Unit, Wanted,
 };
 use kpng_model::local::LocalServiceState;
 use kpng_model::{LocalState, NodePortAddresses, ServiceKey};
@@ -57,6 +57,11 @@ impl Rank for Key {
     }
 }
 
+/// Kept whole by the template: a service's objects are a handful of map entries.
+impl Pack for Key {}
+
+impl Pack for Value {}
+
 impl Render for EbpfRender {
     type Key = Key;
     type Value = Value;
@@ -77,7 +82,7 @@ impl Render for EbpfRender {
         let key = &service.service.key;
         let previous = match self.slots.get(key) {
             Some(slots) => slots.clone(),
-            None => seed_slots(service, nodeports, |k| held.lookup(k).copied()),
+            None => seed_slots(service, nodeports, |k| held.lookup(k).map(|v| *v)),
         };
         let rendered = render_service(service, nodeports, &previous, self.flow_seconds);
         self.slots.insert(key.clone(), rendered.slots);

@@ -322,10 +322,10 @@ impl reconcile::Kernel for IptablesKernel {
         _installed: bool,
     ) -> Result<(), IptablesError> {
         self.whole = !plan.is_empty();
-        self.entries = after.iter().filter_map(|(key, _)| entry_of(key)).collect();
+        self.entries = after.iter().filter_map(|(key, _)| entry_of(&key)).collect();
         let mut counts = [[0u64; 2]; 2];
         for (key, rules) in after.iter() {
-            if let Key::Chain(family, table, _) = key {
+            if let Key::Chain(family, table, _) = &*key {
                 counts[family_index(*family)][table_index(*table)] += rules.len() as u64;
             }
         }

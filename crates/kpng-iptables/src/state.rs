@@ -7,7 +7,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use ipnet::IpNet;
-use kpng_backend::reconcile::{AnnotationKey, LoadBalancing, Plan, Rank, Render, Wanted};
+use kpng_backend::reconcile::{AnnotationKey, LoadBalancing, Pack, Plan, Rank, Render, Wanted};
 use kpng_model::local::LocalServiceState;
 use kpng_model::{Family, LocalState, NodePortAddresses, ServiceKey};
 
@@ -113,6 +113,11 @@ impl Key {
         }
     }
 }
+
+/// Kept whole by the template: a service's objects are a few chains of rules.
+impl Pack for Key {}
+
+impl Pack for Rules {}
 
 impl Rank for Key {
     /// Chains before the jumps into them (one restore applies both in that order anyway).

@@ -13,7 +13,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use kpng_backend::reconcile::Rank;
+use kpng_backend::reconcile::{Pack, Rank};
 use kpng_model::Family;
 use kpng_netlink::nftables::ChainSpec;
 use kpng_netlink::nftables::objects::CtHelperSpec;
@@ -123,6 +123,11 @@ impl Rank for EntryKey {
         }
     }
 }
+
+/// Kept whole by the template.
+impl Pack for EntryKey {}
+
+impl Pack for EntryValue {}
 
 /// A layout object's value: as kpng declares it, or as the kernel reports it.
 #[derive(Debug, Clone)]

@@ -13,6 +13,7 @@
 //!   beyond the pick tree that any service uses, and those counts' sets. A count once used
 //!   keeps its set and rule until the next reset.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -138,7 +139,8 @@ fn held_group_slots(
     for i in 0.. {
         let name = LayoutName::Chain(family, affinity_slot(hash, i));
         let chain = held.lookup(&EntryKey::layout(name));
-        let chain = chain.and_then(EntryValue::as_layout).and_then(LayoutValue::present_chain);
+        let chain =
+            chain.as_deref().and_then(EntryValue::as_layout).and_then(LayoutValue::present_chain);
         let target =
             chain.and_then(|c| c.rules.first().and_then(|r| crate::kernel::dnat_target(r)));
         match target {
@@ -468,7 +470,7 @@ fn layout_of(plan: &ObjectPlan, after: &Committed) -> Result<(LayoutWanted, Pres
         for (key, value) in after.iter() {
             let Some(name @ LayoutName::Chain(family, chain)) = key.as_layout() else { continue };
             if !wanted.chains.contains_key(&(*family, chain.clone())) {
-                let value = declared(name, value)?;
+                let value = declared(name, &value)?;
                 add_present(&mut present, name, &value);
                 add_wanted(&mut wanted, name, value)?;
             }
@@ -482,7 +484,7 @@ fn layout_of(plan: &ObjectPlan, after: &Committed) -> Result<(LayoutWanted, Pres
         let name = LayoutName::Set(*family, chain.clone());
         let Some(value) = after.get(&EntryKey::layout(name.clone())) else { continue };
         if !wanted.sets.contains_key(&(*family, chain.clone())) {
-            let value = declared(&name, value)?;
+            let value = declared(&name, &value)?;
             add_present(&mut present, &name, &value);
             add_wanted(&mut wanted, &name, value)?;
         }
@@ -591,7 +593,7 @@ fn commands(plan: &ObjectPlan, after: &Committed) -> Result<(Transaction, Vec<St
     if !remade.is_empty() {
         let added: BTreeSet<ElementId> = adds.iter().map(|(id, _)| *id).collect();
         for (key, value) in after.iter() {
-            let Some((id, value)) = element(key, value) else { continue };
+            let Some((id, value)) = element(&key, &value) else { continue };
             if remade.contains(&(id.family, id.map.name().into_owned())) && !added.contains(&id) {
                 adds.push((id, value));
             }
@@ -639,8 +641,11 @@ fn whole_layout(held: &Committed) -> ObjectPlan {
 }
 
 /// The plan that writes `objects` into empty tables, in rank order.
-fn whole_of<'a>(objects: impl Iterator<Item = (&'a EntryKey, &'a EntryValue)>) -> ObjectPlan {
-    let mut upserts: Vec<_> = objects.map(|(k, v)| (k.clone(), None, v.clone())).collect();
+fn whole_of<'a>(
+    objects: impl Iterator<Item = (Cow<'a, EntryKey>, Cow<'a, EntryValue>)>,
+) -> ObjectPlan {
+    let mut upserts: Vec<_> =
+        objects.map(|(k, v)| (k.into_owned(), None, v.into_owned())).collect();
     upserts.sort_by(|a, b| (a.0.rank(), &a.0).cmp(&(b.0.rank(), &b.0)));
     ObjectPlan { upserts, deletes: Vec::new() }
 }

@@ -20,7 +20,9 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
-use kpng_backend::reconcile::{Kernel, Objects, Plan, Rank, Reconciler, Render, Unit, Wanted};
+use kpng_backend::reconcile::{
+    Kernel, Objects, Pack, Plan, Rank, Reconciler, Render, Unit, Wanted,
+};
 use kpng_model::local::LocalServiceState;
 use kpng_model::{LocalState, ServiceKey};
 
@@ -89,6 +91,11 @@ impl NftlbRender {
 pub struct FarmName(pub String);
 
 impl Rank for FarmName {}
+
+/// Kept whole by the template: one farm per service.
+impl Pack for FarmName {}
+
+impl Pack for Farm {}
 
 impl Render for NftlbRender {
     type Key = FarmName;

@@ -30,7 +30,9 @@ use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 
-use kpng_backend::reconcile::{Kernel, Objects, Plan, Rank, Reconciler, Render, Unit, Wanted};
+use kpng_backend::reconcile::{
+    Kernel, Objects, Pack, Plan, Rank, Reconciler, Render, Unit, Wanted,
+};
 use kpng_model::global::{AnnotationKey, LoadBalancing};
 use kpng_model::local::LocalServiceState;
 use kpng_model::{LocalState, Protocol};
@@ -50,6 +52,9 @@ pub struct Frontend {
 }
 
 impl Rank for Frontend {}
+
+/// Kept whole by the template: a service has a line or two.
+impl Pack for Frontend {}
 
 /// The render: service ports to frontends and their endpoints.
 #[derive(Debug, Default)]

@@ -7,7 +7,7 @@ use std::fmt::Debug;
 use std::hash::Hash;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::{Kernel, Objects, Plan, Rank, Unit};
+use super::{Kernel, Objects, Pack, Plan, Rank, Unit};
 
 /// Why the in-memory kernel refused a plan.
 #[derive(Debug, thiserror::Error)]
@@ -68,8 +68,8 @@ where
 
 impl<K, V> Kernel for MemoryKernel<K, V>
 where
-    K: Clone + Ord + Hash + Rank + Debug + Send,
-    V: Clone + Eq + Default + Debug + Send,
+    K: Clone + Ord + Hash + Rank + Pack + Debug + Send,
+    V: Clone + Eq + Default + Pack + Debug + Send,
 {
     type Key = K;
     type Value = V;

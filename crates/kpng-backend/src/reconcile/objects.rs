@@ -5,9 +5,10 @@
 //! value of the claim in force, so it is read from the owners' objects. A plan records the
 //! values it replaces as it is made. A failed commit is followed by a reset, which starts
 //! again from what the kernel really holds ([`Objects::replace_all`]). Each key costs its
-//! owner's copy of it and of its value (of the key alone when the value is the default one,
-//! as a set's element's is), and one entry of claims filed under the key's 32-bit
-//! fingerprint (one claim kept inline), not a second copy of the key.
+//! owner's copy of it and of its value (their packed bytes when every object of the owner
+//! packs, see [`Pack`]; else the key alone when the value is the default one, as a set's
+//! element's is), and one entry of claims filed under the key's 32-bit fingerprint (one
+//! claim kept inline), not a second copy of the key.
 //!
 //! Each owner (the node, or a service) claims the keys of its render. Owners share a key
 //! when they want the same thing (a cluster IP listed once for two services). When they
@@ -19,11 +20,13 @@
 //! Kept in one file on purpose: who owns an object and the plan that follows from it are
 //! one algorithm.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{Hash, Hasher};
 
 use kpng_model::ServiceKey;
 
+use super::pack::{Pack, Packed, Records};
 use super::plan::{Plan, Rank};
 
 /// What one owner wants in the kernel.
@@ -122,47 +125,111 @@ impl std::hash::Hasher for Fingerprints {
 
 type ByPrint<T> = HashMap<u32, T, std::hash::BuildHasherDefault<Fingerprints>>;
 
-/// One owner's objects as kept: sorted by key, without a tree's overhead. Most objects of
-/// a set-based dataplane are set elements, whose value is the default one (they carry
-/// none): those are kept as bare keys, and the value of each is the table's one default
-/// value ([`Objects::plain`]). The keys whose claims yield, which few owners have, are
-/// kept apart ([`Objects::yielding`]), so as not to cost every owner an empty list.
+/// Services with more objects than this are kept whole: a packed owner is searched from
+/// its first record (a service with four endpoints has about a dozen).
+const MOST_PACKED: usize = 48;
+
+/// One owner's objects as kept.
+///
+/// A service's objects are kept as bytes ([`Pack`]) when every one of them packs and they
+/// are few: one allocation of records, each a dozen bytes or so for an element of an IPv4
+/// set, found by a scan. Otherwise they are kept whole, sorted by key, without a tree's
+/// overhead: most objects of a set-based dataplane are set elements, whose value is the
+/// default one (they carry none), kept as bare keys, the value of each being the table's
+/// one default value ([`Objects::plain`]). The keys whose claims yield, which few owners
+/// have, are kept apart ([`Objects::yielding`]), so as not to cost every owner an empty
+/// list.
 #[derive(Debug)]
-struct Kept<K, V> {
-    /// The objects whose value is not the default one.
-    objects: Box<[(K, V)]>,
-    /// The keys whose value is the default one.
-    bare: Box<[K]>,
+enum Kept<K, V> {
+    /// Every object, packed ([`Records`]).
+    Packed(Box<[u8]>),
+    /// Every object, whole.
+    Whole {
+        /// The objects whose value is not the default one.
+        objects: Box<[(K, V)]>,
+        /// The keys whose value is the default one.
+        bare: Box<[K]>,
+    },
 }
 
-impl<K: Ord, V: Eq> Kept<K, V> {
+/// An object as a packed key and a packed value (`None` for the default value), when both
+/// pack.
+fn packed<K: Pack, V: Pack + Eq>(
+    key: &K,
+    value: &V,
+    plain: &V,
+) -> Option<(Packed, Option<Packed>)> {
+    let key = key.pack()?;
+    if value == plain {
+        return Some((key, None));
+    }
+    // No bytes stand for the default value.
+    let value = value.pack().filter(|v| !v.as_bytes().is_empty())?;
+    Some((key, Some(value)))
+}
+
+impl<K: Clone + Ord + Pack, V: Clone + Eq + Pack> Kept<K, V> {
     /// The objects of `wanted`, and the keys of its claims that yield.
     fn of(wanted: Wanted<K, V>, plain: &V) -> (Kept<K, V>, Box<[K]>) {
+        let yielding = wanted.yielding.into_iter().collect();
+        if wanted.objects.len() <= MOST_PACKED {
+            let all: Option<Vec<_>> =
+                wanted.objects.iter().map(|(k, v)| packed(k, v, plain)).collect();
+            if let Some(all) = all {
+                return (Kept::Packed(Records::of(all)), yielding);
+            }
+        }
         let (bare, objects): (Vec<_>, Vec<_>) =
             wanted.objects.into_iter().partition(|(_, v)| v == plain);
-        let kept = Kept {
+        let kept = Kept::Whole {
             objects: objects.into_boxed_slice(),
             bare: bare.into_iter().map(|(k, _)| k).collect(),
         };
-        (kept, wanted.yielding.into_iter().collect())
+        (kept, yielding)
     }
 
     /// The value at `key`, where `plain` is the default value.
-    fn get<'a>(&'a self, key: &K, plain: &'a V) -> Option<&'a V> {
-        if let Ok(at) = self.objects.binary_search_by(|(k, _)| k.cmp(key)) {
-            return Some(&self.objects[at].1);
+    fn get<'a>(&'a self, key: &K, plain: &'a V) -> Option<Cow<'a, V>> {
+        match self {
+            Kept::Packed(records) => {
+                let value = Records::get(records, key.pack()?.as_bytes())?;
+                match value.is_empty() {
+                    true => Some(Cow::Borrowed(plain)),
+                    false => V::unpack(value).map(Cow::Owned),
+                }
+            }
+            Kept::Whole { objects, bare } => {
+                if let Ok(at) = objects.binary_search_by(|(k, _)| k.cmp(key)) {
+                    return Some(Cow::Borrowed(&objects[at].1));
+                }
+                bare.binary_search(key).is_ok().then_some(Cow::Borrowed(plain))
+            }
         }
-        self.bare.binary_search(key).is_ok().then_some(plain)
     }
 
     /// Every key and its value, in no order.
-    fn iter<'a>(&'a self, plain: &'a V) -> impl Iterator<Item = (&'a K, &'a V)> {
-        let objects = self.objects.iter().map(|(k, v)| (k, v));
-        objects.chain(self.bare.iter().map(move |k| (k, plain)))
+    fn iter<'a>(&'a self, plain: &'a V) -> impl Iterator<Item = (Cow<'a, K>, Cow<'a, V>)> {
+        let (records, objects, bare): (&[u8], &[(K, V)], &[K]) = match self {
+            Kept::Packed(records) => (records, &[], &[]),
+            Kept::Whole { objects, bare } => (&[], objects, bare),
+        };
+        let records = Records::iter(records).filter_map(move |(k, v)| {
+            let value = match v.is_empty() {
+                true => Cow::Borrowed(plain),
+                false => Cow::Owned(V::unpack(v)?),
+            };
+            Some((Cow::Owned(K::unpack(k)?), value))
+        });
+        let objects = objects.iter().map(|(k, v)| (Cow::Borrowed(k), Cow::Borrowed(v)));
+        let bare = bare.iter().map(move |k| (Cow::Borrowed(k), Cow::Borrowed(plain)));
+        records.chain(objects).chain(bare)
     }
 
     fn is_empty(&self) -> bool {
-        self.objects.is_empty() && self.bare.is_empty()
+        match self {
+            Kept::Packed(records) => records.is_empty(),
+            Kept::Whole { objects, bare } => objects.is_empty() && bare.is_empty(),
+        }
     }
 }
 
@@ -220,8 +287,8 @@ pub type Render<K, V> = (Owner, Option<Wanted<K, V>>);
 
 impl<K, V> Objects<K, V>
 where
-    K: Clone + Ord + Hash + Rank,
-    V: Clone + Eq + Default,
+    K: Clone + Ord + Hash + Rank + Pack,
+    V: Clone + Eq + Default + Pack,
 {
     /// Nothing wanted, nothing held.
     pub fn new() -> Self {
@@ -231,7 +298,7 @@ where
     /// The value in force at `key`: the first claim's. Once a plan is committed, this is
     /// what the kernel holds (no copy is kept: a failed commit is followed by a reset,
     /// [`Objects::replace_all`], from what the kernel really holds).
-    pub fn get(&self, key: &K) -> Option<&V> {
+    pub fn get(&self, key: &K) -> Option<Cow<'_, V>> {
         self.claims_of(fingerprint(key)).iter().find_map(|claim| self.value_of(key, *claim))
     }
 
@@ -253,18 +320,18 @@ where
     }
 
     /// Every key and the value in force, in no order.
-    pub fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
+    pub fn iter(&self) -> impl Iterator<Item = (Cow<'_, K>, Cow<'_, V>)> {
         let owned = self
             .wanted
             .iter()
             .flat_map(|(n, kept)| kept.iter(&self.plain).map(|(k, v)| (*n, k, v)));
-        let shared = self.shared.iter().map(|(k, v)| (SHARED, k, v));
+        let shared = self.shared.iter().map(|(k, v)| (SHARED, Cow::Borrowed(k), Cow::Borrowed(v)));
         owned.chain(shared).filter(|(n, k, _)| self.winner(k) == Some(*n)).map(|(_, k, v)| (k, v))
     }
 
     /// Every key and the value in force, copied.
     pub fn to_map(&self) -> HashMap<K, V> {
-        self.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+        self.iter().map(|(k, v)| (k.into_owned(), v.into_owned())).collect()
     }
 
     /// Objects held by the node alone: `objects` as another process left them.
@@ -333,7 +400,7 @@ where
     /// Records the value in force at `key`, unless recorded already.
     fn note(&self, key: &K, before: &mut Before<K, V>) {
         if !before.contains_key(key) {
-            before.insert(key.clone(), self.get(key).cloned());
+            before.insert(key.clone(), self.get(key).map(Cow::into_owned));
         }
     }
 
@@ -401,8 +468,26 @@ where
     /// plan that leaves exactly the wanted objects.
     pub fn replace_all(&mut self, held: HashMap<K, V>, renders: Vec<Render<K, V>>) -> Plan<K, V> {
         self.claim_all(renders);
-        let claimed = self.wanted.values().flat_map(|kept| kept.iter(&self.plain).map(|(k, _)| k));
-        self.repair(held.keys().chain(claimed).chain(self.shared.keys()), &held)
+        let mut plan = Plan::default();
+        for (key, old) in &held {
+            self.plan_key(key, Some(old), &mut plan);
+        }
+        // What is wanted and not held, each key once: by the owner whose claim is in force.
+        let owned = self
+            .wanted
+            .iter()
+            .flat_map(|(n, kept)| kept.iter(&self.plain).map(move |(k, _)| (*n, k)));
+        let shared = self.shared.keys().map(|k| (SHARED, Cow::Borrowed(k)));
+        for (owner, key) in owned.chain(shared) {
+            if !held.contains_key(&*key) && self.winner(&key) == Some(owner) {
+                self.plan_key(&key, None, &mut plan);
+            }
+        }
+        // In key order within each rank, as a repair's.
+        plan.upserts.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        plan.deletes.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        plan.order();
+        plan
     }
 
     /// The plan that brings `keys` from what `held` (a read-back of the kernel) says they
@@ -410,18 +495,18 @@ where
     /// found; every key, for a reset). What is wanted does not change.
     pub fn repair<'a, S: std::hash::BuildHasher>(
         &self,
-        keys: impl IntoIterator<Item = &'a K>,
+        keys: impl IntoIterator<Item = Cow<'a, K>>,
         held: &HashMap<K, V, S>,
     ) -> Plan<K, V>
     where
         K: 'a,
     {
-        let mut keys: Vec<&K> = keys.into_iter().collect();
+        let mut keys: Vec<Cow<K>> = keys.into_iter().collect();
         keys.sort_unstable();
         keys.dedup();
         let mut plan = Plan::default();
-        for key in keys {
-            self.plan_key(key, held.get(key), &mut plan);
+        for key in &keys {
+            self.plan_key(key, held.get(&**key), &mut plan);
         }
         plan.order();
         plan
@@ -430,8 +515,8 @@ where
     /// Adds to `plan` what brings `key` from `old` to the value in force.
     fn plan_key(&self, key: &K, old: Option<&V>, plan: &mut Plan<K, V>) {
         match (self.get(key), old) {
-            (Some(new), Some(old)) if new == old => {}
-            (Some(new), old) => plan.upserts.push((key.clone(), old.cloned(), new.clone())),
+            (Some(new), Some(old)) if *new == *old => {}
+            (Some(new), old) => plan.upserts.push((key.clone(), old.cloned(), new.into_owned())),
             (None, Some(old)) => plan.deletes.push((key.clone(), old.clone())),
             (None, None) => {}
         }
@@ -455,9 +540,9 @@ where
 
     /// The value `claim`'s owner wants at `key`, if that claim is its claim on `key` (and
     /// not on another key of the same fingerprint).
-    fn value_of(&self, key: &K, claim: Claim) -> Option<&V> {
+    fn value_of(&self, key: &K, claim: Claim) -> Option<Cow<'_, V>> {
         match claim.owner() {
-            SHARED => self.shared.get(key).filter(|_| !claim.yielding()),
+            SHARED => self.shared.get(key).filter(|_| !claim.yielding()).map(Cow::Borrowed),
             owner => {
                 let value = self.wanted.get(&owner)?.get(key, &self.plain)?;
                 let yielding = self.yielding.get(&owner).is_some_and(|y| yields(y, key));
@@ -486,20 +571,21 @@ where
             let now = (&new, &*new_yielding);
             // A key whose value and claim the owner keeps is not touched.
             let same = |a: Claims<K, V>, b: Claims<K, V>, key: &K, value: &V| {
-                b.0.get(key, &plain) == Some(value) && yields(b.1, key) == yields(a.1, key)
+                b.0.get(key, &plain).as_deref() == Some(value)
+                    && yields(b.1, key) == yields(a.1, key)
             };
             if let Some(before) = before.as_deref_mut() {
                 // Noted while the old claims are in force.
                 let old_yielding = self.yielding.get(&number).map_or(&[][..], |y| &**y);
                 let was = self.wanted.get(&number).map(|kept| (kept, old_yielding));
                 for (key, value) in was.iter().flat_map(|was| was.0.iter(&plain)) {
-                    if was.is_some_and(|was| !same(was, now, key, value)) {
-                        self.note(key, before);
+                    if was.is_some_and(|was| !same(was, now, &key, &value)) {
+                        self.note(&key, before);
                     }
                 }
                 for (key, value) in new.iter(&plain) {
-                    if !was.is_some_and(|was| same(now, was, key, value)) {
-                        self.note(key, before);
+                    if !was.is_some_and(|was| same(now, was, &key, &value)) {
+                        self.note(&key, before);
                     }
                 }
             }
@@ -511,16 +597,16 @@ where
             };
             if let Some(was) = was {
                 for (key, _) in was.0.iter(&plain) {
-                    let claim = Claim::new(number, yields(was.1, key));
-                    if claim_in(now, key) != Some(claim) {
-                        self.drop_claim(key, claim);
+                    let claim = Claim::new(number, yields(was.1, &key));
+                    if claim_in(now, &key) != Some(claim) {
+                        self.drop_claim(&key, claim);
                     }
                 }
             }
             for (key, _) in new.iter(&plain) {
-                let claim = Claim::new(number, yields(now.1, key));
-                if was.and_then(|was| claim_in(was, key)) != Some(claim) {
-                    self.add_claim(key, claim);
+                let claim = Claim::new(number, yields(now.1, &key));
+                if was.and_then(|was| claim_in(was, &key)) != Some(claim) {
+                    self.add_claim(&key, claim);
                 }
             }
             if new.is_empty() {
@@ -567,6 +653,19 @@ mod tests {
                 Key::A(_) => 0,
                 Key::B(_) => 1,
             }
+        }
+    }
+
+    /// `B` keys pack, `A` keys do not: an owner with an `A` key is kept whole.
+    impl Pack for Key {
+        fn pack(&self) -> Option<Packed> {
+            let Key::B(n) = self else { return None };
+            let mut packed = Packed::new();
+            packed.put(&n.to_be_bytes()).then_some(packed)
+        }
+
+        fn unpack(bytes: &[u8]) -> Option<Self> {
+            Some(Key::B(u16::from_be_bytes(bytes.try_into().ok()?)))
         }
     }
 
@@ -617,7 +716,7 @@ mod tests {
             for render in order {
                 objects.update(vec![render]);
             }
-            assert_eq!(objects.get(&Key::B(30080)), Some(&1), "{address_first}");
+            assert_eq!(objects.get(&Key::B(30080)).as_deref(), Some(&1), "{address_first}");
             let gone = objects.update(vec![(svc("z-address"), None)]);
             assert_eq!(gone.upserts, vec![(Key::B(30080), Some(1), 2)]);
             let gone = objects.update(vec![(svc("a-nodeport"), None)]);
@@ -647,7 +746,7 @@ mod tests {
             .update_and_patch(vec![(svc("b"), render(&[(Key::B(2), 9)]))], vec![(Key::B(1), None)]);
         assert_eq!(plan.deletes, vec![(Key::B(1), 3)]);
         assert!(plan.upserts.is_empty(), "{plan:?}");
-        assert_eq!(objects.get(&Key::B(2)), Some(&4));
+        assert_eq!(objects.get(&Key::B(2)).as_deref(), Some(&4));
         // The shared object goes: the service's claim is next.
         let plan = objects.update_and_patch(Vec::new(), vec![(Key::B(2), None)]);
         assert_eq!(plan.upserts, vec![(Key::B(2), Some(4), 9)]);
@@ -661,9 +760,14 @@ mod tests {
         let mut objects = Objects::new();
         let plan = objects.update(vec![(svc("a"), render(&[(Key::A(1), 0), (Key::A(2), 5)]))]);
         assert_eq!(plan.upserts, vec![(Key::A(1), None, 0), (Key::A(2), None, 5)]);
-        let kept = objects.wanted.values().next().unwrap();
-        assert_eq!((kept.bare.len(), kept.objects.len()), (1, 1), "0 is u32's default");
-        assert_eq!((objects.get(&Key::A(1)), objects.get(&Key::A(2))), (Some(&0), Some(&5)));
+        let Some(Kept::Whole { objects: valued, bare }) = objects.wanted.values().next() else {
+            panic!("keys that do not pack are kept whole")
+        };
+        assert_eq!((bare.len(), valued.len()), (1, 1), "0 is u32's default");
+        assert_eq!(
+            (objects.get(&Key::A(1)).as_deref(), objects.get(&Key::A(2)).as_deref()),
+            (Some(&0), Some(&5))
+        );
         // A value leaving the default, and one coming to it, are both changes.
         let plan = objects.update(vec![(svc("a"), render(&[(Key::A(1), 3), (Key::A(2), 0)]))]);
         assert_eq!(plan.upserts, vec![(Key::A(1), Some(0), 3), (Key::A(2), Some(5), 0)]);
@@ -675,6 +779,44 @@ mod tests {
         let plan = objects.update(vec![(svc("a"), None)]);
         assert_eq!(plan.upserts, vec![(Key::A(1), Some(3), 0)]);
         assert_eq!(plan.deletes, vec![(Key::A(2), 0)]);
+    }
+
+    #[test]
+    fn few_objects_that_all_pack_are_kept_as_records_and_behave_alike() {
+        let mut objects = Objects::new();
+        let kinds = |objects: &Objects<Key, u32>| -> Vec<&'static str> {
+            let mut kinds: Vec<_> = (objects.wanted.values())
+                .map(|kept| match kept {
+                    Kept::Packed(_) => "packed",
+                    Kept::Whole { .. } => "whole",
+                })
+                .collect();
+            kinds.sort();
+            kinds
+        };
+        let many: Vec<(Key, u32)> = (0..=MOST_PACKED as u16).map(|n| (Key::B(n), 1)).collect();
+        let plan = objects.update(vec![
+            (svc("a"), render(&[(Key::B(1), 0), (Key::B(300), 5), (Key::B(2), 0)])),
+            (svc("b"), render(&[(Key::B(7), 1), (Key::A(7), 1)])),
+            (svc("c"), render(&many)),
+        ]);
+        assert_eq!(plan.upserts.len(), 3 + 2 + many.len() - 3, "c shares 1, 2 and 7");
+        assert_eq!(kinds(&objects), ["packed", "whole", "whole"], "a packs; b has A; c is many");
+        assert_eq!(objects.get(&Key::B(300)).as_deref(), Some(&5));
+        assert_eq!(objects.get(&Key::B(2)).as_deref(), Some(&0), "a's claim came first");
+        assert_eq!(objects.get(&Key::B(3)).as_deref(), Some(&1));
+        assert_eq!(objects.get(&Key::B(301)).as_deref(), None);
+        let a: Vec<(Key, u32)> = objects.wanted[&2].iter(&0).map(|(k, v)| (*k, *v)).collect();
+        assert_eq!(a, [(Key::B(1), 0), (Key::B(2), 0), (Key::B(300), 5)], "in key bytes' order");
+        // A packed owner's change, and its departure, plan as a whole one's do.
+        let plan = objects.update(vec![(svc("a"), render(&[(Key::B(1), 0), (Key::B(300), 6)]))]);
+        assert_eq!(plan.upserts, vec![(Key::B(2), Some(0), 1), (Key::B(300), Some(5), 6)]);
+        assert!(plan.deletes.is_empty());
+        let plan = objects.update(vec![(svc("a"), None)]);
+        assert_eq!(plan.upserts, vec![(Key::B(1), Some(0), 1)]);
+        assert_eq!(plan.deletes, vec![(Key::B(300), 6)]);
+        assert_eq!(objects.to_map().len(), many.len() + 1, "c's, and b's A(7)");
+        assert_eq!(size_of::<Kept<Key, u32>>(), 32, "no larger than two boxed slices");
     }
 
     #[test]
@@ -711,6 +853,17 @@ mod tests {
 
     impl Rank for Same {}
 
+    impl Pack for Same {
+        fn pack(&self) -> Option<Packed> {
+            let mut packed = Packed::new();
+            packed.put(&self.0.to_be_bytes()).then_some(packed)
+        }
+
+        fn unpack(bytes: &[u8]) -> Option<Self> {
+            Some(Same(u16::from_be_bytes(bytes.try_into().ok()?)))
+        }
+    }
+
     impl Rank for u64 {}
 
     #[test]
@@ -725,12 +878,17 @@ mod tests {
             (svc(&format!("s{i}")), Some(Wanted::objects(chunk.iter().map(|k| (*k, k ^ 1)))))
         });
         objects.update(owners.collect());
-        assert!(keys.iter().all(|k| objects.get(k) == Some(&(k ^ 1))));
+        assert!(keys.iter().all(|k| objects.get(k).as_deref() == Some(&(k ^ 1))));
         // Each owner gives up its keys one owner at a time: nothing else goes with them.
         let plan = objects.update(vec![(svc("s7"), None)]);
         assert_eq!(plan.deletes.len(), 4);
-        assert!(keys[..28].iter().chain(&keys[32..]).all(|k| objects.get(k) == Some(&(k ^ 1))));
-        assert!(keys[28..32].iter().all(|k| objects.get(k).is_none()));
+        assert!(
+            keys[..28]
+                .iter()
+                .chain(&keys[32..])
+                .all(|k| objects.get(k).as_deref() == Some(&(k ^ 1)))
+        );
+        assert!(keys[28..32].iter().all(|k| objects.get(k).as_deref().is_none()));
     }
 
     #[test]
@@ -745,15 +903,18 @@ mod tests {
         // One owner wants two keys of one fingerprint, another a third, yielding.
         objects.update(vec![(svc("a"), wanted(&[(Same(1), 10), (Same(2), 20)], &[]))]);
         objects.update(vec![(svc("b"), wanted(&[(Same(3), 30), (Same(1), 11)], &[Same(1)]))]);
-        assert_eq!(objects.get(&Same(1)), Some(&10), "a's claim does not yield");
-        assert_eq!((objects.get(&Same(2)), objects.get(&Same(3))), (Some(&20), Some(&30)));
+        assert_eq!(objects.get(&Same(1)).as_deref(), Some(&10), "a's claim does not yield");
+        assert_eq!(
+            (objects.get(&Same(2)).as_deref(), objects.get(&Same(3)).as_deref()),
+            (Some(&20), Some(&30))
+        );
         let mut all: Vec<(Same, u32)> = objects.iter().map(|(k, v)| (*k, *v)).collect();
         all.sort();
         assert_eq!(all, [(Same(1), 10), (Same(2), 20), (Same(3), 30)]);
         // a lets go of key 1 only: b's yielding claim is in force; key 2 stays a's.
         let plan = objects.update(vec![(svc("a"), wanted(&[(Same(2), 20)], &[]))]);
         assert_eq!(plan.upserts, vec![(Same(1), Some(10), 11)]);
-        assert_eq!(objects.get(&Same(2)), Some(&20));
+        assert_eq!(objects.get(&Same(2)).as_deref(), Some(&20));
         let plan = objects.update(vec![(svc("b"), None)]);
         assert_eq!(plan.deletes, vec![(Same(1), 11), (Same(3), 30)]);
         assert_eq!(objects.iter().count(), 1);
