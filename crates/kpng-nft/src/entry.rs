@@ -13,7 +13,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use kpng_backend::reconcile::{Pack, Rank};
+use kpng_backend::reconcile::{Pack, Packed, Rank};
 use kpng_model::Family;
 use kpng_netlink::nftables::ChainSpec;
 use kpng_netlink::nftables::objects::CtHelperSpec;
@@ -124,10 +124,96 @@ impl Rank for EntryKey {
     }
 }
 
-/// Kept whole by the template.
-impl Pack for EntryKey {}
+/// An element's key packs into its packed bytes without their trailing zeros (which every
+/// packed id of one family pads with), after a byte for its family: 7 to 12 bytes for an
+/// IPv4 element instead of 16, and no allocation for an IPv6 one. Other keys are kept
+/// whole.
+impl Pack for EntryKey {
+    fn pack(&self) -> Option<Packed> {
+        let (family, bytes): (u8, &[u8]) = match self {
+            EntryKey::V4(bytes) => (0, bytes),
+            EntryKey::V6(bytes) => (1, &bytes[..]),
+            EntryKey::Element(_) | EntryKey::Layout(_) => return None,
+        };
+        let used = bytes.iter().rposition(|b| *b != 0).map_or(0, |last| last + 1);
+        let mut packed = Packed::new();
+        (packed.put(&[family]) && packed.put(&bytes[..used])).then_some(packed)
+    }
 
-impl Pack for EntryValue {}
+    fn unpack(bytes: &[u8]) -> Option<Self> {
+        let (family, used) = bytes.split_first()?;
+        match family {
+            0 => {
+                let mut bytes = [0; 15];
+                bytes.get_mut(..used.len())?.copy_from_slice(used);
+                Some(EntryKey::V4(bytes))
+            }
+            1 => {
+                let mut bytes = Box::new([0; PACKED_V6]);
+                bytes.get_mut(..used.len())?.copy_from_slice(used);
+                Some(EntryKey::V6(bytes))
+            }
+            _ => None,
+        }
+    }
+}
+
+const VALUE_NONE: u8 = 0;
+const VALUE_V4: u8 = 1;
+const VALUE_V6: u8 = 2;
+const VALUE_AFFINITY: u8 = 3;
+
+/// An element's value packs into a byte for its kind and its address and port (or its
+/// hash); a layout object's is kept whole.
+impl Pack for EntryValue {
+    fn pack(&self) -> Option<Packed> {
+        let EntryValue::Element(value) = self else { return None };
+        let mut packed = Packed::new();
+        let fits = match value {
+            PackedValue::None => packed.put(&[VALUE_NONE]),
+            PackedValue::V4(ip, port) => {
+                packed.put(&[VALUE_V4])
+                    && packed.put(&ip.octets())
+                    && packed.put(&port.to_be_bytes())
+            }
+            PackedValue::V6(v6) => {
+                let (ip, port) = &**v6;
+                packed.put(&[VALUE_V6])
+                    && packed.put(&ip.octets())
+                    && packed.put(&port.to_be_bytes())
+            }
+            PackedValue::Affinity([high, low]) => {
+                packed.put(&[VALUE_AFFINITY])
+                    && packed.put(&high.to_be_bytes())
+                    && packed.put(&low.to_be_bytes())
+            }
+        };
+        fits.then_some(packed)
+    }
+
+    fn unpack(bytes: &[u8]) -> Option<Self> {
+        let (kind, rest) = bytes.split_first()?;
+        let value = match *kind {
+            VALUE_NONE if rest.is_empty() => PackedValue::None,
+            VALUE_V4 => {
+                let (ip, port) = rest.split_first_chunk::<4>()?;
+                PackedValue::V4((*ip).into(), u16::from_be_bytes(port.try_into().ok()?))
+            }
+            VALUE_V6 => {
+                let (ip, port) = rest.split_first_chunk::<16>()?;
+                let port = u16::from_be_bytes(port.try_into().ok()?);
+                PackedValue::V6(Arc::new(((*ip).into(), port)))
+            }
+            VALUE_AFFINITY => {
+                let (high, low) = rest.split_first_chunk::<4>()?;
+                let low = u32::from_be_bytes(low.try_into().ok()?);
+                PackedValue::Affinity([u32::from_be_bytes(*high), low])
+            }
+            _ => return None,
+        };
+        Some(EntryValue::Element(value))
+    }
+}
 
 /// A layout object's value: as kpng declares it, or as the kernel reports it.
 #[derive(Debug, Clone)]

@@ -388,15 +388,70 @@ mod tests {
         }
 
         #[test]
-        fn every_value_comes_back_as_packed(
-            value in prop_oneof![
-                Just(Value::None),
-                (ip(), any::<u16>()).prop_map(|(ip, port)| Value::Endpoint(ip, port)),
-                any::<u64>().prop_map(Value::Affinity),
-            ]
-        ) {
+        fn every_value_comes_back_as_packed(value in value()) {
             prop_assert_eq!(Value::from(&PackedValue::from(value)), value);
         }
+
+        #[test]
+        fn elements_keep_as_bytes_that_come_back_and_tell_them_apart(
+            family in prop_oneof![Just(Family::V4), Just(Family::V6)],
+            a in (map(), key()),
+            b in (map(), key()),
+            values in (value(), value()),
+        ) {
+            use kpng_backend::reconcile::Pack;
+            use crate::entry::{EntryKey, EntryValue};
+
+            let key = |(map, key)| EntryKey::element(&ElementId { family, map, key });
+            let (a, b) = (key(a), key(b));
+            for key in [&a, &b] {
+                let packed = key.pack();
+                prop_assert_eq!(packed.is_some(), !matches!(key, EntryKey::Element(_)));
+                if let Some(packed) = packed {
+                    prop_assert_eq!(EntryKey::unpack(packed.as_bytes()), Some(key.clone()));
+                }
+            }
+            if let (Some(pa), Some(pb)) = (a.pack(), b.pack()) {
+                prop_assert_eq!(pa.as_bytes() == pb.as_bytes(), a == b);
+            }
+            let (a, b) = (EntryValue::element(values.0), EntryValue::element(values.1));
+            let (pa, pb) = (a.pack().unwrap(), b.pack().unwrap());
+            prop_assert_eq!(EntryValue::unpack(pa.as_bytes()), Some(a.clone()));
+            prop_assert_eq!(pa.as_bytes() == pb.as_bytes(), a == b);
+        }
+    }
+
+    fn value() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            Just(Value::None),
+            (ip(), any::<u16>()).prop_map(|(ip, port)| Value::Endpoint(ip, port)),
+            any::<u64>().prop_map(Value::Affinity),
+        ]
+    }
+
+    #[test]
+    fn an_ipv4_element_keeps_in_a_few_bytes_and_the_slot_zero_apart() {
+        use crate::entry::EntryKey;
+        use kpng_backend::reconcile::Pack;
+
+        let dest = Dest { ip: [10, 96, 0, 1].into(), protocol: Protocol::Tcp, port: 80 };
+        let slot = |slot| {
+            let id = ElementId {
+                family: Family::V4,
+                map: MapName::ClusterBackends,
+                key: Key::DestSlot(dest, slot),
+            };
+            EntryKey::element(&id).pack().unwrap()
+        };
+        // The family, the set, the shape, the address, the protocol, the port and the slot.
+        assert_eq!(slot(1).as_bytes().len(), 1 + 1 + 1 + 4 + 1 + 2 + 4);
+        // Slot 0 ends in zeros, which are not kept: still not the key of slot 1 or 256.
+        assert!(slot(0).as_bytes().len() < slot(1).as_bytes().len());
+        assert_ne!(slot(0).as_bytes(), slot(256).as_bytes());
+        assert_eq!(
+            EntryKey::unpack(slot(0).as_bytes()).and_then(|k| k.as_element()).map(|id| id.key),
+            Some(Key::DestSlot(dest, 0))
+        );
     }
 
     #[test]
