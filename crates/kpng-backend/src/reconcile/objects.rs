@@ -125,15 +125,15 @@ impl std::hash::Hasher for Fingerprints {
 
 type ByPrint<T> = HashMap<u32, T, std::hash::BuildHasherDefault<Fingerprints>>;
 
-/// Services with more objects than this are kept whole: a packed owner is searched from
-/// its first record (a service with four endpoints has about a dozen).
-const MOST_PACKED: usize = 48;
+/// Services with more objects than this are kept whole (a service with four endpoints has
+/// about a dozen, one with a hundred a few hundred).
+const MOST_PACKED: usize = 1024;
 
 /// One owner's objects as kept.
 ///
-/// A service's objects are kept as bytes ([`Pack`]) when every one of them packs and they
-/// are few: one allocation of records, each a dozen bytes or so for an element of an IPv4
-/// set, found by a scan. Otherwise they are kept whole, sorted by key, without a tree's
+/// A service's objects are kept as bytes ([`Pack`]) when every one of them packs: one
+/// allocation of records, each a dozen bytes or so for an element of an IPv4 set, found
+/// by a scan, or by halving when there are more than a few ([`Records`]). Otherwise they are kept whole, sorted by key, without a tree's
 /// overhead: most objects of a set-based dataplane are set elements, whose value is the
 /// default one (they carry none), kept as bare keys, the value of each being the table's
 /// one default value ([`Objects::plain`]). The keys whose claims yield, which few owners
@@ -175,8 +175,8 @@ impl<K: Clone + Ord + Pack, V: Clone + Eq + Pack> Kept<K, V> {
         if wanted.objects.len() <= MOST_PACKED {
             let all: Option<Vec<_>> =
                 wanted.objects.iter().map(|(k, v)| packed(k, v, plain)).collect();
-            if let Some(all) = all {
-                return (Kept::Packed(Records::of(all)), yielding);
+            if let Some(records) = all.and_then(Records::of) {
+                return (Kept::Packed(records), yielding);
             }
         }
         let (bare, objects): (Vec<_>, Vec<_>) =
@@ -227,7 +227,7 @@ impl<K: Clone + Ord + Pack, V: Clone + Eq + Pack> Kept<K, V> {
 
     fn is_empty(&self) -> bool {
         match self {
-            Kept::Packed(records) => records.is_empty(),
+            Kept::Packed(records) => Records::is_empty(records),
             Kept::Whole { objects, bare } => objects.is_empty() && bare.is_empty(),
         }
     }
@@ -782,7 +782,7 @@ mod tests {
     }
 
     #[test]
-    fn few_objects_that_all_pack_are_kept_as_records_and_behave_alike() {
+    fn objects_that_all_pack_are_kept_as_records_and_behave_alike() {
         let mut objects = Objects::new();
         let kinds = |objects: &Objects<Key, u32>| -> Vec<&'static str> {
             let mut kinds: Vec<_> = (objects.wanted.values())
@@ -794,7 +794,9 @@ mod tests {
             kinds.sort();
             kinds
         };
-        let many: Vec<(Key, u32)> = (0..=MOST_PACKED as u16).map(|n| (Key::B(n), 1)).collect();
+        let others = (10_000..).take(MOST_PACKED + 1 - 3);
+        let many: Vec<(Key, u32)> =
+            [1, 2, 7].into_iter().chain(others).map(|n| (Key::B(n), 1)).collect();
         let plan = objects.update(vec![
             (svc("a"), render(&[(Key::B(1), 0), (Key::B(300), 5), (Key::B(2), 0)])),
             (svc("b"), render(&[(Key::B(7), 1), (Key::A(7), 1)])),
@@ -804,9 +806,11 @@ mod tests {
         assert_eq!(kinds(&objects), ["packed", "whole", "whole"], "a packs; b has A; c is many");
         assert_eq!(objects.get(&Key::B(300)).as_deref(), Some(&5));
         assert_eq!(objects.get(&Key::B(2)).as_deref(), Some(&0), "a's claim came first");
-        assert_eq!(objects.get(&Key::B(3)).as_deref(), Some(&1));
+        assert_eq!(objects.get(&Key::B(10_000)).as_deref(), Some(&1));
         assert_eq!(objects.get(&Key::B(301)).as_deref(), None);
         let a: Vec<(Key, u32)> = objects.wanted[&2].iter(&0).map(|(k, v)| (*k, *v)).collect();
+        let b: Vec<(Key, u32)> = objects.wanted[&4].iter(&0).map(|(k, v)| (*k, *v)).collect();
+        assert_eq!(b.len(), many.len());
         assert_eq!(a, [(Key::B(1), 0), (Key::B(2), 0), (Key::B(300), 5)], "in key bytes' order");
         // A packed owner's change, and its departure, plan as a whole one's do.
         let plan = objects.update(vec![(svc("a"), render(&[(Key::B(1), 0), (Key::B(300), 6)]))]);
