@@ -218,7 +218,7 @@ impl<K: Clone + Ord + Pack, V: Clone + Eq + Pack> Kept<K, V> {
                 true => Cow::Borrowed(plain),
                 false => Cow::Owned(V::unpack(v)?),
             };
-            Some((Cow::Owned(K::unpack(k)?), value))
+            Some((Cow::Owned(K::unpack(k.as_bytes())?), value))
         });
         let objects = objects.iter().map(|(k, v)| (Cow::Borrowed(k), Cow::Borrowed(v)));
         let bare = bare.iter().map(move |k| (Cow::Borrowed(k), Cow::Borrowed(plain)));

@@ -37,6 +37,15 @@ impl Packed {
         true
     }
 
+    /// Keeps the first `len` bytes; false, keeping all, when there are fewer.
+    fn truncate(&mut self, len: usize) -> bool {
+        let fits = len <= usize::from(self.len);
+        if fits {
+            self.len = len as u8;
+        }
+        fits
+    }
+
     /// The bytes.
     pub fn as_bytes(&self) -> &[u8] {
         &self.bytes[..usize::from(self.len)]
@@ -98,20 +107,20 @@ impl<T: ?Sized> Pack for Box<T> {}
 
 impl<T: ?Sized> Pack for std::sync::Arc<T> {}
 
-/// Records of packed keys and values, one after the other, sorted by key bytes: a key's
-/// length, its bytes, its value's length and its bytes (none for the default value).
+/// Records of packed keys and values, sorted by key bytes. A record is the length of what
+/// its key shares with the key before it, the length and bytes of the rest of its key, then
+/// its value's length and bytes (none for the default value): keys of one service differ
+/// in their last bytes (an endpoint's slot, a port), so most records hold only those.
 ///
-/// After a byte that says whether they are indexed, and, when there are more than
-/// [`SCANNED`], followed by each record's offset (two bytes) and their count (two bytes),
-/// so that a key is found by halving rather than from the first record. Nothing at all
-/// for no records.
+/// Every [`SCANNED`]th record from the first shares nothing (it restarts), so a key is
+/// found by a scan of at most that many records: from the first when there are no more,
+/// else from the restart found by halving over their offsets. The records follow a byte
+/// that says whether they are indexed; indexed, they are followed by the restarts'
+/// offsets (two bytes each) and their count (two bytes). No records take no bytes.
 pub(crate) struct Records;
 
-/// The most records found by a scan from the first.
+/// The most records scanned to find a key.
 pub(crate) const SCANNED: usize = 16;
-
-/// A record's key bytes and value bytes.
-type Record<'a> = (&'a [u8], &'a [u8]);
 
 const PLAIN: u8 = 0;
 const INDEXED: u8 = 1;
@@ -125,82 +134,91 @@ impl Records {
         }
         objects.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
         let indexed = objects.len() > SCANNED;
-        let size = |(k, v): &(Packed, Option<Packed>)| {
-            2 + k.as_bytes().len() + v.map_or(0, |v| v.as_bytes().len())
-        };
-        let index = if indexed { 2 * objects.len() + 2 } else { 0 };
-        let mut out = Vec::with_capacity(1 + objects.iter().map(size).sum::<usize>() + index);
+        let mut out = Vec::with_capacity(16 * objects.len());
         out.push(if indexed { INDEXED } else { PLAIN });
-        let mut offsets = Vec::with_capacity(if indexed { objects.len() } else { 0 });
-        for (key, value) in &objects {
-            if indexed {
-                offsets.push(u16::try_from(out.len()).ok()?);
-            }
-            out.push(key.len);
-            out.extend_from_slice(key.as_bytes());
+        let mut restarts = Vec::new();
+        let mut before: &[u8] = &[];
+        for (i, (key, value)) in objects.iter().enumerate() {
+            let key = key.as_bytes();
+            let shared = match i % SCANNED {
+                0 => {
+                    restarts.push(u16::try_from(out.len()).ok()?);
+                    0
+                }
+                _ => before.iter().zip(key).take_while(|(a, b)| a == b).count(),
+            };
+            out.push(shared as u8);
+            out.push((key.len() - shared) as u8);
+            out.extend_from_slice(&key[shared..]);
             let value = value.as_ref().map_or(&[][..], Packed::as_bytes);
             out.push(value.len() as u8);
             out.extend_from_slice(value);
+            before = key;
         }
         if indexed {
-            for offset in offsets {
+            for offset in &restarts {
                 out.extend_from_slice(&offset.to_le_bytes());
             }
-            out.extend_from_slice(&u16::try_from(objects.len()).ok()?.to_le_bytes());
+            out.extend_from_slice(&u16::try_from(restarts.len()).ok()?.to_le_bytes());
         }
         Some(out.into_boxed_slice())
     }
 
-    /// The records' bytes, and their offsets when indexed.
+    /// The records' bytes, and the restarts' offsets when indexed.
     fn parts(bytes: &[u8]) -> (&[u8], &[u8]) {
         match bytes.split_first() {
             Some((&INDEXED, _)) => {
-                let count =
-                    bytes.last_chunk::<2>().map_or(0, |n| usize::from(u16::from_le_bytes(*n)));
-                let index = bytes.len().saturating_sub(2 + 2 * count).max(1);
-                (&bytes[1..index], &bytes[index..bytes.len().saturating_sub(2).max(index)])
+                let count = bytes.last_chunk::<2>().map_or(0, |n| u16::from_le_bytes(*n));
+                let end = bytes.len().saturating_sub(2).max(1);
+                let index = end.saturating_sub(2 * usize::from(count)).max(1);
+                (&bytes[1..index], &bytes[index..end])
             }
             Some((_, records)) => (records, &[]),
             None => (&[], &[]),
         }
     }
 
-    /// Every record's key bytes and value bytes (empty for the default value), in order.
-    pub(crate) fn iter(bytes: &[u8]) -> impl Iterator<Item = Record<'_>> {
+    /// Every record's key and value bytes (empty for the default value), in order.
+    pub(crate) fn iter(bytes: &[u8]) -> impl Iterator<Item = (Packed, &[u8])> {
         let mut records = Self::parts(bytes).0;
+        let mut key = Packed::new();
         std::iter::from_fn(move || {
-            let (record, rest) = Self::record(records)?;
+            let (value, rest) = Self::next(records, &mut key)?;
             records = rest;
-            Some(record)
+            Some((key, value))
         })
     }
 
     /// The value bytes of the record of `key`, if there is one.
     pub(crate) fn get<'a>(bytes: &'a [u8], key: &[u8]) -> Option<&'a [u8]> {
-        let (records, offsets) = Self::parts(bytes);
-        if offsets.is_empty() {
-            for (k, v) in Self::iter(bytes) {
-                match k.cmp(key) {
-                    std::cmp::Ordering::Less => {}
-                    std::cmp::Ordering::Equal => return Some(v),
-                    std::cmp::Ordering::Greater => return None,
-                }
-            }
-            return None;
-        }
+        let (records, restarts) = Self::parts(bytes);
         // Offsets count from the first byte, the flag, which `records` starts after.
-        let at = |i: usize| {
-            let offset = u16::from_le_bytes([offsets[2 * i], offsets[2 * i + 1]]);
-            Self::record(records.get(usize::from(offset).checked_sub(1)?..)?)
+        let restart = |i: usize| {
+            let offset = u16::from_le_bytes([*restarts.get(2 * i)?, *restarts.get(2 * i + 1)?]);
+            records.get(usize::from(offset).checked_sub(1)?..)
         };
-        let (mut low, mut high) = (0, offsets.len() / 2);
-        while low < high {
-            let mid = low + (high - low) / 2;
-            let ((k, v), _) = at(mid)?;
-            match k.cmp(key) {
-                std::cmp::Ordering::Less => low = mid + 1,
-                std::cmp::Ordering::Equal => return Some(v),
-                std::cmp::Ordering::Greater => high = mid,
+        let mut records = match restarts.len() / 2 {
+            0 => records,
+            count => {
+                // The last restart whose key is not after `key`: a restart's key is whole.
+                let whole = |i: usize| Some(Self::field(restart(i)?.get(1..)?)?.0);
+                let (mut low, mut high) = (0, count);
+                while low < high {
+                    let mid = low + (high - low) / 2;
+                    match whole(mid)? <= key {
+                        true => low = mid + 1,
+                        false => high = mid,
+                    }
+                }
+                restart(low.checked_sub(1)?)?
+            }
+        };
+        let mut found = Packed::new();
+        while let Some((value, rest)) = Self::next(records, &mut found) {
+            match found.as_bytes().cmp(key) {
+                std::cmp::Ordering::Less => records = rest,
+                std::cmp::Ordering::Equal => return Some(value),
+                std::cmp::Ordering::Greater => return None,
             }
         }
         None
@@ -211,11 +229,13 @@ impl Records {
         Self::parts(bytes).0.is_empty()
     }
 
-    /// The first record of `records` and what follows it.
-    fn record(records: &[u8]) -> Option<(Record<'_>, &[u8])> {
-        let (key, rest) = Self::field(records)?;
+    /// Reads the first record of `records` over `key` (the key before it): its value bytes,
+    /// and what follows it.
+    fn next<'a>(records: &'a [u8], key: &mut Packed) -> Option<(&'a [u8], &'a [u8])> {
+        let (shared, rest) = records.split_first()?;
+        let (own, rest) = Self::field(rest)?;
         let (value, rest) = Self::field(rest)?;
-        Some(((key, value), rest))
+        (key.truncate(usize::from(*shared)) && key.put(own)).then_some((value, rest))
     }
 
     fn field(bytes: &[u8]) -> Option<(&[u8], &[u8])> {
@@ -254,8 +274,9 @@ mod tests {
             (packed(&[]), Some(packed(&[5]))),
         ];
         let records = Records::of(objects).unwrap();
-        let keys: Vec<&[u8]> = Records::iter(&records).map(|(k, _)| k).collect();
-        assert_eq!(keys, vec![&[][..], &[1], &[2], &[2, 0]]);
+        let keys: Vec<Vec<u8>> =
+            Records::iter(&records).map(|(k, _)| k.as_bytes().to_vec()).collect();
+        assert_eq!(keys, vec![vec![], vec![1], vec![2], vec![2, 0]]);
         assert_eq!(Records::get(&records, &[2, 0]), Some(&[9][..]));
         assert_eq!(Records::get(&records, &[2]), Some(&[7, 7][..]));
         assert_eq!(Records::get(&records, &[1]), Some(&[][..]));
@@ -285,6 +306,31 @@ mod tests {
         let big: Vec<_> =
             (0..2000u16).map(|i| (packed(&i.to_be_bytes()), Some(packed(&[7; 40])))).collect();
         assert!(Records::of(big).is_none());
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn records_find_every_key_and_only_those(
+            objects in proptest::collection::btree_map(
+                proptest::collection::vec(0u8..4, 0..6),
+                proptest::option::of(proptest::collection::vec(proptest::num::u8::ANY, 1..4)),
+                0..80,
+            ),
+            absent in proptest::collection::vec(proptest::collection::vec(0u8..5, 0..7), 8),
+        ) {
+            let packed_objects =
+                objects.iter().map(|(k, v)| (packed(k), v.as_deref().map(packed))).collect();
+            let records = Records::of(packed_objects).unwrap();
+            let listed: Vec<(Vec<u8>, Vec<u8>)> =
+                Records::iter(&records).map(|(k, v)| (k.as_bytes().to_vec(), v.to_vec())).collect();
+            let expected: Vec<(Vec<u8>, Vec<u8>)> =
+                objects.iter().map(|(k, v)| (k.clone(), v.clone().unwrap_or_default())).collect();
+            proptest::prop_assert_eq!(listed, expected);
+            for key in objects.keys().chain(&absent) {
+                let value = objects.get(key).map(|v| v.as_deref().unwrap_or_default());
+                proptest::prop_assert_eq!(Records::get(&records, key), value);
+            }
+        }
     }
 
     #[test]
