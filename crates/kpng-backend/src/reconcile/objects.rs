@@ -132,13 +132,13 @@ const MOST_PACKED: usize = 1024;
 /// One owner's objects as kept.
 ///
 /// A service's objects are kept as bytes ([`Pack`]) when every one of them packs: one
-/// allocation of records, each a dozen bytes or so for an element of an IPv4 set, found
-/// by a scan, or by halving when there are more than a few ([`Records`]). Otherwise they are kept whole, sorted by key, without a tree's
-/// overhead: most objects of a set-based dataplane are set elements, whose value is the
-/// default one (they carry none), kept as bare keys, the value of each being the table's
-/// one default value ([`Objects::plain`]). The keys whose claims yield, which few owners
-/// have, are kept apart ([`Objects::yielding`]), so as not to cost every owner an empty
-/// list.
+/// allocation of records, a few bytes each for an element of an IPv4 set, a key found by a
+/// short scan ([`Records`]). Otherwise they are kept whole, sorted by key, without a
+/// tree's overhead: most objects of a set-based dataplane are set elements, whose value is
+/// the default one (they carry none), kept as bare keys, the value of each being the
+/// table's one default value ([`Objects::plain`]). The keys whose claims yield, which few
+/// owners have, are kept apart ([`Objects::yielding`]), so as not to cost every owner an
+/// empty list.
 #[derive(Debug)]
 enum Kept<K, V> {
     /// Every object, packed ([`Records`]).
