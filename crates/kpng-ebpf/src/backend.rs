@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use kpng_backend::Target;
 use kpng_backend::reconcile::{
-    self, Kernel, Objects, Pack, Plan, Rank, Reconciler, Render, Unit, Wanted,
+    self, Kernel, Objects, Plan, Rank, Reconciler, Render, Unit, Wanted,
 };
 use kpng_model::local::LocalServiceState;
 use kpng_model::{LocalState, NodePortAddresses, ServiceKey};
@@ -56,11 +56,6 @@ impl Rank for Key {
         MapName::ALL.iter().position(|m| *m == self.map()).unwrap_or(0) as u8
     }
 }
-
-/// Kept whole by the template: a service's objects are a handful of map entries.
-impl Pack for Key {}
-
-impl Pack for Value {}
 
 impl Render for EbpfRender {
     type Key = Key;

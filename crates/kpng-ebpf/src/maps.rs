@@ -7,6 +7,7 @@
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+use kpng_backend::reconcile::{Pack, Packed};
 use kpng_model::{Family, Protocol};
 
 /// A map kpng writes. Each is a hash map sized from the cluster.
@@ -135,6 +136,151 @@ pub enum Value {
     /// Set membership (members, cluster IPs).
     #[default]
     Present,
+}
+
+/// Writes the fields of a key or value for the backend template ([`Pack`]): addresses
+/// with their family byte first, numbers big-endian.
+struct Fields(Packed, bool);
+
+impl Fields {
+    fn new(kind: u8) -> Fields {
+        let mut packed = Packed::new();
+        let fits = packed.put(&[kind]);
+        Fields(packed, fits)
+    }
+
+    fn put(mut self, bytes: &[u8]) -> Fields {
+        self.1 = self.1 && self.0.put(bytes);
+        self
+    }
+
+    fn ip(self, ip: &IpAddr) -> Fields {
+        match ip {
+            IpAddr::V4(v4) => self.put(&[4]).put(&v4.octets()),
+            IpAddr::V6(v6) => self.put(&[6]).put(&v6.octets()),
+        }
+    }
+
+    fn done(self) -> Option<Packed> {
+        self.1.then_some(self.0)
+    }
+}
+
+/// Reads what [`Fields`] wrote.
+struct Read<'a>(&'a [u8]);
+
+impl Read<'_> {
+    fn take<const N: usize>(&mut self) -> Option<[u8; N]> {
+        let (bytes, rest) = self.0.split_first_chunk::<N>()?;
+        self.0 = rest;
+        Some(*bytes)
+    }
+
+    fn u8(&mut self) -> Option<u8> {
+        Some(self.take::<1>()?[0])
+    }
+
+    fn u16(&mut self) -> Option<u16> {
+        Some(u16::from_be_bytes(self.take()?))
+    }
+
+    fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_be_bytes(self.take()?))
+    }
+
+    fn group(&mut self) -> Option<GroupId> {
+        Some(GroupId(u64::from_be_bytes(self.take()?)))
+    }
+
+    fn ip(&mut self) -> Option<IpAddr> {
+        match self.u8()? {
+            4 => Some(IpAddr::V4(self.take::<4>()?.into())),
+            6 => Some(IpAddr::V6(self.take::<16>()?.into())),
+            _ => None,
+        }
+    }
+
+    /// What was read, when nothing is left over.
+    fn end<T>(self, value: T) -> Option<T> {
+        self.0.is_empty().then_some(value)
+    }
+}
+
+/// A key packs into its kind and its fields (9 bytes for an IPv4 frontend; a key is 32),
+/// so the template keeps a service's entries in one allocation.
+impl Pack for Key {
+    fn pack(&self) -> Option<Packed> {
+        match self {
+            Key::Frontend(f) => Fields::new(0)
+                .ip(&f.ip)
+                .put(&[protocol_number(f.protocol)])
+                .put(&f.port.to_be_bytes()),
+            Key::Group(g) => Fields::new(1).put(&g.0.to_be_bytes()),
+            Key::Backend(g, slot) => {
+                Fields::new(2).put(&g.0.to_be_bytes()).put(&slot.to_be_bytes())
+            }
+            Key::Member(g, (ip, port)) => {
+                Fields::new(3).put(&g.0.to_be_bytes()).ip(ip).put(&port.to_be_bytes())
+            }
+            Key::ClusterIp(ip) => Fields::new(4).ip(ip),
+        }
+        .done()
+    }
+
+    fn unpack(bytes: &[u8]) -> Option<Self> {
+        let mut read = Read(bytes);
+        let key = match read.u8()? {
+            0 => {
+                let ip = read.ip()?;
+                let protocol = protocol_of(read.u8()?)?;
+                Key::Frontend(Frontend { ip, protocol, port: read.u16()? })
+            }
+            1 => Key::Group(read.group()?),
+            2 => Key::Backend(read.group()?, read.u32()?),
+            3 => Key::Member(read.group()?, (read.ip()?, read.u16()?)),
+            4 => Key::ClusterIp(read.ip()?),
+            _ => return None,
+        };
+        read.end(key)
+    }
+}
+
+/// A value packs into its kind and its fields.
+impl Pack for Value {
+    fn pack(&self) -> Option<Packed> {
+        match self {
+            Value::Frontend { group, empty, flow_seconds } => Fields::new(0)
+                .put(&group.0.to_be_bytes())
+                .put(&[matches!(empty, Empty::Drop) as u8])
+                .put(&flow_seconds.to_be_bytes()),
+            Value::Group { count, affinity_seconds } => {
+                Fields::new(1).put(&count.to_be_bytes()).put(&affinity_seconds.to_be_bytes())
+            }
+            Value::Backend((ip, port)) => Fields::new(2).ip(ip).put(&port.to_be_bytes()),
+            Value::Present => Fields::new(3),
+        }
+        .done()
+    }
+
+    fn unpack(bytes: &[u8]) -> Option<Self> {
+        let mut read = Read(bytes);
+        let value = match read.u8()? {
+            0 => {
+                let group = read.group()?;
+                let empty = match read.u8()? {
+                    0 => Empty::Reject,
+                    1 => Empty::Drop,
+                    _ => return None,
+                };
+                Value::Frontend { group, empty, flow_seconds: read.u32()? }
+            }
+            1 => Value::Group { count: read.u32()?, affinity_seconds: read.u32()? },
+            2 => Value::Backend((read.ip()?, read.u16()?)),
+            3 => Value::Present,
+            _ => return None,
+        };
+        read.end(value)
+    }
 }
 
 impl Key {
@@ -404,6 +550,33 @@ mod tests {
             assert_eq!(key_bytes(&key).len(), k, "{key}");
             assert_eq!(value_bytes(&value).len(), v, "{value}");
         }
+    }
+
+    #[test]
+    fn elements_pack_for_the_template_and_come_back() {
+        let all = elements();
+        for (key, value) in &all {
+            let (k, v) = (key.pack().unwrap(), value.pack().unwrap());
+            assert_eq!(Key::unpack(k.as_bytes()).as_ref(), Some(key));
+            assert_eq!(Value::unpack(v.as_bytes()).as_ref(), Some(value));
+            // One byte more or less is refused.
+            assert!(Key::unpack(&k.as_bytes()[..k.as_bytes().len() - 1]).is_none());
+            assert!(Key::unpack(&[k.as_bytes(), &[0]].concat()).is_none());
+        }
+        // Distinct keys and values pack apart.
+        for (a, b) in all.iter().zip(all.iter().skip(1)) {
+            assert_ne!(a.0.pack().unwrap().as_bytes(), b.0.pack().unwrap().as_bytes());
+            if a.1 != b.1 {
+                assert_ne!(a.1.pack().unwrap().as_bytes(), b.1.pack().unwrap().as_bytes());
+            }
+        }
+        let frontend = Key::Frontend(Frontend {
+            ip: "10.96.0.10".parse().unwrap(),
+            protocol: Protocol::Tcp,
+            port: 80,
+        });
+        assert_eq!(frontend.pack().unwrap().as_bytes().len(), 1 + 1 + 4 + 1 + 2);
+        assert_eq!(size_of::<Key>(), 32);
     }
 
     #[test]
