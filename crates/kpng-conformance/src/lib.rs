@@ -237,6 +237,33 @@ pub fn restart_writes_nothing<S: Subject>(subject: &S) {
     assert!(finds_no_drift(restarted.stats(), &mut restarted), "{name}: a restart left drift");
 }
 
+/// An upgrade over an older layout migrates in place: over what a release whose objects
+/// the current one names or shapes differently left in the kernel (put there by
+/// `install`), loading the second state of [`states::pair`] leaves what a fresh load
+/// leaves, and a restart then writes nothing.
+pub fn upgrade_migrates<S: Subject>(subject: &S, install: impl FnOnce()) {
+    let name = subject.name();
+    let (_, b) = states::pair();
+    let expected = fresh(subject, &b);
+    subject.wipe();
+    install();
+    let before = subject.canonical(&contents(subject));
+    assert!(!before.is_empty(), "{name}: the older release's objects are not in the kernel");
+    assert_ne!(before, expected, "{name}: the older layout is the current one");
+    load(subject, &mut start(subject), &b);
+    let after = subject.canonical(&contents(subject));
+    let stale: Vec<&String> = after.iter().filter(|o| !expected.contains(o)).collect();
+    let missing: Vec<&String> = expected.iter().filter(|o| !after.contains(o)).collect();
+    assert!(
+        stale.is_empty() && missing.is_empty(),
+        "{name}: the upgrade did not end as a fresh load: left {stale:#?}, missing {missing:#?}"
+    );
+    let mut restarted = start(subject);
+    load(subject, &mut restarted, &b);
+    let writes = restarted.stats().writes.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(writes, 0, "{name}: a restart after the upgrade wrote {writes} objects");
+}
+
 /// An upgrade writes nothing: over what the previous release left in the kernel for the
 /// second state of [`states::pair`] (put there by `install`, from a fixture that release
 /// wrote), the current one loads that state without a write.

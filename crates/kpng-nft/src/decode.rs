@@ -118,7 +118,7 @@ mod tests {
             (MapName::Bit(PickKind::Cluster, 3), Key::Dest(d), Value::None),
             (MapName::NodePortLocalDests, Key::NodePort(Protocol::Udp, 30053), Value::None),
             (
-                MapName::LocalBackends,
+                MapName::Backends(PickKind::Local, 3),
                 Key::DestSlot(d, 7),
                 Value::Endpoint("fd00::2".parse().unwrap(), 8080),
             ),

@@ -354,7 +354,10 @@ mod tests {
     #[test]
     fn a_declared_set_equals_the_shape_the_kernel_reports_and_not_another() {
         let decl = crate::sets::declaration(MapName::ClusterDests, Family::V4);
-        let other = crate::sets::declaration(MapName::ClusterBackends, Family::V4);
+        let other = crate::sets::declaration(
+            MapName::Backends(crate::objects::PickKind::Cluster, 2),
+            Family::V4,
+        );
         let declared = LayoutValue::Set(WantedSet { decl: decl.clone(), forget_with: None });
         assert_eq!(declared, LayoutValue::Shape(SetShape::of(&decl)));
         assert_ne!(declared, LayoutValue::Shape(SetShape::of(&other)));

@@ -24,8 +24,8 @@
 //!   jump pick_cluster_counts                         (counts beyond the tree: one rule each)
 //!   goto pick_cluster_t0_0                           (the pick tree)
 //! pick_cluster_t<d>_<v>: dest @cluster_bit_<7-d> goto ..._t<d+1>_<2v+1>; goto ..._t<d+1>_<2v>
-//! pick_cluster_t7_<v>:   dest @cluster_bit_0 dnat ip to dest . numgen random mod <2v+2> map @cluster_backends
-//!                        dnat ip to dest . numgen random mod <2v+1> map @cluster_backends
+//! pick_cluster_t7_<v>:   dest @cluster_bit_0 dnat ip to dest . numgen random mod <2v+2> map @cluster_backends_<b(2v+2)>
+//!                        dnat ip to dest . numgen random mod <2v+1> map @cluster_backends_<b(2v+1)>
 //! external_local: local pods and the node itself goto pick_cluster, anyone else goto pick_local
 //! nat postrouting ─> masquerading: hairpin pairs, then the masquerade mark bit
 //! filter prerouting/output (before DNAT): firewall_check (loadBalancerSourceRanges)
@@ -44,9 +44,19 @@
 //! few element updates, never a rule change. Only counts beyond 256 get a count set and a
 //! rule of their own, made when first used. Services that ask for ClientIP affinity have
 //! chains of their own per port group (see [`affinity`]), entered through the `affinity_*`
-//! verdict maps. A service's endpoints occupy slots `0..n` of the backends map under each
+//! verdict maps. A service's endpoints occupy slots `0..n` of a backends map under each
 //! of its destinations; slots are kept stable, so one endpoint change rewrites one or two
 //! slots.
+//!
+//! Each kind of pick has one backends map per bucket of endpoint counts, named by the
+//! largest count it holds (`b(n)` above): `cluster_backends_1`, `_2`, `_4` (3 or 4
+//! endpoints), `_8` and so on to `_256`, and `_more` beyond the tree. The kernel checks
+//! every element added to a map against each rule that reads the map; with one map per
+//! kind read by the 256 pick rules of the tree, that check was most of the kernel's cost of
+//! a cold start. Now the pick rules of a bucket's counts read its map (one or two for the
+//! usual few endpoints); a service whose count leaves its bucket moves its elements to the
+//! next map in the same transaction. An upgrade over tables with one map per kind moves
+//! every element once.
 //!
 //! A service with kube-nftlb load-balancing annotations (scheduler, persistence, mode,
 //! helper, log) is balanced by group chains too, whose entry chain follows its settings; services
@@ -83,8 +93,8 @@
 //! add element ip kpng hairpin { 10.244.2.10 . 10.244.2.10 }
 //! add element ip kpng cluster_dests { 10.96.1.10 . tcp . 80 }
 //! add element ip kpng cluster_bit_0 { 10.96.1.10 . tcp . 80 }
-//! add element ip kpng cluster_backends { 10.96.1.10 . tcp . 80 . 0 : 10.244.0.10 . 8080 }
-//! add element ip kpng cluster_backends { 10.96.1.10 . tcp . 80 . 1 : 10.244.2.10 . 8080 }
+//! add element ip kpng cluster_backends_2 { 10.96.1.10 . tcp . 80 . 0 : 10.244.0.10 . 8080 }
+//! add element ip kpng cluster_backends_2 { 10.96.1.10 . tcp . 80 . 1 : 10.244.2.10 . 8080 }
 //! ```
 //!
 //! # Layout

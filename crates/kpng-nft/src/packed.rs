@@ -13,7 +13,7 @@ use std::sync::Arc;
 use ipnet::{IpNet, Ipv4Net};
 use kpng_model::{Family, Protocol};
 
-use crate::objects::{Dest, ElementId, Key, MapName, PickKind, TREE_BITS, Value};
+use crate::objects::{BUCKETS, Dest, ElementId, Key, MapName, PickKind, TREE_BITS, Value};
 
 /// An element's value, packed (16 bytes instead of 24).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -106,25 +106,35 @@ fn unpack<const N: usize>(bytes: &[u8; N], family: Family) -> ElementId {
     ElementId { family, map, key }
 }
 
-/// The set's code in a packed id: the fixed sets, then the pick tree's bit sets.
+/// The set's code in a packed id: the fixed sets, then the pick tree's bit sets, then the
+/// backends maps.
 fn map_code(map: MapName) -> Option<u8> {
+    let kind_of = |kind| PickKind::ALL.iter().position(|k| *k == kind).map(|at| at as u8);
     match map {
-        MapName::Bit(kind, bit) => {
-            let kind = PickKind::ALL.iter().position(|k| *k == kind)? as u8;
-            Some(MapName::FIXED.len() as u8 + kind * TREE_BITS + bit)
-        }
+        MapName::Bit(kind, bit) => Some(FIXED + kind_of(kind)? * TREE_BITS + bit),
+        MapName::Backends(kind, bucket) => Some(BACKENDS + kind_of(kind)? * BUCKETS + bucket),
         MapName::Count(..) => None,
         fixed => MapName::FIXED.iter().position(|m| *m == fixed).map(|at| at as u8),
     }
 }
 
+/// The first code of the bit sets, then of the backends maps.
+const FIXED: u8 = MapName::FIXED.len() as u8;
+const BACKENDS: u8 = FIXED + PickKind::ALL.len() as u8 * TREE_BITS;
+
+/// The set of a code [`map_code`] gave (codes come only from it: past the last one, the
+/// kinds wrap around rather than fail).
 fn map_of(code: u8) -> MapName {
-    let fixed = MapName::FIXED.len() as u8;
-    match MapName::FIXED.get(usize::from(code)) {
-        Some(map) => *map,
-        None => {
-            let bits = code - fixed;
-            MapName::Bit(PickKind::ALL[usize::from(bits / TREE_BITS)], bits % TREE_BITS)
+    let kind = |n: u8| PickKind::ALL[usize::from(n) % PickKind::ALL.len()];
+    match code {
+        code if code < FIXED => MapName::FIXED[usize::from(code)],
+        code if code < BACKENDS => {
+            let bits = code - FIXED;
+            MapName::Bit(kind(bits / TREE_BITS), bits % TREE_BITS)
+        }
+        code => {
+            let at = code - BACKENDS;
+            MapName::Backends(kind(at / BUCKETS), at % BUCKETS)
         }
     }
 }
@@ -349,6 +359,7 @@ mod tests {
         prop_oneof![
             prop::sample::select(MapName::FIXED.to_vec()),
             (kind.clone(), 0..TREE_BITS).prop_map(|(k, b)| MapName::Bit(k, b)),
+            (kind.clone(), 0..BUCKETS).prop_map(|(k, b)| MapName::Backends(k, b)),
             (kind, any::<u32>()).prop_map(|(k, n)| MapName::Count(k, n)),
         ]
     }
@@ -438,7 +449,7 @@ mod tests {
         let slot = |slot| {
             let id = ElementId {
                 family: Family::V4,
-                map: MapName::ClusterBackends,
+                map: MapName::Backends(PickKind::Cluster, 2),
                 key: Key::DestSlot(dest, slot),
             };
             EntryKey::element(&id).pack().unwrap()

@@ -13,7 +13,8 @@ use kpng_model::{Family, LocalNode, ServiceKey};
 
 use crate::affinity::{AffinityGroup, GroupPolicy, Stateless};
 use crate::objects::{
-    Dest, ElementId, GroupKey, Key, MapName, PickKind, SetKind, TREE_BITS, TREE_COUNTS, Value,
+    BUCKETS, Dest, ElementId, GroupKey, Key, MapName, PickKind, SetKind, TREE_BITS, TREE_COUNTS,
+    Value,
 };
 use kpng_backend::slots::{Target, assign_slots, assign_sticky_slots};
 
@@ -181,9 +182,10 @@ impl Out<'_> {
         }
         // The backends elements: what the pick rules read, and for affinity groups the
         // record of slot positions a restart reads back.
+        let backends = kind.backends(slots.len() as u32);
         for (i, target) in slots.iter().enumerate() {
             if let (Some((ip, port)), Some(slot_key)) = (target, key.slotted(i as u32)) {
-                self.put(kind.backends(), slot_key, Value::Endpoint(*ip, *port));
+                self.put(backends, slot_key, Value::Endpoint(*ip, *port));
             }
         }
     }
@@ -235,18 +237,23 @@ pub fn seed_slots(
         for port in &state.service.ports {
             let keys = port_keys(state, family, port);
             for (kind, by_dest, by_nodeport) in [
-                (SetKind::Cluster, MapName::ClusterBackends, MapName::NodePortClusterBackends),
-                (SetKind::Local, MapName::LocalBackends, MapName::NodePortLocalBackends),
+                (SetKind::Cluster, PickKind::Cluster, PickKind::NodePortCluster),
+                (SetKind::Local, PickKind::Local, PickKind::NodePortLocal),
             ] {
                 let found = keys.iter().find_map(|key| {
-                    let map = if matches!(key, Key::NodePort(..)) { by_nodeport } else { by_dest };
-                    let at = |i: u32| match lookup(&ElementId { family, map, key: key.slotted(i)? })
-                    {
-                        Some(Value::Endpoint(ip, port)) => Some(Some((ip, port))),
-                        _ => None,
-                    };
-                    let list: Vec<Option<Target>> = (0..).map_while(at).collect();
-                    (!list.is_empty()).then_some(list)
+                    let pick = if matches!(key, Key::NodePort(..)) { by_nodeport } else { by_dest };
+                    // The slots are in the map of their count's bucket, whichever it was.
+                    (0..BUCKETS).find_map(|bucket| {
+                        let map = MapName::Backends(pick, bucket);
+                        let at =
+                            |i: u32| match lookup(&ElementId { family, map, key: key.slotted(i)? })
+                            {
+                                Some(Value::Endpoint(ip, port)) => Some(Some((ip, port))),
+                                _ => None,
+                            };
+                        let list: Vec<Option<Target>> = (0..).map_while(at).collect();
+                        (!list.is_empty()).then_some(list)
+                    })
                 });
                 if let Some(list) = found {
                     let group =

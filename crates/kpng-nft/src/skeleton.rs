@@ -226,7 +226,7 @@ fn key_fields(kind: PickKind) -> &'static [Field] {
 pub fn pick(builder: RuleBuilder, kind: PickKind, n: u32) -> Rule {
     let mut fields = key_fields(kind).to_vec();
     fields.push(Field::Random(n));
-    builder.dnat_map(&fields, &kind.backends().name())
+    builder.dnat_map(&fields, &kind.backends(n).name())
 }
 
 /// The entry chain of a pick kind, its counts chain (empty: rules for counts beyond the

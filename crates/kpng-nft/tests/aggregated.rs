@@ -242,7 +242,7 @@ fn only_the_first_reset_reads_back_and_positions_are_kept() {
     let (ops, state) = step(&mut model, &["10.244.0.2", "10.244.0.3", "10.244.0.4"]);
     backend.apply(&ChangeSet::changes(&ops, &state)).unwrap();
     let backends =
-        |tee: &Tee| of_kernel(&tee.kernel.tables()).0["ip kpng cluster_backends"].clone();
+        |tee: &Tee| of_kernel(&tee.kernel.tables()).0["ip kpng cluster_backends_4"].clone();
     let slot_0 = "10.96.0.1 . tcp . 80 . 0 : 10.244.0.4 . 8080";
     assert!(backends(&tee).contains(slot_0), "{:?}", backends(&tee));
 

@@ -2,7 +2,7 @@
 //! ([`Unit::Plan`](kpng_backend::reconcile::Unit)): over tables in memory, and (as root, in
 //! a network namespace of the test's own) over the kernel's, through netlink, where an
 //! upgrade over the tables the previous release wrote (a fixture, loaded with `nft -f`)
-//! writes nothing.
+//! writes nothing, and one over an older layout migrates in place.
 
 use std::collections::HashMap;
 
@@ -118,6 +118,11 @@ fn to_nft_passes_the_suite_in_memory() {
     }
 }
 
+/// What releases with one backends map per pick kind (read by every pick rule of the
+/// kind) wrote for the suite's second state: an upgrade moves the elements into the maps of
+/// their counts' buckets.
+const ONE_MAP_PER_KIND: &str = "tests/fixtures/one-backends-map-per-kind.nft";
+
 /// What the previous release wrote for the suite's second state, as `nft -f` input:
 /// `KPNG_WRITE_FIXTURES=1` writes the current release's instead (when cutting one).
 const PREVIOUS: &str = "tests/fixtures/previous-release.nft";
@@ -148,14 +153,15 @@ fn to_nft_passes_the_suite_on_the_kernel() {
     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).expect("a network namespace");
     let subject = Nft { at: Where::Netlink, split: 16 };
     kpng_conformance::run(&subject, 12);
-    kpng_conformance::upgrade_writes_nothing(&subject, || {
-        let status = std::process::Command::new("nft")
-            .arg("-f")
-            .arg(previous_release())
-            .status()
-            .expect("nft runs");
-        assert!(status.success(), "the previous release's tables load");
-    });
+    let install = |path: std::path::PathBuf| {
+        move || {
+            let status = std::process::Command::new("nft").arg("-f").arg(&path).status();
+            assert!(status.expect("nft runs").success(), "{} loads", path.display());
+        }
+    };
+    kpng_conformance::upgrade_writes_nothing(&subject, install(previous_release()));
+    let older = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(ONE_MAP_PER_KIND);
+    kpng_conformance::upgrade_migrates(&subject, install(older));
 }
 
 /// `text` with every affinity slot name (`aff_<16 hex digits>_<slot>`) without its slot.

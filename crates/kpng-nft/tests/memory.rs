@@ -14,7 +14,7 @@ use kpng_model::local::LocalServiceState;
 use kpng_model::{Changes, Family, GlobalModel, LocalState, Protocol};
 use kpng_nft::memory::trace::{Outcome, Packet, trace};
 use kpng_nft::memory::{MemoryChain, MemoryTables};
-use kpng_nft::objects::{Key, MapName, parse_affinity_slot};
+use kpng_nft::objects::{Key, MapName, PickKind, parse_affinity_slot};
 use kpng_nft::rules::RuleBuilder;
 use kpng_nft::{MemoryKernel, NftBackend, NftOptions};
 use kpng_testkit::strategies::{History, arb_mutation};
@@ -450,7 +450,7 @@ fn backends(kernel: &MemoryKernel) -> BTreeMap<u32, IpAddr> {
     let elements = kernel.tables().elements();
     elements
         .into_iter()
-        .filter(|(id, _)| id.map == MapName::ClusterBackends)
+        .filter(|(id, _)| matches!(id.map, MapName::Backends(PickKind::Cluster, _)))
         .filter_map(|(id, value)| match (id.key.slot(), value) {
             (Some(slot), kpng_nft::objects::Value::Endpoint(ip, _)) => Some((slot, ip)),
             _ => None,

@@ -73,8 +73,8 @@ fn cluster_ip_with_endpoints() {
             "ip hairpin 10.0.0.2 . 10.0.0.2",
             "ip cluster_dests 10.96.0.1 . tcp . 80",
             "ip cluster_bit_0 10.96.0.1 . tcp . 80",
-            "ip cluster_backends 10.96.0.1 . tcp . 80 . 0 : 10.0.0.1 . 8080",
-            "ip cluster_backends 10.96.0.1 . tcp . 80 . 1 : 10.0.0.2 . 8080",
+            "ip cluster_backends_2 10.96.0.1 . tcp . 80 . 0 : 10.0.0.1 . 8080",
+            "ip cluster_backends_2 10.96.0.1 . tcp . 80 . 1 : 10.0.0.2 . 8080",
         ])
     );
 }
@@ -123,7 +123,7 @@ fn dual_stack_with_only_ipv4_endpoints_rejects_on_ipv6() {
             "ip cluster_ips 10.96.0.1",
             "ip hairpin 10.0.0.2 . 10.0.0.2",
             "ip cluster_dests 10.96.0.1 . tcp . 80",
-            "ip cluster_backends 10.96.0.1 . tcp . 80 . 0 : 10.0.0.2 . 8080",
+            "ip cluster_backends_1 10.96.0.1 . tcp . 80 . 0 : 10.0.0.2 . 8080",
             "ip6 cluster_ips fd00::1",
             "ip6 reject_dests fd00::1 . tcp . 80",
         ])
@@ -157,13 +157,13 @@ fn node_port_and_external_ip_with_policy_cluster_masquerade() {
             "ip cluster_ips 10.96.0.1",
             "ip hairpin 10.0.0.2 . 10.0.0.2",
             "ip cluster_dests 10.96.0.1 . tcp . 80",
-            "ip cluster_backends 10.96.0.1 . tcp . 80 . 0 : 10.0.0.2 . 8080",
+            "ip cluster_backends_1 10.96.0.1 . tcp . 80 . 0 : 10.0.0.2 . 8080",
             "ip masq_dests 192.0.2.5 . tcp . 80",
             "ip cluster_dests 192.0.2.5 . tcp . 80",
-            "ip cluster_backends 192.0.2.5 . tcp . 80 . 0 : 10.0.0.2 . 8080",
+            "ip cluster_backends_1 192.0.2.5 . tcp . 80 . 0 : 10.0.0.2 . 8080",
             "ip masq_nodeports tcp . 30080",
             "ip nodeport_cluster_dests tcp . 30080",
-            "ip nodeport_cluster_backends tcp . 30080 . 0 : 10.0.0.2 . 8080",
+            "ip nodeport_cluster_backends_1 tcp . 30080 . 0 : 10.0.0.2 . 8080",
         ])
     );
 }
@@ -206,10 +206,10 @@ fn load_balancer_with_local_policy_and_source_ranges() {
             "ip cluster_ips 10.96.0.1",
             "ip hairpin 10.0.0.2 . 10.0.0.2",
             "ip cluster_dests 10.96.0.1 . tcp . 80",
-            "ip cluster_backends 10.96.0.1 . tcp . 80 . 0 : 10.0.0.2 . 8080",
+            "ip cluster_backends_1 10.96.0.1 . tcp . 80 . 0 : 10.0.0.2 . 8080",
             // No local endpoint: outsiders are dropped, pods and the node short-circuit.
             "ip external_local_dests 198.51.100.1 . tcp . 80",
-            "ip cluster_backends 198.51.100.1 . tcp . 80 . 0 : 10.0.0.2 . 8080",
+            "ip cluster_backends_1 198.51.100.1 . tcp . 80 . 0 : 10.0.0.2 . 8080",
             "ip drop_dests 198.51.100.1 . tcp . 80",
             "ip firewall_dests 198.51.100.1 . tcp . 80",
             "ip firewall_allow 198.51.100.1 . tcp . 80 . 203.0.113.0/24",
@@ -217,7 +217,7 @@ fn load_balancer_with_local_policy_and_source_ranges() {
             // The node's IP is inside a range: the LB IP itself is an allowed source.
             "ip firewall_allow 198.51.100.1 . tcp . 80 . 198.51.100.1/32",
             "ip nodeport_local_dests tcp . 30080",
-            "ip nodeport_cluster_backends tcp . 30080 . 0 : 10.0.0.2 . 8080",
+            "ip nodeport_cluster_backends_1 tcp . 30080 . 0 : 10.0.0.2 . 8080",
             "ip drop_nodeports tcp . 30080",
         ])
     );
@@ -297,7 +297,7 @@ fn affinity_services_enter_their_group_chain() {
         "no pick tree for an affinity service: {got:?}"
     );
     // The slot record a restart reads back.
-    assert!(got.contains("ip cluster_backends 10.96.0.1 . tcp . 80 . 0 : 10.0.0.1 . 8080"));
+    assert!(got.contains("ip cluster_backends_2 10.96.0.1 . tcp . 80 . 0 : 10.0.0.1 . 8080"));
     // The group's chains: a known client goes to its slot, a new one picks uniformly.
     let rules: Vec<String> = group.entry_rules().into_iter().map(|r| r.text).collect();
     assert_eq!(rules.len(), 2 + 1 + 1);

@@ -30,9 +30,33 @@ fn the_pick_tree_covers_every_count_with_constant_depth() {
     assert_eq!(
         texts(&skeleton, "pick_nodeport_local_t7_2"),
         [
-            "meta l4proto . th dport @nodeport_local_bit_0 dnat ip to meta l4proto . th dport . numgen random mod 6 map @nodeport_local_backends",
-            "dnat ip to meta l4proto . th dport . numgen random mod 5 map @nodeport_local_backends",
+            "meta l4proto . th dport @nodeport_local_bit_0 dnat ip to meta l4proto . th dport . numgen random mod 6 map @nodeport_local_backends_8",
+            "dnat ip to meta l4proto . th dport . numgen random mod 5 map @nodeport_local_backends_8",
         ]
+    );
+}
+
+#[test]
+fn each_backends_map_is_read_by_the_pick_rules_of_its_bucket_only() {
+    // The kernel checks each element added to a map against every rule reading it.
+    let skeleton = skeleton(Family::V4, &SkeletonOptions::default());
+    let mut readers = std::collections::BTreeMap::<String, usize>::new();
+    for rule in skeleton.chains.iter().flat_map(|c| &c.rules) {
+        if let Some((_, map)) = rule.text.split_once(" map @") {
+            *readers.entry(map.to_string()).or_default() += 1;
+        }
+    }
+    assert_eq!(readers["cluster_backends_1"], 1);
+    assert_eq!(readers["cluster_backends_2"], 1);
+    assert_eq!(readers["cluster_backends_4"], 2);
+    assert_eq!(readers["local_backends_256"], 128);
+    assert_eq!(readers.len(), PickKind::ALL.len() * usize::from(TREE_BITS + 1));
+    assert_eq!(readers.values().sum::<usize>(), PickKind::ALL.len() * TREE_COUNTS as usize);
+    let rule = count_rule(Family::V4, PickKind::Cluster, 300);
+    assert!(
+        rule.text.ends_with("numgen random mod 300 map @cluster_backends_more"),
+        "{}",
+        rule.text
     );
 }
 

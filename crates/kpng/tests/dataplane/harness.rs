@@ -309,16 +309,19 @@ pub fn slots(cluster: &Cluster, dp: Dataplane, dest: &str) -> usize {
 }
 
 /// The endpoints (`ip . port`, sorted) the node's rules hold for a ClusterIP destination
-/// (`10.96.0.60 . tcp . 80`): elements of `to-nft`'s backends map, or the DNAT targets of
-/// `to-iptables`' endpoint chains.
+/// (`10.96.0.60 . tcp . 80`): elements of `to-nft`'s Cluster backends maps (one per bucket
+/// of endpoint counts), or the DNAT targets of `to-iptables`' endpoint chains.
 pub fn backends(cluster: &Cluster, dp: Dataplane, dest: &str) -> Vec<String> {
     let mut found = match dp {
         Dataplane::Iptables => iptables_backends(cluster, dest),
         _ => {
-            let out =
-                cluster.node.output("nft", &["list", "map", "ip", "kpng", "cluster_backends"]);
+            let out = cluster.node.output("nft", &["list", "table", "ip", "kpng"]);
             let text = String::from_utf8_lossy(&out.stdout).into_owned();
-            text.split([',', '{', '}'])
+            // Each map's text runs from its header to its closing brace.
+            text.split("\tmap ")
+                .filter(|map| map.starts_with("cluster_backends_"))
+                .map(|map| map.split("\n\t}").next().unwrap_or_default())
+                .flat_map(|map| map.split([',', '{', '}']))
                 .filter(|element| element.trim().starts_with(&format!("{dest} . ")))
                 .filter_map(|element| element.split(" : ").nth(1).map(|v| v.trim().to_string()))
                 .collect()

@@ -27,7 +27,8 @@ pub fn a_rejected_transaction_is_retried_and_the_table_rebuilt(dp: Dataplane) {
             "element",
             "ip",
             "kpng",
-            "cluster_backends",
+            // Two endpoints: the map of counts up to 2.
+            "cluster_backends_2",
             "{ 10.96.0.80 . tcp . 80 . 1 : 10.244.1.10 . 8080 }",
         ],
     );
