@@ -279,8 +279,26 @@ impl<K, V: Default> Default for Objects<K, V> {
     }
 }
 
-/// The value in force at each key a change touches, before the change.
-type Before<K, V> = HashMap<K, Option<V>>;
+/// What a change touches: the value in force before it at each key whose claims it
+/// changed, and the keys no one claimed that new owners claimed first.
+struct Noted<K, V> {
+    /// The value in force before the change, by key.
+    before: HashMap<K, Option<V>>,
+    /// Keys that had no claim (none of their fingerprint) when an owner new in this change
+    /// claimed them, with that owner's value: they were not held, and unless they are in
+    /// `before` too (another claim came later), that value is in force. A cold start's
+    /// keys are nearly all such, and planning them needs no look-up of the claims.
+    fresh: Vec<(K, V)>,
+    /// The first owner number given in this change: a key not in `before` whose claims
+    /// are all of owners from this one on was claimed fresh.
+    since: u32,
+}
+
+impl<K, V> Noted<K, V> {
+    fn new(since: u32) -> Self {
+        Noted { before: HashMap::new(), fresh: Vec::new(), since }
+    }
+}
 
 /// An owner's new wants, or `None` when it wants nothing any more.
 pub type Render<K, V> = (Owner, Option<Wanted<K, V>>);
@@ -363,15 +381,15 @@ where
         renders: Vec<Render<K, V>>,
         shared: Vec<(K, Option<V>)>,
     ) -> Plan<K, V> {
-        let mut before = HashMap::new();
-        self.claim(renders, Some(&mut before));
-        self.patch(shared, Some(&mut before));
-        self.plan(before)
+        let mut noted = Noted::new(self.next);
+        self.claim(renders, Some(&mut noted));
+        self.patch(shared, Some(&mut noted));
+        self.plan(noted)
     }
 
     /// Changes some of [`Owner::Shared`]'s objects, leaving its others; records in
     /// `before` the value in force before the first change of each key it touches.
-    fn patch(&mut self, changes: Vec<(K, Option<V>)>, mut before: Option<&mut Before<K, V>>) {
+    fn patch(&mut self, changes: Vec<(K, Option<V>)>, mut before: Option<&mut Noted<K, V>>) {
         if changes.is_empty() {
             return;
         }
@@ -397,11 +415,19 @@ where
         }
     }
 
-    /// Records the value in force at `key`, unless recorded already.
-    fn note(&self, key: &K, before: &mut Before<K, V>) {
-        if !before.contains_key(key) {
-            before.insert(key.clone(), self.get(key).map(Cow::into_owned));
+    /// Records the value in force at `key` before the change, unless recorded already: none
+    /// for a key claimed fresh in this change ([`Noted::fresh`]).
+    fn note(&self, key: &K, noted: &mut Noted<K, V>) {
+        if noted.before.contains_key(key) {
+            return;
         }
+        let claims = self.claims_of(fingerprint(key));
+        let fresh = !claims.is_empty() && claims.iter().all(|c| c.owner() >= noted.since);
+        let value = match fresh {
+            true => None,
+            false => self.get(key).map(Cow::into_owned),
+        };
+        noted.before.insert(key.clone(), value);
     }
 
     /// The claims filed under `print`, in order.
@@ -553,7 +579,7 @@ where
 
     /// Records what `renders` want; records in `before` the value in force before the
     /// first change of each key they touch.
-    fn claim(&mut self, renders: Vec<Render<K, V>>, mut before: Option<&mut Before<K, V>>) {
+    fn claim(&mut self, renders: Vec<Render<K, V>>, mut before: Option<&mut Noted<K, V>>) {
         let plain = self.plain.clone();
         for (owner, new) in renders {
             if new.is_none() && !self.numbers.contains_key(&owner) {
@@ -567,6 +593,17 @@ where
                 continue;
             }
             let number = self.number(&owner);
+            let new = match (before.as_deref_mut(), new) {
+                // An owner new in this change claims its keys without noting them one by
+                // one when no one claimed them.
+                (Some(noted), Some(new))
+                    if number >= noted.since && !self.wanted.contains_key(&number) =>
+                {
+                    self.claim_new(&owner, number, new, noted);
+                    continue;
+                }
+                (_, new) => new,
+            };
             let (new, new_yielding) = Kept::of(new.unwrap_or_default(), &plain);
             let now = (&new, &*new_yielding);
             // A key whose value and claim the owner keeps is not touched.
@@ -620,17 +657,61 @@ where
         }
     }
 
-    /// The plan that brings each key of `before` from its value there to the value in
-    /// force.
-    fn plan(&self, before: Before<K, V>) -> Plan<K, V> {
-        let mut before: Vec<(K, Option<V>)> = before.into_iter().collect();
+    /// Claims `wanted` for `owner` (numbered `number`), new in this change.
+    fn claim_new(
+        &mut self,
+        owner: &Owner,
+        number: u32,
+        wanted: Wanted<K, V>,
+        noted: &mut Noted<K, V>,
+    ) {
+        for (key, value) in &wanted.objects {
+            let claim = Claim::new(number, wanted.yielding.contains(key));
+            match self.claims.entry(fingerprint(key)) {
+                std::collections::hash_map::Entry::Vacant(entry) => {
+                    entry.insert(claim);
+                    noted.fresh.push((key.clone(), value.clone()));
+                }
+                std::collections::hash_map::Entry::Occupied(_) => {
+                    self.note(key, noted);
+                    self.add_claim(key, claim);
+                }
+            }
+        }
+        let (kept, yielding) = Kept::of(wanted, &self.plain);
+        if kept.is_empty() {
+            self.numbers.remove(owner);
+            return;
+        }
+        self.wanted.insert(number, kept);
+        if !yielding.is_empty() {
+            self.yielding.insert(number, yielding);
+        }
+    }
+
+    /// The plan that brings each key of `noted` from its value before the change to the
+    /// value in force.
+    fn plan(&self, noted: Noted<K, V>) -> Plan<K, V> {
+        let mut before: Vec<(K, Option<V>)> = noted.before.into_iter().collect();
         before.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        let mut fresh = noted.fresh;
+        fresh.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         // Room for every key at once: a cold start's part (tens of thousands of keys, all
         // new) is then never copied to a larger vector, which held both copies at once.
-        let mut plan = Plan { upserts: Vec::with_capacity(before.len()), deletes: Vec::new() };
+        let room = before.len() + fresh.len();
+        let mut plan = Plan { upserts: Vec::with_capacity(room), deletes: Vec::new() };
+        // Both lists in key order, merged: a fresh key that was noted too is planned from
+        // what was noted.
+        let mut fresh = fresh.into_iter().peekable();
         for (key, old) in &before {
+            while let Some((new, value)) = fresh.next_if(|(new, _)| new <= key) {
+                if new != *key {
+                    plan.upserts.push((new, None, value));
+                }
+            }
             self.plan_key(key, old.as_ref(), &mut plan);
         }
+        plan.upserts.extend(fresh.map(|(key, value)| (key, None, value)));
         plan.order();
         plan
     }
@@ -925,5 +1006,62 @@ mod tests {
         let plan = objects.update(vec![(svc("a"), None)]);
         assert_eq!(plan.deletes, vec![(Same(2), 20)]);
         assert!(objects.is_empty());
+    }
+
+    /// One change: per owner, its objects (`None`: it wants nothing) and which of them
+    /// yield, as small numbers so that owners often want the same keys.
+    type Batch = Vec<(u8, Option<Vec<(u16, u32)>>, Vec<u16>)>;
+
+    fn batches() -> impl proptest::strategy::Strategy<Value = Vec<Batch>> {
+        let objects = proptest::option::of(proptest::collection::vec((0u16..10, 0u32..3), 0..5));
+        let render = (0u8..5, objects, proptest::collection::vec(0u16..10, 0..2));
+        proptest::collection::vec(proptest::collection::vec(render, 1..4), 1..8)
+    }
+
+    /// Applies every batch, checking that each plan starts from what the kernel holds and
+    /// ends where the claims in force say.
+    fn plans_match_a_kernel<K>(batches: Vec<Batch>, key: impl Fn(u16) -> K)
+    where
+        K: Clone + Ord + Hash + Rank + Pack + std::fmt::Debug,
+    {
+        let mut objects: Objects<K, u32> = Objects::new();
+        let mut kernel: HashMap<K, u32> = HashMap::new();
+        for batch in batches {
+            let renders = batch
+                .into_iter()
+                .map(|(owner, wanted, yielding)| {
+                    let wanted = wanted.map(|objects| {
+                        let objects: BTreeMap<K, u32> =
+                            objects.into_iter().map(|(k, v)| (key(k), v)).collect();
+                        let yielding = yielding
+                            .iter()
+                            .map(|k| key(*k))
+                            .filter(|k| objects.contains_key(k))
+                            .collect();
+                        Wanted { objects, yielding }
+                    });
+                    (svc(&format!("s{owner}")), wanted)
+                })
+                .collect();
+            let plan = objects.update(renders);
+            for (k, old, _) in &plan.upserts {
+                assert_eq!(kernel.get(k), old.as_ref(), "upsert of {k:?}");
+            }
+            for (k, old) in &plan.deletes {
+                assert_eq!(kernel.get(k), Some(old), "delete of {k:?}");
+            }
+            plan.apply_to(&mut kernel, None);
+            assert_eq!(kernel, objects.to_map());
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn plans_of_changes_with_new_owners_match_a_kernel(batches in batches()) {
+            // Keys below 5 are kept whole, the others packed.
+            plans_match_a_kernel(batches.clone(), |k| if k < 5 { Key::A(k) } else { Key::B(k) });
+            // Every key of one fingerprint.
+            plans_match_a_kernel(batches, Same);
+        }
     }
 }
