@@ -14,7 +14,9 @@
 //!   by the retry;
 //! - a restart over what the previous process committed writes nothing, and an upgrade
 //!   over what the previous release committed too ([`upgrade_writes_nothing`], with the
-//!   subject's fixture of that release's objects);
+//!   subject's fixture of that release's objects); a release that changed its layout
+//!   migrates over the older one's objects to what a fresh load leaves
+//!   ([`upgrade_migrates`]);
 //! - drift of each kind (an object deleted, changed, or a foreign one added) is found by
 //!   the next verification, and repaired by it where it was found (the verification then
 //!   says the kernel holds the state again) or by the reset that follows, also when kpng
