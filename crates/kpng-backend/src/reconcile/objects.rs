@@ -423,9 +423,10 @@ where
         }
         let claims = self.claims_of(fingerprint(key));
         let fresh = !claims.is_empty() && claims.iter().all(|c| c.owner() >= noted.since);
+        // The value in force, from the claims just looked up ([`Objects::get`]).
         let value = match fresh {
             true => None,
-            false => self.get(key).map(Cow::into_owned),
+            false => claims.iter().find_map(|c| self.value_of(key, *c)).map(Cow::into_owned),
         };
         noted.before.insert(key.clone(), value);
     }
@@ -646,14 +647,20 @@ where
                     self.add_claim(&key, claim);
                 }
             }
-            if new.is_empty() {
-                self.numbers.remove(&owner);
-            } else {
-                self.wanted.insert(number, new);
-                if !new_yielding.is_empty() {
-                    self.yielding.insert(number, new_yielding);
-                }
-            }
+            self.keep(&owner, number, new, new_yielding);
+        }
+    }
+
+    /// Keeps `kept` as what `owner` (numbered `number`) wants, forgetting the owner when it
+    /// wants nothing.
+    fn keep(&mut self, owner: &Owner, number: u32, kept: Kept<K, V>, yielding: Box<[K]>) {
+        if kept.is_empty() {
+            self.numbers.remove(owner);
+            return;
+        }
+        self.wanted.insert(number, kept);
+        if !yielding.is_empty() {
+            self.yielding.insert(number, yielding);
         }
     }
 
@@ -679,14 +686,7 @@ where
             }
         }
         let (kept, yielding) = Kept::of(wanted, &self.plain);
-        if kept.is_empty() {
-            self.numbers.remove(owner);
-            return;
-        }
-        self.wanted.insert(number, kept);
-        if !yielding.is_empty() {
-            self.yielding.insert(number, yielding);
-        }
+        self.keep(owner, number, kept, yielding);
     }
 
     /// The plan that brings each key of `noted` from its value before the change to the
