@@ -245,13 +245,7 @@ pub fn seed_slots(
                     // The slots are in the map of their count's bucket, whichever it was.
                     (0..BUCKETS).find_map(|bucket| {
                         let map = MapName::Backends(pick, bucket);
-                        let at =
-                            |i: u32| match lookup(&ElementId { family, map, key: key.slotted(i)? })
-                            {
-                                Some(Value::Endpoint(ip, port)) => Some(Some((ip, port))),
-                                _ => None,
-                            };
-                        let list: Vec<Option<Target>> = (0..).map_while(at).collect();
+                        let list = slots_in(&lookup, family, map, key);
                         (!list.is_empty()).then_some(list)
                     })
                 });
@@ -264,6 +258,20 @@ pub fn seed_slots(
         }
     }
     slots
+}
+
+/// The endpoints at slots `0, 1, ...` of `key` in `map`, up to the first slot without one.
+fn slots_in(
+    lookup: &impl Fn(&ElementId) -> Option<Value>,
+    family: Family,
+    map: MapName,
+    key: &Key,
+) -> Vec<Option<Target>> {
+    let at = |i: u32| match lookup(&ElementId { family, map, key: key.slotted(i)? }) {
+        Some(Value::Endpoint(ip, port)) => Some(Some((ip, port))),
+        _ => None,
+    };
+    (0..).map_while(at).collect()
 }
 
 /// The elements of one service, given the slots it held before.
