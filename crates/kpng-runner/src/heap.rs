@@ -1,10 +1,13 @@
-//! Giving the allocator's free memory back to the system after a full sync.
+//! Giving the allocator's free memory back to the system around a full sync.
 //!
 //! A full sync builds the whole table at once (at 30,000 services, hundreds of megabytes of
 //! rendered elements, element lists and netlink messages) and frees it when committed. The
 //! C library's allocator keeps most of what was freed mapped for later use: the process
 //! would go on holding its start-up peak. Asking it to return the free pages once, after
 //! each full sync (rare: start-up, a failure, drift), lowers what a running kpng holds.
+//! Asking once more just before a full sync lowers the peak: at start-up, the lists read
+//! from the API server and freed once reduced would otherwise stay resident beneath it
+//! (3 to 5 MiB of the peak at 30,000 services; the call takes well under a millisecond).
 //!
 //! The C library's allocator also gives each new thread an arena of its own, up to eight
 //! per core: blocks freed in one arena are not reused by the others, so the threads of a

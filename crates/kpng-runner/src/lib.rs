@@ -14,9 +14,10 @@
 //! - [`lock`]: one kpng per node and dataplane (an abstract Unix socket).
 //! - [`json`]: [`JsonBackend`], which writes each op as one JSON line: the debugging
 //!   backend, and a readable proof of what the diff emits.
-//! - `heap`: after each full sync, the allocator's free memory is given back to the system
-//!   (a full sync builds and frees the whole table at once; [`release_free_memory`], which
-//!   the nftables aggregator also calls after a large batch); the crate's only unsafe code.
+//! - `heap`: before and after each full sync, the allocator's free memory is given back to
+//!   the system (a full sync builds and frees the whole table at once;
+//!   [`release_free_memory`], which the nftables aggregator also calls after a large
+//!   batch); the crate's only unsafe code.
 
 mod heap;
 pub mod json;

@@ -294,6 +294,11 @@ impl Slots {
         let name = slot.backend.name();
         let _sync =
             tracing::debug_span!("sync", backend = name, full = changes.is_reset()).entered();
+        if changes.is_reset() {
+            // What was read and projected before it and freed (the start-up's lists) goes
+            // back first: the full sync's peak then starts from what is live.
+            crate::heap::release_free_memory();
+        }
         let started = std::time::Instant::now();
         let result = slot.backend.apply(&changes);
         if !slot.backend.follows_dataplane() {
