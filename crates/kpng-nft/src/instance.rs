@@ -300,7 +300,7 @@ impl Render for NftRender {
 /// services in transactions of about [`NftOptions::cold_start_transaction`] elements, each
 /// with what its services add to the layout (affinity groups, counts beyond the pick
 /// tree), committed while the next services render. The kernel inserts half a million
-/// elements faster in ten transactions than in one; each service is programmed
+/// elements faster in many transactions than in one; each service is programmed
 /// atomically. A refused one leaves those before it in force; the reset that follows
 /// reads them back.
 ///
