@@ -181,8 +181,11 @@ impl Out<'_> {
             }
         }
         // The backends elements: what the pick rules read, and for affinity groups the
-        // record of slot positions a restart reads back.
-        let backends = kind.backends(slots.len() as u32);
+        // record of slot positions a restart reads back. Their map is the one of the live
+        // count: an affinity group's slots keep holes where endpoints left (its chain picks
+        // among the live ones), and a fresh load, which has none, would file them there.
+        let live = slots.iter().flatten().count();
+        let backends = kind.backends(live as u32);
         for (i, target) in slots.iter().enumerate() {
             if let (Some((ip, port)), Some(slot_key)) = (target, key.slotted(i as u32)) {
                 self.put(backends, slot_key, Value::Endpoint(*ip, *port));

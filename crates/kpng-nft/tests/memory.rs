@@ -499,6 +499,50 @@ fn endpoints_keep_their_slots_across_changes() {
     assert_eq!(backends(&kernel), expected);
 }
 
+#[test]
+fn an_affinity_groups_slots_are_filed_under_its_live_count() {
+    use kpng_model::global::SessionAffinity;
+    use kpng_testkit::builders::{endpoint, slice};
+    let mut model = node_and_services(&[]);
+    let mut web = kpng_testkit::builders::service(
+        "ns",
+        "web",
+        &["10.96.0.1"],
+        &[("http", Protocol::Tcp, 80)],
+    );
+    web.session_affinity = SessionAffinity::ClientIP { timeout_seconds: 10800 };
+    model.apply(kpng_model::Object::Service(web));
+    let apply_endpoints = |model: &mut GlobalModel, ips: &[&str]| {
+        let eps = ips.iter().map(|ip| endpoint(ip, "other")).collect();
+        let ports = &[("http", Protocol::Tcp, 8080)];
+        model.apply(kpng_model::Object::EndpointSlice(slice("ns", "web-1", "web", ports, eps)))
+    };
+    apply_endpoints(&mut model, &["10.244.1.1", "10.244.1.2"]);
+    let kernel = MemoryKernel::new();
+    let mut backend = NftBackend::new(NftOptions::default(), Box::new(kernel.clone()));
+    let mut projector = NodeProjector::new(NODE);
+    projector.update(&model, &Changes::All);
+    backend.apply(&ChangeSet::full(projector.state())).unwrap();
+    let maps = |kernel: &MemoryKernel| -> BTreeSet<String> {
+        let elements = kernel.tables().elements();
+        elements
+            .into_iter()
+            .filter(|(id, _)| matches!(id.map, MapName::Backends(PickKind::Cluster, _)))
+            .map(|(id, _)| id.map.name().into_owned())
+            .collect()
+    };
+    assert_eq!(maps(&kernel), BTreeSet::from(["cluster_backends_2".to_string()]));
+
+    // The endpoint in slot 0 goes: the other keeps slot 1, over a hole.
+    let touched = apply_endpoints(&mut model, &["10.244.1.2"]).unwrap_or_default();
+    let ops = projector.update(&model, &Changes::Touched(touched.into_iter().collect()));
+    backend.apply(&ChangeSet::changes(&ops, projector.state())).unwrap();
+    assert_eq!(backends(&kernel), BTreeMap::from([(1, "10.244.1.2".parse().unwrap())]));
+    let fresh = fresh(projector.state());
+    assert_eq!(maps(&kernel), BTreeSet::from(["cluster_backends_1".to_string()]));
+    assert_eq!(maps(&kernel), maps(&fresh), "filed as a fresh load files them");
+}
+
 /// The memory kernel, recording the elements each commit adds, and refusing the commit
 /// numbered `refuse` (from 1) once.
 struct Recording {
