@@ -209,8 +209,9 @@ impl Out<'_> {
     }
 }
 
-/// The destinations of one service port in `family`: the cluster IP, external and LB IPs,
-/// and the NodePort.
+/// The destinations of one service port in `family` that the service holds: the cluster
+/// IP, external and LB IPs, and the NodePort, without those an older service holds (their
+/// elements are that service's).
 fn port_keys(
     state: &LocalServiceState,
     family: Family,
@@ -220,7 +221,7 @@ fn port_keys(
     let Some(cluster_ip) = svc.cluster_ip(family) else { return Vec::new() };
     std::iter::once(cluster_ip)
         .chain(svc.external_ips().iter().chain(svc.load_balancer_ips()).copied())
-        .filter(|ip| Family::of(ip) == family)
+        .filter(|ip| Family::of(ip) == family && !port.yielded.contains(ip))
         .map(|ip| Key::Dest(Dest { ip, protocol: port.protocol, port: port.port }))
         .chain(port.node_port.map(|np| Key::NodePort(port.protocol, np)))
         .collect()

@@ -543,6 +543,60 @@ fn an_affinity_groups_slots_are_filed_under_its_live_count() {
     assert_eq!(maps(&kernel), maps(&fresh), "filed as a fresh load files them");
 }
 
+#[test]
+fn a_restart_takes_no_slots_from_a_destination_another_service_holds() {
+    use kpng_model::global::Outside;
+    use kpng_testkit::builders::{endpoint, service, slice};
+    let mut model = node_and_services(&[]);
+    let ports = &[("http", Protocol::Tcp, 80)];
+    // Both name 10.96.0.1:80; the older holds it. The younger also has an external IP.
+    let mut older = service("ns", "older", &["10.96.0.1"], ports);
+    older.created_at = Some(100);
+    let mut younger = service("ns", "younger", &["10.96.0.1"], ports);
+    younger.created_at = Some(200);
+    younger.outside = Outside {
+        external_ips: Box::new(["192.0.2.1".parse().unwrap()]),
+        load_balancer_ingress: Box::new([]),
+        load_balancer_source_ranges: Box::new([]),
+    }
+    .boxed();
+    model.apply(kpng_model::Object::Service(older));
+    model.apply(kpng_model::Object::Service(younger));
+    let endpoints = |service: &str, ips: &[&str]| {
+        let eps = ips.iter().map(|ip| endpoint(ip, "other")).collect();
+        let slice = slice("ns", &format!("{service}-1"), service, ports, eps);
+        kpng_model::Object::EndpointSlice(slice)
+    };
+    // The older one's only endpoint is the one the younger sorts second.
+    model.apply(endpoints("older", &["10.244.1.2"]));
+    model.apply(endpoints("younger", &["10.244.1.1", "10.244.1.2"]));
+    let kernel = MemoryKernel::new();
+    let mut projector = NodeProjector::new(NODE);
+    projector.update(&model, &Changes::All);
+    let state = projector.state();
+    NftBackend::new(NftOptions::default(), Box::new(kernel.clone()))
+        .apply(&ChangeSet::full(state))
+        .unwrap();
+    let elements = |kernel: &MemoryKernel| {
+        let mut all: Vec<String> =
+            (kernel.tables().elements().iter()).map(|e| format!("{e:?}")).collect();
+        all.sort();
+        all
+    };
+    let before = elements(&kernel);
+    assert!(
+        before.iter().any(|e| e.contains("192.0.2.1") && e.contains("Endpoint(10.244.1.2")),
+        "the younger service's own destination has its slots: {before:#?}"
+    );
+
+    // A restart seeds the younger service's slots from its own destination, not from the
+    // one the older holds (which lists 10.244.1.2 in slot 0), so it writes nothing.
+    NftBackend::new(NftOptions::default(), Box::new(kernel.clone()))
+        .apply(&ChangeSet::full(state))
+        .unwrap();
+    assert_eq!(elements(&kernel), before);
+}
+
 /// The memory kernel, recording the elements each commit adds, and refusing the commit
 /// numbered `refuse` (from 1) once.
 struct Recording {
