@@ -103,7 +103,9 @@ pub fn udp_checks(state: &LocalServiceState) -> Vec<UdpCheck> {
     let mut checks = Vec::new();
     for port in svc.ports.iter().filter(|p| p.protocol == Protocol::Udp) {
         for family in Family::ALL {
-            let Some(cluster_ip) = svc.cluster_ip(family) else { continue };
+            if svc.cluster_ip(family).is_none() {
+                continue;
+            }
             let serving: Serving = state
                 .endpoints
                 .values()
@@ -115,11 +117,7 @@ pub fn udp_checks(state: &LocalServiceState) -> Vec<UdpCheck> {
                         .map(move |p| SocketAddr::new(e.ip, p.port))
                 })
                 .collect();
-            let addresses = std::iter::once(cluster_ip)
-                .chain(svc.external_ips().iter().copied())
-                .chain(svc.load_balancer_ips().iter().copied())
-                .filter(|ip| Family::of(ip) == family && !port.yielded.contains(ip));
-            for ip in addresses {
+            for ip in svc.destinations(port, family) {
                 let target = UdpTarget::Dest(SocketAddr::new(ip, port.port));
                 checks.push(UdpCheck { target, serving: serving.clone() });
             }

@@ -211,11 +211,10 @@ fn render_port(
     };
     let id = |kind| group_id(&svc.key, &port.name, port.protocol, family, kind == SetKind::Local);
     let (cluster_id, local_id) = (id(SetKind::Cluster), id(SetKind::Local));
-    let held = |ip: &IpAddr| !port.yielded.contains(ip);
     let at = |ip, port_number| Frontend { ip, protocol: port.protocol, port: port_number };
 
     // The cluster IP: the internal set; an empty one rejects or drops.
-    if held(&addresses.cluster_ip) {
+    if port.holds(&addresses.cluster_ip) {
         let (internal_id, internal) =
             if svc.internal_local { (local_id, &local) } else { (cluster_id, &cluster) };
         out.group(internal_id, internal);
@@ -226,8 +225,12 @@ fn render_port(
 
     // Addresses reachable from outside, as sockets of this node reach them: the Cluster
     // set. A NodePort frontend that is also one of the service's own addresses is that.
-    let externals: Vec<Frontend> =
-        addresses.externals.iter().filter(|ip| held(ip)).map(|ip| at(*ip, port.port)).collect();
+    let externals: Vec<Frontend> = addresses
+        .externals
+        .iter()
+        .filter(|ip| port.holds(ip))
+        .map(|ip| at(*ip, port.port))
+        .collect();
     let on_nodes: Vec<Frontend> = match port.node_port.filter(|np| *np != 0) {
         Some(np) => addresses.nodeports.iter().map(|ip| at(*ip, np)).collect(),
         None => Vec::new(),

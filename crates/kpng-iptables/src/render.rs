@@ -246,7 +246,6 @@ fn render_port(
     let chain = |kind| names::port_chain(kind, family, &svc.key, &port.name, port.protocol);
     let (svc_chain, svl_chain, ext_chain, fw_chain) =
         (chain(PortChain::Svc), chain(PortChain::Svl), chain(PortChain::Ext), chain(PortChain::Fw));
-    let held = |ip: &IpAddr| !port.yielded.contains(ip);
     let dest =
         |ip: IpAddr| EntryKey::Dest { ip, whole: false, protocol: port.protocol, port: port.port };
     let to_dest = |ip: IpAddr, target: Target| {
@@ -257,7 +256,7 @@ fn render_port(
     let external: Vec<IpAddr> = of_family(svc.external_ips(), family)
         .into_iter()
         .chain(of_family(svc.load_balancer_ips(), family))
-        .filter(held)
+        .filter(|ip| port.holds(ip))
         .collect();
     let reachable_outside = !external.is_empty() || port.node_port.is_some();
     let uses_svc = !cluster.is_empty() && (!svc.internal_local || reachable_outside);
@@ -285,7 +284,7 @@ fn render_port(
     }
 
     // ClusterIP.
-    if held(&cluster_ip) {
+    if port.holds(&cluster_ip) {
         match internal_set.is_empty() {
             true => out.entry(
                 Table::Filter,

@@ -76,6 +76,14 @@ pub struct LocalServicePort {
     pub yielded: Box<[IpAddr]>,
 }
 
+impl LocalServicePort {
+    /// Whether the service holds the destination `ip` on this port (an older service holds
+    /// none of those in [`yielded`](Self::yielded)).
+    pub fn holds(&self, ip: &IpAddr) -> bool {
+        !self.yielded.contains(ip)
+    }
+}
+
 /// A service as this node proxies it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct LocalService {
@@ -163,6 +171,23 @@ impl LocalService {
     /// The cluster IP of `family`.
     pub fn cluster_ip(&self, family: Family) -> Option<IpAddr> {
         self.cluster_ips.iter().copied().find(|ip| Family::of(ip) == family)
+    }
+
+    /// The addresses of `family` where traffic to `port` is this service's: the cluster
+    /// IP, then external and load-balancer IPs, without those an older service holds on
+    /// that port. None without a cluster IP of `family`.
+    pub fn destinations<'a>(
+        &'a self,
+        port: &'a LocalServicePort,
+        family: Family,
+    ) -> impl Iterator<Item = IpAddr> + 'a {
+        let cluster_ip = self.cluster_ip(family);
+        let outside = self.external_ips().iter().chain(self.load_balancer_ips()).copied();
+        let outside = outside.filter(move |_| cluster_ip.is_some());
+        cluster_ip
+            .into_iter()
+            .chain(outside)
+            .filter(move |ip| Family::of(ip) == family && port.holds(ip))
     }
 }
 
@@ -391,6 +416,48 @@ mod tests {
         let json = serde_json::to_value(&exposed).unwrap();
         assert_eq!(json["load_balancer_source_ranges"], serde_json::json!(["203.0.113.0/24"]));
         assert_eq!(serde_json::from_value::<LocalService>(json).unwrap(), exposed);
+    }
+
+    #[test]
+    fn destinations_are_those_the_service_holds_and_need_a_cluster_ip() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let port = |yielded: &[&str]| LocalServicePort {
+            name: Arc::from("http"),
+            protocol: Protocol::Tcp,
+            port: 80,
+            node_port: None,
+            has_endpoints: PerFamily::default(),
+            yielded: yielded.iter().map(|s| ip(s)).collect(),
+        };
+        let service = LocalService {
+            key: ServiceKey::new("ns", "web"),
+            service_type: ServiceType::LoadBalancer,
+            cluster_ips: Box::new([ip("10.96.0.1")]),
+            outside: LocalOutside {
+                external_ips: Box::new([ip("192.0.2.1"), ip("192.0.2.2")]),
+                load_balancer_ips: Box::new([ip("198.51.100.1"), ip("2001:db8::1")]),
+                load_balancer_source_ranges: Box::default(),
+            }
+            .boxed(),
+            ports: Box::default(),
+            affinity_timeout_seconds: None,
+            internal_local: false,
+            external_local: false,
+            health_check_node_port: None,
+            load_balancing: LoadBalancing::default(),
+        };
+        let of = |port: &LocalServicePort, family| -> Vec<IpAddr> {
+            service.destinations(port, family).collect()
+        };
+        let all = port(&[]);
+        assert_eq!(
+            of(&all, Family::V4),
+            [ip("10.96.0.1"), ip("192.0.2.1"), ip("192.0.2.2"), ip("198.51.100.1")]
+        );
+        assert!(of(&all, Family::V6).is_empty(), "no IPv6 cluster IP");
+        let some = port(&["10.96.0.1", "192.0.2.2"]);
+        assert!(!some.holds(&ip("192.0.2.2")) && some.holds(&ip("192.0.2.1")));
+        assert_eq!(of(&some, Family::V4), [ip("192.0.2.1"), ip("198.51.100.1")]);
     }
 
     fn ips(endpoints: &Endpoints) -> Vec<String> {

@@ -218,10 +218,10 @@ fn port_keys(
     port: &kpng_model::local::LocalServicePort,
 ) -> Vec<Key> {
     let svc = &state.service;
-    let Some(cluster_ip) = svc.cluster_ip(family) else { return Vec::new() };
-    std::iter::once(cluster_ip)
-        .chain(svc.external_ips().iter().chain(svc.load_balancer_ips()).copied())
-        .filter(|ip| Family::of(ip) == family && !port.yielded.contains(ip))
+    if svc.cluster_ip(family).is_none() {
+        return Vec::new();
+    }
+    svc.destinations(port, family)
         .map(|ip| Key::Dest(Dest { ip, protocol: port.protocol, port: port.port }))
         .chain(port.node_port.map(|np| Key::NodePort(port.protocol, np)))
         .collect()
@@ -338,7 +338,6 @@ fn render_port(
     let Some(cluster_ip) = svc.cluster_ip(family) else { return };
     let dest = Dest { ip: cluster_ip, protocol: port.protocol, port: port.port };
     out.cluster_dest = Some(dest);
-    let held = |ip: &IpAddr| !port.yielded.contains(ip);
     // A stateless service's endpoints answer as its ClusterIP whatever the client asked
     // for: its other destinations cannot be served, and say so.
     let stateless = out.affinity.as_ref().is_some_and(|(policy, _)| policy.stateless.is_some());
@@ -347,7 +346,7 @@ fn render_port(
     } else {
         (PickKind::Cluster, MapName::ClusterDests, &cluster_slots)
     };
-    if !held(&cluster_ip) {
+    if !port.holds(&cluster_ip) {
         // An older service holds this destination.
     } else if slots.is_empty() {
         let verdict = if has_endpoints { MapName::DropDests } else { MapName::RejectDests };
@@ -358,7 +357,7 @@ fn render_port(
     }
 
     // External IPs and load-balancer IPs.
-    for ip in of_family(svc.external_ips()).iter().chain(&lb_ips).filter(|ip| held(ip)) {
+    for ip in of_family(svc.external_ips()).iter().chain(&lb_ips).filter(|ip| port.holds(ip)) {
         let key = Key::Dest(Dest { ip: *ip, protocol: port.protocol, port: port.port });
         if stateless {
             out.member(MapName::RejectDests, key);
@@ -368,7 +367,7 @@ fn render_port(
     }
     let SourceRanges { ranges, node_in_range } = SourceRanges::of(svc, family, &node.node_ips);
     if !ranges.is_empty() {
-        for ip in lb_ips.iter().filter(|ip| held(ip)) {
+        for ip in lb_ips.iter().filter(|ip| port.holds(ip)) {
             let dest = Dest { ip: *ip, protocol: port.protocol, port: port.port };
             out.member(MapName::FirewallDests, Key::Dest(dest));
             for range in &ranges {

@@ -218,7 +218,7 @@ pub fn farms_of(state: &LocalServiceState, direct: bool) -> Vec<Farm> {
     for port in &service.ports {
         for family in Family::ALL {
             let Some(ip) = service.cluster_ip(family) else { continue };
-            if port.yielded.contains(&ip) {
+            if !port.holds(&ip) {
                 continue;
             }
             let (cluster, local) = port_sets(state, family, &port.name, port.protocol);
