@@ -380,9 +380,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn outside_addresses_are_held_only_when_there_are_some_and_serialize_flat() {
-        let service = |outside: LocalOutside| LocalService {
+    /// A LoadBalancer service `ns/web` on cluster IP 10.96.0.1, reached from `outside`.
+    fn load_balancer(outside: LocalOutside) -> LocalService {
+        LocalService {
             key: ServiceKey::new("ns", "web"),
             service_type: ServiceType::LoadBalancer,
             cluster_ips: Box::new(["10.96.0.1".parse().unwrap()]),
@@ -393,8 +393,12 @@ mod tests {
             external_local: false,
             health_check_node_port: None,
             load_balancing: LoadBalancing::default(),
-        };
-        let inside = service(LocalOutside::default());
+        }
+    }
+
+    #[test]
+    fn outside_addresses_are_held_only_when_there_are_some_and_serialize_flat() {
+        let inside = load_balancer(LocalOutside::default());
         assert_eq!(inside.outside, None);
         assert!(
             std::mem::size_of::<LocalService>() <= 112,
@@ -406,7 +410,7 @@ mod tests {
         assert!(json.get("outside").is_none(), "{json}");
         assert_eq!(serde_json::from_value::<LocalService>(json).unwrap(), inside);
 
-        let exposed = service(LocalOutside {
+        let exposed = load_balancer(LocalOutside {
             load_balancer_ips: Box::new(["198.51.100.1".parse().unwrap()]),
             load_balancer_source_ranges: Box::new(["203.0.113.0/24".parse().unwrap()]),
             ..LocalOutside::default()
@@ -429,23 +433,11 @@ mod tests {
             has_endpoints: PerFamily::default(),
             yielded: yielded.iter().map(|s| ip(s)).collect(),
         };
-        let service = LocalService {
-            key: ServiceKey::new("ns", "web"),
-            service_type: ServiceType::LoadBalancer,
-            cluster_ips: Box::new([ip("10.96.0.1")]),
-            outside: LocalOutside {
-                external_ips: Box::new([ip("192.0.2.1"), ip("192.0.2.2")]),
-                load_balancer_ips: Box::new([ip("198.51.100.1"), ip("2001:db8::1")]),
-                load_balancer_source_ranges: Box::default(),
-            }
-            .boxed(),
-            ports: Box::default(),
-            affinity_timeout_seconds: None,
-            internal_local: false,
-            external_local: false,
-            health_check_node_port: None,
-            load_balancing: LoadBalancing::default(),
-        };
+        let service = load_balancer(LocalOutside {
+            external_ips: Box::new([ip("192.0.2.1"), ip("192.0.2.2")]),
+            load_balancer_ips: Box::new([ip("198.51.100.1"), ip("2001:db8::1")]),
+            load_balancer_source_ranges: Box::default(),
+        });
         let of = |port: &LocalServicePort, family| -> Vec<IpAddr> {
             service.destinations(port, family).collect()
         };
