@@ -2,7 +2,7 @@
 
 use std::borrow::Cow;
 
-use kpng_model::{LocalState, Op, full_state_ops};
+use kpng_model::{NodeState, Op, full_state_ops};
 
 /// One change set for a backend: the ops since the backend's previous change set, ending
 /// with `Sync`. The first change set (and the first after a failure) starts with `Reset`
@@ -10,8 +10,9 @@ use kpng_model::{LocalState, Op, full_state_ops};
 #[derive(Debug, Clone, Copy)]
 pub struct ChangeSet<'a> {
     ops: Ops<'a>,
-    /// The node's whole ENLS after these ops.
-    pub state: &'a LocalState,
+    /// The node's whole ENLS after these ops, held whole or made on demand: read what the
+    /// change set touched rather than every service.
+    pub state: &'a dyn NodeState,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -25,12 +26,12 @@ enum Ops<'a> {
 impl<'a> ChangeSet<'a> {
     /// Everything in `state`, from a `Reset`. The ops are made as they are read, so a large
     /// state is not copied.
-    pub fn full(state: &'a LocalState) -> Self {
+    pub fn full(state: &'a dyn NodeState) -> Self {
         ChangeSet { ops: Ops::Full, state }
     }
 
     /// `ops` (without `Sync`) that led to `state`.
-    pub fn changes(ops: &'a [Op], state: &'a LocalState) -> Self {
+    pub fn changes(ops: &'a [Op], state: &'a dyn NodeState) -> Self {
         ChangeSet { ops: Ops::Changes(ops), state }
     }
 

@@ -50,7 +50,7 @@ use std::time::Instant;
 
 pub use kpng_model::global::{AnnotationKey, LoadBalancing};
 use kpng_model::local::LocalServiceState;
-use kpng_model::{LocalState, ServiceKey};
+use kpng_model::{NodeState, ServiceKey};
 
 use crate::{Backend, BackendError, ChangeSet, Problems};
 
@@ -140,7 +140,7 @@ pub trait Kernel: Send {
     /// Called at every reset before [`read`](Self::read), with the node state the reset
     /// brings the kernel to: a kernel whose read-back may skip what is going anyway (most
     /// of a table after most services went) sizes it up here. Nothing by default.
-    fn resetting(&mut self, state: &LocalState) {
+    fn resetting(&mut self, state: &dyn NodeState) {
         let _ = state;
     }
 
@@ -273,7 +273,7 @@ pub trait Render: Send {
     type Error: std::error::Error + Send + Sync + 'static;
 
     /// The facts of `state`'s node.
-    fn facts(&self, state: &LocalState) -> Self::Facts;
+    fn facts(&self, state: &dyn NodeState) -> Self::Facts;
 
     /// The node's own objects (none by default).
     fn node(&mut self, facts: &Self::Facts) -> Wanted<Self::Key, Self::Value> {
@@ -549,7 +549,7 @@ where
     }
 
     /// Reads the kernel back, renders every service, and commits what differs.
-    fn reset(&mut self, state: &LocalState) -> Result<Written, Failure<R, K>> {
+    fn reset(&mut self, state: &dyn NodeState) -> Result<Written, Failure<R, K>> {
         self.kernel.resetting(state);
         // Positions from what was committed, not read back (see `reads_only_positions`).
         let remembered = self.kernel.reads_only_positions() && !self.objects.is_empty();
@@ -568,12 +568,13 @@ where
         self.render.reset();
         let positions: &dyn Lookup<R::Key, R::Value> =
             if remembered { &self.objects } else { &held };
-        let mut renders = Vec::with_capacity(state.services.len() + 1);
+        let mut renders = Vec::with_capacity(state.service_count() + 1);
         renders.push((Owner::Node, Some(self.render.node(&facts))));
-        for (key, service) in &state.services {
+        for service in state.services() {
+            let key = &service.service.key;
             let wanted = self
                 .render
-                .service(&facts, service, positions)
+                .service(&facts, &service, positions)
                 .map_err(|source| ReconcileError::Render { service: key.clone(), source })?;
             renders.push((Owner::Service(key.clone()), Some(wanted)));
         }
@@ -613,7 +614,7 @@ where
     /// thread renders and plans a part while another commits the one before.
     fn cold_start(
         &mut self,
-        state: &LocalState,
+        state: &dyn NodeState,
         installed: bool,
         part: usize,
     ) -> Result<Written, Failure<R, K>> {
@@ -650,11 +651,12 @@ where
             let mut renders = Vec::new();
             let mut size = 0;
             let mut rendered = Ok(());
-            for (key, service) in &state.services {
+            for service in state.services() {
                 if !open {
                     break;
                 }
-                match render.service(&facts, service, &empty) {
+                let key = &service.service.key;
+                match render.service(&facts, &service, &empty) {
                     Ok(wanted) => {
                         size += wanted.objects.len();
                         renders.push((Owner::Service(key.clone()), Some(wanted)));
@@ -698,7 +700,7 @@ where
         let facts = self.render.facts(state);
         let renew = self.facts.as_ref() != Some(&facts);
         if renew {
-            keys.extend(state.services.keys().cloned());
+            keys.extend(state.services().map(|s| s.service.key.clone()));
             keys.extend(self.objects.services().cloned());
             keys.sort();
             keys.dedup();
@@ -708,9 +710,9 @@ where
             renders.push((Owner::Node, Some(self.render.node(&facts))));
         }
         for key in keys {
-            let wanted = match state.services.get(&key) {
+            let wanted = match state.service(&key) {
                 Some(service) => {
-                    let wanted = self.render.service(&facts, service, &self.objects);
+                    let wanted = self.render.service(&facts, &service, &self.objects);
                     Some(wanted.map_err(|source| ReconcileError::Render {
                         service: key.clone(),
                         source,
@@ -985,6 +987,7 @@ where
 
 #[cfg(test)]
 mod tests {
+    use kpng_model::LocalState;
     use kpng_model::local::LocalServiceState;
 
     use super::*;
@@ -1004,7 +1007,7 @@ mod tests {
         type Facts = ();
         type Error = Refused;
 
-        fn facts(&self, _: &LocalState) {}
+        fn facts(&self, _: &dyn NodeState) {}
 
         fn service(
             &mut self,

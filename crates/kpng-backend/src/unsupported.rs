@@ -20,18 +20,24 @@ impl UnsupportedSettings {
     /// already logged for these settings; returns how many services were logged.
     pub fn check(&mut self, backend: &dyn Backend, changes: &ChangeSet<'_>) -> usize {
         let name = backend.name();
-        let keys: Vec<ServiceKey> = if changes.is_reset() {
-            changes.state.services.keys().cloned().collect()
+        let state = changes.state;
+        let settings: Vec<(ServiceKey, Option<LoadBalancing>)> = if changes.is_reset() {
+            state
+                .services()
+                .map(|s| (s.service.key.clone(), Some(s.service.load_balancing)))
+                .collect()
         } else {
-            changes.touched().0
+            let touched = changes.touched().0.into_iter();
+            touched
+                .map(|k| (k.clone(), state.service(&k).map(|s| s.service.load_balancing)))
+                .collect()
         };
         let mut logged = 0;
-        for key in keys {
-            let Some(svc) = changes.state.services.get(&key) else {
+        for (key, lb) in settings {
+            let Some(lb) = lb else {
                 self.reported.remove(&(name, key));
                 continue;
             };
-            let lb = svc.service.load_balancing;
             let unsupported = backend.unsupported(&lb);
             let id = (name, key);
             if unsupported.is_empty() {

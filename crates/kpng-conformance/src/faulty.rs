@@ -65,7 +65,7 @@ impl<K: Kernel> Kernel for Faulty<K> {
         self.inner.commit(&self.poisoned(plan), after)
     }
 
-    fn resetting(&mut self, state: &kpng_model::LocalState) {
+    fn resetting(&mut self, state: &dyn kpng_model::NodeState) {
         self.inner.resetting(state);
     }
 

@@ -140,21 +140,22 @@ impl FlowCleaner {
             // Every service of the state, then those gone since the last change set, without
             // a list of every key beside the state.
             let mut before = std::mem::take(&mut self.targets);
-            for (key, service) in &state.services {
+            for service in state.services() {
+                let key = &service.service.key;
                 let old = before.remove(key).unwrap_or_default();
-                self.review(key, udp_checks(service), old, true);
+                self.review(key, udp_checks(&service), old, true);
             }
             for (key, old) in before {
                 self.review(&key, Vec::new(), old, true);
             }
         } else {
             for key in changes.touched().0 {
-                let checks = state.services.get(&key).map(udp_checks).unwrap_or_default();
+                let checks = state.service(&key).map(|s| udp_checks(&s)).unwrap_or_default();
                 let old = self.targets.remove(&key).unwrap_or_default();
                 self.review(&key, checks, old, false);
             }
         }
-        if let Some(node) = &state.node {
+        if let Some(node) = state.node() {
             self.nodeports = node.nodeport_addresses.clone();
         }
     }

@@ -13,7 +13,7 @@ use kpng_backend::reconcile::{
     self, Kernel, Objects, Plan, Rank, Reconciler, Render, Unit, Wanted,
 };
 use kpng_model::local::LocalServiceState;
-use kpng_model::{LocalState, NodePortAddresses, ServiceKey};
+use kpng_model::{NodePortAddresses, NodeState, ServiceKey};
 
 use crate::dataplane::{Batch, Capacities, Dataplane, capacities_for};
 use crate::error::EbpfError;
@@ -64,8 +64,8 @@ impl Render for EbpfRender {
     type Facts = NodePortAddresses;
     type Error = std::convert::Infallible; // rendering never fails
 
-    fn facts(&self, state: &LocalState) -> NodePortAddresses {
-        state.node.as_ref().map(|n| n.nodeport_addresses.clone()).unwrap_or_default()
+    fn facts(&self, state: &dyn NodeState) -> NodePortAddresses {
+        state.node().map(|n| n.nodeport_addresses.clone()).unwrap_or_default()
     }
 
     fn service(

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use ipnet::IpNet;
 use kpng_backend::reconcile::{AnnotationKey, LoadBalancing, Pack, Plan, Rank, Render, Wanted};
 use kpng_model::local::LocalServiceState;
-use kpng_model::{Family, LocalState, NodePortAddresses, ServiceKey};
+use kpng_model::{Family, NodePortAddresses, NodeState, ServiceKey};
 
 use crate::dispatch::{Dispatch, LeafKey, first_level_chains, leaf_chain};
 use crate::names::{self, ChainName};
@@ -27,10 +27,9 @@ pub struct NodeFacts {
 
 impl NodeFacts {
     /// The facts of the node in `state`.
-    pub fn of(state: &LocalState) -> NodeFacts {
+    pub fn of(state: &dyn NodeState) -> NodeFacts {
         state
-            .node
-            .as_ref()
+            .node()
             .map(|n| NodeFacts {
                 nodeports: n.nodeport_addresses.clone(),
                 service_cidrs: n.service_cidrs.clone(),
@@ -230,14 +229,14 @@ impl Render for IptablesRender {
     type Facts = Facts;
     type Error = Infallible;
 
-    fn facts(&self, state: &LocalState) -> Facts {
+    fn facts(&self, state: &dyn NodeState) -> Facts {
         let o = &self.options;
         let ctx = Context {
             masquerade_all: o.masquerade_all,
             masq_mark: 1 << o.masquerade_bit,
             drop_mark: 1 << o.drop_bit,
-            local: o.local_detection.resolve(state.node.as_ref(), &o.cluster_cidrs),
-            node_ips: state.node.as_ref().map(|n| n.primary_ips.clone()).unwrap_or_default(),
+            local: o.local_detection.resolve(state.node(), &o.cluster_cidrs),
+            node_ips: state.node().map(|n| n.primary_ips.clone()).unwrap_or_default(),
             localhost_nodeports: o.localhost_nodeports,
         };
         Facts { ctx, node: NodeFacts::of(state) }

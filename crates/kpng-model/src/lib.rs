@@ -12,7 +12,8 @@
 //!   [`global::Node`], [`global::ServiceCidr`], and [`global::GlobalModel`] which holds them
 //!   and reports what a change touched; [`global::is_for_proxy`], the service-proxy-name rule;
 //!   [`global::LoadBalancing`], the kube-nftlb load-balancing annotations, typed.
-//! - [`local`]: the ENLS of one node: [`local::LocalState`] with its services, endpoints and node.
+//! - [`local`]: the ENLS of one node: [`local::LocalState`] with its services, endpoints and
+//!   node, and [`local::NodeState`], how consumers read an ENLS held whole or made on demand.
 //! - [`ops`]: [`ops::Op`], the vocabulary every sink consumes (reset, set, delete, sync), and
 //!   [`local::LocalState::apply`] which replays ops onto a state.
 //! - [`parts`]: whole-cluster work (a projection, a rendering) split over the machine's cores.
@@ -33,6 +34,7 @@ pub use global::{
 };
 pub use local::{
     Endpoints, LocalEndpoint, LocalNode, LocalOutside, LocalService, LocalState, NodePortAddresses,
+    NodeState,
 };
 pub use net::{Family, PerFamily, Protocol};
 pub use ops::{Item, ItemRef, Op, full_state_ops};

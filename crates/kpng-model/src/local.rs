@@ -17,6 +17,10 @@ use serde::{Deserialize, Serialize};
 use crate::global::{LoadBalancing, PodName, ServiceKey, ServiceType};
 use crate::net::{Family, PerFamily, Protocol};
 
+mod view;
+
+pub use view::NodeState;
+
 /// What the node knows about itself.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct LocalNode {
@@ -333,6 +337,15 @@ impl<'a> IntoIterator for &'a Endpoints {
 
     fn into_iter(self) -> Self::IntoIter {
         self.0.iter()
+    }
+}
+
+impl IntoIterator for Endpoints {
+    type Item = LocalEndpoint;
+    type IntoIter = std::vec::IntoIter<LocalEndpoint>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.into_iter()
     }
 }
 

@@ -3,13 +3,14 @@
 //! A change set is a run of `Set` and `Delete` ops closed by `Sync`. Within a change set a
 //! service is set before its endpoints, and its endpoints are deleted before it.
 
+use std::borrow::Cow;
 use std::net::IpAddr;
 
 use serde::{Deserialize, Serialize};
 
 use crate::global::ServiceKey;
 use crate::local::{
-    EndpointPort, LocalEndpoint, LocalNode, LocalService, LocalServiceState, LocalState,
+    EndpointPort, LocalEndpoint, LocalNode, LocalService, LocalServiceState, LocalState, NodeState,
 };
 
 /// One entry of the ENLS.
@@ -148,15 +149,24 @@ impl LocalState {
 }
 
 /// The ops that describe `state` from nothing: `Reset`, then every item (without `Sync`),
-/// in the order a diff from an empty state emits them. Produced one at a time, so a full state is never
-/// held twice.
-pub fn full_state_ops(state: &LocalState) -> impl Iterator<Item = Op> + '_ {
-    let node = state.node.iter().map(|node| Op::Set(Item::Node(node.clone())));
-    let services = state.services.values().map(|s| Op::Set(Item::Service(s.service.clone())));
-    let endpoints = state.services.iter().flat_map(|(key, s)| {
-        s.endpoints.values().map(move |endpoint| {
-            Op::Set(Item::Endpoint { service: key.clone(), endpoint: endpoint.clone() })
-        })
+/// in the order a diff from an empty state emits them. Produced one at a time, so a full
+/// state is never held twice.
+pub fn full_state_ops(state: &dyn NodeState) -> impl Iterator<Item = Op> + '_ {
+    let node = state.node().map(|node| Op::Set(Item::Node(node.clone())));
+    let services = state.services().map(|s| {
+        let service = match s {
+            Cow::Borrowed(s) => s.service.clone(),
+            Cow::Owned(s) => s.service,
+        };
+        Op::Set(Item::Service(service))
+    });
+    let endpoints = state.services().flat_map(|s| {
+        let (key, endpoints): (ServiceKey, Vec<LocalEndpoint>) = match s {
+            Cow::Borrowed(s) => (s.service.key.clone(), s.endpoints.values().cloned().collect()),
+            Cow::Owned(s) => (s.service.key, s.endpoints.into_iter().collect()),
+        };
+        let set = move |endpoint| Op::Set(Item::Endpoint { service: key.clone(), endpoint });
+        endpoints.into_iter().map(set)
     });
     std::iter::once(Op::Reset).chain(node).chain(services).chain(endpoints)
 }

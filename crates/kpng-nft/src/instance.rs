@@ -24,7 +24,7 @@ use kpng_backend::reconcile::{Lookup, Rank, Render, Sample, Unit, Wanted};
 use kpng_backend::slots::Target;
 use kpng_model::global::{AnnotationKey, LoadBalancing, NatMode, Scheduler};
 use kpng_model::local::LocalServiceState;
-use kpng_model::{Family, LocalNode, LocalState, ServiceKey};
+use kpng_model::{Family, LocalNode, NodeState, ServiceKey};
 use kpng_netlink::nftables::announce::{Part, Touched};
 
 use crate::entry::{EntryKey, EntryValue, LayoutName, LayoutValue};
@@ -194,8 +194,8 @@ impl Render for NftRender {
     type Facts = NftFacts;
     type Error = Infallible; // rendering never fails
 
-    fn facts(&self, state: &LocalState) -> NftFacts {
-        let node = state.node.as_ref();
+    fn facts(&self, state: &dyn NodeState) -> NftFacts {
+        let node = state.node();
         NftFacts {
             node: NodeFacts {
                 without_helpers: !self.helpers,
@@ -723,11 +723,11 @@ impl kpng_backend::reconcile::Kernel for Tables {
     const UNIT: Unit = Unit::Plan;
     const WHAT: &'static str = "nftables transaction";
 
-    fn resetting(&mut self, state: &LocalState) {
+    fn resetting(&mut self, state: &dyn NodeState) {
         let families = |s: &LocalServiceState| {
             Family::ALL.iter().filter(|f| s.service.cluster_ip(**f).is_some()).count()
         };
-        self.expect = Some(state.services.values().map(families).sum());
+        self.expect = Some(state.services().map(|s| families(&s)).sum());
     }
 
     /// At a reset, the cluster IPs first: a table that holds far more services than the

@@ -24,7 +24,7 @@ use kpng_backend::reconcile::{
     Kernel, Objects, Pack, Plan, Rank, Reconciler, Render, Unit, Wanted,
 };
 use kpng_model::local::LocalServiceState;
-use kpng_model::{LocalState, ServiceKey};
+use kpng_model::{NodeState, ServiceKey};
 
 use crate::check::{Installed, mismatch};
 use crate::client::Client;
@@ -103,7 +103,7 @@ impl Render for NftlbRender {
     type Facts = ();
     type Error = NftlbError;
 
-    fn facts(&self, _state: &LocalState) {}
+    fn facts(&self, _state: &dyn NodeState) {}
 
     fn service(
         &mut self,

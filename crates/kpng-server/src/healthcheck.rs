@@ -88,15 +88,16 @@ impl Backend for HealthCheckBackend {
     }
 
     fn apply(&mut self, changes: &ChangeSet<'_>) -> Result<(), BackendError> {
-        let services = &changes.state.services;
+        let state = changes.state;
         if changes.is_reset() {
+            let services = state.services();
             self.services =
-                services.iter().filter_map(|(k, s)| Some((k.clone(), health_check(s)?))).collect();
+                services.filter_map(|s| Some((s.service.key.clone(), health_check(&s)?))).collect();
         } else {
             let mut changed = false;
             for key in changes.touched().0 {
                 let old = self.services.remove(&key);
-                let new = services.get(&key).and_then(health_check);
+                let new = state.service(&key).and_then(|s| health_check(&s));
                 changed |= old != new;
                 if let Some(new) = new {
                     self.services.insert(key, new);

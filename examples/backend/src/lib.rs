@@ -35,7 +35,7 @@ use kpng_backend::reconcile::{
 };
 use kpng_model::global::{AnnotationKey, LoadBalancing};
 use kpng_model::local::LocalServiceState;
-use kpng_model::{LocalState, Protocol};
+use kpng_model::{NodeState, Protocol};
 
 /// The backend's name.
 pub const NAME: &str = "to-table-file";
@@ -66,7 +66,7 @@ impl Render for Table {
     type Facts = ();
     type Error = std::convert::Infallible; // rendering never fails
 
-    fn facts(&self, _state: &LocalState) {}
+    fn facts(&self, _state: &dyn NodeState) {}
 
     fn service(
         &mut self,

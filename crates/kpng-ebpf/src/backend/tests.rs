@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use kpng_backend::{Backend, ChangeSet};
 use kpng_local::{diff, project_node_state};
-use kpng_model::{Item, Op};
+use kpng_model::{Item, LocalState, Op};
 use kpng_testkit::strategies::{Mutation, arb_mutation};
 use proptest::prelude::*;
 
