@@ -16,6 +16,8 @@
 //! - [`mod@diff`]: [`diff()`] and [`diff_services`]: two ENLS → ops, services before their
 //!   endpoints, endpoints deleted before their service.
 //! - [`nodeports`]: where the node accepts NodePorts (`--nodeport-addresses`), per family.
+//! - [`on_demand`]: [`OnDemand`], a node's ENLS read from the model a service at a time,
+//!   for readers that need not hold it whole.
 //! - [`projector`]: [`NodeProjector`], the incremental driver a sink runs per node.
 //!
 //! [`LocalState`]: kpng_model::LocalState
@@ -23,6 +25,7 @@
 
 pub mod diff;
 pub mod nodeports;
+pub mod on_demand;
 pub mod project;
 pub mod projector;
 pub mod select;
@@ -30,6 +33,7 @@ pub mod select;
 pub use diff::{diff, diff_services};
 pub use kpng_model::full_state_ops;
 pub use nodeports::{NodePortSelection, nodeport_addresses};
+pub use on_demand::OnDemand;
 pub use project::{
     NodeLocal, project_node, project_node_state, project_node_state_with, project_node_with,
     project_service,
