@@ -22,7 +22,9 @@
 //!   says the kernel holds the state again) or by the reset that follows, also when kpng
 //!   committed a change of its own after the drift;
 //! - random change histories, with refused commits and restarts among them, end where a
-//!   fresh load of the last state ends (a property test).
+//!   fresh load of the last state ends (a property test). Their changes and restarts read
+//!   the node state from the model on demand ([`kpng_local::OnDemand`]), the retries and
+//!   the fresh loads from a state held whole: a backend reads both the same.
 //!
 //! Each check panics with a message naming the backend and what failed.
 //!
@@ -36,7 +38,7 @@ use std::sync::Arc;
 
 use kpng_backend::reconcile::{Kernel, Objects, Plan, Rank, Reconciler, Render, Stats, Unit};
 use kpng_backend::{Backend, ChangeSet};
-use kpng_model::LocalState;
+use kpng_model::{LocalState, NodeState};
 use proptest::prelude::*;
 
 pub mod faulty;
@@ -119,7 +121,7 @@ fn tamper<S: Subject>(subject: &S, plan: Plan<Key<S>, Value<S>>) {
 }
 
 /// Applies `state` whole, as the runner does at a start and a retry.
-fn load<S: Subject>(subject: &S, backend: &mut Tested<S>, state: &LocalState) {
+fn load<S: Subject>(subject: &S, backend: &mut Tested<S>, state: &dyn NodeState) {
     let applied = backend.apply(&ChangeSet::full(state));
     applied.unwrap_or_else(|e| panic!("{}: a full state was refused: {e:?}", subject.name()));
 }
@@ -130,8 +132,19 @@ fn change<S: Subject>(
     before: &LocalState,
     after: &LocalState,
 ) -> Result<(), kpng_backend::BackendError> {
+    change_to::<S>(backend, before, after, after)
+}
+
+/// Applies the change from `before` to `after`, the backend reading the state from `read`
+/// (`after` itself, or a view that makes it on demand).
+fn change_to<S: Subject>(
+    backend: &mut Tested<S>,
+    before: &LocalState,
+    after: &LocalState,
+    read: &dyn NodeState,
+) -> Result<(), kpng_backend::BackendError> {
     let ops = kpng_local::diff(before, after);
-    backend.apply(&ChangeSet::changes(&ops, after))
+    backend.apply(&ChangeSet::changes(&ops, read))
 }
 
 /// What a fresh load of `state` leaves in a wiped kernel.
@@ -423,7 +436,8 @@ pub fn histories_end_as_a_fresh_load<S: Subject>(subject: &S, cases: u32) {
         for (mutations, event) in &steps {
             let after = history.step(mutations);
             match event {
-                Event::Change => change::<S>(&mut backend, &before, &after)
+                // Read from the model on demand, as from a state held whole: the same.
+                Event::Change => change_to::<S>(&mut backend, &before, &after, &history.view())
                     .map_err(|e| TestCaseError::fail(format!("refused: {e:?}")))?,
                 Event::Refused => {
                     backend.kernel().arm(true);
@@ -436,7 +450,7 @@ pub fn histories_end_as_a_fresh_load<S: Subject>(subject: &S, cases: u32) {
                 }
                 Event::Restart => {
                     backend = start(subject);
-                    load(subject, &mut backend, &after);
+                    load(subject, &mut backend, &history.view());
                 }
             }
             before = after;

@@ -103,4 +103,9 @@ impl History {
         }
         kpng_local::project_node_state(&self.model, NODE)
     }
+
+    /// The node state after the last step, read from the model a service at a time.
+    pub fn view(&self) -> kpng_local::OnDemand<'_> {
+        kpng_local::OnDemand::new(&self.model, NODE, &kpng_local::NodeLocal::default())
+    }
 }
