@@ -1,12 +1,53 @@
 //! Two node states → the ops that lead from one to the other.
 
+use std::net::IpAddr;
+
 use kpng_model::local::LocalServiceState;
-use kpng_model::{Item, ItemRef, LocalState, Op, ServiceKey};
+use kpng_model::{
+    Item, ItemRef, LocalEndpoint, LocalNode, LocalService, LocalState, Op, ServiceKey,
+};
+
+/// What a diff needs of a service's previous state: the state itself, or its fingerprints
+/// ([`crate::prints`]).
+pub trait Before {
+    /// Whether the service itself (not its endpoints) was `new`.
+    fn same_service(&self, new: &LocalService) -> bool;
+    /// The endpoints' addresses, in order.
+    fn endpoint_ips(&self) -> Vec<IpAddr>;
+    /// Whether the endpoint at `new`'s address was `new`.
+    fn same_endpoint(&self, new: &LocalEndpoint) -> bool;
+    /// Whether port `port` (by position) yielded address `ip` to an older service.
+    fn yields(&self, port: usize, ip: &IpAddr) -> bool;
+    /// Whether port `port` had no NodePort.
+    fn lacks_node_port(&self, port: usize) -> bool;
+}
+
+impl Before for LocalServiceState {
+    fn same_service(&self, new: &LocalService) -> bool {
+        self.service == *new
+    }
+
+    fn endpoint_ips(&self) -> Vec<IpAddr> {
+        self.endpoints.keys().copied().collect()
+    }
+
+    fn same_endpoint(&self, new: &LocalEndpoint) -> bool {
+        self.endpoints.get(&new.ip) == Some(new)
+    }
+
+    fn yields(&self, port: usize, ip: &IpAddr) -> bool {
+        self.service.ports.get(port).is_some_and(|p| p.yielded.contains(ip))
+    }
+
+    fn lacks_node_port(&self, port: usize) -> bool {
+        self.service.ports.get(port).is_some_and(|p| p.node_port.is_none())
+    }
+}
 
 /// Ops of one change set, gathered by phase so that the emitted order is always valid:
 /// the node first, then services set, then endpoints deleted and set, then services deleted.
 #[derive(Debug, Default)]
-struct ChangeSet {
+pub(crate) struct ChangeSet {
     node: Vec<Op>,
     service_sets: Vec<Op>,
     endpoint_deletes: Vec<Op>,
@@ -15,7 +56,7 @@ struct ChangeSet {
 }
 
 impl ChangeSet {
-    fn into_ops(self) -> Vec<Op> {
+    pub(crate) fn into_ops(self) -> Vec<Op> {
         let mut ops = self.node;
         ops.extend(self.service_sets);
         ops.extend(self.endpoint_deletes);
@@ -24,33 +65,35 @@ impl ChangeSet {
         ops
     }
 
-    fn service(
+    pub(crate) fn service(
         &mut self,
         key: &ServiceKey,
-        old: Option<&LocalServiceState>,
+        old: Option<&dyn Before>,
         new: Option<&LocalServiceState>,
     ) {
         match (old, new) {
             (None, None) => {}
             (Some(old), None) => {
-                for ip in old.endpoints.keys() {
+                for ip in old.endpoint_ips() {
                     self.endpoint_deletes
-                        .push(Op::Delete(ItemRef::Endpoint { service: key.clone(), ip: *ip }));
+                        .push(Op::Delete(ItemRef::Endpoint { service: key.clone(), ip }));
                 }
                 self.service_deletes.push(Op::Delete(ItemRef::Service(key.clone())));
             }
             (old, Some(new)) => {
-                if old.map(|o| &o.service) != Some(&new.service) {
+                if !old.is_some_and(|o| o.same_service(&new.service)) {
                     self.service_sets.push(Op::Set(Item::Service(new.service.clone())));
                 }
                 if let Some(old) = old {
-                    for ip in old.endpoints.keys().filter(|ip| !new.endpoints.contains_key(ip)) {
-                        self.endpoint_deletes
-                            .push(Op::Delete(ItemRef::Endpoint { service: key.clone(), ip: *ip }));
+                    for ip in old.endpoint_ips() {
+                        if !new.endpoints.contains_key(&ip) {
+                            let gone = ItemRef::Endpoint { service: key.clone(), ip };
+                            self.endpoint_deletes.push(Op::Delete(gone));
+                        }
                     }
                 }
                 for endpoint in &new.endpoints {
-                    if old.and_then(|o| o.endpoints.get(&endpoint.ip)) != Some(endpoint) {
+                    if !old.is_some_and(|o| o.same_endpoint(endpoint)) {
                         let item =
                             Item::Endpoint { service: key.clone(), endpoint: endpoint.clone() };
                         self.endpoint_sets.push(Op::Set(item));
@@ -61,7 +104,11 @@ impl ChangeSet {
     }
 
     fn node(&mut self, old: &LocalState, new: &LocalState) {
-        match (&old.node, &new.node) {
+        self.node_of(&old.node, &new.node);
+    }
+
+    pub(crate) fn node_of(&mut self, old: &Option<LocalNode>, new: &Option<LocalNode>) {
+        match (old, new) {
             (old, Some(node)) if old.as_ref() != Some(node) => {
                 self.node.push(Op::Set(Item::Node(node.clone())))
             }
@@ -78,7 +125,8 @@ pub fn diff(old: &LocalState, new: &LocalState) -> Vec<Op> {
     let keys =
         old.services.keys().chain(new.services.keys().filter(|k| !old.services.contains_key(*k)));
     for key in keys {
-        changes.service(key, old.services.get(key), new.services.get(key));
+        let before = old.services.get(key).map(|s| s as &dyn Before);
+        changes.service(key, before, new.services.get(key));
     }
     changes.into_ops()
 }
@@ -93,7 +141,8 @@ pub fn diff_services<'k>(
     let mut changes = ChangeSet::default();
     changes.node(old, new);
     for key in keys {
-        changes.service(key, old.services.get(key), new.services.get(key));
+        let before = old.services.get(key).map(|s| s as &dyn Before);
+        changes.service(key, before, new.services.get(key));
     }
     changes.into_ops()
 }

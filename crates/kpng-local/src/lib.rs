@@ -18,7 +18,11 @@
 //! - [`nodeports`]: where the node accepts NodePorts (`--nodeport-addresses`), per family.
 //! - [`on_demand`]: [`OnDemand`], a node's ENLS read from the model a service at a time,
 //!   for readers that need not hold it whole.
-//! - [`projector`]: [`NodeProjector`], the incremental driver a sink runs per node.
+//! - [`projector`]: [`NodeProjector`], the incremental driver a sink runs per node. It
+//!   keeps the state it last computed whole, or only its fingerprints ([`prints`]), which
+//!   give the same ops; then the state is read from the model ([`OnDemand`]).
+//! - [`prints`]: [`Fingerprints`], a 64-bit hash per service and per endpoint, with what
+//!   a diff and the conflict log need besides.
 //!
 //! [`LocalState`]: kpng_model::LocalState
 //! [`Op`]: kpng_model::Op
@@ -26,6 +30,7 @@
 pub mod diff;
 pub mod nodeports;
 pub mod on_demand;
+pub mod prints;
 pub mod project;
 pub mod projector;
 pub mod select;
@@ -34,8 +39,9 @@ pub use diff::{diff, diff_services};
 pub use kpng_model::full_state_ops;
 pub use nodeports::{NodePortSelection, nodeport_addresses};
 pub use on_demand::OnDemand;
+pub use prints::Fingerprints;
 pub use project::{
     NodeLocal, project_node, project_node_state, project_node_state_with, project_node_with,
     project_service,
 };
-pub use projector::NodeProjector;
+pub use projector::{Held, NodeProjector};

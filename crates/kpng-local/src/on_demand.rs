@@ -18,13 +18,23 @@ use crate::select::NodeView;
 pub struct OnDemand<'a> {
     model: &'a GlobalModel,
     name: &'a str,
-    node: Option<LocalNode>,
+    node: Option<Cow<'a, LocalNode>>,
 }
 
 impl<'a> OnDemand<'a> {
     /// The ENLS of node `name` in `model`, with what only the node knows.
     pub fn new(model: &'a GlobalModel, name: &'a str, local: &NodeLocal) -> Self {
-        OnDemand { model, name, node: project_node_with(model, name, local) }
+        let node = project_node_with(model, name, local).map(Cow::Owned);
+        OnDemand { model, name, node }
+    }
+
+    /// The ENLS of node `name` in `model`, whose node part, `node`, is already projected.
+    pub fn with_node(
+        model: &'a GlobalModel,
+        name: &'a str,
+        node: Option<Cow<'a, LocalNode>>,
+    ) -> Self {
+        OnDemand { model, name, node }
     }
 
     fn view(&self) -> NodeView<'_> {
@@ -43,7 +53,7 @@ impl std::fmt::Debug for OnDemand<'_> {
 
 impl NodeState for OnDemand<'_> {
     fn node(&self) -> Option<&LocalNode> {
-        self.node.as_ref()
+        self.node.as_deref()
     }
 
     fn service(&self, key: &ServiceKey) -> Option<Cow<'_, LocalServiceState>> {

@@ -1,21 +1,24 @@
 //! [`NodeProjector`]: keeps one node's ENLS current, one store revision at a time.
 
-use kpng_model::{Changes, GlobalModel, LocalState, Op, ServiceKey, Touched};
+use std::borrow::Cow;
 
-use crate::diff::{diff, diff_services};
+use kpng_model::local::LocalServiceState;
+use kpng_model::{Changes, GlobalModel, LocalNode, LocalState, Op, ServiceKey, Touched};
+
+use crate::diff::{Before, ChangeSet};
+use crate::on_demand::OnDemand;
+use crate::prints::Fingerprints;
 use crate::project::{NodeLocal, project_node_state_with, project_node_with, project_service};
 use crate::select::NodeView;
 
 /// Logs the destinations a service newly yields to an older service claiming them too.
-fn report_conflicts(model: &GlobalModel, old: &LocalState, new: &LocalState) {
+fn report_conflicts(model: &GlobalModel, old: &impl Held, new: &LocalState) {
     use kpng_model::global::Claim;
     for (key, state) in &new.services {
         let Some(service) = model.service(key) else { continue };
-        let before = old.services.get(key).map(|s| &s.service);
+        let before = old.before(key);
         for (i, port) in state.service.ports.iter().enumerate() {
-            let known = |ip: &std::net::IpAddr| {
-                before.and_then(|b| b.ports.get(i)).is_some_and(|p| p.yielded.contains(ip))
-            };
+            let known = |ip: &std::net::IpAddr| before.is_some_and(|b| b.yields(i, ip));
             for ip in port.yielded.iter().filter(|ip| !known(ip)) {
                 let claim = Claim::Address(*ip, port.protocol, port.port);
                 let holder = model
@@ -29,7 +32,7 @@ fn report_conflicts(model: &GlobalModel, old: &LocalState, new: &LocalState) {
             }
             let lost_node_port = service.ports.get(i).and_then(|p| p.node_port).is_some()
                 && port.node_port.is_none();
-            let had = before.and_then(|b| b.ports.get(i)).is_some_and(|p| p.node_port.is_none());
+            let had = before.is_some_and(|b| b.lacks_node_port(i));
             if lost_node_port && !had {
                 tracing::warn!(service = %key, port = %port.name, "an older service holds this NodePort");
             }
@@ -37,42 +40,154 @@ fn report_conflicts(model: &GlobalModel, old: &LocalState, new: &LocalState) {
     }
 }
 
+/// What a [`NodeProjector`] keeps of the state it last computed, to tell the next one's
+/// differences: the state itself ([`LocalState`]), or its [`Fingerprints`], which cost a
+/// fraction of it and give the same ops.
+pub trait Held: Default + Clone + std::fmt::Debug {
+    /// The node.
+    fn node(&self) -> &Option<LocalNode>;
+    /// Replaces the node.
+    fn set_node(&mut self, node: Option<LocalNode>);
+    /// What is kept of service `key`.
+    fn before(&self, key: &ServiceKey) -> Option<&dyn Before>;
+    /// The services kept, in key order.
+    fn keys(&self) -> Box<dyn Iterator<Item = &ServiceKey> + '_>;
+    /// Keeps `new` as service `key` (`None`: it is gone).
+    fn record(&mut self, key: &ServiceKey, new: Option<LocalServiceState>);
+    /// Keeps `new` in place of everything; hands it back when it is not kept whole.
+    fn keep(&mut self, new: LocalState) -> Option<LocalState>;
+    /// Whether what is kept is `new`.
+    fn holds(&self, new: &LocalState) -> bool;
+}
+
+impl Held for LocalState {
+    fn node(&self) -> &Option<LocalNode> {
+        &self.node
+    }
+
+    fn set_node(&mut self, node: Option<LocalNode>) {
+        self.node = node;
+    }
+
+    fn before(&self, key: &ServiceKey) -> Option<&dyn Before> {
+        self.services.get(key).map(|s| s as &dyn Before)
+    }
+
+    fn keys(&self) -> Box<dyn Iterator<Item = &ServiceKey> + '_> {
+        Box::new(self.services.keys())
+    }
+
+    fn record(&mut self, key: &ServiceKey, new: Option<LocalServiceState>) {
+        match new {
+            Some(new) => self.services.insert(key.clone(), new),
+            None => self.services.remove(key),
+        };
+    }
+
+    fn keep(&mut self, new: LocalState) -> Option<LocalState> {
+        *self = new;
+        None
+    }
+
+    fn holds(&self, new: &LocalState) -> bool {
+        self == new
+    }
+}
+
+impl Held for Fingerprints {
+    fn node(&self) -> &Option<LocalNode> {
+        &self.node
+    }
+
+    fn set_node(&mut self, node: Option<LocalNode>) {
+        self.node = node;
+    }
+
+    fn before(&self, key: &ServiceKey) -> Option<&dyn Before> {
+        self.services.get(key).map(|p| p as &dyn Before)
+    }
+
+    fn keys(&self) -> Box<dyn Iterator<Item = &ServiceKey> + '_> {
+        Box::new(self.services.keys())
+    }
+
+    fn record(&mut self, key: &ServiceKey, new: Option<LocalServiceState>) {
+        Fingerprints::record(self, key, new.as_ref());
+    }
+
+    fn keep(&mut self, new: LocalState) -> Option<LocalState> {
+        *self = Fingerprints::of(&new);
+        Some(new)
+    }
+
+    fn holds(&self, new: &LocalState) -> bool {
+        *self == Fingerprints::of(new)
+    }
+}
+
 /// One node's ENLS, updated incrementally. Only the services a revision touched are
 /// projected again, and the node only when its Node object or the set of ServiceCIDRs
 /// changed; everything else is left as it is.
+///
+/// It keeps the state whole by default ([`state`](NodeProjector::state)); a projector made
+/// by [`lean`](NodeProjector::lean) keeps only its [`Fingerprints`] and reads the state
+/// from the model when asked ([`view`](NodeProjector::view)). Both make the same ops.
 #[derive(Debug, Clone)]
-pub struct NodeProjector {
+pub struct NodeProjector<H: Held = LocalState> {
     name: String,
     local: NodeLocal,
-    state: LocalState,
+    held: H,
+    /// The whole state of the last full recomputation, when `held` does not keep it.
+    whole: Option<LocalState>,
 }
 
 impl NodeProjector {
     /// A projector for node `name`, starting from an empty state.
     pub fn new(name: impl Into<String>) -> Self {
-        NodeProjector {
-            name: name.into(),
-            local: NodeLocal::default(),
-            state: LocalState::default(),
-        }
+        Self::with_local(name, NodeLocal::default())
     }
 
     /// A projector for node `name` with what only the node knows.
     pub fn with_local(name: impl Into<String>, local: NodeLocal) -> Self {
-        NodeProjector { name: name.into(), local, state: LocalState::default() }
+        NodeProjector { name: name.into(), local, held: LocalState::default(), whole: None }
     }
 
+    /// The node's current ENLS.
+    pub fn state(&self) -> &LocalState {
+        &self.held
+    }
+}
+
+impl NodeProjector<Fingerprints> {
+    /// A projector for node `name` that keeps only the fingerprints of the state.
+    pub fn lean(name: impl Into<String>, local: NodeLocal) -> Self {
+        NodeProjector { name: name.into(), local, held: Fingerprints::default(), whole: None }
+    }
+
+    /// The fingerprints of the node's current ENLS.
+    pub fn fingerprints(&self) -> &Fingerprints {
+        &self.held
+    }
+
+    /// The node's current ENLS, read from `model` (the model this projector was last
+    /// brought up to) a service at a time.
+    pub fn view<'a>(&'a self, model: &'a GlobalModel) -> OnDemand<'a> {
+        OnDemand::with_node(model, &self.name, self.held.node.as_ref().map(Cow::Borrowed))
+    }
+}
+
+impl<H: Held> NodeProjector<H> {
     /// The node's own addresses changed: returns the ops (the node, if its NodePort
     /// addresses changed).
     pub fn set_addresses(&mut self, addresses: Vec<std::net::IpAddr>) -> Vec<Op> {
         self.local.addresses = addresses;
-        let Some(node) = &self.state.node else { return Vec::new() };
+        let Some(node) = self.held.node() else { return Vec::new() };
         let mut updated = node.clone();
         self.local.complete(&mut updated);
         if updated == *node {
             return Vec::new();
         }
-        self.state.node = Some(updated.clone());
+        self.held.set_node(Some(updated.clone()));
         vec![Op::Set(kpng_model::Item::Node(updated))]
     }
 
@@ -81,20 +196,27 @@ impl NodeProjector {
         &self.name
     }
 
-    /// The node's current ENLS.
-    pub fn state(&self) -> &LocalState {
-        &self.state
+    /// What only the node knows.
+    pub fn local(&self) -> &NodeLocal {
+        &self.local
+    }
+
+    /// The whole state the last full recomputation made, when this projector does not keep
+    /// it: a reader that needs every service takes it rather than projecting it again.
+    pub fn take_whole(&mut self) -> Option<LocalState> {
+        self.whole.take()
     }
 
     /// Brings the ENLS up to `model`, where `changes` says what changed since the previous
     /// update. Returns the ops (without `Sync`) that were applied; empty when this node's
     /// ENLS did not change.
     pub fn update(&mut self, model: &GlobalModel, changes: &Changes) -> Vec<Op> {
+        self.whole = None;
         let touched = match changes {
             Changes::All => return self.recompute(model),
             Changes::Touched(touched) => touched,
         };
-        let old_node = self.state.node.clone();
+        let old_node = self.held.node().clone();
         // The node state carries the cluster's service CIDRs as well as the Node object.
         let node_touched = touched.contains(&Touched::Node(self.name.clone()))
             || touched.contains(&Touched::ServiceCidrs);
@@ -118,25 +240,23 @@ impl NodeProjector {
             .collect();
         let zone = zone(&new_node);
         let view = NodeView { name: &self.name, zone: zone.as_deref() };
-        let mut old_part = LocalState { node: old_node, services: Default::default() };
         let mut new_part = LocalState { node: new_node, services: Default::default() };
         for key in &keys {
-            if let Some(old) = self.state.services.get(*key) {
-                old_part.services.insert((*key).clone(), old.clone());
-            }
             if let Some(new) = project_service(model, key, &view) {
                 new_part.services.insert((*key).clone(), new);
             }
         }
-        report_conflicts(model, &old_part, &new_part);
-        let ops = diff_services(&old_part, &new_part, keys.iter().copied());
+        report_conflicts(model, &self.held, &new_part);
+        let mut changes = ChangeSet::default();
+        changes.node_of(&old_node, &new_part.node);
+        for key in &keys {
+            changes.service(key, self.held.before(key), new_part.services.get(*key));
+        }
+        let ops = changes.into_ops();
         if !ops.is_empty() {
-            self.state.node = new_part.node;
+            self.held.set_node(new_part.node);
             for key in keys {
-                match new_part.services.remove(key) {
-                    Some(new) => self.state.services.insert(key.clone(), new),
-                    None => self.state.services.remove(key),
-                };
+                self.held.record(key, new_part.services.remove(key));
             }
         }
         ops
@@ -148,17 +268,27 @@ impl NodeProjector {
     pub fn refresh(&mut self, model: &GlobalModel, changes: &Changes) -> bool {
         let Changes::All = changes else { return !self.update(model, changes).is_empty() };
         let new = project_node_state_with(model, &self.name, &self.local);
-        report_conflicts(model, &self.state, &new);
-        let changed = new != self.state;
-        self.state = new;
+        report_conflicts(model, &self.held, &new);
+        let changed = !self.held.holds(&new);
+        self.whole = self.held.keep(new);
         changed
     }
 
     fn recompute(&mut self, model: &GlobalModel) -> Vec<Op> {
         let new = project_node_state_with(model, &self.name, &self.local);
-        report_conflicts(model, &self.state, &new);
-        let ops = diff(&self.state, &new);
-        self.state = new;
+        report_conflicts(model, &self.held, &new);
+        let mut changes = ChangeSet::default();
+        changes.node_of(self.held.node(), &new.node);
+        for key in self.held.keys() {
+            changes.service(key, self.held.before(key), new.services.get(key));
+        }
+        for (key, service) in &new.services {
+            if self.held.before(key).is_none() {
+                changes.service(key, None, Some(service));
+            }
+        }
+        let ops = changes.into_ops();
+        self.whole = self.held.keep(new);
         ops
     }
 }

@@ -1,7 +1,9 @@
 //! Properties of projection and diff over random models.
 
-use kpng_local::{NodeProjector, diff, full_state_ops, project_node_state};
-use kpng_model::{Changes, GlobalModel, LocalState, Op, Touched};
+use kpng_local::{
+    Fingerprints, NodeLocal, NodeProjector, diff, full_state_ops, project_node_state,
+};
+use kpng_model::{Changes, GlobalModel, LocalState, NodeState, Op, Touched};
 use kpng_testkit::strategies::{Mutation, NODES, arb_mutation, build};
 use proptest::prelude::*;
 
@@ -83,6 +85,43 @@ proptest! {
             prop_assert_eq!(&seen, &full);
             // A second update with nothing touched yields nothing.
             prop_assert!(projector.update(&model, &Changes::Touched(Default::default())).is_empty());
+        }
+    }
+
+    #[test]
+    fn a_projector_keeping_fingerprints_makes_the_ops_of_one_keeping_the_state(
+        batches in proptest::collection::vec(proptest::collection::vec(arb_mutation(), 1..6), 1..12),
+        node in proptest::sample::select(&NODES[..]),
+    ) {
+        let mut model = GlobalModel::new();
+        let (mut whole, mut lean) = (NodeProjector::new(node), NodeProjector::lean(node, NodeLocal::default()));
+        let (mut quiet, mut quiet_lean) = (NodeProjector::new(node), NodeProjector::lean(node, NodeLocal::default()));
+        for (i, batch) in batches.iter().enumerate() {
+            let mut touched = std::collections::BTreeSet::new();
+            for m in batch {
+                touched.extend(apply(&mut model, m));
+            }
+            // A full recomputation every third batch, as at a start or a zone change.
+            let changes = if i % 3 == 0 { Changes::All } else { Changes::Touched(touched) };
+            let ops = whole.update(&model, &changes);
+            prop_assert_eq!(&lean.update(&model, &changes), &ops);
+            let taken = lean.take_whole();
+            // Made by every full recomputation (a zone change makes one too).
+            prop_assert!(taken.is_some() || !matches!(changes, Changes::All));
+            if let Some(taken) = taken {
+                prop_assert_eq!(&taken, whole.state());
+            }
+            prop_assert_eq!(quiet_lean.refresh(&model, &changes), quiet.refresh(&model, &changes));
+            for fingerprints in [lean.fingerprints(), quiet_lean.fingerprints()] {
+                prop_assert_eq!(fingerprints, &Fingerprints::of(whole.state()));
+            }
+            let endpoints: usize = whole.state().services.values().map(|s| s.endpoints.len()).sum();
+            prop_assert_eq!(lean.fingerprints().endpoint_count(), endpoints);
+            let view = lean.view(&model);
+            prop_assert_eq!(view.node(), whole.state().node.as_ref());
+            let read: Vec<_> = view.services().map(|s| s.into_owned()).collect();
+            let held: Vec<_> = whole.state().services.values().cloned().collect();
+            prop_assert_eq!(read, held);
         }
     }
 }
