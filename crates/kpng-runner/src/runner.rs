@@ -119,6 +119,11 @@ fn stopped_is_ok(result: Result<(), RunnerError>) -> Result<(), RunnerError> {
 /// state first, then only the changes; a failed backend is retried with backoff and gets the
 /// full state again. A revision that does not change this node's ENLS reaches no backend.
 ///
+/// The ENLS is not kept beside the model: only its fingerprints, which tell what changed.
+/// Backends read it from the store's model, under the store's read lock, as of the revision
+/// the change set was projected at; a change set that reads every service (a full state)
+/// reads one projected whole under the lock and delivered without it, then dropped.
+///
 /// Once `options.stop` is set, nothing more is applied and it returns `Ok`; a backend that
 /// fails permanently ends it with an error.
 #[tracing::instrument(name = "runner", skip_all, fields(node = %options.node))]
@@ -139,24 +144,25 @@ async fn follow_store(
     stats: Arc<NodeStats>,
     mut addresses: Option<AddressUpdates>,
 ) -> Result<(), RunnerError> {
-    let mut projector = NodeProjector::with_local(options.node.clone(), options.local.clone());
+    // Only the fingerprints of the node state are kept; backends read it from the model.
+    let mut projector = NodeProjector::lean(options.node.clone(), options.local.clone());
     let mut seen: Option<Revision> = None;
     let once = options.once;
     let verify_period = options.verify_period;
     let mut slots = Slots::new(backends, options, stats);
     let mut next_verify = verify_period.map(|p| Instant::now() + p);
+    // The node's change when its own addresses moved, delivered with the next revision.
+    let mut readdressed = Vec::new();
 
     loop {
         let retry = slots.next_retry().filter(|_| seen.is_some());
         tokio::select! {
             revision = reader.wait_after(seen) => if revision.is_none() { return Ok(()) },
             update = next_addresses(&mut addresses) => {
-                let ops = projector.set_addresses(update);
-                if !ops.is_empty() && seen.is_some() {
-                    slots.count_revision(true, &ops);
-                    slots.deliver(&ops, projector.state())?;
+                readdressed = projector.set_addresses(update);
+                if readdressed.is_empty() || seen.is_none() {
+                    continue;
                 }
-                continue;
             }
             _ = sleep_until(retry), if retry.is_some() => {}
             _ = sleep_until(next_verify), if next_verify.is_some() && seen.is_some() => {
@@ -168,21 +174,40 @@ async fn follow_store(
         slots.pace.ready().await;
         slots.pace.spend();
         let syncing = Instant::now();
+        // The state is delivered as of the revision it was projected at: the store's lock
+        // is held from the projection to the delivery, unless the delivery reads a whole
+        // state (then projected whole under the lock, and delivered without it).
+        let snapshot = reader.snapshot();
+        let changes = snapshot.changes_since(seen);
+        seen = Some(snapshot.revision());
+        let readdressed = std::mem::take(&mut readdressed);
         // While every backend waits for a full state, the differences are not needed.
-        let (ops, changed) = {
-            let snapshot = reader.snapshot();
-            let changes = snapshot.changes_since(seen);
-            seen = Some(snapshot.revision());
-            if slots.want_ops() {
-                let ops = projector.update(snapshot.model(), &changes);
-                let changed = !ops.is_empty();
-                (ops, changed)
-            } else {
-                (Vec::new(), projector.refresh(snapshot.model(), &changes))
-            }
+        let (ops, changed) = if slots.want_ops() {
+            let mut ops = readdressed;
+            ops.extend(projector.update(snapshot.model(), &changes));
+            let changed = !ops.is_empty();
+            (ops, changed)
+        } else {
+            let changed = projector.refresh(snapshot.model(), &changes);
+            (Vec::new(), changed || !readdressed.is_empty())
         };
         slots.count_revision(changed, &ops);
-        slots.deliver(&ops, projector.state())?;
+        let whole = projector.take_whole().or_else(|| {
+            let (name, local) = (projector.node_name(), projector.local());
+            let whole = slots.reads_whole(Instant::now());
+            whole.then(|| kpng_local::project_node_state_with(snapshot.model(), name, local))
+        });
+        match whole {
+            Some(whole) => {
+                drop(snapshot);
+                slots.deliver(&ops, &whole)?;
+            }
+            None => {
+                let delivered = slots.deliver(&ops, &projector.view(snapshot.model()));
+                drop(snapshot);
+                delivered?;
+            }
+        }
         slots.pace.finished(syncing.elapsed());
         if changed && slots.all_applied() {
             observe_programming(&slots.stats, &reader, &ops);

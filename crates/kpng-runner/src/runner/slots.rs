@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use kpng_backend::{Backend, ChangeSet};
-use kpng_model::{LocalState, Op};
+use kpng_model::{LocalState, NodeState, Op};
 use tokio::time::Instant;
 
 use super::stats::op_service;
@@ -125,8 +125,8 @@ impl Slots {
     /// Says when the node's own object is missing from the state (a wrong `--node`, or a
     /// source that does not list it) and when it appears: without it, the node's zone, pod
     /// CIDRs and primary addresses are unknown. `/readyz` names it while it lasts.
-    fn note_node(&mut self, state: &LocalState) {
-        let known = state.node.is_some();
+    fn note_node(&mut self, state: &dyn NodeState) {
+        let known = state.node().is_some();
         if self.node_known == Some(known) {
             return;
         }
@@ -180,6 +180,13 @@ impl Slots {
         self.slots.iter().any(|s| !s.standing.is_due())
     }
 
+    /// Whether delivering now reads every service of the state: some backend is due for
+    /// the whole state by `now`, or none takes differences (so no op names what changed).
+    pub(super) fn reads_whole(&self, now: Instant) -> bool {
+        let due_now = |s: &Slot| matches!(s.standing, Standing::Due { at, .. } if at <= now);
+        !self.want_ops() || self.slots.iter().any(due_now)
+    }
+
     /// When the earliest backend due for the whole state may have it.
     pub(super) fn next_retry(&self) -> Option<Instant> {
         self.slots.iter().filter_map(|s| s.standing.due_at()).min()
@@ -220,16 +227,19 @@ impl Slots {
 
     /// Gives each backend what it lacks: the full `state` to a backend due for one, `ops`
     /// (the changes that led to `state`) to the others.
-    pub(super) fn deliver(&mut self, ops: &[Op], state: &LocalState) -> Result<(), RunnerError> {
+    ///
+    /// `ops` name every service that changed unless no backend takes differences: only then
+    /// is every service of `state` read for the node's counters.
+    pub(super) fn deliver(&mut self, ops: &[Op], state: &dyn NodeState) -> Result<(), RunnerError> {
         self.note_node(state);
-        let full = self.slots.iter().any(|s| s.standing.is_due());
+        let full = !self.want_ops();
         let result = self.deliver_each(ops, state);
         if full {
             self.stats.track_no_local(state, None::<std::iter::Empty<&kpng_model::ServiceKey>>);
         } else {
             self.stats.track_no_local(state, Some(ops.iter().filter_map(op_service)));
         }
-        let draining = state.node.as_ref().is_some_and(|n| n.draining);
+        let draining = state.node().is_some_and(|n| n.draining);
         let applied = self.all_applied();
         if applied {
             self.stats.synced.release();
@@ -246,7 +256,7 @@ impl Slots {
         result
     }
 
-    fn deliver_each(&mut self, ops: &[Op], state: &LocalState) -> Result<(), RunnerError> {
+    fn deliver_each(&mut self, ops: &[Op], state: &dyn NodeState) -> Result<(), RunnerError> {
         let now = Instant::now();
         // Dataplane backends first; those that follow them only once all hold the state.
         for follower in [false, true] {
@@ -277,7 +287,7 @@ impl Slots {
         &mut self,
         i: usize,
         ops: &[Op],
-        state: &LocalState,
+        state: &dyn NodeState,
         now: Instant,
     ) -> Result<(), RunnerError> {
         if self.options.stop.is_stopped() {

@@ -1,10 +1,12 @@
 //! [`NodeStats`]: a node runner's counters and [`Health`], and the network-programming
 //! latency observed from the slices' trigger times.
 
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use kpng_model::{LocalState, Op};
+use kpng_model::local::LocalServiceState;
+use kpng_model::{NodeState, Op, ServiceKey};
 use kpng_store::StoreReader;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 
@@ -139,22 +141,24 @@ impl NodeStats {
     /// Updates the services without local endpoints: all of `state` when `keys` is `None`.
     pub(super) fn track_no_local<'k>(
         &self,
-        state: &LocalState,
+        state: &dyn NodeState,
         keys: Option<impl Iterator<Item = &'k kpng_model::ServiceKey>>,
     ) {
         let mut guard = self.no_local.lock().unwrap_or_else(|e| e.into_inner());
         let NoLocal { internal, external, yielding } = &mut *guard;
-        let keys: Vec<&kpng_model::ServiceKey> = match keys {
-            Some(keys) => keys.collect(),
-            None => {
-                internal.clear();
-                external.clear();
-                yielding.clear();
-                state.services.keys().collect()
-            }
-        };
-        for key in keys {
-            let service = state.services.get(key);
+        let services: Box<dyn Iterator<Item = (ServiceKey, Option<Cow<'_, LocalServiceState>>)>> =
+            match keys {
+                Some(keys) => Box::new(keys.map(|k| (k.clone(), state.service(k)))),
+                None => {
+                    internal.clear();
+                    external.clear();
+                    yielding.clear();
+                    Box::new(state.services().map(|s| (s.service.key.clone(), Some(s))))
+                }
+            };
+        for (key, service) in services {
+            let key = &key;
+            let service = service.as_deref();
             let empty = service.is_some_and(|s| !s.endpoints.values().any(|e| e.local));
             let track = |set: &mut std::collections::HashSet<_>, on: bool| match on {
                 true => set.insert(key.clone()),

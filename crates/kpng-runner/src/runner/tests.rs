@@ -469,3 +469,77 @@ async fn a_storm_against_slow_syncs_coalesces_and_leaves_half_the_time_idle() {
     drop(writer);
     task.await.unwrap().unwrap();
 }
+
+/// Replays the ops of each change set and checks that the state it is given reads the
+/// same: the node and every service.
+#[derive(Clone, Default)]
+struct Mirror {
+    replayed: Arc<Mutex<kpng_model::LocalState>>,
+    mismatches: Arc<Mutex<Vec<String>>>,
+}
+
+impl Backend for Mirror {
+    fn name(&self) -> &'static str {
+        "mirror"
+    }
+
+    fn apply(&mut self, changes: &ChangeSet<'_>) -> Result<(), BackendError> {
+        let mut replayed = self.replayed.lock().unwrap();
+        for op in changes.ops() {
+            match &*op {
+                Op::Reset => *replayed = kpng_model::LocalState::default(),
+                Op::Sync => {}
+                op => replayed.apply(op).unwrap(),
+            }
+        }
+        let state = changes.state;
+        let read: Vec<_> = state.services().map(std::borrow::Cow::into_owned).collect();
+        let held: Vec<_> = replayed.services.values().cloned().collect();
+        if state.node() != replayed.node.as_ref() || read != held {
+            self.mismatches.lock().unwrap().push(format!("read {read:?}, replayed {held:?}"));
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn backends_read_the_state_the_ops_lead_to_also_when_the_nodes_addresses_move() {
+    use kpng_local::NodePortSelection;
+    let (mut writer, reader) = store(&[]);
+    let node = kpng_testkit::builders::node("a", None, &["192.168.0.1"]);
+    writer.apply([SourceEvent::Applied(Object::Node(node))]);
+    writer.apply(objects(&[("10.0.0.1", "a")]));
+    let mirror = Mirror::default();
+    let mut options = RunnerOptions::new("a");
+    options.local.nodeports = NodePortSelection::Cidrs(vec!["192.168.0.0/16".parse().unwrap()]);
+    let (addresses, updates) = tokio::sync::mpsc::channel(4);
+    let stats = Arc::new(NodeStats::default());
+    let task = tokio::spawn(run_node(
+        reader,
+        vec![Box::new(mirror.clone())],
+        options,
+        stats,
+        Some(updates),
+    ));
+    settle().await;
+    writer.apply(objects(&[("10.0.0.1", "a"), ("10.0.0.2", "b")]));
+    settle().await;
+    let moved = ["192.168.0.1", "192.168.7.7", "10.1.0.1"].map(|ip| ip.parse().unwrap());
+    addresses.send(moved.to_vec()).await.unwrap();
+    settle().await;
+    writer.apply(objects(&[("10.0.0.2", "b")]));
+    settle().await;
+    {
+        let replayed = mirror.replayed.lock().unwrap();
+        let node = replayed.node.as_ref().expect("the node");
+        let accepted: Vec<String> =
+            node.nodeport_addresses.addresses.iter().map(ToString::to_string).collect();
+        assert_eq!(accepted, ["192.168.0.1", "192.168.7.7"], "the moved addresses arrived");
+        let web = replayed.services.values().next().expect("the service");
+        let ips: Vec<String> = web.endpoints.keys().map(ToString::to_string).collect();
+        assert_eq!(ips, ["10.0.0.2"]);
+    }
+    assert_eq!(*mirror.mismatches.lock().unwrap(), Vec::<String>::new());
+    drop(writer);
+    task.await.unwrap().unwrap();
+}
