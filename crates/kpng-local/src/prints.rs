@@ -109,6 +109,30 @@ impl Fingerprints {
         Fingerprints { node: state.node.clone(), services, endpoints }
     }
 
+    /// The fingerprints of `state`, which is dropped a service at a time as they are made:
+    /// the two are never held whole together.
+    pub fn from_state(state: LocalState) -> Self {
+        let node = state.node;
+        let mut endpoints = 0;
+        let services: BTreeMap<ServiceKey, ServicePrint> = (state.services.into_iter())
+            .map(|(key, service)| {
+                let print = ServicePrint::of(&service);
+                endpoints += print.endpoints();
+                (key, print)
+            })
+            .collect();
+        Fingerprints { node, services, endpoints }
+    }
+
+    /// Whether these are the fingerprints of `state`, compared a service at a time (no
+    /// fingerprints of the whole state are made).
+    pub fn matches(&self, state: &LocalState) -> bool {
+        self.node == state.node
+            && self.services.len() == state.services.len()
+            && (self.services.iter().zip(&state.services))
+                .all(|((key, print), (k, s))| key == k && *print == ServicePrint::of(s))
+    }
+
     /// How many services the state has.
     pub fn service_count(&self) -> usize {
         self.services.len()

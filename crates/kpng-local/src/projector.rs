@@ -54,8 +54,11 @@ pub trait Held: Default + Clone + std::fmt::Debug {
     fn keys(&self) -> Box<dyn Iterator<Item = &ServiceKey> + '_>;
     /// Keeps `new` as service `key` (`None`: it is gone).
     fn record(&mut self, key: &ServiceKey, new: Option<LocalServiceState>);
-    /// Keeps `new` in place of everything; hands it back when it is not kept whole.
+    /// Keeps `new` in place of everything; hands it back when it is not kept whole, to be
+    /// [`settle`](Self::settle)d once it has been read.
     fn keep(&mut self, new: LocalState) -> Option<LocalState>;
+    /// Takes in `whole`, which [`keep`](Self::keep) handed back.
+    fn settle(&mut self, whole: LocalState);
     /// Whether what is kept is `new`.
     fn holds(&self, new: &LocalState) -> bool;
 }
@@ -89,6 +92,8 @@ impl Held for LocalState {
         None
     }
 
+    fn settle(&mut self, _: LocalState) {}
+
     fn holds(&self, new: &LocalState) -> bool {
         self == new
     }
@@ -116,12 +121,18 @@ impl Held for Fingerprints {
     }
 
     fn keep(&mut self, new: LocalState) -> Option<LocalState> {
-        *self = Fingerprints::of(&new);
+        // The services' fingerprints wait until the state has been read: they are not
+        // held beside it while it is delivered.
+        self.node = new.node.clone();
         Some(new)
     }
 
+    fn settle(&mut self, whole: LocalState) {
+        *self = Fingerprints::from_state(whole);
+    }
+
     fn holds(&self, new: &LocalState) -> bool {
-        *self == Fingerprints::of(new)
+        Fingerprints::matches(self, new)
     }
 }
 
@@ -137,7 +148,8 @@ pub struct NodeProjector<H: Held = LocalState> {
     name: String,
     local: NodeLocal,
     held: H,
-    /// The whole state of the last full recomputation, when `held` does not keep it.
+    /// The whole state of the last full recomputation, when `held` does not keep it, until
+    /// it is settled.
     whole: Option<LocalState>,
 }
 
@@ -165,7 +177,8 @@ impl NodeProjector<Fingerprints> {
     }
 
     /// The fingerprints of the node's current ENLS.
-    pub fn fingerprints(&self) -> &Fingerprints {
+    pub fn fingerprints(&mut self) -> &Fingerprints {
+        self.settle();
         &self.held
     }
 
@@ -180,6 +193,7 @@ impl<H: Held> NodeProjector<H> {
     /// The node's own addresses changed: returns the ops (the node, if its NodePort
     /// addresses changed).
     pub fn set_addresses(&mut self, addresses: Vec<std::net::IpAddr>) -> Vec<Op> {
+        self.settle();
         self.local.addresses = addresses;
         let Some(node) = self.held.node() else { return Vec::new() };
         let mut updated = node.clone();
@@ -202,16 +216,26 @@ impl<H: Held> NodeProjector<H> {
     }
 
     /// The whole state the last full recomputation made, when this projector does not keep
-    /// it: a reader that needs every service takes it rather than projecting it again.
-    pub fn take_whole(&mut self) -> Option<LocalState> {
-        self.whole.take()
+    /// it: a reader that needs every service reads it rather than projecting it again, then
+    /// [`settle`](Self::settle)s it.
+    pub fn whole(&self) -> Option<&LocalState> {
+        self.whole.as_ref()
+    }
+
+    /// Takes in the whole state of the last full recomputation, if any, and drops it: until
+    /// then the projector keeps it beside its fingerprints' previous values. Done by every
+    /// update if not before.
+    pub fn settle(&mut self) {
+        if let Some(whole) = self.whole.take() {
+            self.held.settle(whole);
+        }
     }
 
     /// Brings the ENLS up to `model`, where `changes` says what changed since the previous
     /// update. Returns the ops (without `Sync`) that were applied; empty when this node's
     /// ENLS did not change.
     pub fn update(&mut self, model: &GlobalModel, changes: &Changes) -> Vec<Op> {
-        self.whole = None;
+        self.settle();
         let touched = match changes {
             Changes::All => return self.recompute(model),
             Changes::Touched(touched) => touched,
@@ -267,6 +291,7 @@ impl<H: Held> NodeProjector<H> {
     /// states instead of listing every difference.
     pub fn refresh(&mut self, model: &GlobalModel, changes: &Changes) -> bool {
         let Changes::All = changes else { return !self.update(model, changes).is_empty() };
+        self.settle();
         let new = project_node_state_with(model, &self.name, &self.local);
         report_conflicts(model, &self.held, &new);
         let changed = !self.held.holds(&new);

@@ -105,23 +105,26 @@ proptest! {
             let changes = if i % 3 == 0 { Changes::All } else { Changes::Touched(touched) };
             let ops = whole.update(&model, &changes);
             prop_assert_eq!(&lean.update(&model, &changes), &ops);
-            let taken = lean.take_whole();
+            let made = lean.whole();
             // Made by every full recomputation (a zone change makes one too).
-            prop_assert!(taken.is_some() || !matches!(changes, Changes::All));
-            if let Some(taken) = taken {
-                prop_assert_eq!(&taken, whole.state());
+            prop_assert!(made.is_some() || !matches!(changes, Changes::All));
+            if let Some(made) = made {
+                prop_assert_eq!(made, whole.state());
             }
-            prop_assert_eq!(quiet_lean.refresh(&model, &changes), quiet.refresh(&model, &changes));
-            for fingerprints in [lean.fingerprints(), quiet_lean.fingerprints()] {
-                prop_assert_eq!(fingerprints, &Fingerprints::of(whole.state()));
-            }
-            let endpoints: usize = whole.state().services.values().map(|s| s.endpoints.len()).sum();
-            prop_assert_eq!(lean.fingerprints().endpoint_count(), endpoints);
+            // Read from the model before the fingerprints take the whole state in.
             let view = lean.view(&model);
             prop_assert_eq!(view.node(), whole.state().node.as_ref());
             let read: Vec<_> = view.services().map(|s| s.into_owned()).collect();
             let held: Vec<_> = whole.state().services.values().cloned().collect();
             prop_assert_eq!(read, held);
+            prop_assert_eq!(quiet_lean.refresh(&model, &changes), quiet.refresh(&model, &changes));
+            let expected = Fingerprints::of(whole.state());
+            prop_assert!(expected.matches(whole.state()));
+            prop_assert_eq!(&Fingerprints::from_state(whole.state().clone()), &expected);
+            prop_assert_eq!(lean.fingerprints(), &expected);
+            prop_assert_eq!(quiet_lean.fingerprints(), &expected);
+            let endpoints: usize = whole.state().services.values().map(|s| s.endpoints.len()).sum();
+            prop_assert_eq!(lean.fingerprints().endpoint_count(), endpoints);
         }
     }
 }

@@ -192,21 +192,25 @@ async fn follow_store(
             (Vec::new(), changed || !readdressed.is_empty())
         };
         slots.count_revision(changed, &ops);
-        let whole = projector.take_whole().or_else(|| {
+        if let Some(whole) = projector.whole() {
+            // A full recomputation made the whole state: delivered from it, then dropped.
+            drop(snapshot);
+            let delivered = slots.deliver(&ops, whole);
+            projector.settle();
+            crate::heap::release_free_memory();
+            delivered?;
+        } else if slots.reads_whole(Instant::now()) {
             let (name, local) = (projector.node_name(), projector.local());
-            let whole = slots.reads_whole(Instant::now());
-            whole.then(|| kpng_local::project_node_state_with(snapshot.model(), name, local))
-        });
-        match whole {
-            Some(whole) => {
-                drop(snapshot);
-                slots.deliver(&ops, &whole)?;
-            }
-            None => {
-                let delivered = slots.deliver(&ops, &projector.view(snapshot.model()));
-                drop(snapshot);
-                delivered?;
-            }
+            let whole = kpng_local::project_node_state_with(snapshot.model(), name, local);
+            drop(snapshot);
+            let delivered = slots.deliver(&ops, &whole);
+            drop(whole);
+            crate::heap::release_free_memory();
+            delivered?;
+        } else {
+            let delivered = slots.deliver(&ops, &projector.view(snapshot.model()));
+            drop(snapshot);
+            delivered?;
         }
         slots.pace.finished(syncing.elapsed());
         if changed && slots.all_applied() {
