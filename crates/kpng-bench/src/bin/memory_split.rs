@@ -1,7 +1,8 @@
 //! `kpng-memory-split`: where kpng's memory goes, by counting the bytes its allocations
 //! hold (not the resident set, which the allocator's own keeping blurs): the global model,
-//! the node state projected from it, and each backend's own state after loading that
-//! node state, with the peak each step reached above what was there before it.
+//! the node state projected from it, the fingerprints the runner keeps in its place, and
+//! each backend's own state after loading that node state, with the peak each step reached
+//! above what was there before it.
 //!
 //! Each backend writes to a kernel that keeps nothing (to-nft's dry run into a sink, an
 //! eBPF dataplane and iptables tables that accept and forget), so only the backend's own
@@ -159,6 +160,10 @@ struct Cli {
     endpoints: usize,
 }
 
+/// The layers, each a column.
+const LAYERS: [&str; 6] =
+    ["model", "node state", "fingerprints", "to-nft", "to-ebpf", "to-iptables"];
+
 /// One line of a table: the cluster size, then the model and node state, then each backend.
 fn print_row(
     services: impl std::fmt::Display,
@@ -167,12 +172,13 @@ fn print_row(
 ) {
     let cell = |i: usize| cells.get(i).map_or("", |c| c.as_ref());
     println!(
-        "{services:>8} {eps:>4} | {:>16} {:>16} | {:>16} {:>16} {:>16}",
+        "{services:>8} {eps:>4} | {:>16} {:>16} {:>16} | {:>16} {:>16} {:>16}",
         cell(0),
         cell(1),
         cell(2),
         cell(3),
-        cell(4)
+        cell(4),
+        cell(5)
     );
 }
 
@@ -185,7 +191,7 @@ fn main() -> anyhow::Result<()> {
     println!(
         "where the memory goes: bytes held by allocations after each step (and the step's peak above its start), MiB"
     );
-    print_row("services", "eps", &["model", "node state", "to-nft", "to-ebpf", "to-iptables"]);
+    print_row("services", "eps", &LAYERS);
     let mut kept = Vec::new();
     for &services in &cli.services {
         let spec = ClusterSpec { services, endpoints: cli.endpoints, nodes: 3, zones: 2 };
@@ -209,6 +215,14 @@ fn main() -> anyhow::Result<()> {
             projector
         });
         let state = projector.state();
+        let (lean, prints_step) = step(|| {
+            // What the runner keeps of it: the whole state is delivered, then dropped.
+            let mut lean = NodeProjector::lean("node-0", Default::default());
+            lean.refresh(&model, &Changes::All);
+            lean.settle();
+            lean
+        });
+        drop(lean);
         let full = ChangeSet::full(state);
         let (nft, nft_step) = step(|| {
             let kernel = kpng_nft::DryRunKernel::new(std::io::sink());
@@ -226,11 +240,14 @@ fn main() -> anyhow::Result<()> {
             iptables.apply(&full).map(|_| iptables)
         });
         drop(iptables?);
-        let steps = [model_step, state_step, nft_step, ebpf_step, iptables_step];
+        let steps = [model_step, state_step, prints_step, nft_step, ebpf_step, iptables_step];
         let cells = steps.map(|s| format!("{:.1} ({:.1})", mib(s.kept), mib(s.peak as isize)));
         print_row(services, cli.endpoints, &cells);
         kept.push((services, steps));
     }
+    println!(
+        "* node state: the whole ENLS of the node; fingerprints: what the runner keeps of it instead (the ENLS is then read from the model)"
+    );
     println!(
         "* each backend loads the whole node state into a kernel that keeps nothing (to-nft: its dry run into a sink), so only its own state is counted; the model's peak is the test generator's (every object generated at once), not a source's"
     );
@@ -238,7 +255,7 @@ fn main() -> anyhow::Result<()> {
     println!(
         "allocations each step left live, in thousands, and the C allocator's chunks they take (MiB)"
     );
-    print_row("services", "eps", &["model", "node state", "to-nft", "to-ebpf", "to-iptables"]);
+    print_row("services", "eps", &LAYERS);
     for (services, steps) in kept {
         let cells = steps.map(|s| format!("{:.0}k {:.1}", s.count as f64 / 1000.0, mib(s.chunks)));
         print_row(services, cli.endpoints, &cells);
