@@ -121,8 +121,9 @@ fn stopped_is_ok(result: Result<(), RunnerError>) -> Result<(), RunnerError> {
 ///
 /// The ENLS is not kept beside the model: only its fingerprints, which tell what changed.
 /// Backends read it from the store's model, under the store's read lock, as of the revision
-/// the change set was projected at; a change set that reads every service (a full state)
-/// reads one projected whole under the lock and delivered without it, then dropped.
+/// the change set was projected at; a change set that reads every service (a full state,
+/// or a change of the node, which every service may render) reads one projected whole under
+/// the lock and delivered without it, then dropped.
 ///
 /// Once `options.stop` is set, nothing more is applied and it returns `Ok`; a backend that
 /// fails permanently ends it with an error.
@@ -199,7 +200,7 @@ async fn follow_store(
             projector.settle();
             crate::heap::release_free_memory();
             delivered?;
-        } else if slots.reads_whole(Instant::now()) {
+        } else if slots.reads_whole(&ops, Instant::now()) {
             let (name, local) = (projector.node_name(), projector.local());
             let whole = kpng_local::project_node_state_with(snapshot.model(), name, local);
             drop(snapshot);

@@ -180,11 +180,14 @@ impl Slots {
         self.slots.iter().any(|s| !s.standing.is_due())
     }
 
-    /// Whether delivering now reads every service of the state: some backend is due for
-    /// the whole state by `now`, or none takes differences (so no op names what changed).
-    pub(super) fn reads_whole(&self, now: Instant) -> bool {
+    /// Whether delivering `ops` now reads every service of the state: some backend is due
+    /// for the whole state by `now`, none takes differences (so no op names what changed),
+    /// or the node changed (a backend whose objects depend on it renders every service).
+    pub(super) fn reads_whole(&self, ops: &[Op], now: Instant) -> bool {
+        use kpng_model::{Item, ItemRef};
         let due_now = |s: &Slot| matches!(s.standing, Standing::Due { at, .. } if at <= now);
-        !self.want_ops() || self.slots.iter().any(due_now)
+        let node = |op: &Op| matches!(op, Op::Set(Item::Node(_)) | Op::Delete(ItemRef::Node));
+        !self.want_ops() || self.slots.iter().any(due_now) || ops.iter().any(node)
     }
 
     /// When the earliest backend due for the whole state may have it.
