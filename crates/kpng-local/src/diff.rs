@@ -22,6 +22,30 @@ pub trait Before {
     fn lacks_node_port(&self, port: usize) -> bool;
 }
 
+/// What a diff reads of a whole previous state: the state itself, or its fingerprints.
+pub trait Prior {
+    /// The node.
+    fn node(&self) -> &Option<LocalNode>;
+    /// What is known of service `key`.
+    fn before(&self, key: &ServiceKey) -> Option<&dyn Before>;
+    /// Every service, in key order.
+    fn keys(&self) -> Box<dyn Iterator<Item = &ServiceKey> + '_>;
+}
+
+impl Prior for LocalState {
+    fn node(&self) -> &Option<LocalNode> {
+        &self.node
+    }
+
+    fn before(&self, key: &ServiceKey) -> Option<&dyn Before> {
+        self.services.get(key).map(|s| s as &dyn Before)
+    }
+
+    fn keys(&self) -> Box<dyn Iterator<Item = &ServiceKey> + '_> {
+        Box::new(self.services.keys())
+    }
+}
+
 impl Before for LocalServiceState {
     fn same_service(&self, new: &LocalService) -> bool {
         self.service == *new
@@ -47,7 +71,7 @@ impl Before for LocalServiceState {
 /// Ops of one change set, gathered by phase so that the emitted order is always valid:
 /// the node first, then services set, then endpoints deleted and set, then services deleted.
 #[derive(Debug, Default)]
-pub(crate) struct ChangeSet {
+struct ChangeSet {
     node: Vec<Op>,
     service_sets: Vec<Op>,
     endpoint_deletes: Vec<Op>,
@@ -56,7 +80,7 @@ pub(crate) struct ChangeSet {
 }
 
 impl ChangeSet {
-    pub(crate) fn into_ops(self) -> Vec<Op> {
+    fn into_ops(self) -> Vec<Op> {
         let mut ops = self.node;
         ops.extend(self.service_sets);
         ops.extend(self.endpoint_deletes);
@@ -65,7 +89,7 @@ impl ChangeSet {
         ops
     }
 
-    pub(crate) fn service(
+    fn service(
         &mut self,
         key: &ServiceKey,
         old: Option<&dyn Before>,
@@ -103,11 +127,7 @@ impl ChangeSet {
         }
     }
 
-    fn node(&mut self, old: &LocalState, new: &LocalState) {
-        self.node_of(&old.node, &new.node);
-    }
-
-    pub(crate) fn node_of(&mut self, old: &Option<LocalNode>, new: &Option<LocalNode>) {
+    fn node(&mut self, old: &Option<LocalNode>, new: &Option<LocalNode>) {
         match (old, new) {
             (old, Some(node)) if old.as_ref() != Some(node) => {
                 self.node.push(Op::Set(Item::Node(node.clone())))
@@ -120,13 +140,18 @@ impl ChangeSet {
 
 /// The ops (without the closing `Sync`) that turn `old` into `new`; empty when they are equal.
 pub fn diff(old: &LocalState, new: &LocalState) -> Vec<Op> {
+    diff_from(old, new)
+}
+
+/// [`diff`] from what is known of the previous state.
+pub(crate) fn diff_from(old: &dyn Prior, new: &LocalState) -> Vec<Op> {
     let mut changes = ChangeSet::default();
-    changes.node(old, new);
-    let keys =
-        old.services.keys().chain(new.services.keys().filter(|k| !old.services.contains_key(*k)));
-    for key in keys {
-        let before = old.services.get(key).map(|s| s as &dyn Before);
-        changes.service(key, before, new.services.get(key));
+    changes.node(old.node(), &new.node);
+    for key in old.keys() {
+        changes.service(key, old.before(key), new.services.get(key));
+    }
+    for (key, service) in new.services.iter().filter(|(k, _)| old.before(k).is_none()) {
+        changes.service(key, None, Some(service));
     }
     changes.into_ops()
 }
@@ -138,11 +163,19 @@ pub fn diff_services<'k>(
     new: &LocalState,
     keys: impl IntoIterator<Item = &'k ServiceKey>,
 ) -> Vec<Op> {
+    diff_services_from(old, new, keys)
+}
+
+/// [`diff_services`] from what is known of the previous state.
+pub(crate) fn diff_services_from<'k>(
+    old: &dyn Prior,
+    new: &LocalState,
+    keys: impl IntoIterator<Item = &'k ServiceKey>,
+) -> Vec<Op> {
     let mut changes = ChangeSet::default();
-    changes.node(old, new);
+    changes.node(old.node(), &new.node);
     for key in keys {
-        let before = old.services.get(key).map(|s| s as &dyn Before);
-        changes.service(key, before, new.services.get(key));
+        changes.service(key, old.before(key), new.services.get(key));
     }
     changes.into_ops()
 }

@@ -14,7 +14,7 @@ use std::net::IpAddr;
 use kpng_model::local::LocalServiceState;
 use kpng_model::{LocalEndpoint, LocalNode, LocalService, LocalState, ServiceKey};
 
-use crate::diff::Before;
+use crate::diff::{Before, Prior};
 
 /// The hash of `value`: the same in every run of one build (the hasher has fixed keys).
 fn fingerprint<T: Hash + ?Sized>(value: &T) -> u64 {
@@ -101,14 +101,6 @@ pub struct Fingerprints {
 }
 
 impl Fingerprints {
-    /// The fingerprints of `state`.
-    pub fn of(state: &LocalState) -> Self {
-        let services: BTreeMap<ServiceKey, ServicePrint> =
-            state.services.iter().map(|(k, s)| (k.clone(), ServicePrint::of(s))).collect();
-        let endpoints = services.values().map(ServicePrint::endpoints).sum();
-        Fingerprints { node: state.node.clone(), services, endpoints }
-    }
-
     /// The fingerprints of `state`, which is dropped a service at a time as they are made:
     /// the two are never held whole together.
     pub fn from_state(state: LocalState) -> Self {
@@ -151,5 +143,19 @@ impl Fingerprints {
         };
         self.endpoints -= old.map_or(0, |o| o.endpoints());
         self.endpoints += new.map_or(0, |n| n.endpoints.len());
+    }
+}
+
+impl Prior for Fingerprints {
+    fn node(&self) -> &Option<LocalNode> {
+        &self.node
+    }
+
+    fn before(&self, key: &ServiceKey) -> Option<&dyn Before> {
+        self.services.get(key).map(|p| p as &dyn Before)
+    }
+
+    fn keys(&self) -> Box<dyn Iterator<Item = &ServiceKey> + '_> {
+        Box::new(self.services.keys())
     }
 }

@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use kpng_model::local::LocalServiceState;
 use kpng_model::{Changes, GlobalModel, LocalNode, LocalState, Op, ServiceKey, Touched};
 
-use crate::diff::{Before, ChangeSet};
+use crate::diff::{Prior, diff_from, diff_services_from};
 use crate::on_demand::OnDemand;
 use crate::prints::Fingerprints;
 use crate::project::{NodeLocal, project_node_state_with, project_node_with, project_service};
@@ -43,15 +43,9 @@ fn report_conflicts(model: &GlobalModel, old: &impl Held, new: &LocalState) {
 /// What a [`NodeProjector`] keeps of the state it last computed, to tell the next one's
 /// differences: the state itself ([`LocalState`]), or its [`Fingerprints`], which cost a
 /// fraction of it and give the same ops.
-pub trait Held: Default + Clone + std::fmt::Debug {
-    /// The node.
-    fn node(&self) -> &Option<LocalNode>;
+pub trait Held: Prior + Default + Clone + std::fmt::Debug {
     /// Replaces the node.
     fn set_node(&mut self, node: Option<LocalNode>);
-    /// What is kept of service `key`.
-    fn before(&self, key: &ServiceKey) -> Option<&dyn Before>;
-    /// The services kept, in key order.
-    fn keys(&self) -> Box<dyn Iterator<Item = &ServiceKey> + '_>;
     /// Keeps `new` as service `key` (`None`: it is gone).
     fn record(&mut self, key: &ServiceKey, new: Option<LocalServiceState>);
     /// Keeps `new` in place of everything; hands it back when it is not kept whole, to be
@@ -64,20 +58,8 @@ pub trait Held: Default + Clone + std::fmt::Debug {
 }
 
 impl Held for LocalState {
-    fn node(&self) -> &Option<LocalNode> {
-        &self.node
-    }
-
     fn set_node(&mut self, node: Option<LocalNode>) {
         self.node = node;
-    }
-
-    fn before(&self, key: &ServiceKey) -> Option<&dyn Before> {
-        self.services.get(key).map(|s| s as &dyn Before)
-    }
-
-    fn keys(&self) -> Box<dyn Iterator<Item = &ServiceKey> + '_> {
-        Box::new(self.services.keys())
     }
 
     fn record(&mut self, key: &ServiceKey, new: Option<LocalServiceState>) {
@@ -100,20 +82,8 @@ impl Held for LocalState {
 }
 
 impl Held for Fingerprints {
-    fn node(&self) -> &Option<LocalNode> {
-        &self.node
-    }
-
     fn set_node(&mut self, node: Option<LocalNode>) {
         self.node = node;
-    }
-
-    fn before(&self, key: &ServiceKey) -> Option<&dyn Before> {
-        self.services.get(key).map(|p| p as &dyn Before)
-    }
-
-    fn keys(&self) -> Box<dyn Iterator<Item = &ServiceKey> + '_> {
-        Box::new(self.services.keys())
     }
 
     fn record(&mut self, key: &ServiceKey, new: Option<LocalServiceState>) {
@@ -271,12 +241,7 @@ impl<H: Held> NodeProjector<H> {
             }
         }
         report_conflicts(model, &self.held, &new_part);
-        let mut changes = ChangeSet::default();
-        changes.node_of(&old_node, &new_part.node);
-        for key in &keys {
-            changes.service(key, self.held.before(key), new_part.services.get(*key));
-        }
-        let ops = changes.into_ops();
+        let ops = diff_services_from(&self.held, &new_part, keys.iter().copied());
         if !ops.is_empty() {
             self.held.set_node(new_part.node);
             for key in keys {
@@ -302,17 +267,7 @@ impl<H: Held> NodeProjector<H> {
     fn recompute(&mut self, model: &GlobalModel) -> Vec<Op> {
         let new = project_node_state_with(model, &self.name, &self.local);
         report_conflicts(model, &self.held, &new);
-        let mut changes = ChangeSet::default();
-        changes.node_of(self.held.node(), &new.node);
-        for key in self.held.keys() {
-            changes.service(key, self.held.before(key), new.services.get(key));
-        }
-        for (key, service) in &new.services {
-            if self.held.before(key).is_none() {
-                changes.service(key, None, Some(service));
-            }
-        }
-        let ops = changes.into_ops();
+        let ops = diff_from(&self.held, &new);
         self.whole = self.held.keep(new);
         ops
     }
