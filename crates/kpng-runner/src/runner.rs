@@ -193,25 +193,26 @@ async fn follow_store(
             (Vec::new(), changed || !readdressed.is_empty())
         };
         slots.count_revision(changed, &ops);
-        if let Some(whole) = projector.whole() {
-            // A full recomputation made the whole state: delivered from it, then dropped.
-            drop(snapshot);
-            let delivered = slots.deliver(&ops, whole);
-            projector.settle();
-            crate::heap::release_free_memory();
-            delivered?;
-        } else if slots.reads_whole(&ops, Instant::now()) {
-            let (name, local) = (projector.node_name(), projector.local());
-            let whole = kpng_local::project_node_state_with(snapshot.model(), name, local);
-            drop(snapshot);
-            let delivered = slots.deliver(&ops, &whole);
-            drop(whole);
-            crate::heap::release_free_memory();
-            delivered?;
-        } else {
-            let delivered = slots.deliver(&ops, &projector.view(snapshot.model()));
-            drop(snapshot);
-            delivered?;
+        // The whole state a full recomputation made, or one projected for this delivery.
+        let projected = (projector.whole().is_none() && slots.reads_whole(&ops, Instant::now()))
+            .then(|| {
+                let (name, local) = (projector.node_name(), projector.local());
+                kpng_local::project_node_state_with(snapshot.model(), name, local)
+            });
+        match projector.whole().or(projected.as_ref()) {
+            Some(whole) => {
+                drop(snapshot);
+                let delivered = slots.deliver(&ops, whole);
+                drop(projected);
+                projector.settle();
+                crate::heap::release_free_memory();
+                delivered?;
+            }
+            None => {
+                let delivered = slots.deliver(&ops, &projector.view(snapshot.model()));
+                drop(snapshot);
+                delivered?;
+            }
         }
         slots.pace.finished(syncing.elapsed());
         if changed && slots.all_applied() {
