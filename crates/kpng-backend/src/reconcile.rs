@@ -62,7 +62,7 @@ pub mod plan;
 
 pub use generation::{FULL_READ_EVERY, KnownGeneration, SAFETY_NET_SHARE};
 pub use memory::MemoryKernel;
-pub use objects::{Objects, Owner, Wanted};
+pub use objects::{Filed, Objects, Owner, Wanted};
 pub use pack::{PACKED, Pack, Packed};
 pub use plan::{Plan, Rank, Unit};
 
@@ -104,7 +104,7 @@ pub type Held<K> = HashMap<<K as Kernel>::Key, <K as Kernel>::Value>;
 /// Where a backend's objects live: read back whole, and changed by plans.
 pub trait Kernel: Send {
     /// An object's key.
-    type Key: Clone + Ord + Hash + Rank + Pack + Debug + Send;
+    type Key: Clone + Ord + Filed + Rank + Pack + Debug + Send;
     /// An object's value. The default value is that of an object that carries none (a
     /// set's element): the reconciler keeps such objects as bare keys.
     type Value: Clone + Eq + Default + Pack + Debug + Send;
@@ -262,7 +262,7 @@ pub enum Sample<K: Kernel + ?Sized> {
 /// How services render into a backend's objects.
 pub trait Render: Send {
     /// An object's key.
-    type Key: Clone + Ord + Hash + Rank + Pack + Debug + Send;
+    type Key: Clone + Ord + Filed + Rank + Pack + Debug + Send;
     /// An object's value. The default value is that of an object that carries none (a
     /// set's element): the reconciler keeps such objects as bare keys.
     type Value: Clone + Eq + Default + Pack + Debug + Send;
@@ -329,7 +329,7 @@ impl<K: Eq + Hash, V: Clone, S: std::hash::BuildHasher> Lookup<K, V> for HashMap
 
 impl<K, V> Lookup<K, V> for Objects<K, V>
 where
-    K: Clone + Ord + Hash + Rank + Pack,
+    K: Clone + Ord + Filed + Rank + Pack,
     V: Clone + Eq + Default + Pack,
 {
     fn lookup(&self, key: &K) -> Option<Cow<'_, V>> {
@@ -1000,6 +1000,8 @@ mod tests {
     struct Refused;
 
     impl Rank for String {}
+
+    impl super::Filed for String {}
 
     impl Render for Named {
         type Key = String;

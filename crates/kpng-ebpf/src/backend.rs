@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use kpng_backend::Target;
 use kpng_backend::reconcile::{
-    self, Kernel, Objects, Plan, Rank, Reconciler, Render, Unit, Wanted,
+    self, Filed, Kernel, Objects, Plan, Rank, Reconciler, Render, Unit, Wanted,
 };
 use kpng_model::local::LocalServiceState;
 use kpng_model::{NodePortAddresses, NodeState, ServiceKey};
@@ -48,6 +48,8 @@ impl Default for EbpfRender {
         EbpfRender { slots: HashMap::new(), flow_seconds: crate::render::FLOW_SECONDS }
     }
 }
+
+impl Filed for Key {}
 
 impl Rank for Key {
     /// Maps in [`MapName::ALL`]'s order: endpoints before the groups that count them,

@@ -7,7 +7,9 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use ipnet::IpNet;
-use kpng_backend::reconcile::{AnnotationKey, LoadBalancing, Pack, Plan, Rank, Render, Wanted};
+use kpng_backend::reconcile::{
+    AnnotationKey, Filed, LoadBalancing, Pack, Plan, Rank, Render, Wanted,
+};
 use kpng_model::local::LocalServiceState;
 use kpng_model::{Family, NodePortAddresses, NodeState, ServiceKey};
 
@@ -117,6 +119,8 @@ impl Key {
 impl Pack for Key {}
 
 impl Pack for Rules {}
+
+impl Filed for Key {}
 
 impl Rank for Key {
     /// Chains before the jumps into them (one restore applies both in that order anyway).

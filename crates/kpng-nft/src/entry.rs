@@ -11,15 +11,16 @@
 //! over tables that are right finds every object equal and writes nothing.
 
 use std::fmt;
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
-use kpng_backend::reconcile::{Pack, Packed, Rank};
+use kpng_backend::reconcile::{Filed, Pack, Packed, Rank};
 use kpng_model::Family;
 use kpng_netlink::nftables::ChainSpec;
 use kpng_netlink::nftables::objects::CtHelperSpec;
 
 use crate::objects::{ElementId, Value};
-use crate::packed::{PACKED_V6, PackedValue, pack_v4, pack_v6, unpack_v4, unpack_v6};
+use crate::packed::{PACKED_V6, PackedValue, filed_under, pack_v4, pack_v6, unpack_v4, unpack_v6};
 use crate::reconcile::{PresentChain, SetShape, WantedSet, hook_shape, same_rules};
 use crate::rules::Rule;
 
@@ -121,6 +122,24 @@ impl Rank for EntryKey {
             },
             _ => 3,
         }
+    }
+}
+
+/// An element's claims are filed under its destination whatever its set and slot (its
+/// NodePort, its address or pair of addresses for keys without a destination): a service's
+/// dozen elements per destination take one entry of the template's index, not a dozen.
+/// Other keys are filed whole.
+impl Filed for EntryKey {
+    fn file_under<H: Hasher>(&self, state: &mut H) {
+        let (family, bytes): (Family, &[u8]) = match self {
+            EntryKey::V4(bytes) => (Family::V4, bytes),
+            EntryKey::V6(bytes) => (Family::V6, &bytes[..]),
+            EntryKey::Element(_) | EntryKey::Layout(_) => return self.hash(state),
+        };
+        let (part, bytes) = filed_under(bytes, family);
+        state.write_u8(family as u8);
+        state.write_u8(part);
+        state.write(bytes);
     }
 }
 

@@ -87,6 +87,26 @@ pub(crate) fn unpack_v6(bytes: &[u8; PACKED_V6]) -> ElementId {
     unpack(bytes, Family::V6)
 }
 
+/// What the claims of the element packed as `bytes` (of `family`'s table) are filed under
+/// (see [`kpng_backend::reconcile::Filed`]): the kind of part, and its bytes. The
+/// destination of a destination's elements, whatever their set, slot or source; the
+/// NodePort of a NodePort's; the address or the two of the others.
+pub(crate) fn filed_under(bytes: &[u8], family: Family) -> (u8, &[u8]) {
+    let address = match family {
+        Family::V4 => 4,
+        Family::V6 => 16,
+    };
+    let shape = bytes.get(1).copied().unwrap_or(u8::MAX);
+    let (part, len) = match shape {
+        SHAPE_DEST | SHAPE_DEST_SLOT | SHAPE_DEST_SOURCE => (SHAPE_DEST, address + 3),
+        SHAPE_NODEPORT | SHAPE_NODEPORT_SLOT => (SHAPE_NODEPORT, 3),
+        SHAPE_ADDR => (SHAPE_ADDR, address),
+        SHAPE_ADDR_PAIR => (SHAPE_ADDR_PAIR, 2 * address),
+        _ => return (u8::MAX, bytes),
+    };
+    (part, bytes.get(2..2 + len).unwrap_or(bytes))
+}
+
 /// `id` packed into `N` bytes, when it is of `family`'s table, its set has a code and
 /// every address of its key is of `family` (`N` is enough for the family's longest key).
 fn pack<const N: usize>(id: &ElementId, family: Family) -> Option<[u8; N]> {
@@ -429,6 +449,56 @@ mod tests {
             let (pa, pb) = (a.pack().unwrap(), b.pack().unwrap());
             prop_assert_eq!(EntryValue::unpack(pa.as_bytes()), Some(a.clone()));
             prop_assert_eq!(pa.as_bytes() == pb.as_bytes(), a == b);
+        }
+    }
+
+    /// What an element is expected to be filed under: its destination, NodePort, address
+    /// or pair of addresses.
+    #[derive(Debug, PartialEq)]
+    enum Part {
+        Dest(Dest),
+        NodePort(Protocol, u16),
+        Addr(IpAddr),
+        Pair(IpAddr, IpAddr),
+    }
+
+    fn part(key: &Key) -> Part {
+        match *key {
+            Key::Dest(d) | Key::DestSlot(d, _) | Key::DestSource(d, _) => Part::Dest(d),
+            Key::NodePort(p, port) | Key::NodePortSlot(p, port, _) => Part::NodePort(p, port),
+            Key::Addr(ip) => Part::Addr(ip),
+            Key::AddrPair(a, b) => Part::Pair(a, b),
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn elements_are_filed_by_destination_whatever_their_set_and_slot(
+            family in prop_oneof![Just(Family::V4), Just(Family::V6)],
+            a in (map(), key()),
+            b in (map(), key()),
+            slot in any::<u32>(),
+        ) {
+            use std::hash::{DefaultHasher, Hasher};
+
+            use kpng_backend::reconcile::Filed;
+            use crate::entry::EntryKey;
+
+            let filed = |(map, key): &(MapName, Key)| {
+                let key = EntryKey::element(&ElementId { family, map: *map, key: *key });
+                let mut hasher = DefaultHasher::new();
+                key.file_under(&mut hasher);
+                (matches!(key, EntryKey::V4(_) | EntryKey::V6(_)), hasher.finish())
+            };
+            let ((packs_a, a_under), (packs_b, b_under)) = (filed(&a), filed(&b));
+            if packs_a && packs_b {
+                prop_assert_eq!(a_under == b_under, part(&a.1) == part(&b.1), "{:?} {:?}", a, b);
+            }
+            // The same destination or NodePort in another set, with another slot.
+            let moved = (b.0, a.1.with_slot(slot));
+            if packs_a && filed(&moved).0 {
+                prop_assert_eq!(filed(&moved).1, a_under);
+            }
         }
     }
 

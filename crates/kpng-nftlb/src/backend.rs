@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
 use kpng_backend::reconcile::{
-    Kernel, Objects, Pack, Plan, Rank, Reconciler, Render, Unit, Wanted,
+    Filed, Kernel, Objects, Pack, Plan, Rank, Reconciler, Render, Unit, Wanted,
 };
 use kpng_model::local::LocalServiceState;
 use kpng_model::{NodeState, ServiceKey};
@@ -89,6 +89,8 @@ impl NftlbRender {
 /// A farm's name orders nothing: farms are independent.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct FarmName(pub String);
+
+impl Filed for FarmName {}
 
 impl Rank for FarmName {}
 

@@ -31,7 +31,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 
 use kpng_backend::reconcile::{
-    Kernel, Objects, Pack, Plan, Rank, Reconciler, Render, Unit, Wanted,
+    Filed, Kernel, Objects, Pack, Plan, Rank, Reconciler, Render, Unit, Wanted,
 };
 use kpng_model::global::{AnnotationKey, LoadBalancing};
 use kpng_model::local::LocalServiceState;
@@ -52,6 +52,9 @@ pub struct Frontend {
 }
 
 impl Rank for Frontend {}
+
+/// Claims filed by the whole frontend: a service has a line or two.
+impl Filed for Frontend {}
 
 /// Kept whole by the template: a service has a line or two.
 impl Pack for Frontend {}

@@ -7,7 +7,7 @@ use std::fmt::Debug;
 use std::hash::Hash;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::{Kernel, Objects, Pack, Plan, Rank, Unit};
+use super::{Filed, Kernel, Objects, Pack, Plan, Rank, Unit};
 
 /// Why the in-memory kernel refused a plan.
 #[derive(Debug, thiserror::Error)]
@@ -68,7 +68,7 @@ where
 
 impl<K, V> Kernel for MemoryKernel<K, V>
 where
-    K: Clone + Ord + Hash + Rank + Pack + Debug + Send,
+    K: Clone + Ord + Filed + Rank + Pack + Debug + Send,
     V: Clone + Eq + Default + Pack + Debug + Send,
 {
     type Key = K;

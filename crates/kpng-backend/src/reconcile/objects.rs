@@ -7,8 +7,10 @@
 //! again from what the kernel really holds ([`Objects::replace_all`]). Each key costs its
 //! owner's copy of it and of its value (their packed bytes when every object of the owner
 //! packs, see [`Pack`]; else the key alone when the value is the default one, as a set's
-//! element's is), and one entry of claims filed under the key's 32-bit fingerprint (one
-//! claim kept inline), not a second copy of the key.
+//! element's is), and a share of an entry of the index of claims, not a second copy of
+//! the key: claims are filed under a 32-bit fingerprint of part of the key ([`Filed`]),
+//! each owner listed once per fingerprint with the number of its keys there (one claim
+//! kept inline), so a service's keys filed alike cost one entry between them.
 //!
 //! Each owner (the node, or a service) claims the keys of its render. Owners share a key
 //! when they want the same thing (a cluster IP listed once for two services). When they
@@ -86,18 +88,45 @@ impl Claim {
     }
 }
 
+/// One owner's claim in a fingerprint's list, and how many of its keys of that
+/// fingerprint it covers (one owner may claim many keys filed alike: it is listed once).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Listed {
+    claim: Claim,
+    keys: u32,
+}
+
 /// Filed in place of a claim when a fingerprint has two or more: they are in
 /// [`Objects::many`].
 const MANY: Claim = Claim(u32::MAX);
 
-/// A key's 32-bit fingerprint. Claims are filed under it rather than under a second copy
-/// of the key: two keys of one fingerprint share a list of claims, and each resolves to the
-/// first claim whose owner wants that very key, so a collision costs time, never a wrong
-/// value. Thirty-two bits keep an entry of the index at 8 bytes (half a million keys at
-/// 30,000 services cost 9 MiB, not 18); they collide for a few dozen pairs of keys there.
-fn fingerprint<K: Hash>(key: &K) -> u32 {
+/// How the template files a key's claims: under a hash of what [`file_under`] feeds it,
+/// by default the whole key (its `Hash`).
+///
+/// Keys filed alike share one list of claims, in which each owner is listed once, with the
+/// number of its keys there; a look-up asks each owner listed for the very key, so any
+/// filing gives the right values, as long as equal keys file alike. It is a matter of
+/// memory and time: an entry of the index per list, and a look-up per owner listed. A
+/// backend with many keys per destination (an nftables element per set and per slot)
+/// files them by destination: one entry for a service's dozen keys, and as few owners per
+/// list as want one destination.
+///
+/// [`file_under`]: Filed::file_under
+pub trait Filed: Hash {
+    /// Feeds `state` what the key's claims are filed under.
+    fn file_under<H: Hasher>(&self, state: &mut H) {
+        self.hash(state);
+    }
+}
+
+/// A key's 32-bit fingerprint, the hash of what it is filed under ([`Filed`]). Claims are
+/// filed under it rather than under a copy of the key: two keys of one fingerprint share
+/// a list of claims, and each resolves to the first claim whose owner wants that very key,
+/// so a collision costs time, never a wrong value. Thirty-two bits keep an entry of the
+/// index at 12 bytes; whole keys would collide for a few dozen pairs at 30,000 services.
+fn fingerprint<K: Filed>(key: &K) -> u32 {
     let mut hasher = std::hash::DefaultHasher::new();
-    key.hash(&mut hasher);
+    key.file_under(&mut hasher);
     let hash = hasher.finish();
     (hash ^ (hash >> 32)) as u32
 }
@@ -258,11 +287,16 @@ pub struct Objects<K, V> {
     yielding: ByPrint<Box<[K]>>,
     /// What [`Owner::Shared`] wants (patched a few objects at a time).
     shared: BTreeMap<K, V>,
-    /// The claim on each key, by the key's fingerprint ([`MANY`] when it has more).
+    /// The claim on the keys of each fingerprint ([`MANY`] when it has more).
     claims: ByPrint<Claim>,
-    /// The claims of the fingerprints that have two or more, in order (one owner may claim
-    /// two keys of one fingerprint: the same claim is then there twice).
-    many: ByPrint<Vec<Claim>>,
+    /// How many keys the claim of a fingerprint of one claim covers, when more than one
+    /// (apart: with most backends, most claims cover one key, and an entry of `claims`
+    /// stays at 8 bytes).
+    counts: ByPrint<u32>,
+    /// The claims of the fingerprints that have two or more, in order, each once.
+    many: ByPrint<Vec<Listed>>,
+    /// How many keys are claimed.
+    keys: usize,
     /// The default value: the value of every bare key ([`Kept::bare`]).
     plain: V,
 }
@@ -279,7 +313,9 @@ impl<K, V: Default> Default for Objects<K, V> {
             yielding: ByPrint::default(),
             shared: BTreeMap::new(),
             claims: ByPrint::default(),
+            counts: ByPrint::default(),
             many: ByPrint::default(),
+            keys: 0,
             plain: V::default(),
         }
     }
@@ -311,7 +347,7 @@ pub type Render<K, V> = (Owner, Option<Wanted<K, V>>);
 
 impl<K, V> Objects<K, V>
 where
-    K: Clone + Ord + Hash + Rank + Pack,
+    K: Clone + Ord + Filed + Rank + Pack,
     V: Clone + Eq + Default + Pack,
 {
     /// Nothing wanted, nothing held.
@@ -323,19 +359,25 @@ where
     /// what the kernel holds (no copy is kept: a failed commit is followed by a reset,
     /// [`Objects::replace_all`], from what the kernel really holds).
     pub fn get(&self, key: &K) -> Option<Cow<'_, V>> {
-        self.claims_of(fingerprint(key)).iter().find_map(|claim| self.value_of(key, *claim))
+        self.claims_of(fingerprint(key)).find_map(|claim| self.value_of(key, claim))
     }
 
     /// The owner whose claim is in force at `key`.
     fn winner(&self, key: &K) -> Option<u32> {
-        let claims = self.claims_of(fingerprint(key));
-        let claim = claims.iter().find(|c| self.value_of(key, **c).is_some())?;
+        let mut claims = self.claims_of(fingerprint(key));
+        let claim = claims.find(|claim| self.value_of(key, *claim).is_some())?;
         Some(claim.owner())
     }
 
-    /// How many keys are claimed (two keys of one fingerprint count once).
+    /// Whether an owner other than `owner` claims `key` (filed under `print`).
+    fn claimed_by_another(&self, key: &K, print: u32, owner: u32) -> bool {
+        let mut others = self.claims_of(print).filter(|claim| claim.owner() != owner);
+        others.any(|claim| self.value_of(key, claim).is_some())
+    }
+
+    /// How many keys are claimed.
     pub fn len(&self) -> usize {
-        self.claims.len()
+        self.keys
     }
 
     /// Whether nothing is claimed.
@@ -427,67 +469,108 @@ where
         if noted.before.contains_key(key) {
             return;
         }
-        let claims = self.claims_of(fingerprint(key));
-        let fresh = !claims.is_empty() && claims.iter().all(|c| c.owner() >= noted.since);
+        let mut claims = self.claims_of(fingerprint(key));
+        let fresh = claims.clone().next().is_some()
+            && claims.clone().all(|claim| claim.owner() >= noted.since);
         // The value in force, from the claims just looked up ([`Objects::get`]).
         let value = match fresh {
             true => None,
-            false => claims.iter().find_map(|c| self.value_of(key, *c)).map(Cow::into_owned),
+            false => claims.find_map(|claim| self.value_of(key, claim)).map(Cow::into_owned),
         };
         noted.before.insert(key.clone(), value);
     }
 
     /// The claims filed under `print`, in order.
-    fn claims_of(&self, print: u32) -> &[Claim] {
-        match self.claims.get(&print) {
-            None => &[],
-            Some(&MANY) => self.many.get(&print).map_or(&[], Vec::as_slice),
-            Some(claim) => std::slice::from_ref(claim),
+    fn claims_of(&self, print: u32) -> impl Iterator<Item = Claim> + Clone + '_ {
+        let (one, many) = match self.claims.get(&print) {
+            None => (None, &[][..]),
+            Some(&MANY) => (None, self.many.get(&print).map_or(&[][..], Vec::as_slice)),
+            Some(claim) => (Some(*claim), &[][..]),
+        };
+        one.into_iter().chain(many.iter().map(|listed| listed.claim))
+    }
+
+    /// Adds `claim` on `key`.
+    fn add_claim(&mut self, key: &K, claim: Claim) {
+        let print = fingerprint(key);
+        if !self.claimed_by_another(key, print, claim.owner()) {
+            self.keys += 1;
+        }
+        self.list(print, claim);
+    }
+
+    /// Removes `claim` from `key`.
+    fn drop_claim(&mut self, key: &K, claim: Claim) {
+        let print = fingerprint(key);
+        if self.unlist(print, claim) && !self.claimed_by_another(key, print, claim.owner()) {
+            self.keys = self.keys.saturating_sub(1);
         }
     }
 
-    /// Adds `claim` on `key`, after the claims that sort before it or equal it.
-    fn add_claim(&mut self, key: &K, claim: Claim) {
-        let print = fingerprint(key);
-        let mut all = match self.claims.insert(print, MANY) {
+    /// Lists `claim` under `print` for one more key: in claim order, each claim once.
+    fn list(&mut self, print: u32, claim: Claim) {
+        let mut all = match self.claims.get(&print).copied() {
             None => {
                 self.claims.insert(print, claim);
                 return;
             }
             Some(MANY) => self.many.remove(&print).unwrap_or_default(),
-            Some(one) => vec![one],
+            Some(one) if one == claim => {
+                let keys = self.counts.entry(print).or_insert(1);
+                *keys = keys.saturating_add(1);
+                return;
+            }
+            Some(one) => vec![Listed { claim: one, keys: self.counts.remove(&print).unwrap_or(1) }],
         };
-        let at = all.partition_point(|c| *c <= claim);
-        all.insert(at, claim);
+        match all.binary_search_by(|l| l.claim.cmp(&claim)) {
+            Ok(at) => all[at].keys = all[at].keys.saturating_add(1),
+            Err(at) => all.insert(at, Listed { claim, keys: 1 }),
+        }
+        self.claims.insert(print, MANY);
         self.many.insert(print, all);
     }
 
-    /// Removes one `claim` from `key`.
-    fn drop_claim(&mut self, key: &K, claim: Claim) {
-        let print = fingerprint(key);
-        match self.claims.get(&print) {
-            Some(&MANY) => {
-                let mut all = self.many.remove(&print).unwrap_or_default();
-                if let Some(at) = all.iter().position(|c| *c == claim) {
-                    all.remove(at);
-                }
-                match all.as_slice() {
-                    [] => {
+    /// Lists `claim` under `print` for one key fewer. Whether it was listed.
+    fn unlist(&mut self, print: u32, claim: Claim) -> bool {
+        let mut all = match self.claims.get(&print).copied() {
+            None => return false,
+            Some(MANY) => self.many.remove(&print).unwrap_or_default(),
+            Some(one) if one != claim => return false,
+            Some(_) => {
+                match self.counts.remove(&print).unwrap_or(1) {
+                    0 | 1 => {
                         self.claims.remove(&print);
                     }
-                    [one] => {
-                        self.claims.insert(print, *one);
-                    }
-                    _ => {
-                        self.many.insert(print, all);
+                    2 => {}
+                    keys => {
+                        self.counts.insert(print, keys - 1);
                     }
                 }
+                return true;
             }
-            Some(one) if *one == claim => {
+        };
+        let found = all.binary_search_by(|l| l.claim.cmp(&claim));
+        if let Ok(at) = found {
+            all[at].keys = all[at].keys.saturating_sub(1);
+            if all[at].keys == 0 {
+                all.remove(at);
+            }
+        }
+        match all.as_slice() {
+            [] => {
                 self.claims.remove(&print);
             }
-            _ => {}
+            [one] => {
+                self.claims.insert(print, one.claim);
+                if one.keys > 1 {
+                    self.counts.insert(print, one.keys);
+                }
+            }
+            _ => {
+                self.many.insert(print, all);
+            }
         }
+        found.is_ok()
     }
 
     /// Starts over from `renders` (every owner), planning nothing: for a kernel that is
@@ -680,15 +763,17 @@ where
     ) {
         for (key, value) in &wanted.objects {
             let claim = Claim::new(number, wanted.yielding.contains(key));
-            match self.claims.entry(fingerprint(key)) {
-                std::collections::hash_map::Entry::Vacant(entry) => {
-                    entry.insert(claim);
-                    noted.fresh.push((key.clone(), value.clone()));
-                }
-                std::collections::hash_map::Entry::Occupied(_) => {
-                    self.note(key, noted);
-                    self.add_claim(key, claim);
-                }
+            let print = fingerprint(key);
+            // Filed where only this owner claims (it is new, and wants each key once): no
+            // one else wants the key, so it was not held.
+            let alone = self.claims_of(print).all(|claim| claim.owner() == number);
+            if alone {
+                self.list(print, claim);
+                self.keys += 1;
+                noted.fresh.push((key.clone(), value.clone()));
+            } else {
+                self.note(key, noted);
+                self.add_claim(key, claim);
             }
         }
         let (kept, yielding) = Kept::of(wanted, &self.plain);
@@ -733,6 +818,8 @@ mod tests {
         B(u16),
         A(u16),
     }
+
+    impl Filed for Key {}
 
     impl Rank for Key {
         fn rank(&self) -> u8 {
@@ -950,6 +1037,8 @@ mod tests {
 
     impl Rank for Same {}
 
+    impl Filed for Same {}
+
     impl Pack for Same {
         fn pack(&self) -> Option<Packed> {
             let mut packed = Packed::new();
@@ -962,6 +1051,22 @@ mod tests {
     }
 
     impl Rank for u64 {}
+
+    impl Filed for u64 {}
+
+    /// A key filed with its neighbours: keys 0 to 3 share a list of claims, 4 to 7 another...
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+    struct Near(u16);
+
+    impl Filed for Near {
+        fn file_under<H: Hasher>(&self, state: &mut H) {
+            (self.0 / 4).hash(state);
+        }
+    }
+
+    impl Rank for Near {}
+
+    impl Pack for Near {}
 
     #[test]
     fn real_fingerprint_collisions_keep_every_value() {
@@ -1034,7 +1139,7 @@ mod tests {
     /// ends where the claims in force say.
     fn plans_match_a_kernel<K>(batches: Vec<Batch>, key: impl Fn(u16) -> K)
     where
-        K: Clone + Ord + Hash + Rank + Pack + std::fmt::Debug,
+        K: Clone + Ord + Filed + Rank + Pack + std::fmt::Debug,
     {
         let mut objects: Objects<K, u32> = Objects::new();
         let mut kernel: HashMap<K, u32> = HashMap::new();
@@ -1064,6 +1169,7 @@ mod tests {
             }
             plan.apply_to(&mut kernel, None);
             assert_eq!(kernel, objects.to_map());
+            assert_eq!(objects.len(), kernel.len(), "the keys claimed");
         }
     }
 
@@ -1072,6 +1178,8 @@ mod tests {
         fn plans_of_changes_with_new_owners_match_a_kernel(batches in batches()) {
             // Keys below 5 are kept whole, the others packed.
             plans_match_a_kernel(batches.clone(), |k| if k < 5 { Key::A(k) } else { Key::B(k) });
+            // Keys filed by fours, kept whole.
+            plans_match_a_kernel(batches.clone(), Near);
             // Every key of one fingerprint.
             plans_match_a_kernel(batches, Same);
         }
