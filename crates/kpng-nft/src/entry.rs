@@ -20,7 +20,9 @@ use kpng_netlink::nftables::ChainSpec;
 use kpng_netlink::nftables::objects::CtHelperSpec;
 
 use crate::objects::{ElementId, Value};
-use crate::packed::{PACKED_V6, PackedValue, filed_under, pack_v4, pack_v6, unpack_v4, unpack_v6};
+use crate::packed::{
+    PACKED_V6, PackedValue, filed_under, pack_v4, pack_v6, part_of, unpack_v4, unpack_v6,
+};
 use crate::reconcile::{PresentChain, SetShape, WantedSet, hook_shape, same_rules};
 use crate::rules::Rule;
 
@@ -146,17 +148,19 @@ impl Filed for EntryKey {
 /// An element's key packs into its packed bytes without their trailing zeros (which every
 /// packed id of one family pads with), after a byte for its family: 7 to 12 bytes for an
 /// IPv4 element instead of 16, and no allocation for an IPv6 one. Other keys are kept
-/// whole.
+/// whole. The set's code moves after the part the element is filed under (its
+/// destination, say): a service's keys, sorted by these bytes, then run destination by
+/// destination, and each record of the template's shares all but the set and slot with
+/// the one before it ([`kpng_backend::reconcile::Pack`]'s records).
 impl Pack for EntryKey {
     fn pack(&self) -> Option<Packed> {
-        let (family, bytes): (u8, &[u8]) = match self {
-            EntryKey::V4(bytes) => (0, bytes),
-            EntryKey::V6(bytes) => (1, &bytes[..]),
-            EntryKey::Element(_) | EntryKey::Layout(_) => return None,
-        };
-        let used = bytes.iter().rposition(|b| *b != 0).map_or(0, |last| last + 1);
         let mut packed = Packed::new();
-        (packed.put(&[family]) && packed.put(&bytes[..used])).then_some(packed)
+        let fits = match self {
+            EntryKey::V4(bytes) => put_reordered(&mut packed, 0, bytes, Family::V4),
+            EntryKey::V6(bytes) => put_reordered(&mut packed, 1, &bytes[..], Family::V6),
+            EntryKey::Element(_) | EntryKey::Layout(_) => false,
+        };
+        fits.then_some(packed)
     }
 
     fn unpack(bytes: &[u8]) -> Option<Self> {
@@ -164,17 +168,48 @@ impl Pack for EntryKey {
         match family {
             0 => {
                 let mut bytes = [0; 15];
-                bytes.get_mut(..used.len())?.copy_from_slice(used);
+                restore(used, &mut bytes, Family::V4)?;
                 Some(EntryKey::V4(bytes))
             }
             1 => {
                 let mut bytes = Box::new([0; PACKED_V6]);
-                bytes.get_mut(..used.len())?.copy_from_slice(used);
+                restore(used, &mut bytes[..], Family::V6)?;
                 Some(EntryKey::V6(bytes))
             }
             _ => None,
         }
     }
+}
+
+/// Puts `family`, then the packed id `bytes` with its set's code moved after its filed
+/// part, without trailing zeros.
+fn put_reordered(packed: &mut Packed, family_byte: u8, bytes: &[u8], family: Family) -> bool {
+    let [code, shape, rest @ ..] = bytes else { return false };
+    let len = part_of(*shape, family).1.min(rest.len());
+    let (part, tail) = rest.split_at(len);
+    let mut reordered = [0; PACKED_V6];
+    let Some(out) = reordered.get_mut(..bytes.len()) else { return false };
+    out[0] = *shape;
+    out[1..=len].copy_from_slice(part);
+    out[len + 1] = *code;
+    out[len + 2..].copy_from_slice(tail);
+    let used = out.iter().rposition(|b| *b != 0).map_or(0, |last| last + 1);
+    packed.put(&[family_byte]) && packed.put(&out[..used])
+}
+
+/// The packed id whose reordered bytes without trailing zeros are `used`
+/// ([`put_reordered`]), into `bytes` (zeros).
+fn restore(used: &[u8], bytes: &mut [u8], family: Family) -> Option<()> {
+    let mut reordered = [0; PACKED_V6];
+    reordered.get_mut(..used.len())?.copy_from_slice(used);
+    let reordered = reordered.get(..bytes.len())?;
+    let shape = reordered[0];
+    let len = part_of(shape, family).1.min(bytes.len().checked_sub(2)?);
+    bytes[0] = reordered[len + 1];
+    bytes[1] = shape;
+    bytes[2..2 + len].copy_from_slice(&reordered[1..=len]);
+    bytes[2 + len..].copy_from_slice(&reordered[len + 2..]);
+    Some(())
 }
 
 const VALUE_NONE: u8 = 0;

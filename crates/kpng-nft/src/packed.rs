@@ -92,19 +92,27 @@ pub(crate) fn unpack_v6(bytes: &[u8; PACKED_V6]) -> ElementId {
 /// destination of a destination's elements, whatever their set, slot or source; the
 /// NodePort of a NodePort's; the address or the two of the others.
 pub(crate) fn filed_under(bytes: &[u8], family: Family) -> (u8, &[u8]) {
+    let shape = bytes.get(1).copied().unwrap_or(u8::MAX);
+    match part_of(shape, family) {
+        (u8::MAX, _) => (u8::MAX, bytes),
+        (part, len) => (part, bytes.get(2..2 + len).unwrap_or(bytes)),
+    }
+}
+
+/// The kind of part an element of `shape` is filed under, and the length of its bytes,
+/// which follow the set's code and the shape in a packed id (0 for a shape of none).
+pub(crate) fn part_of(shape: u8, family: Family) -> (u8, usize) {
     let address = match family {
         Family::V4 => 4,
         Family::V6 => 16,
     };
-    let shape = bytes.get(1).copied().unwrap_or(u8::MAX);
-    let (part, len) = match shape {
+    match shape {
         SHAPE_DEST | SHAPE_DEST_SLOT | SHAPE_DEST_SOURCE => (SHAPE_DEST, address + 3),
         SHAPE_NODEPORT | SHAPE_NODEPORT_SLOT => (SHAPE_NODEPORT, 3),
         SHAPE_ADDR => (SHAPE_ADDR, address),
         SHAPE_ADDR_PAIR => (SHAPE_ADDR_PAIR, 2 * address),
-        _ => return (u8::MAX, bytes),
-    };
-    (part, bytes.get(2..2 + len).unwrap_or(bytes))
+        _ => (u8::MAX, 0),
+    }
 }
 
 /// `id` packed into `N` bytes, when it is of `family`'s table, its set has a code and
@@ -524,8 +532,20 @@ mod tests {
             };
             EntryKey::element(&id).pack().unwrap()
         };
-        // The family, the set, the shape, the address, the protocol, the port and the slot.
-        assert_eq!(slot(1).as_bytes().len(), 1 + 1 + 1 + 4 + 1 + 2 + 4);
+        // The family, the shape, the address, the protocol, the port, the set and the slot.
+        assert_eq!(slot(1).as_bytes().len(), 1 + 1 + 4 + 1 + 2 + 1 + 4);
+        // The elements of one destination share all but their set and slot, whatever the
+        // set: a template's record of one holds little more than those.
+        let in_set = |map| {
+            let id = ElementId { family: Family::V4, map, key: Key::Dest(dest) };
+            EntryKey::element(&id).pack().unwrap()
+        };
+        let shared = |a: &kpng_backend::reconcile::Packed, b: &kpng_backend::reconcile::Packed| {
+            a.as_bytes().iter().zip(b.as_bytes()).take_while(|(a, b)| a == b).count()
+        };
+        assert_eq!(shared(&slot(1), &slot(2)), 1 + 1 + 7 + 1 + 3);
+        let (dests, masq) = (in_set(MapName::FIXED[0]), in_set(MapName::FIXED[1]));
+        assert_eq!(shared(&dests, &masq), 1 + 1 + 7);
         // Slot 0 ends in zeros, which are not kept: still not the key of slot 1 or 256.
         assert!(slot(0).as_bytes().len() < slot(1).as_bytes().len());
         assert_ne!(slot(0).as_bytes(), slot(256).as_bytes());
