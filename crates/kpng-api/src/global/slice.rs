@@ -151,7 +151,7 @@ pub fn decode_slice<'a>(
                 key: key.clone(),
                 service_name: info.service_name.as_str().into(),
                 family,
-                ports,
+                ports: ports.into(),
                 endpoints: Vec::new(),
                 trigger_time: (!info.trigger_time.is_empty())
                     .then(|| info.trigger_time.as_str().into()),

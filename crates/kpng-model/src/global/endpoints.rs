@@ -319,8 +319,9 @@ pub struct EndpointSlice {
     pub service_name: Arc<str>,
     /// The address family (FQDN slices are dropped at ingest).
     pub family: Family,
-    /// The ports every endpoint of the slice serves.
-    pub ports: Vec<SlicePort>,
+    /// The ports every endpoint of the slice serves. The slices of a cluster name a few
+    /// lists of ports many times: a [`crate::GlobalModel`] keeps each list once.
+    pub ports: Arc<[SlicePort]>,
     /// The endpoints, in slice order.
     pub endpoints: Vec<Endpoint>,
     /// The `endpoints.kubernetes.io/last-change-trigger-time` annotation, verbatim (RFC 3339):

@@ -12,7 +12,7 @@ use crate::global::endpoints::Where;
 use crate::global::few::Few;
 use crate::global::{
     Claim, Claims, EndpointSlice, Node, Placement, PodName, Service, ServiceCidr, ServiceKey,
-    SliceKey,
+    SliceKey, SlicePort,
 };
 
 /// The kinds of object the model holds.
@@ -149,6 +149,8 @@ struct Names {
     stems: Interned<Box<str>>,
     /// The endpoints' (node, zone) pairs.
     places: Interned<Where>,
+    /// The slices' lists of ports.
+    ports: Interned<[SlicePort]>,
 }
 
 impl PartialEq for Names {
@@ -163,6 +165,18 @@ impl Names {
     /// Replaces `name` by the shared copy of it (the first one seen is the one shared).
     fn share_one(&mut self, name: &mut Arc<str>) {
         self.names.share(name);
+    }
+
+    /// Replaces `ports` by the shared copy of the list, whose names are shared.
+    fn share_ports(&mut self, ports: &mut Arc<[SlicePort]>) {
+        if !self.ports.replace(ports) {
+            let mut named = ports.to_vec();
+            for port in &mut named {
+                self.share_one(&mut port.name);
+            }
+            *ports = named.into();
+            self.ports.share(ports);
+        }
     }
 
     /// Replaces `placement` by the shared copy of it.
@@ -201,10 +215,18 @@ impl<T: ?Sized> Clone for Interned<T> {
 }
 
 impl<T: ?Sized + Hash + Eq> Interned<T> {
+    /// Replaces `value` by the shared copy of it, if one is known. Whether one was.
+    fn replace(&self, value: &mut Arc<T>) -> bool {
+        let known = self.known.get(value);
+        if let Some(known) = known {
+            *value = known.clone();
+        }
+        known.is_some()
+    }
+
     /// Replaces `value` by the shared copy of it.
     fn share(&mut self, value: &mut Arc<T>) {
-        if let Some(known) = self.known.get(value) {
-            *value = known.clone();
+        if self.replace(value) {
             return;
         }
         if self.known.len() >= 2 * self.swept.max(64) {
@@ -270,9 +292,7 @@ impl GlobalModel {
                 }
                 let mut slice = slice;
                 self.names.share_one(&mut slice.key.namespace);
-                for port in &mut slice.ports {
-                    self.names.share_one(&mut port.name);
-                }
+                self.names.share_ports(&mut slice.ports);
                 let mut service = slice.service_key();
                 if let Some((known, _)) = self.services.get_key_value(&service) {
                     slice.service_name = known.name().clone();
@@ -533,7 +553,7 @@ mod tests {
             key: SliceKey::new("ns", name),
             service_name: "web".into(),
             family: Family::V4,
-            ports: Vec::new(),
+            ports: Arc::from([]),
             endpoints: vec![endpoint(1), endpoint(2)],
             trigger_time: None,
             proxy_name: None,
@@ -617,12 +637,20 @@ mod tests {
         model.apply(Object::Service(service("web")));
         model.apply(Object::Service(service("db")));
         let mut web_slice = slice("web-1", "node-a");
-        web_slice.ports = vec![crate::global::SlicePort {
+        web_slice.ports = Arc::new([crate::global::SlicePort {
             name: Arc::from(String::from("http")),
             protocol: crate::net::Protocol::Tcp,
             port: 8080,
-        }];
+        }]);
+        let mut other_slice = slice("web-2", "node-b");
+        other_slice.ports = Arc::from(web_slice.ports.to_vec());
+        let mut db_slice = slice("db-1", "node-b");
+        db_slice.service_name = "db".into();
+        db_slice.ports =
+            Arc::new([crate::global::SlicePort { port: 5432, ..web_slice.ports[0].clone() }]);
         model.apply(Object::EndpointSlice(web_slice));
+        model.apply(Object::EndpointSlice(other_slice));
+        model.apply(Object::EndpointSlice(db_slice));
         let key = ServiceKey::new("ns", "web");
         let (web, db) = (model.service(&key).unwrap(), model.service(&ServiceKey::new("ns", "db")));
         let db = db.unwrap();
@@ -632,6 +660,12 @@ mod tests {
         assert!(Arc::ptr_eq(web.key.name(), &held.service_name));
         assert!(Arc::ptr_eq(&web.ports[0].name, &db.ports[0].name));
         assert!(Arc::ptr_eq(&web.ports[0].name, &held.ports[0].name));
+        // Equal lists of ports are one list; another list still shares the port's name.
+        let other = model.slices_of(&key).nth(1).unwrap();
+        assert!(Arc::ptr_eq(&held.ports, &other.ports));
+        let db_held = model.slices_of(&ServiceKey::new("ns", "db")).next().unwrap();
+        assert_eq!(db_held.ports[0].port, 5432);
+        assert!(Arc::ptr_eq(&web.ports[0].name, &db_held.ports[0].name));
     }
 
     #[test]

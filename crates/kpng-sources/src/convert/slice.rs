@@ -50,7 +50,7 @@ pub fn convert_slice(
         }
         None => return Err(error(FieldError::new("addressType", "missing"))),
     };
-    let mut ports = slice_ports(slice.ports.as_deref().unwrap_or_default()).map_err(error)?;
+    let ports = slice_ports(slice.ports.as_deref().unwrap_or_default()).map_err(error)?;
     let mut endpoints = Vec::new();
     for (i, e) in slice.endpoints.iter().flatten().enumerate() {
         if let Some(endpoint) = convert_endpoint(e, i, family).map_err(error)? {
@@ -58,13 +58,12 @@ pub fn convert_slice(
         }
     }
     // Objects stay in the model for their lifetime: no spare capacity.
-    ports.shrink_to_fit();
     endpoints.shrink_to_fit();
     Ok(Converted::Proxied(EndpointSlice {
         key,
         service_name: std::sync::Arc::from(service_name),
         family,
-        ports,
+        ports: ports.into(),
         endpoints,
         trigger_time: slice.metadata.annotations.get(TRIGGER_TIME_ANNOTATION).map(Box::from),
         proxy_name: labels.get(SERVICE_PROXY_NAME_LABEL).map(Box::from),
