@@ -56,34 +56,73 @@ pub struct UdpCheck {
 
 /// Endpoint addresses (`ip:port`), sorted and shared: the checks of one service port on
 /// several destinations (cluster IP, external IPs, NodePort) hold one copy, kept by the
-/// cleaner for every UDP destination of the node.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Serving(Arc<[SocketAddr]>);
+/// cleaner for every UDP destination of the node. IPv4 addresses (the checks of an IPv4
+/// destination) are kept as 6 bytes each, their octets and port, which sort as the
+/// addresses do; any other list as the addresses themselves (32 bytes each).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Serving(Addresses);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Addresses {
+    /// IPv4 addresses only (none included).
+    V4(Arc<[[u8; 6]]>),
+    /// Any other.
+    Any(Arc<[SocketAddr]>),
+}
+
+/// An IPv4 address and port as bytes, in the order addresses sort.
+fn v4_bytes(address: &SocketAddr) -> Option<[u8; 6]> {
+    let SocketAddr::V4(v4) = address else { return None };
+    let [a, b, c, d] = v4.ip().octets();
+    let [high, low] = v4.port().to_be_bytes();
+    Some([a, b, c, d, high, low])
+}
+
+fn v4_address(bytes: &[u8; 6]) -> SocketAddr {
+    let [a, b, c, d, high, low] = *bytes;
+    SocketAddr::from(([a, b, c, d], u16::from_be_bytes([high, low])))
+}
+
+impl Default for Serving {
+    fn default() -> Self {
+        Serving(Addresses::V4(Arc::new([])))
+    }
+}
 
 impl Serving {
     /// Whether `address` is among them.
     pub fn contains(&self, address: &SocketAddr) -> bool {
-        self.0.binary_search(address).is_ok()
+        match &self.0 {
+            Addresses::V4(all) => v4_bytes(address).is_some_and(|b| all.binary_search(&b).is_ok()),
+            Addresses::Any(all) => all.binary_search(address).is_ok(),
+        }
     }
 
     /// Whether there are none.
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.len() == 0
     }
 
     /// How many there are.
     pub fn len(&self) -> usize {
-        self.0.len()
+        match &self.0 {
+            Addresses::V4(all) => all.len(),
+            Addresses::Any(all) => all.len(),
+        }
     }
 
     /// The addresses, in order.
-    pub fn iter(&self) -> impl Iterator<Item = &SocketAddr> {
-        self.0.iter()
+    pub fn iter(&self) -> impl Iterator<Item = SocketAddr> + '_ {
+        let (v4, any): (&[[u8; 6]], &[SocketAddr]) = match &self.0 {
+            Addresses::V4(all) => (all, &[]),
+            Addresses::Any(all) => (&[], all),
+        };
+        v4.iter().map(v4_address).chain(any.iter().copied())
     }
 
     /// Whether every one of them is also in `other`.
     pub fn is_subset(&self, other: &Serving) -> bool {
-        self.0.iter().all(|address| other.contains(address))
+        self.iter().all(|address| other.contains(&address))
     }
 }
 
@@ -92,7 +131,11 @@ impl FromIterator<SocketAddr> for Serving {
         let mut addresses: Vec<SocketAddr> = addresses.into_iter().collect();
         addresses.sort_unstable();
         addresses.dedup();
-        Serving(addresses.into())
+        let v4: Option<Vec<[u8; 6]>> = addresses.iter().map(v4_bytes).collect();
+        match v4 {
+            Some(v4) => Serving(Addresses::V4(v4.into())),
+            None => Serving(Addresses::Any(addresses.into())),
+        }
     }
 }
 

@@ -130,7 +130,7 @@ fn every_serving_endpoint_keeps_its_flows_whether_picked_or_not() {
     ]);
     let checks = udp_checks(&state);
     assert_eq!(checks.len(), 1);
-    let serving: Vec<String> = checks[0].serving.iter().map(ToString::to_string).collect();
+    let serving: Vec<String> = checks[0].serving.iter().map(|a| a.to_string()).collect();
     assert_eq!(serving, ["10.244.0.5:53", "10.244.1.5:53", "10.244.2.5:53"]);
 }
 
@@ -191,6 +191,20 @@ fn serving_endpoints_answer_as_a_set_whatever_their_order() {
     assert!(some.is_subset(&all) && !all.is_subset(&some));
     assert!(Serving::default().is_subset(&some) && Serving::default().is_empty());
     assert_eq!(some, addresses(&["10.0.0.1:53", "[fd00::1]:53"]).into_iter().collect());
+
+    // IPv4 addresses alone, kept as bytes, answer alike and come back in order.
+    let v4: Serving = addresses(&["10.0.1.1:53", "10.0.0.3:54", "10.0.0.3:53", "9.255.255.255:53"])
+        .into_iter()
+        .collect();
+    let back: Vec<String> = v4.iter().map(|a| a.to_string()).collect();
+    assert_eq!(back, ["9.255.255.255:53", "10.0.0.3:53", "10.0.0.3:54", "10.0.1.1:53"]);
+    assert!(v4.contains(&"10.0.0.3:54".parse().unwrap()));
+    assert!(!v4.contains(&"10.0.0.3:55".parse().unwrap()));
+    assert!(!v4.contains(&"[::ffff:10.0.0.3]:53".parse().unwrap()));
+    let three: Serving = addresses(&["10.0.0.3:53", "10.0.1.1:53"]).into_iter().collect();
+    assert!(three.is_subset(&v4) && !v4.is_subset(&three) && !three.is_subset(&all));
+    assert!(Serving::default().is_subset(&v4));
+    assert_eq!(Serving::default(), std::iter::empty().collect());
 }
 
 #[test]
