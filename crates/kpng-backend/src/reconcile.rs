@@ -10,7 +10,8 @@
 //!   the kernel holds
 //!   ([`Objects`]), where two services wanting one key resolve the same way whatever the
 //!   order of events, and a service's objects are kept as a few bytes each when its keys
-//!   and values say how ([`Pack`]);
+//!   and values say how ([`Pack`]), its claims filed by what its keys say two services
+//!   may both want ([`Filed`]: a destination, say), one entry for many keys;
 //! - the plan of differences, ordered by [`Rank`] so that a reader never sees an object
 //!   before what it refers to, and committed in the unit the kernel declares ([`Unit`]);
 //! - resets: at start-up, and after a failure or a drift a verification cannot repair
@@ -35,7 +36,8 @@
 //! # Layout
 //! - this file: [`Kernel`], [`Render`], [`Reconciler`], [`Stats`], [`Sample`].
 //! - [`plan`]: [`Plan`], [`Rank`] and [`Unit`].
-//! - [`objects`]: [`Objects`], the owner-keyed table, and [`Wanted`], one owner's render.
+//! - [`objects`]: [`Objects`], the owner-keyed table, [`Wanted`], one owner's render, and
+//!   [`Filed`], what a key's claims are filed under.
 //! - [`pack`]: [`Pack`], keys and values kept as bytes.
 //! - [`memory`]: [`MemoryKernel`], a kernel in memory (tests, examples, `--dry-run`).
 //! - [`generation`]: [`KnownGeneration`], when a verification may skip reading back.
