@@ -60,7 +60,7 @@ pub fn extra_service(model: &GlobalModel, n: usize, endpoints: usize) -> (Object
     let template = model.service(&slice.service_key()).cloned().expect("generated service");
     let mut service = template;
     service.key = ServiceKey::new("bench", format!("extra-{n}"));
-    service.cluster_ips = Box::new([std::net::IpAddr::from([10, 99, (n >> 8) as u8, n as u8])]);
+    service.cluster_ips = [std::net::IpAddr::from([10, 99, (n >> 8) as u8, n as u8])].into();
     let mut ports = Vec::from(std::mem::take(&mut service.ports));
     ports.truncate(1);
     for port in &mut ports {

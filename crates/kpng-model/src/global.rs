@@ -22,7 +22,7 @@ pub use load_balancing::{
 pub use model::{Changes, GlobalModel, Kind, ModelDocument, Object, ObjectRef, Touched};
 pub use node::{Node, NodeAddress, NodeAddressKind, TO_BE_DELETED_TAINT, ZONE_LABEL};
 pub use service::{
-    DEFAULT_AFFINITY_TIMEOUT_SECONDS, InvalidKey, IpMode, LoadBalancerIngress, Outside,
+    ClusterIps, DEFAULT_AFFINITY_TIMEOUT_SECONDS, InvalidKey, IpMode, LoadBalancerIngress, Outside,
     SERVICE_PROXY_NAME_LABEL, Service, ServiceKey, ServicePort, ServiceType, SessionAffinity,
     TargetPort, TrafficPolicy, is_for_proxy,
 };

@@ -241,7 +241,7 @@ pub struct Service {
     /// The service type.
     pub service_type: ServiceType,
     /// Cluster IPs from `spec.clusterIPs`, at most one per family, in spec order.
-    pub cluster_ips: Box<[IpAddr]>,
+    pub cluster_ips: ClusterIps,
     /// The service ports.
     pub ports: Box<[ServicePort]>,
     /// Its addresses outside the cluster, `None` when it has none ([`Outside::boxed`]).
@@ -272,6 +272,98 @@ pub struct Service {
     /// The kube-nftlb load-balancing annotations, typed (see [`LoadBalancing`]).
     #[serde(default, skip_serializing_if = "LoadBalancing::is_default")]
     pub load_balancing: LoadBalancing,
+}
+
+/// A service's cluster IPs: at most one per family, nearly always one, which is kept inline
+/// (a list behind a pointer would cost every service an allocation); two behind a pointer.
+/// Reads as a slice of addresses, and compares, orders, hashes and serializes as one.
+#[derive(Clone, Default)]
+pub struct ClusterIps(Ips);
+
+#[derive(Clone, Default)]
+enum Ips {
+    #[default]
+    None,
+    One(IpAddr),
+    Many(Box<[IpAddr]>),
+}
+
+impl std::ops::Deref for ClusterIps {
+    type Target = [IpAddr];
+
+    fn deref(&self) -> &[IpAddr] {
+        match &self.0 {
+            Ips::None => &[],
+            Ips::One(ip) => std::slice::from_ref(ip),
+            Ips::Many(ips) => ips,
+        }
+    }
+}
+
+impl From<Vec<IpAddr>> for ClusterIps {
+    fn from(ips: Vec<IpAddr>) -> Self {
+        match ips.as_slice() {
+            [] => ClusterIps(Ips::None),
+            [ip] => ClusterIps(Ips::One(*ip)),
+            _ => ClusterIps(Ips::Many(ips.into_boxed_slice())),
+        }
+    }
+}
+
+impl<const N: usize> From<[IpAddr; N]> for ClusterIps {
+    fn from(ips: [IpAddr; N]) -> Self {
+        Vec::from(ips).into()
+    }
+}
+
+impl FromIterator<IpAddr> for ClusterIps {
+    fn from_iter<I: IntoIterator<Item = IpAddr>>(ips: I) -> Self {
+        ips.into_iter().collect::<Vec<_>>().into()
+    }
+}
+
+impl fmt::Debug for ClusterIps {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+impl PartialEq for ClusterIps {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for ClusterIps {}
+
+impl PartialOrd for ClusterIps {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for ClusterIps {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (**self).cmp(&**other)
+    }
+}
+
+impl std::hash::Hash for ClusterIps {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        (**self).hash(state);
+    }
+}
+
+impl Serialize for ClusterIps {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        (**self).serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for ClusterIps {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Vec::<IpAddr>::deserialize(deserializer).map(ClusterIps::from)
+    }
 }
 
 /// Where a service is reached from outside the cluster. Few services have any such
@@ -342,11 +434,40 @@ impl Service {
 mod tests {
     use super::*;
 
+    #[test]
+    fn cluster_ips_read_compare_and_serialize_as_a_list() {
+        use std::hash::Hash;
+
+        let [a, b]: [IpAddr; 2] = ["10.96.0.1".parse().unwrap(), "fd00::1".parse().unwrap()];
+        let lists: [Vec<IpAddr>; 5] = [vec![], vec![a], vec![b], vec![a, b], vec![b, a]];
+        let hash = |ips: &dyn Fn(&mut std::hash::DefaultHasher)| {
+            let mut hasher = std::hash::DefaultHasher::new();
+            ips(&mut hasher);
+            std::hash::Hasher::finish(&hasher)
+        };
+        for x in &lists {
+            let ips = ClusterIps::from(x.clone());
+            assert_eq!(&*ips, x.as_slice());
+            assert_eq!(ips, x.iter().copied().collect::<ClusterIps>());
+            assert_eq!(hash(&|h| ips.hash(h)), hash(&|h| x.as_slice().hash(h)));
+            let json = serde_json::to_string(&ips).unwrap();
+            assert_eq!(json, serde_json::to_string(x).unwrap());
+            assert_eq!(serde_json::from_str::<ClusterIps>(&json).unwrap(), ips);
+            for y in &lists {
+                assert_eq!(ips.cmp(&ClusterIps::from(y.clone())), x.cmp(y), "{x:?} {y:?}");
+            }
+        }
+        // One address takes no allocation, and the service no more room than a pointer to
+        // a list would.
+        assert_eq!(size_of::<ClusterIps>(), 24);
+        assert!(size_of::<Service>() <= 120, "{}", size_of::<Service>());
+    }
+
     fn service(outside: Outside) -> Service {
         Service {
             key: ServiceKey::new("ns", "web"),
             service_type: ServiceType::LoadBalancer,
-            cluster_ips: Box::new(["10.96.0.1".parse().unwrap()]),
+            cluster_ips: ["10.96.0.1".parse().unwrap()].into(),
             ports: Box::default(),
             outside: outside.boxed(),
             session_affinity: SessionAffinity::None,
