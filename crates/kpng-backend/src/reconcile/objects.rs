@@ -123,7 +123,7 @@ pub trait Filed: Hash {
 /// filed under it rather than under a copy of the key: two keys of one fingerprint share
 /// a list of claims, and each resolves to the first claim whose owner wants that very key,
 /// so a collision costs time, never a wrong value. Thirty-two bits keep an entry of the
-/// index at 12 bytes; whole keys would collide for a few dozen pairs at 30,000 services.
+/// index at 8 bytes; whole keys would collide for a few dozen pairs at 30,000 services.
 fn fingerprint<K: Filed>(key: &K) -> u32 {
     let mut hasher = std::hash::DefaultHasher::new();
     key.file_under(&mut hasher);
