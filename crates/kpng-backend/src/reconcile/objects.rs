@@ -469,14 +469,12 @@ where
         if noted.before.contains_key(key) {
             return;
         }
-        let mut claims = self.claims_of(fingerprint(key));
-        let fresh = claims.clone().next().is_some()
-            && claims.clone().all(|claim| claim.owner() >= noted.since);
-        // The value in force, from the claims just looked up ([`Objects::get`]).
-        let value = match fresh {
-            true => None,
-            false => claims.find_map(|claim| self.value_of(key, claim)).map(Cow::into_owned),
-        };
+        // The value in force before the change: the first claim on the key of an owner
+        // that was there before it. Those owners' claims on the key are as they were (the
+        // key was not noted yet); owners new in this change (from `since` on) may have
+        // claimed it already, or another key filed alike, without noting it.
+        let mut before = self.claims_of(fingerprint(key)).filter(|c| c.owner() < noted.since);
+        let value = before.find_map(|claim| self.value_of(key, claim)).map(Cow::into_owned);
         noted.before.insert(key.clone(), value);
     }
 
