@@ -2,11 +2,13 @@
 
 /// A sorted set of items without duplicates, for the model's indexes whose entries nearly
 /// all hold one item (a destination's claimants, a service's slices): a large cluster has
-/// tens of thousands of entries, and one item is kept inline, with no allocation.
+/// tens of thousands of entries, and one item is kept inline, with no allocation. Two or
+/// more are a boxed slice without spare room: the set is then two words, so a one-word
+/// item (a service key) makes it sixteen bytes, not the twenty-four of a `Vec`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Few<T> {
     One(T),
-    Many(Vec<T>),
+    Many(Box<[T]>),
 }
 
 impl<T: Ord + Clone> Few<T> {
@@ -21,12 +23,9 @@ impl<T: Ord + Clone> Few<T> {
     /// Adds `item` unless it is there.
     pub(crate) fn add(&mut self, item: &T) {
         let Err(at) = self.as_slice().binary_search(item) else { return };
-        let mut items = match std::mem::replace(self, Few::Many(Vec::new())) {
-            Few::One(only) => vec![only],
-            Few::Many(items) => items,
-        };
-        items.insert(at, item.clone());
-        *self = Few::Many(items);
+        let items = self.as_slice();
+        let added = items[..at].iter().chain([item]).chain(&items[at..]).cloned().collect();
+        *self = Few::Many(added);
     }
 
     /// Removes `item`; false when no item is left.
@@ -34,11 +33,12 @@ impl<T: Ord + Clone> Few<T> {
         match self {
             Few::One(only) => only != item,
             Few::Many(items) => {
-                items.retain(|i| i != item);
-                if let [only] = items.as_slice() {
-                    *self = Few::One(only.clone());
-                }
-                !self.as_slice().is_empty()
+                let Ok(at) = items.binary_search(item) else { return true };
+                *self = match items.len() {
+                    2 => Few::One(items[1 - at].clone()),
+                    _ => Few::Many(items[..at].iter().chain(&items[at + 1..]).cloned().collect()),
+                };
+                true
             }
         }
     }
@@ -57,11 +57,13 @@ mod tests {
         few.add(&1);
         assert_eq!(few.as_slice(), [1, 5, 9]);
         assert!(few.remove(&5) && few.remove(&7));
-        assert_eq!(few, Few::Many(vec![1, 9]));
+        assert_eq!(few, Few::Many(Box::from([1, 9])));
         assert!(few.remove(&1));
         assert_eq!(few, Few::One(9));
         assert!(!few.remove(&9));
         let keys = Few::One(crate::global::SliceKey::new("ns", "web-1"));
         assert_eq!(std::mem::size_of_val(&keys), std::mem::size_of::<crate::global::SliceKey>());
+        // A service key is one pointer: the set is the boxed slice's two words.
+        assert_eq!(std::mem::size_of::<Few<crate::global::ServiceKey>>(), 16);
     }
 }
