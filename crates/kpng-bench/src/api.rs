@@ -172,9 +172,9 @@ async fn scenario(
     let cpu_before = cpu_time();
     for r in 0..repeat {
         if r % 2 == 0 {
-            slice.endpoints.push(cluster::extra_endpoint(r, "node-0"));
+            cluster::push_endpoint(&mut slice, cluster::extra_endpoint(r, "node-0"));
         } else {
-            slice.endpoints.pop();
+            cluster::pop_endpoint(&mut slice);
         }
         let changed = Instant::now();
         writer.apply(vec![SourceEvent::Applied(Object::EndpointSlice(slice.clone()))]);

@@ -49,6 +49,17 @@ pub fn slice_of(model: &GlobalModel, i: usize) -> EndpointSlice {
     model.slices_of(&key).find(|s| s.key.name.ends_with("-v4")).cloned().expect("generated slice")
 }
 
+/// `slice` with `endpoint` added last.
+pub fn push_endpoint(slice: &mut EndpointSlice, endpoint: Endpoint) {
+    slice.endpoints = [&slice.endpoints[..], &[endpoint]].concat().into();
+}
+
+/// `slice` without its last endpoint.
+pub fn pop_endpoint(slice: &mut EndpointSlice) {
+    let kept = slice.endpoints.len().saturating_sub(1);
+    slice.endpoints = slice.endpoints[..kept].into();
+}
+
 /// A ready endpoint at `10.250.x.y` on node `node`.
 pub fn extra_endpoint(n: usize, node: &str) -> Endpoint {
     kpng_testkit::builders::endpoint(&format!("10.250.{}.{}", (n >> 8) & 0xff, n & 0xff), node)

@@ -45,9 +45,9 @@ fn micros(samples: &mut [Duration]) -> (f64, f64) {
 fn endpoint_change(model: &mut GlobalModel, services: usize, r: usize, add: bool) -> Changes {
     let mut slice = cluster::slice_of(model, (r * 7919) % services.max(1));
     match add {
-        true => slice.endpoints.push(cluster::extra_endpoint(r, "node-1")),
+        true => cluster::push_endpoint(&mut slice, cluster::extra_endpoint(r, "node-1")),
         false => {
-            slice.endpoints.pop();
+            cluster::pop_endpoint(&mut slice);
         }
     }
     Changes::Touched(cluster::apply(model, Object::EndpointSlice(slice)))

@@ -123,13 +123,13 @@ pub fn run(
     let mut changes = Vec::new();
     changes.push(measure(&mut bench, repeat, "endpoint add", |b, r| {
         let mut slice = cluster::slice_of(&b.model, pick(r));
-        slice.endpoints.push(cluster::extra_endpoint(r, "node-1"));
+        cluster::push_endpoint(&mut slice, cluster::extra_endpoint(r, "node-1"));
         let touched = cluster::apply(&mut b.model, Object::EndpointSlice(slice));
         b.change(touched)
     })?);
     changes.push(measure(&mut bench, repeat, "endpoint remove", |b, r| {
         let mut slice = cluster::slice_of(&b.model, pick(r));
-        slice.endpoints.pop();
+        cluster::pop_endpoint(&mut slice);
         let touched = cluster::apply(&mut b.model, Object::EndpointSlice(slice));
         b.change(touched)
     })?);

@@ -140,14 +140,14 @@ pub fn run(
     let pick = |r: usize| (r * 7919) % services.max(1);
     let add = measure(&mut bench, repeat, "endpoint add", |b, r| {
         let mut slice = cluster::slice_of(&b.model, pick(r));
-        slice.endpoints.push(cluster::extra_endpoint(r, "node-1"));
+        cluster::push_endpoint(&mut slice, cluster::extra_endpoint(r, "node-1"));
         let touched = cluster::apply(&mut b.model, Object::EndpointSlice(slice));
         b.change(touched)
     })?;
     changes.push(add);
     let remove = measure(&mut bench, repeat, "endpoint remove", |b, r| {
         let mut slice = cluster::slice_of(&b.model, pick(r));
-        slice.endpoints.pop();
+        cluster::pop_endpoint(&mut slice);
         let touched = cluster::apply(&mut b.model, Object::EndpointSlice(slice));
         b.change(touched)
     })?;

@@ -305,7 +305,7 @@ pub fn run(services: usize, endpoints: usize, repeat: usize) -> anyhow::Result<N
     }
     let add = measure(&mut bench, repeat, "endpoint add", |b, r| {
         let mut slice = targets[r].1.clone();
-        slice.endpoints.push(added(r));
+        crate::cluster::push_endpoint(&mut slice, added(r));
         let touched = cluster::apply(&mut b.model, Object::EndpointSlice(slice));
         b.change(touched)
     })?;
@@ -372,7 +372,7 @@ pub fn run(services: usize, endpoints: usize, repeat: usize) -> anyhow::Result<N
     theirs.push(time(repeat, |r| {
         let (service, slice) = &targets[r];
         let mut slice = slice.clone();
-        slice.endpoints = vec![added(r)];
+        slice.endpoints = Box::from([added(r)]);
         slice.endpoints[0].pod_name = Some(format!("bench-added-{r}").into());
         let farm = farms(service, &[&slice]).swap_remove(0);
         nftlb.post(vec![Farm { vip: None, ..farm }])
@@ -464,7 +464,7 @@ fn through_to_nftlb(
     let model = &mut bench.model;
     times.push(time(repeat, |r| {
         let mut slice = targets[r].1.clone();
-        slice.endpoints.push(added(r));
+        crate::cluster::push_endpoint(&mut slice, added(r));
         apply(model, vec![Change::Set(Object::EndpointSlice(slice))])
     })?);
     times.push(time(repeat, |r| {

@@ -77,7 +77,7 @@ pub fn slice(
                 port: *port,
             })
             .collect(),
-        endpoints,
+        endpoints: endpoints.into(),
         trigger_time: None,
         proxy_name: None,
     }

@@ -269,7 +269,7 @@ pub fn arb_slice() -> impl Strategy<Value = EndpointSlice> {
                             port: *port + 1000,
                         })
                         .collect(),
-                    endpoints,
+                    endpoints: endpoints.into(),
                     trigger_time: None,
                     proxy_name: proxy_name.as_deref().map(Box::from),
                 }

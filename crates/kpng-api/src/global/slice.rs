@@ -152,7 +152,7 @@ pub fn decode_slice<'a>(
                 service_name: info.service_name.as_str().into(),
                 family,
                 ports: ports.into(),
-                endpoints: Vec::new(),
+                endpoints: Box::default(),
                 trigger_time: (!info.trigger_time.is_empty())
                     .then(|| info.trigger_time.as_str().into()),
                 proxy_name: info.proxy_name.as_deref().map(Box::from),

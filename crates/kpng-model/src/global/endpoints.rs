@@ -322,8 +322,9 @@ pub struct EndpointSlice {
     /// The ports every endpoint of the slice serves. The slices of a cluster name a few
     /// lists of ports many times: a [`crate::GlobalModel`] keeps each list once.
     pub ports: Arc<[SlicePort]>,
-    /// The endpoints, in slice order.
-    pub endpoints: Vec<Endpoint>,
+    /// The endpoints, in slice order: a boxed slice, with no spare room (objects stay in
+    /// the model for their lifetime), and a slice is eight bytes smaller than with a `Vec`.
+    pub endpoints: Box<[Endpoint]>,
     /// The `endpoints.kubernetes.io/last-change-trigger-time` annotation, verbatim (RFC 3339):
     /// when the change this slice reflects was triggered.
     pub trigger_time: Option<Box<str>>,

@@ -554,7 +554,7 @@ mod tests {
             service_name: "web".into(),
             family: Family::V4,
             ports: Arc::from([]),
-            endpoints: vec![endpoint(1), endpoint(2)],
+            endpoints: Box::from([endpoint(1), endpoint(2)]),
             trigger_time: None,
             proxy_name: None,
         }

@@ -82,7 +82,7 @@ async fn backends_get_reset_then_only_real_changes() {
     let mut hidden = endpoint("10.0.0.9", "b");
     hidden.ready = false;
     hidden.serving = false;
-    s.endpoints.push(hidden);
+    s.endpoints = [&s.endpoints[..], &[hidden]].concat().into();
     assert!(writer.apply(events).is_some());
     settle().await;
     assert_eq!(recorder.log.lock().unwrap().len(), 1, "no change set for a no-op revision");

@@ -57,14 +57,13 @@ pub fn convert_slice(
             endpoints.push(endpoint);
         }
     }
-    // Objects stay in the model for their lifetime: no spare capacity.
-    endpoints.shrink_to_fit();
     Ok(Converted::Proxied(EndpointSlice {
         key,
         service_name: std::sync::Arc::from(service_name),
         family,
         ports: ports.into(),
-        endpoints,
+        // Objects stay in the model for their lifetime: no spare capacity.
+        endpoints: endpoints.into_boxed_slice(),
         trigger_time: slice.metadata.annotations.get(TRIGGER_TIME_ANNOTATION).map(Box::from),
         proxy_name: labels.get(SERVICE_PROXY_NAME_LABEL).map(Box::from),
     }))
