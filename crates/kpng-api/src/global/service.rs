@@ -45,7 +45,7 @@ pub fn service_item(service: &Service) -> GlobalItem {
                 },
                 target_port_name: match &p.target_port {
                     TargetPort::Number(_) => String::new(),
-                    TargetPort::Name(name) => name.clone(),
+                    TargetPort::Name(name) => name.to_string(),
                 },
             })
             .collect(),
@@ -109,7 +109,7 @@ pub fn decode_service(bytes: &[u8], path: &str) -> Result<Service, WireError> {
             target_port: if p.target_port_name.is_empty() {
                 TargetPort::Number(port(p.target_port, path, &at("targetPort"))?)
             } else {
-                TargetPort::Name(p.target_port_name.clone())
+                TargetPort::Name(p.target_port_name.as_str().into())
             },
         });
     }

@@ -268,6 +268,9 @@ impl GlobalModel {
                 let old = known.map(|(_, s)| s);
                 for port in &mut service.ports {
                     self.names.share_one(&mut port.name);
+                    if let crate::global::TargetPort::Name(name) = &mut port.target_port {
+                        self.names.share_one(name);
+                    }
                 }
                 let before = old.map(|s| s.claims()).unwrap_or_default();
                 let after = service.claims();
@@ -611,13 +614,14 @@ mod tests {
     }
 
     #[test]
-    fn services_and_slices_share_their_namespace_the_service_name_and_port_names() {
+    fn services_and_slices_share_their_namespace_the_service_name_and_port_names_and_target_ports()
+    {
         let port = || crate::global::ServicePort {
             name: Arc::from(String::from("http")),
             protocol: crate::net::Protocol::Tcp,
             port: 80,
             node_port: None,
-            target_port: crate::global::TargetPort::Number(8080),
+            target_port: crate::global::TargetPort::Name(Arc::from(String::from("http"))),
         };
         let service = |name: &str| Service {
             key: ServiceKey::new(String::from("ns"), String::from(name)),
@@ -660,6 +664,15 @@ mod tests {
         assert!(Arc::ptr_eq(web.key.name(), &held.service_name));
         assert!(Arc::ptr_eq(&web.ports[0].name, &db.ports[0].name));
         assert!(Arc::ptr_eq(&web.ports[0].name, &held.ports[0].name));
+        // A named target port shares the name too, with the port names of the same text.
+        let target = |service: &Service| match &service.ports[0].target_port {
+            crate::global::TargetPort::Name(name) => name.clone(),
+            crate::global::TargetPort::Number(n) => panic!("target port {n}, not a name"),
+        };
+        assert!(Arc::ptr_eq(&target(web), &target(db)));
+        assert!(Arc::ptr_eq(&target(web), &web.ports[0].name));
+        // Two words for the name, two for the target: a port is 40 bytes.
+        assert_eq!(std::mem::size_of::<crate::global::ServicePort>(), 40);
         // Equal lists of ports are one list; another list still shares the port's name.
         let other = model.slices_of(&key).nth(1).unwrap();
         assert!(Arc::ptr_eq(&held.ports, &other.ports));

@@ -191,8 +191,9 @@ pub const DEFAULT_AFFINITY_TIMEOUT_SECONDS: u32 = 10_800;
 pub enum TargetPort {
     /// A port number.
     Number(u16),
-    /// A named container port.
-    Name(String),
+    /// A named container port (its name shared in a [`crate::GlobalModel`], as port
+    /// names are: a cluster names a few ports many times).
+    Name(Arc<str>),
 }
 
 /// One port of a Service. Identified within the service by `(name, protocol)`.

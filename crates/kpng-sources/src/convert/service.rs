@@ -213,7 +213,7 @@ fn ports(spec: &ServiceSpec) -> Result<Vec<ServicePort>, FieldError> {
                 TargetPort::Number(port_number(*n, || at("targetPort"))?.unwrap_or(port))
             }
             Some(IntOrString::String(s)) if s.is_empty() => TargetPort::Number(port),
-            Some(IntOrString::String(s)) => TargetPort::Name(s.clone()),
+            Some(IntOrString::String(s)) => TargetPort::Name(s.as_str().into()),
         };
         out.push(ServicePort {
             name: p.name.as_deref().unwrap_or_default().into(),
