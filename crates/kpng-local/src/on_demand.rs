@@ -104,7 +104,7 @@ mod tests {
         model.apply(Object::Service(service("ns", "web", &["10.96.0.1"], &[http])));
         let hinted = |ip, zone: &str| {
             let mut e = endpoint(ip, "b");
-            e.hints = Hints::new(vec![zone.into()], vec![]);
+            e.set_hints(Hints::new(vec![zone.into()], vec![]));
             e
         };
         let endpoints = vec![hinted("10.0.0.1", "z1"), hinted("10.0.0.2", "z2")];

@@ -51,7 +51,6 @@ pub fn endpoint(ip: &str, node: &str) -> Endpoint {
         serving: true,
         terminating: false,
         placement: Placement::new(Some(node), None),
-        hints: Default::default(),
         pod_name: None,
     }
 }

@@ -233,8 +233,7 @@ fn arb_endpoint(family: Family) -> impl Strategy<Value = Endpoint> {
                 ready: ready && !terminating,
                 serving: serving || ready,
                 terminating,
-                placement: Placement::new(node, None),
-                hints: Hints::new(zone_hints, node_hints),
+                placement: Placement::with_hints(node, None, Hints::new(zone_hints, node_hints)),
                 pod_name: None,
             }
         })

@@ -169,11 +169,11 @@ pub fn decode_slice<'a>(
                 ready: conditions.ready,
                 serving: conditions.serving,
                 terminating: conditions.terminating,
-                placement: kpng_model::global::Placement::new(
+                placement: kpng_model::global::Placement::with_hints(
                     Some(&topology.node),
                     Some(&topology.zone),
+                    Hints::new(hints.zones, hints.nodes),
                 ),
-                hints: Hints::new(hints.zones, hints.nodes),
                 pod_name: text(&info.pod_name).map(kpng_model::global::PodName::from),
             },
         );

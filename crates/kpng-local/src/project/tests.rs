@@ -250,9 +250,9 @@ fn node_projection_carries_zone_primary_ips_and_drain_state() {
 fn zone_of_the_node_drives_topology() {
     let svc = service("ns", "web", &["10.96.0.1"], &[HTTP]);
     let mut e1 = endpoint("10.0.0.1", "b");
-    e1.hints = Hints::new(vec!["z1".into()], vec![]);
+    e1.set_hints(Hints::new(vec!["z1".into()], vec![]));
     let mut e2 = endpoint("10.0.0.2", "c");
-    e2.hints = Hints::new(vec!["z2".into()], vec![]);
+    e2.set_hints(Hints::new(vec!["z2".into()], vec![]));
     let m = model(vec![
         Object::Service(svc),
         Object::EndpointSlice(slice(

@@ -8,7 +8,6 @@ fn ep(ip: &str, node: &str) -> Endpoint {
         serving: true,
         terminating: false,
         placement: Placement::new(Some(node), None),
-        hints: Default::default(),
         pod_name: None,
     }
 }
@@ -22,13 +21,13 @@ fn terminating(mut e: Endpoint, serving: bool) -> Endpoint {
 
 fn zone_hinted(mut e: Endpoint, zones: &[&str]) -> Endpoint {
     let zones = zones.iter().map(|z| z.to_string()).collect();
-    e.hints = Hints::new(zones, e.node_hints().to_vec());
+    e.set_hints(Hints::new(zones, e.node_hints().to_vec()));
     e
 }
 
 fn node_hinted(mut e: Endpoint, nodes: &[&str]) -> Endpoint {
     let nodes = nodes.iter().map(|n| n.to_string()).collect();
-    e.hints = Hints::new(e.zone_hints().to_vec(), nodes);
+    e.set_hints(Hints::new(e.zone_hints().to_vec(), nodes));
     e
 }
 

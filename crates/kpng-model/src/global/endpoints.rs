@@ -55,41 +55,54 @@ pub struct Endpoint {
     pub serving: bool,
     /// `conditions.terminating`, false when absent.
     pub terminating: bool,
-    /// `nodeName` and `zone`: where the endpoint runs (serialized as the `node_name` and
-    /// `zone` fields).
-    #[serde(flatten)]
-    pub placement: Placement,
-    /// `hints`: the zones and nodes that should use this endpoint (serialized as the
+    /// `nodeName` and `zone`, where the endpoint runs, and `hints`, the zones and nodes
+    /// that should use it (serialized as the `node_name` and `zone` fields and the
     /// `zone_hints` and `node_hints` lists).
     #[serde(flatten)]
-    pub hints: Hints,
+    pub placement: Placement,
     /// The pod behind the endpoint (`targetRef` of kind Pod).
     pub pod_name: Option<PodName>,
 }
 
-/// Where an endpoint runs: its node and that node's zone. A cluster's endpoints name a few
-/// hundred nodes a hundred thousand times, each always with the same zone: the pair is
-/// held behind one pointer (null for neither), and in a [`crate::GlobalModel`] each pair
-/// once.
+/// Where an endpoint runs, its node and that node's zone, and its topology hints. A
+/// cluster's endpoints name a few hundred nodes a hundred thousand times, each always with
+/// the same zone, and where hints are given the endpoints of a node nearly always have the
+/// same ones (their own zone): the three are held behind one pointer (null for none), and
+/// in a [`crate::GlobalModel`] each combination once.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Placement(Option<Arc<Where>>);
 
-/// A node name and a zone, either or both given.
+/// A node name, a zone and hints, any of them given.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub(crate) struct Where {
     #[serde(default)]
     node_name: Option<Box<str>>,
     #[serde(default)]
     zone: Option<Box<str>>,
+    #[serde(flatten)]
+    hints: Hints,
 }
 
+/// No hint, for endpoints placed nowhere.
+static NO_HINTS: Hints = Hints(None);
+
 impl Placement {
-    /// On node `node_name` in zone `zone` (empty names count as none).
+    /// On node `node_name` in zone `zone` (empty names count as none), without hints.
     pub fn new(node_name: Option<&str>, zone: Option<&str>) -> Placement {
+        Placement::with_hints(node_name, zone, Hints::default())
+    }
+
+    /// On node `node_name` in zone `zone` (empty names count as none), with `hints`.
+    pub fn with_hints(node_name: Option<&str>, zone: Option<&str>, hints: Hints) -> Placement {
         let name = |n: Option<&str>| n.filter(|n| !n.is_empty()).map(Box::from);
-        let place = Where { node_name: name(node_name), zone: name(zone) };
-        let some = place.node_name.is_some() || place.zone.is_some();
+        let place = Where { node_name: name(node_name), zone: name(zone), hints };
+        let some = place.node_name.is_some() || place.zone.is_some() || place.hints.0.is_some();
         Placement(some.then(|| Arc::new(place)))
+    }
+
+    /// The topology hints.
+    pub fn hints(&self) -> &Hints {
+        self.0.as_ref().map_or(&NO_HINTS, |w| &w.hints)
     }
 
     /// The node's name.
@@ -120,7 +133,7 @@ impl Serialize for Placement {
 impl<'de> Deserialize<'de> for Placement {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Placement, D::Error> {
         let place = Where::deserialize(deserializer)?;
-        Ok(Placement::new(place.node_name.as_deref(), place.zone.as_deref()))
+        Ok(Placement::with_hints(place.node_name.as_deref(), place.zone.as_deref(), place.hints))
     }
 }
 
@@ -246,12 +259,17 @@ impl Endpoint {
 
     /// `hints.forZones[].name`: the zones that should use this endpoint. Empty: no hint.
     pub fn zone_hints(&self) -> &[String] {
-        self.hints.zones()
+        self.placement.hints().zones()
     }
 
     /// `hints.forNodes[].name`: the nodes that should use this endpoint. Empty: no hint.
     pub fn node_hints(&self) -> &[String] {
-        self.hints.nodes()
+        self.placement.hints().nodes()
+    }
+
+    /// Replaces the endpoint's hints, keeping its node and zone.
+    pub fn set_hints(&mut self, hints: Hints) {
+        self.placement = Placement::with_hints(self.node_name(), self.zone(), hints);
     }
 
     /// Serving and terminating: a fallback when nothing is ready.
@@ -351,8 +369,7 @@ mod tests {
             ready: true,
             serving: true,
             terminating: false,
-            placement: Placement::default(),
-            hints,
+            placement: Placement::with_hints(None, None, hints),
             pod_name: None,
         }
     }
@@ -374,9 +391,9 @@ mod tests {
         for whole in ["web", "web-", "web-12345678", "", "-"] {
             assert_eq!(parts(whole), split(whole, ""), "{whole:?}");
         }
-        // Two words; an endpoint holding one takes seven.
+        // Two words; an endpoint holding one takes six (its hints are in its placement).
         assert_eq!(std::mem::size_of::<Option<PodName>>(), 16);
-        assert_eq!(std::mem::size_of::<Endpoint>(), 56);
+        assert_eq!(std::mem::size_of::<Endpoint>(), 48);
         assert_eq!(std::mem::size_of::<crate::LocalEndpoint>(), 56);
     }
 
@@ -418,6 +435,23 @@ mod tests {
         assert_eq!(json["node_hints"], serde_json::json!(["n1", "n2"]));
         assert_eq!(serde_json::from_value::<Endpoint>(json).unwrap(), hinted);
         assert_eq!((hinted.zone_hints(), hinted.node_hints().len()), (&["z1".to_string()][..], 2));
+        // Hints are kept with the node and zone, and replacing them keeps those.
+        let mut placed = hinted.clone();
+        placed.placement = Placement::with_hints(Some("node-1"), Some("zone-a"), Hints::default());
+        placed.set_hints(Hints::new(vec!["zone-a".into()], vec![]));
+        assert_eq!((placed.node_name(), placed.zone()), (Some("node-1"), Some("zone-a")));
+        assert_eq!(
+            (placed.zone_hints(), placed.node_hints()),
+            (&["zone-a".to_string()][..], &[][..])
+        );
+        let json = serde_json::to_value(&placed).unwrap();
+        assert_eq!(
+            (&json["node_name"], &json["zone_hints"]),
+            (&"node-1".into(), &serde_json::json!(["zone-a"]))
+        );
+        assert_eq!(serde_json::from_value::<Endpoint>(json).unwrap(), placed);
+        placed.set_hints(Hints::default());
+        assert_eq!(placed.placement, Placement::new(Some("node-1"), Some("zone-a")));
 
         let mut named = endpoint(Hints::default());
         named.pod_name = Some(PodName::new("web-6f7c-x2x4q"));

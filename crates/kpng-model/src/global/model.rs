@@ -549,7 +549,6 @@ mod tests {
             serving: true,
             terminating: false,
             placement: Placement::new(Some(&String::from(node)), Some("zone-a")),
-            hints: Default::default(),
             pod_name: None,
         };
         EndpointSlice {

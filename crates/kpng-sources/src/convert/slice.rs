@@ -109,10 +109,13 @@ fn convert_endpoint(
         ready: conditions.and_then(|c| c.ready).unwrap_or(true),
         serving: conditions.and_then(|c| c.serving).unwrap_or(true),
         terminating: conditions.and_then(|c| c.terminating).unwrap_or(false),
-        placement: Placement::new(e.node_name.as_deref(), e.zone.as_deref()),
-        hints: Hints::new(
-            names(hints.and_then(|h| h.for_zones.as_deref())),
-            names(hints.and_then(|h| h.for_nodes.as_deref())),
+        placement: Placement::with_hints(
+            e.node_name.as_deref(),
+            e.zone.as_deref(),
+            Hints::new(
+                names(hints.and_then(|h| h.for_zones.as_deref())),
+                names(hints.and_then(|h| h.for_nodes.as_deref())),
+            ),
         ),
         pod_name: e
             .target_ref
