@@ -657,7 +657,11 @@ impl RuleBuilder {
     }
 
     fn build(self) -> Rule {
-        Rule { text: self.text.join(" "), exprs: self.exprs }
+        // Rules are kept for as long as their chain (the skeleton's thousands for the
+        // process's lifetime): without the room their expressions grew into.
+        let mut exprs = self.exprs;
+        exprs.shrink_to_fit();
+        Rule { text: self.text.join(" "), exprs }
     }
 }
 
