@@ -18,7 +18,7 @@
 //!   [`local::LocalState::apply`] which replays ops onto a state.
 //! - [`parts`]: whole-cluster work (a projection, a rendering) split over the machine's cores.
 //! - `rare`: parts of an object that few objects have (a service's outside addresses, an
-//!   endpoint's hints), kept behind one pointer.
+//!   endpoint's hints, the latter within its shared placement), kept behind one pointer.
 
 pub mod global;
 pub mod hash;
