@@ -279,7 +279,7 @@ fn yields<K: Ord>(yielding: &[K], key: &K) -> bool {
 /// What every owner wants and what the kernel holds.
 #[derive(Debug)]
 pub struct Objects<K, V> {
-    numbers: HashMap<Owner, u32>,
+    numbers: Numbers,
     next: u32,
     /// What the node and each service want, by owner number.
     wanted: HashMap<u32, Kept<K, V>>,
@@ -304,10 +304,51 @@ pub struct Objects<K, V> {
 /// [`Owner::Shared`]'s number.
 const SHARED: u32 = 1;
 
+/// The numbers of the owners that want something. The node's and the shared objects' are
+/// fixed, so only services are mapped, by their key: one word, where an [`Owner`] is two
+/// (a map entry of 16 bytes instead of 24, one per service).
+#[derive(Debug, Default)]
+struct Numbers {
+    node: bool,
+    shared: bool,
+    services: HashMap<ServiceKey, u32>,
+}
+
+impl Numbers {
+    fn get(&self, owner: &Owner) -> Option<u32> {
+        match owner {
+            Owner::Node => self.node.then_some(0),
+            Owner::Shared => self.shared.then_some(SHARED),
+            Owner::Service(key) => self.services.get(key).copied(),
+        }
+    }
+
+    /// Records `owner`'s number `n` (the node's is 0, the shared objects' [`SHARED`]).
+    fn insert(&mut self, owner: &Owner, n: u32) {
+        match owner {
+            Owner::Node => self.node = true,
+            Owner::Shared => self.shared = true,
+            Owner::Service(key) => {
+                self.services.insert(key.clone(), n);
+            }
+        }
+    }
+
+    fn remove(&mut self, owner: &Owner) {
+        match owner {
+            Owner::Node => self.node = false,
+            Owner::Shared => self.shared = false,
+            Owner::Service(key) => {
+                self.services.remove(key);
+            }
+        }
+    }
+}
+
 impl<K, V: Default> Default for Objects<K, V> {
     fn default() -> Self {
         Objects {
-            numbers: HashMap::new(),
+            numbers: Numbers::default(),
             next: 2,
             wanted: HashMap::new(),
             yielding: ByPrint::default(),
@@ -409,10 +450,7 @@ where
 
     /// The services that want something.
     pub fn services(&self) -> impl Iterator<Item = &ServiceKey> {
-        self.numbers.keys().filter_map(|o| match o {
-            Owner::Service(key) => Some(key),
-            Owner::Node | Owner::Shared => None,
-        })
+        self.numbers.services.keys()
     }
 
     /// Replaces what the given owners want and returns the plan that brings the kernel
@@ -638,7 +676,7 @@ where
 
     fn number(&mut self, owner: &Owner) -> u32 {
         if let Some(n) = self.numbers.get(owner) {
-            return *n;
+            return n;
         }
         let n = match owner {
             Owner::Node => 0,
@@ -648,7 +686,7 @@ where
                 self.next - 1
             }
         };
-        self.numbers.insert(owner.clone(), n);
+        self.numbers.insert(owner, n);
         n
     }
 
@@ -670,7 +708,7 @@ where
     fn claim(&mut self, renders: Vec<Render<K, V>>, mut before: Option<&mut Noted<K, V>>) {
         let plain = self.plain.clone();
         for (owner, new) in renders {
-            if new.is_none() && !self.numbers.contains_key(&owner) {
+            if new.is_none() && self.numbers.get(&owner).is_none() {
                 continue;
             }
             if owner == Owner::Shared {
