@@ -301,6 +301,9 @@ pub struct Objects<K, V> {
     plain: V,
 }
 
+/// [`Owner::Node`]'s number.
+const NODE: u32 = 0;
+
 /// [`Owner::Shared`]'s number.
 const SHARED: u32 = 1;
 
@@ -317,13 +320,13 @@ struct Numbers {
 impl Numbers {
     fn get(&self, owner: &Owner) -> Option<u32> {
         match owner {
-            Owner::Node => self.node.then_some(0),
+            Owner::Node => self.node.then_some(NODE),
             Owner::Shared => self.shared.then_some(SHARED),
             Owner::Service(key) => self.services.get(key).copied(),
         }
     }
 
-    /// Records `owner`'s number `n` (the node's is 0, the shared objects' [`SHARED`]).
+    /// Records `owner`'s number `n` (the node's is [`NODE`], the shared objects' [`SHARED`]).
     fn insert(&mut self, owner: &Owner, n: u32) {
         match owner {
             Owner::Node => self.node = true,
@@ -679,7 +682,7 @@ where
             return n;
         }
         let n = match owner {
-            Owner::Node => 0,
+            Owner::Node => NODE,
             Owner::Shared => SHARED,
             Owner::Service(_) => {
                 self.next += 1;
