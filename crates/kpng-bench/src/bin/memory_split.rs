@@ -12,7 +12,7 @@
 //! cargo run --release -p kpng-bench --bin kpng-memory-split -- --services 1000,10000,30000
 //! ```
 
-use std::alloc::{GlobalAlloc, Layout, System};
+use std::alloc::{GlobalAlloc, Layout};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -30,29 +30,28 @@ use kpng_testkit::generate::ClusterSpec;
 #[allow(dead_code)]
 mod cluster;
 
-/// The system allocator, counting the bytes allocations hold and their peak.
+/// kpng's allocator (jemalloc), counting the bytes allocations hold and their peak.
 struct Counting;
 
 static LIVE: AtomicUsize = AtomicUsize::new(0);
 static PEAK: AtomicUsize = AtomicUsize::new(0);
 /// Allocations live.
 static COUNT: AtomicUsize = AtomicUsize::new(0);
-/// What the live allocations cost the C library's allocator: its chunks ([`chunk`]).
+/// What the live allocations take from the allocator: their size classes ([`chunk`]).
 static CHUNKS: AtomicUsize = AtomicUsize::new(0);
 
-/// The chunk glibc's allocator takes for `size` bytes on a 64-bit machine: the size and
-/// an 8-byte header rounded up to 16 bytes, at least 32.
+/// What the allocator takes for `size` bytes: the size class that serves it.
 fn chunk(size: usize) -> usize {
-    ((size + 8 + 15) & !15).max(32)
+    kpng_runner::size_class(size)
 }
 
-// SAFETY: every call is passed to the system allocator unchanged; the counters only
+// SAFETY: every call is passed to kpng's allocator unchanged; the counters only
 // observe sizes.
 #[allow(unsafe_code)]
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: the caller's contract is the system allocator's.
-        let ptr = unsafe { System.alloc(layout) };
+        // SAFETY: the caller's contract is the allocator's.
+        let ptr = unsafe { kpng_runner::Allocator.alloc(layout) };
         if !ptr.is_null() {
             let live = LIVE.fetch_add(layout.size(), Ordering::Relaxed) + layout.size();
             PEAK.fetch_max(live, Ordering::Relaxed);
@@ -64,7 +63,7 @@ unsafe impl GlobalAlloc for Counting {
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         // SAFETY: as above.
-        unsafe { System.dealloc(ptr, layout) };
+        unsafe { kpng_runner::Allocator.dealloc(ptr, layout) };
         LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
         COUNT.fetch_sub(1, Ordering::Relaxed);
         CHUNKS.fetch_sub(chunk(layout.size()), Ordering::Relaxed);
@@ -72,7 +71,7 @@ unsafe impl GlobalAlloc for Counting {
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         // SAFETY: as above.
-        let new = unsafe { System.realloc(ptr, layout, new_size) };
+        let new = unsafe { kpng_runner::Allocator.realloc(ptr, layout, new_size) };
         if !new.is_null() {
             CHUNKS.fetch_add(chunk(new_size), Ordering::Relaxed);
             CHUNKS.fetch_sub(chunk(layout.size()), Ordering::Relaxed);
@@ -98,7 +97,7 @@ struct Step {
     peak: usize,
     /// Allocations it left live.
     count: isize,
-    /// What they cost the C allocator ([`chunk`]).
+    /// What they take from the allocator ([`chunk`]).
     chunks: isize,
 }
 
@@ -252,16 +251,14 @@ fn main() -> anyhow::Result<()> {
         "* each backend loads the whole node state into a kernel that keeps nothing (to-nft: its dry run into a sink), so only its own state is counted; the model's peak is the test generator's (every object generated at once), not a source's"
     );
     println!();
-    println!(
-        "allocations each step left live, in thousands, and the C allocator's chunks they take (MiB)"
-    );
+    println!("allocations each step left live, in thousands, and the size classes they take (MiB)");
     print_row("services", "eps", &LAYERS);
     for (services, steps) in kept {
         let cells = steps.map(|s| format!("{:.0}k {:.1}", s.count as f64 / 1000.0, mib(s.chunks)));
         print_row(services, cli.endpoints, &cells);
     }
     println!(
-        "* a chunk is what glibc's allocator takes for an allocation: its size and an 8-byte header rounded up to 16 bytes, at least 32; the chunks above the bytes held are what small allocations cost beyond themselves"
+        "* a size class is what kpng's allocator (jemalloc) takes for an allocation: its size rounded up to one of a few sizes per power of two; the size classes above the bytes held are what allocations cost beyond themselves"
     );
     Ok(())
 }
