@@ -23,7 +23,7 @@ pub use model::{Changes, GlobalModel, Kind, ModelDocument, Object, ObjectRef, To
 pub use node::{Node, NodeAddress, NodeAddressKind, TO_BE_DELETED_TAINT, ZONE_LABEL};
 pub use service::{
     ClusterIps, DEFAULT_AFFINITY_TIMEOUT_SECONDS, InvalidKey, IpMode, LoadBalancerIngress, Outside,
-    SERVICE_PROXY_NAME_LABEL, Service, ServiceKey, ServicePort, ServiceType, SessionAffinity,
-    TargetPort, TrafficPolicy, is_for_proxy,
+    ProxyName, SERVICE_PROXY_NAME_LABEL, Service, ServiceKey, ServicePort, ServiceType,
+    SessionAffinity, TargetPort, TrafficPolicy, is_for_proxy,
 };
 pub use service_cidr::ServiceCidr;

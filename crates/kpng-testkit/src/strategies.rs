@@ -270,7 +270,7 @@ pub fn arb_slice() -> impl Strategy<Value = EndpointSlice> {
                         .collect(),
                     endpoints: endpoints.into(),
                     trigger_time: None,
-                    proxy_name: proxy_name.as_deref().map(Box::from),
+                    proxy_name: proxy_name.as_deref().map(Into::into),
                 }
             })
         })

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use kpng_model::global::{Endpoint, EndpointSlice, Hints, SlicePort};
+use kpng_model::global::{Endpoint, EndpointSlice, Hints, ProxyName, SlicePort};
 use kpng_model::{Family, SliceKey};
 
 use super::{GlobalItem, with_hash};
@@ -155,7 +155,7 @@ pub fn decode_slice<'a>(
                 endpoints: Box::default(),
                 trigger_time: (!info.trigger_time.is_empty())
                     .then(|| info.trigger_time.as_str().into()),
-                proxy_name: info.proxy_name.as_deref().map(Box::from),
+                proxy_name: info.proxy_name.as_deref().map(ProxyName::from),
             });
         }
         let conditions = info.conditions.unwrap_or_default();

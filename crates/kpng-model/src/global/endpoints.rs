@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::global::ServiceKey;
+use crate::global::{ProxyName, ServiceKey};
 use crate::net::{Family, Protocol};
 
 /// Identifies an EndpointSlice: `namespace/name`. Its parts are shared like a
@@ -349,7 +349,7 @@ pub struct EndpointSlice {
     /// The `service.kubernetes.io/service-proxy-name` label: the proxy that handles the
     /// slice (`None`: the default proxy). See [`is_for_proxy`](crate::global::is_for_proxy).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub proxy_name: Option<Box<str>>,
+    pub proxy_name: Option<ProxyName>,
 }
 
 impl EndpointSlice {
@@ -395,6 +395,8 @@ mod tests {
         assert_eq!(std::mem::size_of::<Option<PodName>>(), 16);
         assert_eq!(std::mem::size_of::<Endpoint>(), 48);
         assert_eq!(std::mem::size_of::<crate::LocalEndpoint>(), 56);
+        // Within a 112-byte size class of the allocator (a rare proxy name takes a word).
+        assert!(std::mem::size_of::<EndpointSlice>() <= 112);
     }
 
     #[test]

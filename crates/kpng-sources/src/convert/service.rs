@@ -3,8 +3,8 @@
 use std::net::IpAddr;
 
 use kpng_model::global::{
-    DEFAULT_AFFINITY_TIMEOUT_SECONDS, IpMode, LoadBalancerIngress, Outside, Service, ServiceKey,
-    ServicePort, ServiceType, SessionAffinity, TargetPort, TrafficPolicy,
+    DEFAULT_AFFINITY_TIMEOUT_SECONDS, IpMode, LoadBalancerIngress, Outside, ProxyName, Service,
+    ServiceKey, ServicePort, ServiceType, SessionAffinity, TargetPort, TrafficPolicy,
 };
 use kpng_model::net::{parse_cidr, parse_ip};
 use kpng_model::{Family, ObjectRef, Protocol};
@@ -110,7 +110,7 @@ fn reduce(
         )?,
         external_traffic_policy,
         health_check_node_port,
-        proxy_name: metadata.labels.get(SERVICE_PROXY_NAME_LABEL).map(Box::from),
+        proxy_name: metadata.labels.get(SERVICE_PROXY_NAME_LABEL).map(ProxyName::from),
         created_at,
         load_balancing: Default::default(),
     })

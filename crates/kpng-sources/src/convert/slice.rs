@@ -1,6 +1,8 @@
 //! discovery.k8s.io/v1 EndpointSlice → [`EndpointSlice`].
 
-use kpng_model::global::{Endpoint, EndpointSlice, Hints, Placement, PodName, SliceKey, SlicePort};
+use kpng_model::global::{
+    Endpoint, EndpointSlice, Hints, Placement, PodName, ProxyName, SliceKey, SlicePort,
+};
 use kpng_model::net::parse_ip;
 use kpng_model::{Family, ObjectRef};
 
@@ -65,7 +67,7 @@ pub fn convert_slice(
         // Objects stay in the model for their lifetime: no spare capacity.
         endpoints: endpoints.into_boxed_slice(),
         trigger_time: slice.metadata.annotations.get(TRIGGER_TIME_ANNOTATION).map(Box::from),
-        proxy_name: labels.get(SERVICE_PROXY_NAME_LABEL).map(Box::from),
+        proxy_name: labels.get(SERVICE_PROXY_NAME_LABEL).map(ProxyName::from),
     }))
 }
 
