@@ -14,8 +14,8 @@
 //! - [`lock`]: one kpng per node and dataplane (an abstract Unix socket).
 //! - [`json`]: [`JsonBackend`], which writes each op as one JSON line: the debugging
 //!   backend, and a readable proof of what the diff emits.
-//! - `heap`: the allocator kpng runs with ([`Allocator`], jemalloc with one arena,
-//!   [`MALLOC_CONF`]), and, before and after each full sync, its free memory given back to
+//! - `heap`: the allocator kpng runs with ([`Allocator`], jemalloc with one arena and
+//!   small thread caches, [`MALLOC_CONF`]), and, before and after each full sync, its free memory given back to
 //!   the system (a full sync builds and frees the whole table at once;
 //!   [`release_free_memory`], which the nftables aggregator also calls after a large
 //!   batch); the crate's only unsafe code.
@@ -26,7 +26,7 @@ pub mod lock;
 pub mod readiness;
 pub mod runner;
 
-pub use heap::{Allocator, MALLOC_CONF, arenas, release_free_memory, size_class};
+pub use heap::{Allocator, MALLOC_CONF, arenas, release_free_memory, size_class, thread_cache_max};
 pub use json::JsonBackend;
 pub use kpng_backend::{Backend, BackendError, ChangeSet, Target, error_chain, proxy};
 pub use runner::{Health, NodeStats, Pace, RunnerError, RunnerOptions, run_node, run_remote};

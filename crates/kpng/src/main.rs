@@ -89,7 +89,11 @@ fn main() -> std::process::ExitCode {
         return std::process::ExitCode::from(2);
     }
     init_logging(&cli.global.logging);
-    tracing::debug!(arenas = ?kpng_runner::arenas(), "allocator: jemalloc");
+    tracing::debug!(
+        arenas = ?kpng_runner::arenas(),
+        thread_cache_max = ?kpng_runner::thread_cache_max(),
+        "allocator: jemalloc"
+    );
     for notice in notices {
         match notice {
             kube_proxy::translate::Notice::Chose(text) => tracing::info!("kube-proxy: {text}"),
