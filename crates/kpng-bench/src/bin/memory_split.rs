@@ -24,6 +24,7 @@ use kpng_ebpf::{EbpfBackend, EbpfError};
 use kpng_iptables::{IptablesBackend, IptablesError, IptablesOptions};
 use kpng_local::NodeProjector;
 use kpng_model::{Changes, Family, GlobalModel, Kind};
+use kpng_runner::size_class;
 use kpng_testkit::generate::ClusterSpec;
 
 #[path = "../cluster.rs"]
@@ -37,13 +38,9 @@ static LIVE: AtomicUsize = AtomicUsize::new(0);
 static PEAK: AtomicUsize = AtomicUsize::new(0);
 /// Allocations live.
 static COUNT: AtomicUsize = AtomicUsize::new(0);
-/// What the live allocations take from the allocator: their size classes ([`chunk`]).
-static CHUNKS: AtomicUsize = AtomicUsize::new(0);
-
-/// What the allocator takes for `size` bytes: the size class that serves it.
-fn chunk(size: usize) -> usize {
-    kpng_runner::size_class(size)
-}
+/// What the live allocations take from the allocator: their size classes
+/// ([`kpng_runner::size_class`]).
+static CLASSES: AtomicUsize = AtomicUsize::new(0);
 
 // SAFETY: every call is passed to kpng's allocator unchanged; the counters only
 // observe sizes.
@@ -56,7 +53,7 @@ unsafe impl GlobalAlloc for Counting {
             let live = LIVE.fetch_add(layout.size(), Ordering::Relaxed) + layout.size();
             PEAK.fetch_max(live, Ordering::Relaxed);
             COUNT.fetch_add(1, Ordering::Relaxed);
-            CHUNKS.fetch_add(chunk(layout.size()), Ordering::Relaxed);
+            CLASSES.fetch_add(size_class(layout.size()), Ordering::Relaxed);
         }
         ptr
     }
@@ -66,15 +63,15 @@ unsafe impl GlobalAlloc for Counting {
         unsafe { kpng_runner::Allocator.dealloc(ptr, layout) };
         LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
         COUNT.fetch_sub(1, Ordering::Relaxed);
-        CHUNKS.fetch_sub(chunk(layout.size()), Ordering::Relaxed);
+        CLASSES.fetch_sub(size_class(layout.size()), Ordering::Relaxed);
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         // SAFETY: as above.
         let new = unsafe { kpng_runner::Allocator.realloc(ptr, layout, new_size) };
         if !new.is_null() {
-            CHUNKS.fetch_add(chunk(new_size), Ordering::Relaxed);
-            CHUNKS.fetch_sub(chunk(layout.size()), Ordering::Relaxed);
+            CLASSES.fetch_add(size_class(new_size), Ordering::Relaxed);
+            CLASSES.fetch_sub(size_class(layout.size()), Ordering::Relaxed);
             if new_size >= layout.size() {
                 let grown = new_size - layout.size();
                 let live = LIVE.fetch_add(grown, Ordering::Relaxed) + grown;
@@ -97,21 +94,21 @@ struct Step {
     peak: usize,
     /// Allocations it left live.
     count: isize,
-    /// What they take from the allocator ([`chunk`]).
-    chunks: isize,
+    /// What they take from the allocator (their size classes).
+    classes: isize,
 }
 
 /// Runs `f`, counting what it leaves held and its peak.
 fn step<T>(f: impl FnOnce() -> T) -> (T, Step) {
     let start = LIVE.load(Ordering::Relaxed);
-    let (count, chunks) = (COUNT.load(Ordering::Relaxed), CHUNKS.load(Ordering::Relaxed));
+    let (count, classes) = (COUNT.load(Ordering::Relaxed), CLASSES.load(Ordering::Relaxed));
     PEAK.store(start, Ordering::Relaxed);
     let out = f();
     let kept = LIVE.load(Ordering::Relaxed) as isize - start as isize;
     let peak = PEAK.load(Ordering::Relaxed) - start;
     let count = COUNT.load(Ordering::Relaxed) as isize - count as isize;
-    let chunks = CHUNKS.load(Ordering::Relaxed) as isize - chunks as isize;
-    (out, Step { kept, peak, count, chunks })
+    let classes = CLASSES.load(Ordering::Relaxed) as isize - classes as isize;
+    (out, Step { kept, peak, count, classes })
 }
 
 /// eBPF maps that accept every write and keep nothing.
@@ -254,7 +251,7 @@ fn main() -> anyhow::Result<()> {
     println!("allocations each step left live, in thousands, and the size classes they take (MiB)");
     print_row("services", "eps", &LAYERS);
     for (services, steps) in kept {
-        let cells = steps.map(|s| format!("{:.0}k {:.1}", s.count as f64 / 1000.0, mib(s.chunks)));
+        let cells = steps.map(|s| format!("{:.0}k {:.1}", s.count as f64 / 1000.0, mib(s.classes)));
         print_row(services, cli.endpoints, &cells);
     }
     println!(
